@@ -1,0 +1,19 @@
+"""The fault library: one module per fault, module name = YAML name.
+
+`REGISTRY` is explicit, so adding a fault is a visible one-line change here and an
+architecture test fails when a `Fault` subclass is left out.
+"""
+
+from __future__ import annotations
+
+from faults.latency import Latency
+from middlebox.fault import Fault
+
+REGISTRY: dict[str, type[Fault]] = {
+    cls.name: cls
+    for cls in (
+        Latency,
+    )
+}
+
+__all__ = ["REGISTRY"]

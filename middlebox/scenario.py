@@ -1,0 +1,547 @@
+"""YAML scenarios: load, validate and describe them (pure).
+
+A scenario names an incident and the faults that reproduce it, in path order,
+client side first:
+
+    name: nginx-default-buffering
+    description: nginx's default proxy_buffering holds the whole stream.
+    seed: 7
+    path:
+      - proxy_buffering: {buffer_size: 4KiB}
+      - idle_reaper: {timeout: 60s}
+
+Files are parsed with PyYAML's SafeLoader (no code execution) into nodes that keep
+their marks, so every error names the file, line and column, the bad key or value,
+and what was expected. Config types come from the fault dataclasses themselves:
+`Seconds` accepts `800ms`/`2s`/`1.5min`, `Bytes` accepts `512B`/`4KiB`/`1MiB`,
+`Literal[...]` lists its choices. The same machinery converts other sections
+(`proxy:`, `upstream:`, `workload:`, `expect:`) when given a dataclass for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from middlebox.fault import Fault, Seconds, Unit
+
+# ---------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a scenario file, with where it is (1-based line/column)."""
+
+    file: str
+    line: int
+    column: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: {self.message}"
+
+
+class ScenarioError(ValueError):
+    """Raised with every problem found in one file, so the user fixes them in one go."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(problem) for problem in problems))
+
+
+class _Collector:
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.problems: list[Problem] = []
+
+    def add(self, node: yaml.Node | None, message: str) -> None:
+        mark = node.start_mark if node is not None else None
+        line = mark.line + 1 if mark is not None else 1
+        column = mark.column + 1 if mark is not None else 1
+        self.problems.append(Problem(self.file, line, column, message))
+
+
+class _Invalid(Exception):
+    """A value could not be converted; the caller records it and goes on."""
+
+
+# ----------------------------------------------------------------------------- units
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s|min|h)?\s*$")
+_SIZE = re.compile(r"^\s*([0-9]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
+_SECONDS_PER = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, None: 1.0}
+_BYTES_PER = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": 1000**2,
+              "GB": 1000**3, None: 1}
+
+
+def parse_duration(value: object) -> float:
+    """`250ms` → 0.25; a bare number is seconds. Raises ValueError with the valid units."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 250ms, 2s or 1.5min, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(
+                f"expected a duration such as 250ms, 2s or 1.5min (units us, ms, s, min, h), "
+                f"got {value!r}"
+            )
+        seconds = float(match.group(1)) * _SECONDS_PER[match.group(2)]
+    if seconds < 0:
+        raise ValueError(f"a duration cannot be negative, got {value!r}")
+    return seconds
+
+
+def parse_size(value: object) -> int:
+    """`4KiB` → 4096; a bare integer is bytes. Raises ValueError with the valid units."""
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ValueError(f"expected a size such as 512B, 4KiB or 1MiB, got {value!r}")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.match(str(value))
+        if not match:
+            raise ValueError(
+                f"expected a size such as 512B, 4KiB or 1MiB (units B, KiB, MiB, GiB, KB, MB, "
+                f"GB), got {value!r}"
+            )
+        size = int(match.group(1)) * _BYTES_PER[match.group(2)]
+    if size < 0:
+        raise ValueError(f"a size cannot be negative, got {value!r}")
+    return size
+
+
+# ------------------------------------------------------------------ type conversion
+
+
+def config_fields(cls: type) -> dict[str, tuple[dataclasses.Field[Any], Any]]:
+    """The user-settable fields of a config dataclass with their resolved types."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+
+
+def describe_type(tp: Any) -> str:
+    """A short human name for a field type, used in errors and `middlebox schema`."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        unit = typing.get_args(tp)[1]
+        return {Unit.SECONDS: "duration", Unit.BYTES: "size"}.get(unit, "value")
+    if origin is Literal:
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(
+            "null" if arg is type(None) else describe_type(arg) for arg in typing.get_args(tp)
+        )
+    if origin is list or origin is tuple:
+        return f"list of {describe_type(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return f"mapping of {describe_type(typing.get_args(tp)[1])}"
+    if dataclasses.is_dataclass(tp):
+        return f"mapping ({tp.__name__})"
+    return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+class _Converter:
+    def __init__(self, loader: yaml.SafeLoader, problems: _Collector) -> None:
+        self.loader = loader
+        self.problems = problems
+
+    def scalar(self, node: yaml.Node) -> Any:
+        return self.loader.construct_object(node, deep=True)
+
+    def convert(self, node: yaml.Node, tp: Any, what: str) -> Any:
+        """Convert `node` to `tp`, recording a problem (and raising _Invalid) if it won't go."""
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            base, unit = typing.get_args(tp)[:2]
+            value = self._need_scalar(node, tp, what)
+            try:
+                if unit == Unit.SECONDS:
+                    return parse_duration(value)
+                if unit == Unit.BYTES:
+                    return parse_size(value)
+            except ValueError as error:
+                self._fail(node, f"{what}: {error}")
+            return self.convert(node, base, what)
+        if origin in (typing.Union, types.UnionType):
+            args = typing.get_args(tp)
+            if type(None) in args and isinstance(node, yaml.ScalarNode) and self.scalar(node) is None:
+                return None
+            saved = len(self.problems.problems)
+            for arg in args:
+                if arg is type(None):
+                    continue
+                try:
+                    return self.convert(node, arg, what)
+                except _Invalid:
+                    del self.problems.problems[saved:]
+            self._fail(node, f"{what}: expected {describe_type(tp)}, got {self._show(node)}")
+        if origin is Literal:
+            choices = typing.get_args(tp)
+            value = self._need_scalar(node, tp, what)
+            if value not in choices and str(value) in choices:
+                value = str(value)  # `status: 502` in YAML is an int; the choice is "502"
+            if value not in choices:
+                self._fail(
+                    node,
+                    f"{what}: {value!r} is not valid; choose one of "
+                    + ", ".join(repr(choice) for choice in choices),
+                )
+            return value
+        if origin in (list, tuple):
+            if not isinstance(node, yaml.SequenceNode):
+                self._fail(node, f"{what}: expected {describe_type(tp)}, got {self._show(node)}")
+            (item_type, *_) = typing.get_args(tp)
+            items = [self.convert(child, item_type, f"{what}[{i}]") for i, child in
+                     enumerate(node.value)]
+            return tuple(items) if origin is tuple else items
+        if origin is dict:
+            key_type, value_type = typing.get_args(tp)
+            if not isinstance(node, yaml.MappingNode):
+                self._fail(node, f"{what}: expected {describe_type(tp)}, got {self._show(node)}")
+            return {
+                self.convert(key, key_type, what): self.convert(value, value_type,
+                                                                 f"{what}.{self.scalar(key)}")
+                for key, value in node.value
+            }
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            return self.dataclass(node, tp, what)
+        if tp is Any:
+            return self.loader.construct_object(node, deep=True)
+        value = self._need_scalar(node, tp, what)
+        if tp is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if tp in (bool, int, float, str) and (
+            not isinstance(value, tp) or (tp is int and isinstance(value, bool))
+        ):
+            self._fail(node, f"{what}: expected {describe_type(tp)}, got {self._show(node)}")
+        return value
+
+    def fields_of(self, node: yaml.Node | None, cls: type, what: str) -> dict[str, Any]:
+        """Convert a mapping node into keyword arguments for `cls`, checking every key."""
+        known = config_fields(cls)
+        if node is None or (isinstance(node, yaml.ScalarNode) and self.scalar(node) is None):
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            self._fail(node, f"{what}: expected a mapping of its fields, got {self._show(node)}")
+        kwargs: dict[str, Any] = {}
+        bad = False
+        for key_node, value_node in self.mapping_pairs(node, what):
+            key = key_node.value
+            if key not in known:
+                self.problems.add(
+                    key_node,
+                    f"{what}: unknown field {key!r}; valid fields: "
+                    + (", ".join(f"{name} ({describe_type(tp)})" for name, (_, tp) in
+                                 known.items()) or "none"),
+                )
+                bad = True
+                continue
+            try:
+                kwargs[key] = self.convert(value_node, known[key][1], f"{what}.{key}")
+            except _Invalid:
+                bad = True
+        if bad:
+            raise _Invalid
+        return kwargs
+
+    def dataclass(self, node: yaml.Node | None, cls: type, what: str) -> Any:
+        kwargs = self.fields_of(node, cls, what)
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as error:
+            self._fail(node, f"{what}: {error}")
+
+    def mapping_pairs(self, node: yaml.MappingNode, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
+        seen: set[Any] = set()
+        pairs = []
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                self.problems.add(key_node, f"{what}: keys must be plain names")
+                continue
+            if key_node.value in seen:
+                self.problems.add(key_node, f"{what}: duplicate key {key_node.value!r}")
+                continue
+            seen.add(key_node.value)
+            pairs.append((key_node, value_node))
+        return pairs
+
+    def _need_scalar(self, node: yaml.Node, tp: Any, what: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            self._fail(node, f"{what}: expected {describe_type(tp)}, got {self._show(node)}")
+        return self.scalar(node)
+
+    def _show(self, node: yaml.Node | None) -> str:
+        if isinstance(node, yaml.MappingNode):
+            return "a mapping"
+        if isinstance(node, yaml.SequenceNode):
+            return "a list"
+        if node is None:
+            return "nothing"
+        return repr(self.scalar(node))
+
+    def _fail(self, node: yaml.Node | None, message: str) -> typing.NoReturn:
+        self.problems.add(node, message)
+        raise _Invalid
+
+
+# --------------------------------------------------------------------------- scenario
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One entry of `path:`: a fault class and its validated config, built per connection."""
+
+    cls: type[Fault]
+    config: Mapping[str, Any]
+    line: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    def build(self) -> Fault:
+        return self.cls(**self.config)
+
+
+@dataclass(frozen=True)
+class ProxyOptions:
+    """How the proxy itself behaves, like a real proxy's defaults (nginx answers 502)."""
+
+    on_upstream_unreachable: Literal["502", "reset", "close"] = "502"
+    connect_timeout: Seconds = 5.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario. `sections` holds the converted optional blocks by name."""
+
+    name: str
+    description: str = ""
+    seed: int = 0
+    path: tuple[FaultSpec, ...] = ()
+    proxy: ProxyOptions = field(default_factory=ProxyOptions)
+    sections: Mapping[str, Any] = field(default_factory=dict)
+    source: str = "<string>"
+
+    def build_faults(self) -> list[Fault]:
+        return [spec.build() for spec in self.path]
+
+
+TOP_LEVEL = ("name", "description", "seed", "path", "proxy")
+
+
+def load_scenario_text(
+    text: str,
+    registry: Mapping[str, type[Fault]],
+    *,
+    file: str = "<string>",
+    sections: Mapping[str, type | None] | None = None,
+) -> Scenario:
+    """Parse and validate scenario YAML; raise ScenarioError listing every problem found.
+
+    `sections` names the optional top-level blocks allowed (e.g. `workload`) with the
+    dataclass that validates each, or None to keep the block as plain data.
+    """
+    sections = dict(sections or {})
+    problems = _Collector(file)
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        detail = " ".join(part for part in (error.context, error.problem) if part)
+        raise ScenarioError([Problem(file, line, column, f"YAML syntax error: {detail}")]) from None
+    finally:
+        loader.dispose()
+    convert = _Converter(loader, problems)
+    if root is None or not isinstance(root, yaml.MappingNode):
+        problems.add(root, "a scenario must be a mapping with at least `name:` and `path:`")
+        raise ScenarioError(problems.problems)
+
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    path_node: yaml.Node | None = None
+    allowed = [*TOP_LEVEL, *sections]
+    for key_node, value_node in convert.mapping_pairs(root, "scenario"):
+        key = key_node.value
+        try:
+            if key == "name":
+                values["name"] = convert.convert(value_node, str, "name")
+            elif key == "description":
+                values["description"] = convert.convert(value_node, str, "description")
+            elif key == "seed":
+                values["seed"] = convert.convert(value_node, int, "seed")
+            elif key == "path":
+                path_node = value_node
+            elif key == "proxy":
+                values["proxy"] = convert.dataclass(value_node, ProxyOptions, "proxy")
+            elif key in sections:
+                schema = sections[key]
+                extra[key] = (
+                    convert.scalar(value_node) if schema is None
+                    else convert.dataclass(value_node, schema, key)
+                )
+            else:
+                problems.add(
+                    key_node, f"unknown top-level key {key!r}; valid keys: {', '.join(allowed)}"
+                )
+        except _Invalid:
+            pass
+    if "name" not in values:
+        values["name"] = Path(file).stem if file != "<string>" else "unnamed"
+    specs = _load_path(path_node, registry, convert) if path_node is not None else ()
+    if problems.problems:
+        raise ScenarioError(problems.problems)
+    return Scenario(path=specs, sections=extra, source=file, **values)
+
+
+def _load_path(
+    node: yaml.Node, registry: Mapping[str, type[Fault]], convert: _Converter
+) -> tuple[FaultSpec, ...]:
+    problems = convert.problems
+    if isinstance(node, yaml.ScalarNode) and convert.scalar(node) is None:
+        return ()
+    if not isinstance(node, yaml.SequenceNode):
+        problems.add(node, "path: expected a list of faults in path order, client side first")
+        return ()
+    specs: list[FaultSpec] = []
+    for index, entry in enumerate(node.value):
+        where = f"path[{index}]"
+        if isinstance(entry, yaml.ScalarNode):
+            name_node, config_node = entry, None
+        elif isinstance(entry, yaml.MappingNode) and len(entry.value) == 1:
+            name_node, config_node = entry.value[0]
+        else:
+            problems.add(entry, f"{where}: expected `- fault_name: {{field: value}}`")
+            continue
+        name = name_node.value
+        cls = registry.get(name)
+        if cls is None:
+            problems.add(
+                name_node,
+                f"{where}: unknown fault {name!r}"
+                + _did_you_mean(name, registry)
+                + f"; valid faults: {', '.join(sorted(registry))}",
+            )
+            continue
+        try:
+            config = convert.fields_of(config_node, cls, f"{where} {name}")
+            cls(**config)  # run the fault's own checks now, not at the first connection
+            specs.append(FaultSpec(cls, config, name_node.start_mark.line + 1))
+        except _Invalid:
+            pass
+        except (TypeError, ValueError) as error:
+            problems.add(config_node or name_node, f"{where} {name}: {error}")
+    return tuple(specs)
+
+
+def _did_you_mean(name: str, registry: Mapping[str, object]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(registry), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def load_scenario(
+    path: str | Path,
+    registry: Mapping[str, type[Fault]],
+    *,
+    sections: Mapping[str, type | None] | None = None,
+) -> Scenario:
+    """Load one scenario file; raise ScenarioError naming the file on any problem."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ScenarioError([Problem(file, 1, 1, f"cannot read: {error}")]) from None
+    return load_scenario_text(text, registry, file=file, sections=sections)
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+def json_schema_for_type(tp: Any) -> dict[str, Any]:
+    """JSON Schema for one config type, matching what the loader accepts."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        unit = typing.get_args(tp)[1]
+        if unit == Unit.SECONDS:
+            return {"anyOf": [{"type": "number", "minimum": 0},
+                              {"type": "string", "pattern": _DURATION.pattern}],
+                    "description": "duration: seconds, or 250ms / 2s / 1.5min"}
+        if unit == Unit.BYTES:
+            return {"anyOf": [{"type": "integer", "minimum": 0},
+                              {"type": "string", "pattern": _SIZE.pattern}],
+                    "description": "size: bytes, or 512B / 4KiB / 1MiB"}
+    if origin is Literal:
+        return {"enum": list(typing.get_args(tp))}
+    if origin in (typing.Union, types.UnionType):
+        return {"anyOf": [{"type": "null"} if arg is type(None) else json_schema_for_type(arg)
+                          for arg in typing.get_args(tp)]}
+    if origin in (list, tuple):
+        return {"type": "array", "items": json_schema_for_type(typing.get_args(tp)[0])}
+    if origin is dict:
+        return {"type": "object",
+                "additionalProperties": json_schema_for_type(typing.get_args(tp)[1])}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return json_schema_for_dataclass(tp)
+    simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    return {"type": simple[tp]} if tp in simple else {}
+
+
+def json_schema_for_dataclass(cls: type) -> dict[str, Any]:
+    properties: dict[str, Any] = {}
+    for name, (f, tp) in config_fields(cls).items():
+        prop = json_schema_for_type(tp)
+        if f.default is not dataclasses.MISSING and isinstance(f.default, str | int | float |
+                                                                 bool):
+            prop["default"] = f.default
+        properties[name] = prop
+    schema: dict[str, Any] = {"type": "object", "properties": properties,
+                              "additionalProperties": False}
+    if cls.__doc__:
+        schema["description"] = " ".join(cls.__doc__.split())
+    return schema
+
+
+def scenario_json_schema(
+    registry: Mapping[str, type[Fault]], sections: Mapping[str, type | None] | None = None
+) -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12) of the scenario format, generated from the registry."""
+    fault_entries = []
+    for name, cls in sorted(registry.items()):
+        config = json_schema_for_dataclass(cls)
+        fault_entries.append({"type": "object", "properties": {name: {"anyOf": [config,
+                              {"type": "null"}]}}, "required": [name],
+                              "additionalProperties": False})
+        fault_entries.append({"const": name})
+    properties: dict[str, Any] = {
+        "name": {"type": "string"},
+        "description": {"type": "string"},
+        "seed": {"type": "integer"},
+        "proxy": json_schema_for_dataclass(ProxyOptions),
+        "path": {"type": "array", "items": {"anyOf": fault_entries},
+                 "description": "faults in path order, client side first"},
+    }
+    for key, schema in (sections or {}).items():
+        properties[key] = json_schema_for_dataclass(schema) if schema else {"type": "object"}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "middlebox scenario",
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+    }
