@@ -103,6 +103,23 @@ class Fault:
     def deadline(self) -> float | None:
         return None
 
+    def reading_paused(self, source: Direction) -> bool:
+        """True to stop reading the socket that produces `source` items, for now.
+
+        This is how a fault exerts backpressure (a slow reader, a full bandwidth
+        backlog): the shell stops reading, the kernel buffers fill and TCP's window
+        closes on the sender, as with a real slow hop. Re-checked after every hook.
+        """
+        return False
+
+    def socket_buffers(self) -> dict[str, int]:
+        """Socket buffer sizes to set (SO_RCVBUF/SO_SNDBUF) on this connection's sockets.
+
+        Keys: `client_rcvbuf`, `client_sndbuf`, `upstream_rcvbuf`, `upstream_sndbuf`.
+        Small buffers make backpressure reach the peer quickly (a slow mobile reader).
+        """
+        return {}
+
     def report(self, now: float, action: str, **details: Any) -> None:
         """Record a decision ("fired at byte N / event K / time T") for the journal."""
         entry = FaultReport(self.name, now, action, details)
@@ -180,6 +197,16 @@ class Pipeline(Fault):
             if due is not None and (earliest is None or due < earliest):
                 earliest = due
         return earliest
+
+    def reading_paused(self, source: Direction) -> bool:
+        return any(fault.reading_paused(source) for fault in self.faults)
+
+    def socket_buffers(self) -> dict[str, int]:
+        merged: dict[str, int] = {}
+        for fault in self.faults:
+            for key, size in fault.socket_buffers().items():
+                merged[key] = min(size, merged.get(key, size))
+        return merged
 
     @property
     def fired(self) -> bool:
