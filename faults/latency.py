@@ -1,55 +1,53 @@
 """latency: a fixed one-way delay plus seeded jitter, per direction.
 
-Imitates a long or congested path (a mobile RTT, an intercontinental hop). Like a
-FIFO link, it never reorders: jitter that would put an item before its predecessor
-is clamped to the predecessor's release time, as TCP delivers in order. Ends (FIN,
-RST) are delayed like data, so an RST arrives after the bytes sent before it.
+Imitates a long or congested path (a mobile RTT, an intercontinental hop), like
+Linux netem's `delay TIME JITTER` or toxiproxy's latency toxic. Unlike netem with
+jitter, it never reorders: TCP hands the application bytes in order (RFC 9293
+§3.10.7.4), so jitter that would put an item before its predecessor is clamped to the
+predecessor's release time. Ends (FIN, RST) are delayed like data, so an RST arrives
+after the bytes sent before it.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar
 
+from faults._common import DelayLine, DirectionChoice, Shaped, check_positive
 from middlebox.fault import Fault, Seconds
-from middlebox.stream import Direction, Item
+from middlebox.stream import Item
 
-DirectionChoice = Literal["both", "upstream", "downstream"]
+__all__ = ["DirectionChoice", "Latency"]
 
 
 @dataclass
-class Latency(Fault):
+class Latency(Shaped, Fault):
     """Delay every item by `delay` ± uniform `jitter` seconds in the chosen direction(s)."""
 
     name: ClassVar[str] = "latency"
 
     delay: Seconds = 0.05
     jitter: Seconds = 0.0
-    direction: DirectionChoice = "both"
 
-    _queue: deque[tuple[float, Item]] = field(init=False, repr=False, default_factory=deque)
-    _last_release: dict[Direction, float] = field(init=False, repr=False, default_factory=dict)
+    _line: DelayLine = field(init=False, repr=False, default_factory=DelayLine)
 
-    def applies_to(self, direction: Direction) -> bool:
-        return self.direction == "both" or self.direction == direction.value
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("delay", self.delay, allow_zero=True)
+        check_positive("jitter", self.jitter, allow_zero=True)
 
     def on_item(self, item: Item, now: float) -> list[Item]:
-        if not self.applies_to(item.direction):
-            return [item]
-        offset = self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0
-        release = max(now + max(self.delay + offset, 0.0), self._last_release.get(item.direction, 0.0))
-        self._last_release[item.direction] = release
-        self._queue.append((release, item))
-        return []
+        offset = self.count(item)
+        if not self.active(item.direction, now):
+            return self._line.put(item, now, now)
+        wobble = self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0
+        delay = max(self.delay + wobble, 0.0)
+        if not self.fired:
+            self.report(now, "delaying", direction=item.direction.value, offset=offset, delay=delay)
+        return self._line.put(item, now + delay, now)
 
     def deadline(self) -> float | None:
-        if not self._queue:
-            return None
-        return min(release for release, _ in self._queue)
+        return self._line.deadline()
 
     def on_deadline(self, now: float) -> list[Item]:
-        due = [entry for entry in self._queue if entry[0] <= now]
-        self._queue = deque(entry for entry in self._queue if entry[0] > now)
-        due.sort(key=lambda entry: entry[0])
-        return [item for _, item in due]
+        return self._line.due(now)

@@ -1,0 +1,181 @@
+"""Pieces shared by the network and link faults (pure).
+
+- `Shaped`: the common config of a fault that acts on some directions during an active
+  window (`direction`, `start`, `stop`, seconds from connection open), plus per-direction
+  byte offsets for reports.
+- `DelayLine`: a per-direction FIFO of items with release times. A TCP byte stream is
+  delivered in order (RFC 9293 §3.10.7.4 queues out-of-order segments until the gap is
+  filled), so an item is never released before the one ahead of it in its direction:
+  that is head-of-line blocking, and the delay line enforces it for every fault.
+- `Serializer`: a store-and-forward link that clocks bytes out at a rate, one segment
+  after another (serialisation delay = size / rate).
+- `segments`, `is_continuation`: cutting byte strings into segments and spotting the
+  interior bytes of a UTF-8 sequence (RFC 3629 §3: continuation bytes are 10xxxxxx).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from middlebox.fault import Seconds
+from middlebox.stream import Chunk, Direction, Item
+
+DirectionChoice = Literal["both", "upstream", "downstream"]
+
+MSS = 1460
+"""TCP maximum segment size on a 1500-byte Ethernet MTU (1500 - 20 IP - 20 TCP)."""
+
+
+def applies(choice: DirectionChoice, direction: Direction) -> bool:
+    """True when `direction` is one of those `choice` names."""
+    return choice == "both" or choice == direction.value
+
+
+def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    """Raise a clear ValueError for a negative (or zero, unless allowed) config number."""
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+def check_choice(name: str, value: object, choices: object) -> None:
+    """Raise a clear ValueError when `value` is not one of a Literal's choices."""
+    allowed = get_args(choices)
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
+def is_continuation(byte: int) -> bool:
+    """True for a UTF-8 continuation byte (10xxxxxx), i.e. the inside of a sequence."""
+    return byte & 0xC0 == 0x80
+
+
+def segments(data: bytes, size: int) -> list[bytes]:
+    """`data` cut into pieces of at most `size` bytes (one piece if `size` is 0)."""
+    if size <= 0 or len(data) <= size:
+        return [data]
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def item_size(item: Item) -> int:
+    return len(item.data) if isinstance(item, Chunk) else 0
+
+
+@dataclass
+class Shaped:
+    """Mixin for faults with a `direction` and an active window `[start, stop)`.
+
+    Use as `class X(Shaped, Fault)`. `start` and `stop` are seconds from connection
+    open; `stop: null` means until the connection ends. Outside the window the fault
+    lets items through (after any it still holds, so order is kept). Not a `Fault`
+    itself, so it never needs a registry entry.
+    """
+
+    direction: DirectionChoice = "both"
+    start: Seconds = 0.0
+    stop: Seconds | None = None
+
+    _opened: float = field(init=False, repr=False, default=0.0)
+    _offsets: dict[Direction, int] = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("direction", self.direction, DirectionChoice)
+        check_positive("start", self.start, allow_zero=True)
+        if self.stop is not None and self.stop <= self.start:
+            raise ValueError(f"stop ({self.stop}) must be after start ({self.start})")
+
+    def on_open(self, now: float) -> list[Item]:
+        self._opened = now
+        return []
+
+    def active(self, direction: Direction, now: float) -> bool:
+        """True when the fault acts on `direction` at time `now`."""
+        elapsed = now - self._opened
+        in_window = elapsed >= self.start and (self.stop is None or elapsed < self.stop)
+        return in_window and applies(self.direction, direction)
+
+    def offset(self, direction: Direction) -> int:
+        """Bytes counted so far in `direction` (see `count`)."""
+        return self._offsets.get(direction, 0)
+
+    def count(self, item: Item) -> int:
+        """Count `item`'s bytes; returns the stream offset of its first byte."""
+        before = self.offset(item.direction)
+        self._offsets[item.direction] = before + item_size(item)
+        return before
+
+
+class DelayLine:
+    """Items waiting for their release time, FIFO per direction (never reordered)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[Direction, deque[tuple[float, int, Item]]] = {
+            direction: deque() for direction in Direction
+        }
+        self._last: dict[Direction, float] = {}
+        self._bytes: dict[Direction, int] = dict.fromkeys(Direction, 0)
+        self._seq = 0
+
+    def put(self, item: Item, release: float, now: float) -> list[Item]:
+        """Schedule `item` for `release` (or later, behind the item ahead of it).
+
+        Returns `[item]` when it is due now and nothing waits ahead of it, else queues it.
+        """
+        direction = item.direction
+        release = max(release, self._last.get(direction, release))
+        self._last[direction] = release
+        queue = self._queues[direction]
+        if release <= now and not queue:
+            return [item]
+        self._seq += 1
+        queue.append((release, self._seq, item))
+        self._bytes[direction] += item_size(item)
+        return []
+
+    def deadline(self) -> float | None:
+        heads = [queue[0][0] for queue in self._queues.values() if queue]
+        return min(heads) if heads else None
+
+    def due(self, now: float) -> list[Item]:
+        """Pop every item released by `now`, in release order across directions."""
+        ready: list[list[tuple[float, int, Item]]] = []
+        for direction, queue in self._queues.items():
+            batch = []
+            while queue and queue[0][0] <= now:
+                entry = queue.popleft()
+                self._bytes[direction] -= item_size(entry[2])
+                batch.append(entry)
+            ready.append(batch)
+        return [item for _, _, item in heapq.merge(*ready)]
+
+    def drain(self) -> list[Item]:
+        """Pop everything still waiting, in release order (the link is being torn down)."""
+        return self.due(float("inf"))
+
+    def pending(self, direction: Direction) -> int:
+        """Bytes waiting in `direction`."""
+        return self._bytes[direction]
+
+    def busy(self, direction: Direction) -> bool:
+        return bool(self._queues[direction])
+
+
+class Serializer:
+    """A link that clocks bytes out at `rate` bytes/s, one segment after another.
+
+    A segment of n bytes finishes n / rate seconds after the link is free, as on a
+    store-and-forward hop; a rate of None or 0 is an infinitely fast link.
+    """
+
+    def __init__(self) -> None:
+        self._free_at: dict[Direction, float] = {}
+
+    def finish(self, direction: Direction, size: int, now: float, rate: float | None) -> float:
+        """When the last byte of a `size`-byte segment handed over at `now` is out."""
+        begin = max(now, self._free_at.get(direction, now))
+        end = begin + (size / rate if rate else 0.0)
+        self._free_at[direction] = end
+        return end
