@@ -6,6 +6,7 @@ architecture test fails when a `Fault` subclass is left out.
 
 from __future__ import annotations
 
+from faults.bandwidth import Bandwidth
 from faults.latency import Latency
 from middlebox.fault import Fault
 
@@ -13,6 +14,7 @@ REGISTRY: dict[str, type[Fault]] = {
     cls.name: cls
     for cls in (
         Latency,
+        Bandwidth,
     )
 }
 

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from middlebox.fault import Seconds
+from middlebox.fault import Fault, Seconds
 from middlebox.stream import Chunk, Direction, Item
 
 DirectionChoice = Literal["both", "upstream", "downstream"]
@@ -62,6 +62,25 @@ def segments(data: bytes, size: int) -> list[bytes]:
 
 def item_size(item: Item) -> int:
     return len(item.data) if isinstance(item, Chunk) else 0
+
+
+def update_backpressure(
+    fault: Fault, paused: set[Direction], direction: Direction, backlog: int, bound: int, now: float
+) -> None:
+    """Pause reading `direction`'s source while `backlog` > `bound`; report each change.
+
+    The shell stops reading that socket, the kernel buffers fill and TCP's receive
+    window closes on the sender (RFC 9293 §3.8.6), as behind a real slow hop.
+    """
+    pressured = backlog > bound
+    if pressured == (direction in paused):
+        return
+    if pressured:
+        paused.add(direction)
+    else:
+        paused.discard(direction)
+    action = "backpressure_on" if pressured else "backpressure_off"
+    fault.report(now, action, direction=direction.value, backlog=backlog)
 
 
 @dataclass
@@ -179,3 +198,16 @@ class Serializer:
         end = begin + (size / rate if rate else 0.0)
         self._free_at[direction] = end
         return end
+
+    def schedule(
+        self, item: Item, now: float, rate: float | None, segment: int
+    ) -> list[tuple[Item, float]]:
+        """`item` cut into segments, each with the time its last byte is out."""
+        pieces: list[Item] = (
+            [Chunk(item.direction, piece) for piece in segments(item.data, segment)]
+            if isinstance(item, Chunk)
+            else [item]
+        )
+        return [
+            (piece, self.finish(item.direction, item_size(piece), now, rate)) for piece in pieces
+        ]
