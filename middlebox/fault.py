@@ -147,24 +147,24 @@ class Pipeline(Fault):
     def __repr__(self) -> str:
         return f"Pipeline({self.faults!r})"
 
-    def bind(self, context: FaultContext) -> None:
-        """Bind every fault with its own rng drawn from the connection's, in path order."""
+    def bind(self, context: FaultContext, shared: list[dict[str, Any]] | None = None) -> None:
+        """Bind every fault with its own rng drawn from the connection's, in path order.
+
+        `shared` gives each fault position its scenario-lifetime dict (the server keeps
+        them); without it the faults share the connection context's dict.
+        """
         self.context = context
         self.rng = context.rng
         self.reports = []
-        for fault in self.faults:
-            child = FaultContext(
-                connection_id=context.connection_id,
-                rng=random.Random(context.rng.getrandbits(64)),
-                report=context.report,
-                shared=context.shared,
+        for index, fault in enumerate(self.faults):
+            fault.bind(
+                FaultContext(
+                    connection_id=context.connection_id,
+                    rng=random.Random(context.rng.getrandbits(64)),
+                    report=context.report,
+                    shared=shared[index] if shared is not None else context.shared,
+                )
             )
-            fault.bind(child)
-
-    def bind_each(self, contexts: list[FaultContext]) -> None:
-        """Bind each fault with a context of its own (the server gives each its `shared`)."""
-        for fault, context in zip(self.faults, contexts, strict=True):
-            fault.bind(context)
 
     def on_open(self, now: float) -> list[Item]:
         out: list[Item] = []

@@ -53,7 +53,7 @@ class ScenarioError(ValueError):
     """Raised with every problem found in one file, so the user fixes them in one go."""
 
     def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
+        self.problems = sorted(problems, key=lambda problem: (problem.line, problem.column))
         super().__init__("\n".join(str(problem) for problem in problems))
 
 
@@ -78,8 +78,16 @@ class _Invalid(Exception):
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s|min|h)?\s*$")
 _SIZE = re.compile(r"^\s*([0-9]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
 _SECONDS_PER = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, None: 1.0}
-_BYTES_PER = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": 1000**2,
-              "GB": 1000**3, None: 1}
+_BYTES_PER = {
+    "B": 1,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    None: 1,
+}
 
 
 def parse_duration(value: object) -> float:
@@ -103,7 +111,7 @@ def parse_duration(value: object) -> float:
 
 def parse_size(value: object) -> int:
     """`4KiB` → 4096; a bare integer is bytes. Raises ValueError with the valid units."""
-    if isinstance(value, bool) or isinstance(value, float):
+    if isinstance(value, bool | float):
         raise ValueError(f"expected a size such as 512B, 4KiB or 1MiB, got {value!r}")
     if isinstance(value, int):
         size = value
@@ -145,7 +153,7 @@ def describe_type(tp: Any) -> str:
         return f"list of {describe_type(typing.get_args(tp)[0])}"
     if origin is dict:
         return f"mapping of {describe_type(typing.get_args(tp)[1])}"
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return f"mapping ({tp.__name__})"
     return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(
         tp, getattr(tp, "__name__", str(tp))
@@ -176,7 +184,11 @@ class _Converter:
             return self.convert(node, base, what)
         if origin in (typing.Union, types.UnionType):
             args = typing.get_args(tp)
-            if type(None) in args and isinstance(node, yaml.ScalarNode) and self.scalar(node) is None:
+            if (
+                type(None) in args
+                and isinstance(node, yaml.ScalarNode)
+                and self.scalar(node) is None
+            ):
                 return None
             saved = len(self.problems.problems)
             for arg in args:
@@ -203,16 +215,18 @@ class _Converter:
             if not isinstance(node, yaml.SequenceNode):
                 self._fail(node, f"{what}: expected {describe_type(tp)}, got {self._show(node)}")
             (item_type, *_) = typing.get_args(tp)
-            items = [self.convert(child, item_type, f"{what}[{i}]") for i, child in
-                     enumerate(node.value)]
+            items = [
+                self.convert(child, item_type, f"{what}[{i}]") for i, child in enumerate(node.value)
+            ]
             return tuple(items) if origin is tuple else items
         if origin is dict:
             key_type, value_type = typing.get_args(tp)
             if not isinstance(node, yaml.MappingNode):
                 self._fail(node, f"{what}: expected {describe_type(tp)}, got {self._show(node)}")
             return {
-                self.convert(key, key_type, what): self.convert(value, value_type,
-                                                                 f"{what}.{self.scalar(key)}")
+                self.convert(key, key_type, what): self.convert(
+                    value, value_type, f"{what}.{self.scalar(key)}"
+                )
                 for key, value in node.value
             }
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
@@ -243,8 +257,12 @@ class _Converter:
                 self.problems.add(
                     key_node,
                     f"{what}: unknown field {key!r}; valid fields: "
-                    + (", ".join(f"{name} ({describe_type(tp)})" for name, (_, tp) in
-                                 known.items()) or "none"),
+                    + (
+                        ", ".join(
+                            f"{name} ({describe_type(tp)})" for name, (_, tp) in known.items()
+                        )
+                        or "none"
+                    ),
                 )
                 bad = True
                 continue
@@ -265,7 +283,7 @@ class _Converter:
 
     def mapping_pairs(self, node: yaml.MappingNode, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
         seen: set[Any] = set()
-        pairs = []
+        pairs: list[tuple[yaml.Node, yaml.Node]] = []
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 self.problems.add(key_node, f"{what}: keys must be plain names")
@@ -391,7 +409,8 @@ def load_scenario_text(
             elif key in sections:
                 schema = sections[key]
                 extra[key] = (
-                    convert.scalar(value_node) if schema is None
+                    convert.scalar(value_node)
+                    if schema is None
                     else convert.dataclass(value_node, schema, key)
                 )
             else:
@@ -479,23 +498,37 @@ def json_schema_for_type(tp: Any) -> dict[str, Any]:
     if origin is typing.Annotated:
         unit = typing.get_args(tp)[1]
         if unit == Unit.SECONDS:
-            return {"anyOf": [{"type": "number", "minimum": 0},
-                              {"type": "string", "pattern": _DURATION.pattern}],
-                    "description": "duration: seconds, or 250ms / 2s / 1.5min"}
+            return {
+                "anyOf": [
+                    {"type": "number", "minimum": 0},
+                    {"type": "string", "pattern": _DURATION.pattern},
+                ],
+                "description": "duration: seconds, or 250ms / 2s / 1.5min",
+            }
         if unit == Unit.BYTES:
-            return {"anyOf": [{"type": "integer", "minimum": 0},
-                              {"type": "string", "pattern": _SIZE.pattern}],
-                    "description": "size: bytes, or 512B / 4KiB / 1MiB"}
+            return {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0},
+                    {"type": "string", "pattern": _SIZE.pattern},
+                ],
+                "description": "size: bytes, or 512B / 4KiB / 1MiB",
+            }
     if origin is Literal:
         return {"enum": list(typing.get_args(tp))}
     if origin in (typing.Union, types.UnionType):
-        return {"anyOf": [{"type": "null"} if arg is type(None) else json_schema_for_type(arg)
-                          for arg in typing.get_args(tp)]}
+        return {
+            "anyOf": [
+                {"type": "null"} if arg is type(None) else json_schema_for_type(arg)
+                for arg in typing.get_args(tp)
+            ]
+        }
     if origin in (list, tuple):
         return {"type": "array", "items": json_schema_for_type(typing.get_args(tp)[0])}
     if origin is dict:
-        return {"type": "object",
-                "additionalProperties": json_schema_for_type(typing.get_args(tp)[1])}
+        return {
+            "type": "object",
+            "additionalProperties": json_schema_for_type(typing.get_args(tp)[1]),
+        }
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return json_schema_for_dataclass(tp)
     simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
@@ -506,12 +539,14 @@ def json_schema_for_dataclass(cls: type) -> dict[str, Any]:
     properties: dict[str, Any] = {}
     for name, (f, tp) in config_fields(cls).items():
         prop = json_schema_for_type(tp)
-        if f.default is not dataclasses.MISSING and isinstance(f.default, str | int | float |
-                                                                 bool):
+        if f.default is not dataclasses.MISSING and isinstance(f.default, str | int | float | bool):
             prop["default"] = f.default
         properties[name] = prop
-    schema: dict[str, Any] = {"type": "object", "properties": properties,
-                              "additionalProperties": False}
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+    }
     if cls.__doc__:
         schema["description"] = " ".join(cls.__doc__.split())
     return schema
@@ -524,17 +559,25 @@ def scenario_json_schema(
     fault_entries = []
     for name, cls in sorted(registry.items()):
         config = json_schema_for_dataclass(cls)
-        fault_entries.append({"type": "object", "properties": {name: {"anyOf": [config,
-                              {"type": "null"}]}}, "required": [name],
-                              "additionalProperties": False})
+        fault_entries.append(
+            {
+                "type": "object",
+                "properties": {name: {"anyOf": [config, {"type": "null"}]}},
+                "required": [name],
+                "additionalProperties": False,
+            }
+        )
         fault_entries.append({"const": name})
     properties: dict[str, Any] = {
         "name": {"type": "string"},
         "description": {"type": "string"},
         "seed": {"type": "integer"},
         "proxy": json_schema_for_dataclass(ProxyOptions),
-        "path": {"type": "array", "items": {"anyOf": fault_entries},
-                 "description": "faults in path order, client side first"},
+        "path": {
+            "type": "array",
+            "items": {"anyOf": fault_entries},
+            "description": "faults in path order, client side first",
+        },
     }
     for key, schema in (sections or {}).items():
         properties[key] = json_schema_for_dataclass(schema) if schema else {"type": "object"}

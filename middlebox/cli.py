@@ -1,0 +1,122 @@
+"""The `middlebox` command line (click). Thin: each command parses and calls one function."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+from middlebox import __version__
+
+EPILOG_PROXY = """\b
+Examples:
+  middlebox proxy --listen 127.0.0.1:9000 --upstream http://127.0.0.1:8000
+  middlebox proxy --listen 127.0.0.1:9000 --upstream http://127.0.0.1:8000 \\
+      --scenario scenarios/nginx-default-buffering.yaml
+"""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="middlebox")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """middlebox: inject the faults real networks inflict on LLM token streams, and score
+    how the client and the server cope.
+
+    \b
+    Examples:
+      middlebox validate scenarios/
+      middlebox proxy --listen 127.0.0.1:9000 --upstream http://127.0.0.1:8000
+    """
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+@main.command(epilog=EPILOG_PROXY)
+@click.option(
+    "--listen",
+    "listen_at",
+    default="127.0.0.1:9000",
+    show_default=True,
+    help="HOST:PORT to accept clients on (port 0 picks a free port).",
+)
+@click.option(
+    "--upstream", required=True, help="URL of the LLM server, e.g. http://127.0.0.1:8000."
+)
+@click.option(
+    "--scenario",
+    "scenario_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="YAML scenario whose `path:` faults every connection goes through.",
+)
+def proxy(listen_at: str, upstream: str, scenario_file: str | None) -> None:
+    """Run the proxy: relay every connection byte-exact through the scenario's faults."""
+    import trio
+
+    from middlebox.compose import load
+    from middlebox.scenario import Scenario, ScenarioError
+    from middlebox.server import Address, run_proxy
+
+    try:
+        scenario = load(scenario_file) if scenario_file else Scenario(name="pass-through")
+        listen_address, upstream_address = Address.parse(listen_at), Address.parse(upstream)
+    except (ScenarioError, ValueError) as error:
+        raise click.ClickException(str(error)) from None
+
+    def ready(port: int) -> None:
+        click.echo(
+            f"listening on http://{listen_address.host}:{port} -> {upstream_address} "
+            f"(scenario {scenario.name!r}, {len(scenario.path)} faults)"
+        )
+        sys.stdout.flush()
+
+    try:
+        trio.run(lambda: run_proxy(listen_address, upstream_address, scenario, ready=ready))
+    except KeyboardInterrupt:
+        pass
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+def validate(paths: tuple[str, ...]) -> None:
+    """Check scenario files (or directories of them); print every problem with its line.
+
+    \b
+    Example:
+      middlebox validate scenarios/ my-incident.yaml
+    """
+    from middlebox.compose import validate_paths
+
+    good, problems = validate_paths(paths)
+    for scenario in good:
+        click.echo(f"ok: {scenario.source} ({scenario.name}, {len(scenario.path)} faults)")
+    for problem in problems:
+        click.echo(f"error: {problem}", err=True)
+    if problems:
+        sys.exit(1)
+
+
+@main.command()
+def schema() -> None:
+    """Print the JSON Schema of the scenario format, generated from the fault registry.
+
+    \b
+    Example:
+      middlebox schema > scenario.schema.json
+    """
+    from middlebox.compose import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2))
+
+
+def _add_optional_commands() -> None:
+    try:
+        from vllm_emulator.cli import emulate
+    except ImportError:  # the emulator arrives in its own change
+        return
+    main.add_command(emulate, "emulate")
+
+
+_add_optional_commands()

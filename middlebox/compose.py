@@ -1,0 +1,64 @@
+"""The composition root: where the core meets the fault library (and later the runner).
+
+Only this module, `cli` and `runner` import `faults`, so the core stays free of any
+particular fault (the dependency rule in `middlebox/__init__.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from faults import REGISTRY
+from middlebox.fault import Fault
+from middlebox.scenario import Problem, Scenario, ScenarioError, load_scenario, scenario_json_schema
+
+SCENARIO_SUFFIXES = (".yaml", ".yml")
+
+
+def scenario_sections() -> dict[str, type | None]:
+    """The optional top-level blocks a scenario may have and the dataclass validating each."""
+    sections: dict[str, type | None] = {"upstream": None, "workload": None, "expect": None}
+    try:
+        from vllm_emulator.config import EmulatorConfig
+
+        sections["upstream"] = EmulatorConfig
+    except ImportError:  # the emulator's config arrives with the emulator
+        pass
+    return sections
+
+
+def registry() -> Mapping[str, type[Fault]]:
+    return REGISTRY
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Files as given, and the scenario files (sorted) inside directories."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found.extend(sorted(p for p in path.iterdir() if p.suffix in SCENARIO_SUFFIXES))
+        else:
+            found.append(path)
+    return found
+
+
+def load(path: str | Path) -> Scenario:
+    return load_scenario(path, REGISTRY, sections=scenario_sections())
+
+
+def validate_paths(paths: Iterable[str | Path]) -> tuple[list[Scenario], list[Problem]]:
+    """Load every scenario; return the good ones and every problem found in the rest."""
+    good: list[Scenario] = []
+    problems: list[Problem] = []
+    for path in expand_paths(paths):
+        try:
+            good.append(load(path))
+        except ScenarioError as error:
+            problems.extend(error.problems)
+    return good, problems
+
+
+def json_schema() -> dict[str, Any]:
+    return scenario_json_schema(REGISTRY, scenario_sections())

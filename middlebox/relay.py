@@ -1,0 +1,323 @@
+"""The per-connection relay: the thin trio shell around a pure fault pipeline.
+
+Two sockets (client, upstream), each read by one task and written by one task, and
+a timer task that wakes the pipeline at its deadline. Every pipeline call happens
+synchronously between awaits, so the pipeline is only ever driven by one piece of
+code at a time and its faults need no locks (the design's "one driver").
+
+The hot path is the anchors' fastest trio variant (shared/reference/
+performance-anchors.md): raw non-blocking sockets, `recv`/`send` tried first and
+`wait_readable`/`wait_writable` only on EAGAIN, and bytes written straight from the
+reading task when the outbox is empty, so a relayed frame costs one task wake-up.
+
+Ends are faithful: a FIN read is passed on as a FIN (`shutdown(SHUT_WR)`) and never
+invented; an RST is sent as `SO_LINGER(1, 0)` then close (RFC 793's abort); a peer's
+RST read on one side becomes a `Reset` item; a failed write means that peer is gone
+and becomes a `Reset` travelling away from it.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from middlebox.fault import Fault
+from middlebox.stream import Chunk, Direction, Eof, Item, Reset
+
+READ_SIZE = 64 * 1024
+# Bytes queued toward one peer before we stop reading from the other: bounded memory
+# per connection, and backpressure reaches the sender as TCP's window closing.
+HIGH_WATER = 256 * 1024
+# Reads in a row without waiting before we yield, so a bulk transfer cannot starve
+# the other connections.
+READS_BEFORE_YIELD = 16
+
+_LINGER_ABORT = struct.pack("ii", 1, 0)
+
+
+class RelayObserver(Protocol):
+    """What the relay tells the journal; every call is cheap and never blocks."""
+
+    def read(self, leg: str, direction: Direction, data: bytes, now: float) -> None: ...
+
+    def wrote(self, leg: str, direction: Direction, data: bytes, now: float) -> None: ...
+
+    def ended(self, leg: str, direction: Direction, kind: str, now: float) -> None: ...
+
+
+@dataclass(eq=False)
+class Side:
+    """One socket of a connection. `source` is the direction of the items it produces."""
+
+    leg: str
+    sock: socket.socket
+    source: Direction
+    outbox: deque[bytes] = field(default_factory=deque)
+    outbox_bytes: int = 0
+    pending_end: Eof | Reset | None = None
+    read_done: bool = False
+    write_done: bool = False
+    closed: bool = False
+    writer_lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+
+
+def abort(sock: socket.socket) -> None:
+    """Close with an RST instead of a FIN (SO_LINGER with a zero timeout)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+    except OSError:
+        pass
+    trio.lowlevel.notify_closing(sock)
+    sock.close()
+
+
+def apply_buffer_sizes(
+    client: socket.socket, upstream: socket.socket, sizes: dict[str, int]
+) -> None:
+    """Set the SO_RCVBUF/SO_SNDBUF sizes a fault asked for (see Fault.socket_buffers)."""
+    options = {"rcvbuf": socket.SO_RCVBUF, "sndbuf": socket.SO_SNDBUF}
+    for key, size in sizes.items():
+        side, _, which = key.partition("_")
+        sock = client if side == "client" else upstream
+        sock.setsockopt(socket.SOL_SOCKET, options[which], size)
+
+
+class Relay:
+    """Relays one connection through `pipeline` until both directions have ended."""
+
+    def __init__(
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        pipeline: Fault,
+        *,
+        observer: RelayObserver | None = None,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        client.setblocking(False)
+        upstream.setblocking(False)
+        self.client = Side("client", client, Direction.UPSTREAM)
+        self.upstream = Side("upstream", upstream, Direction.DOWNSTREAM)
+        self.pipeline = pipeline
+        self.observer = observer
+        self.clock = clock
+        self._incoming: deque[Item] = deque()
+        self._draining = False
+        self._timer_scope: trio.CancelScope | None = None
+        self._state_lot = trio.lowlevel.ParkingLot()
+        self._done = trio.Event()
+
+    def destination(self, direction: Direction) -> Side:
+        return self.upstream if direction is Direction.UPSTREAM else self.client
+
+    def origin(self, direction: Direction) -> Side:
+        return self.client if direction is Direction.UPSTREAM else self.upstream
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_loop, self.client)
+                nursery.start_soon(self._read_loop, self.upstream)
+                nursery.start_soon(self._write_loop, self.client)
+                nursery.start_soon(self._write_loop, self.upstream)
+                nursery.start_soon(self._timer_loop)
+                self._dispatch(self.pipeline.on_open(self.clock()))
+                self._check_done()
+                await self._done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            for side in (self.client, self.upstream):
+                if not side.closed:
+                    side.closed = True
+                    trio.lowlevel.notify_closing(side.sock)
+                    side.sock.close()
+
+    # ------------------------------------------------------------------ reading
+
+    def _reading_paused(self, side: Side) -> bool:
+        if self.destination(side.source).outbox_bytes >= HIGH_WATER:
+            return True
+        return self.pipeline.reading_paused(side.source)
+
+    async def _read_loop(self, side: Side) -> None:
+        sock = side.sock
+        reads_in_a_row = 0
+        while not side.read_done:
+            if self._reading_paused(side):
+                await self._state_lot.park()
+                continue
+            try:
+                data = sock.recv(READ_SIZE)
+            except BlockingIOError:
+                reads_in_a_row = 0
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                except trio.ClosedResourceError:
+                    return
+                continue
+            except OSError:
+                if side.closed:
+                    return
+                # ECONNRESET and friends: the peer aborted; pass an RST on.
+                side.read_done = True
+                self._ended(side, "rst")
+                self._feed(Reset(side.source))
+                return
+            if not data:
+                side.read_done = True
+                self._ended(side, "fin")
+                self._feed(Eof(side.source))
+                return
+            if self.observer is not None:
+                self.observer.read(side.leg, side.source, data, self.clock())
+            self._feed(Chunk(side.source, data))
+            reads_in_a_row += 1
+            if reads_in_a_row >= READS_BEFORE_YIELD:
+                reads_in_a_row = 0
+                await trio.lowlevel.checkpoint()
+
+    def _ended(self, side: Side, kind: str) -> None:
+        if self.observer is not None:
+            self.observer.ended(side.leg, side.source, f"read_{kind}", self.clock())
+
+    # ------------------------------------------------------------ the pipeline
+
+    def _feed(self, item: Item) -> None:
+        """Hand one item to the pipeline; items that arrive while we dispatch wait in line."""
+        self._incoming.append(item)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._incoming:
+                self._dispatch(self.pipeline.on_item(self._incoming.popleft(), self.clock()))
+        finally:
+            self._draining = False
+        self._after_pipeline_call()
+
+    def _after_pipeline_call(self) -> None:
+        if self._timer_scope is not None:
+            due = self.pipeline.deadline()
+            self._timer_scope.deadline = math.inf if due is None else due
+        self._state_lot.unpark_all()
+        self._check_done()
+
+    async def _timer_loop(self) -> None:
+        while True:
+            due = self.pipeline.deadline()
+            with trio.CancelScope(deadline=math.inf if due is None else due) as scope:
+                self._timer_scope = scope
+                await trio.sleep_forever()
+            self._timer_scope = None
+            now = self.clock()
+            self._draining = True
+            try:
+                self._dispatch(self.pipeline.on_deadline(now))
+                while self._incoming:
+                    self._dispatch(self.pipeline.on_item(self._incoming.popleft(), self.clock()))
+            finally:
+                self._draining = False
+            self._after_pipeline_call()
+
+    # ------------------------------------------------------------------ writing
+
+    def _dispatch(self, items: list[Item]) -> None:
+        for item in items:
+            side = self.destination(item.direction)
+            if side.write_done or side.pending_end is not None:
+                continue  # nothing can be written after an end; the item is dropped
+            if isinstance(item, Chunk):
+                if item.data:
+                    side.outbox.append(item.data)
+                    side.outbox_bytes += len(item.data)
+            else:
+                side.pending_end = item
+            self._flush(side)
+
+    def _flush(self, side: Side) -> None:
+        """Write what the socket takes now, without blocking; the writer task does the rest."""
+        sock = side.sock
+        while side.outbox:
+            data = side.outbox[0]
+            try:
+                sent = sock.send(data)
+            except BlockingIOError:
+                break
+            except OSError:
+                self._write_failed(side)
+                return
+            if self.observer is not None:
+                self.observer.wrote(side.leg, side.source.opposite, data[:sent], self.clock())
+            side.outbox_bytes -= sent
+            if sent < len(data):
+                side.outbox[0] = data[sent:]
+                break
+            side.outbox.popleft()
+        if side.outbox:
+            side.writer_lot.unpark_all()
+        elif side.pending_end is not None:
+            self._write_end(side, side.pending_end)
+
+    def _write_end(self, side: Side, end: Eof | Reset) -> None:
+        side.write_done = True
+        now = self.clock()
+        if isinstance(end, Reset):
+            if self.observer is not None:
+                self.observer.ended(side.leg, end.direction, "sent_rst", now)
+            side.read_done = True
+            side.closed = True
+            abort(side.sock)
+            self._check_done()
+            return
+        if self.observer is not None:
+            self.observer.ended(side.leg, end.direction, "sent_fin", now)
+        try:
+            side.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self._check_done()
+
+    def _write_failed(self, side: Side) -> None:
+        """EPIPE/ECONNRESET on a write: that peer is gone, so an RST travels away from it."""
+        side.write_done = True
+        side.outbox.clear()
+        side.outbox_bytes = 0
+        if self.observer is not None:
+            self.observer.ended(side.leg, side.source.opposite, "write_failed", self.clock())
+        if not side.read_done:
+            side.read_done = True
+            self._feed(Reset(side.source))
+        self._state_lot.unpark_all()
+
+    async def _write_loop(self, side: Side) -> None:
+        while True:
+            if not side.outbox or side.closed:
+                await side.writer_lot.park()
+                continue
+            try:
+                await trio.lowlevel.wait_writable(side.sock)
+            except trio.ClosedResourceError:
+                return
+            self._flush(side)
+            self._state_lot.unpark_all()
+
+    # ----------------------------------------------------------------- the end
+
+    def _check_done(self) -> None:
+        """Done when nothing more can move: both peers stopped sending to us, the
+        pipeline holds nothing it will release, and every outbox is empty."""
+        if self._done.is_set():
+            return
+        both_read = self.client.read_done and self.upstream.read_done
+        if not both_read or self.pipeline.deadline() is not None:
+            return
+        if self.client.outbox or self.upstream.outbox:
+            return
+        self._done.set()

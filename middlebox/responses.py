@@ -1,0 +1,42 @@
+"""Byte-exact error responses as real proxies send them (pure).
+
+When middlebox stands in for a proxy that answers by itself (upstream unreachable,
+an idle timeout before the headers, an injected 429), the client should see what
+it would see in production. The default shape is nginx's: its `ngx_http_special_response.c`
+error pages, `Content-Type: text/html` and `Connection: close`.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+
+def nginx_error_page(status: int) -> bytes:
+    """The HTML body nginx sends for an error status (ngx_http_error_tail + title)."""
+    title = f"{status} {HTTPStatus(status).phrase}"
+    return (
+        f"<html>\r\n<head><title>{title}</title></head>\r\n<body>\r\n"
+        f"<center><h1>{title}</h1></center>\r\n<hr><center>nginx</center>\r\n"
+        "</body>\r\n</html>\r\n"
+    ).encode("ascii")
+
+
+def error_response(
+    status: int,
+    body: bytes | None = None,
+    *,
+    content_type: str = "text/html",
+    extra_headers: list[tuple[str, str]] | None = None,
+    server: str = "nginx",
+) -> bytes:
+    """A complete HTTP/1.1 response that closes the connection, like a proxy's own answer."""
+    payload = nginx_error_page(status) if body is None else body
+    lines = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        f"Server: {server}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(payload)}",
+        "Connection: close",
+    ]
+    lines += [f"{name}: {value}" for name, value in extra_headers or []]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload

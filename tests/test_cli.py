@@ -1,0 +1,76 @@
+"""The command line: validate, schema, version and help, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from faults import REGISTRY
+from middlebox import __version__
+from middlebox.cli import main
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_validate_prints_four_clear_errors_with_lines_and_exits_non_zero(tmp_path: Path) -> None:
+    semantic = write(
+        tmp_path,
+        "incident.yaml",
+        (
+            "name: incident\n"
+            "path:\n"
+            "  - latencyy: {delay: 1s}\n"  # misspelled fault
+            "  - latency: {delay: 1s, jiter: 1}\n"  # unknown field
+            "  - latency: {delay: 5 fortnights}\n"  # bad unit
+        ),
+    )
+    syntax = write(tmp_path, "broken.yaml", "name: broken\npath: [latency\n")  # YAML syntax
+    result = CliRunner().invoke(main, ["validate", semantic, syntax])
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 4, result.output
+    assert f"{semantic}:3:5: path[0]: unknown fault 'latencyy'" in errors[0]
+    assert f"{semantic}:4:26: path[1] latency: unknown field 'jiter'" in errors[1]
+    assert f"{semantic}:5:22: path[2] latency.delay: expected a duration" in errors[2]
+    assert f"{syntax}:3:1: YAML syntax error" in errors[3]
+
+
+def test_validate_accepts_a_directory_of_good_scenarios(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", "name: a\npath:\n  - latency: {delay: 20ms}\n")
+    write(tmp_path, "b.yml", "name: b\npath: []\n")
+    result = CliRunner().invoke(main, ["validate", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("ok: ") == 2
+
+
+def test_the_shipped_scenario_library_validates() -> None:
+    library = Path(__file__).resolve().parent.parent / "scenarios"
+    result = CliRunner().invoke(main, ["validate", str(library)])
+    assert result.exit_code == 0, result.output
+
+
+def test_schema_lists_every_registered_fault_with_its_fields() -> None:
+    result = CliRunner().invoke(main, ["schema"])
+    assert result.exit_code == 0
+    schema = json.loads(result.output)
+    entries = schema["properties"]["path"]["items"]["anyOf"]
+    named = {name for entry in entries for name in entry.get("properties", {})}
+    assert named == set(REGISTRY)
+    latency = next(e for e in entries if "latency" in e.get("properties", {}))
+    fields = latency["properties"]["latency"]["anyOf"][0]["properties"]
+    assert {"delay", "jitter"} <= set(fields)
+
+
+def test_version_and_help_on_every_command() -> None:
+    runner = CliRunner()
+    assert __version__ in runner.invoke(main, ["--version"]).output
+    for command in main.commands:
+        result = runner.invoke(main, [command, "--help"])
+        assert result.exit_code == 0, command
+        assert "Usage:" in result.output

@@ -1,0 +1,118 @@
+"""The pure pipeline: path order, per-direction routing, deadlines, replay."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from faults.latency import Latency
+from faults.testing import joined, replay
+from middlebox.fault import Fault, FaultContext, Pipeline
+from middlebox.stream import DOWN, UP, Chunk, Eof, Item, Reset
+
+
+@dataclass
+class Tag(Fault):
+    """Appends its label to every chunk it sees, to make the path order visible."""
+
+    name: ClassVar[str] = "tag"
+    label: bytes = b""
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        if isinstance(item, Chunk):
+            return [Chunk(item.direction, item.data + self.label)]
+        return [item]
+
+
+@dataclass
+class AnswerEarly(Fault):
+    """Answers the client itself and swallows the request, like an injected 503."""
+
+    name: ClassVar[str] = "answer_early"
+    seen: int = field(init=False, repr=False, default=0)
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        if item.direction is UP and isinstance(item, Chunk):
+            self.report(now, "answered", byte=self.seen)
+            self.seen += len(item.data)
+            return [Chunk(DOWN, b"503"), Eof(DOWN)]
+        return [item]
+
+
+def test_an_empty_pipeline_passes_every_item_through_unchanged() -> None:
+    timeline = [
+        (0.0, Chunk(UP, b"GET")),
+        (1.0, Chunk(DOWN, b"200")),
+        (2.0, Eof(UP)),
+        (3.0, Reset(DOWN)),
+    ]
+    assert replay(Pipeline([]), timeline) == timeline
+
+
+def test_upstream_items_visit_faults_client_side_first_and_downstream_items_last_first() -> None:
+    pipeline = Pipeline([Tag(label=b"1"), Tag(label=b"2"), Tag(label=b"3")])
+    out = replay(pipeline, [(0.0, Chunk(UP, b"req")), (0.5, Chunk(DOWN, b"resp"))])
+    assert out == [(0.0, Chunk(UP, b"req123")), (0.5, Chunk(DOWN, b"resp321"))]
+
+
+def test_a_fault_can_answer_the_client_and_its_answer_skips_the_faults_nearer_the_server() -> None:
+    pipeline = Pipeline([Tag(label=b"c"), AnswerEarly(), Tag(label=b"s")])
+    out = replay(pipeline, [(0.0, Chunk(UP, b"POST"))])
+    assert out == [(0.0, Chunk(DOWN, b"503c")), (0.0, Eof(DOWN))]
+    answer = pipeline.faults[1]
+    assert answer.fired and answer.reports[0].action == "answered"
+
+
+def test_the_pipeline_deadline_is_the_earliest_of_its_faults() -> None:
+    pipeline = Pipeline([Latency(delay=0.3), Latency(delay=0.1)])
+    replay(pipeline, [(0.0, Chunk(DOWN, b"x"))], until=0.05)
+    # DOWN enters at the last fault (0.1 s) first; the 0.3 s fault has nothing yet.
+    assert pipeline.deadline() == 0.1
+
+
+def test_delays_add_up_along_the_path_on_the_virtual_clock() -> None:
+    pipeline = Pipeline([Latency(delay=0.3), Latency(delay=0.1)])
+    out = replay(pipeline, [(0.0, Chunk(DOWN, b"x")), (0.0, Eof(DOWN))])
+    assert out == [(0.4, Chunk(DOWN, b"x")), (0.4, Eof(DOWN))]
+
+
+def test_each_fault_gets_its_own_rng_drawn_deterministically_from_the_connection() -> None:
+    def draws() -> list[float]:
+        pipeline = Pipeline([Latency(), Latency()])
+        pipeline.bind(FaultContext(7, random.Random("seed:7")))
+        return [fault.rng.random() for fault in pipeline.faults]
+
+    first, second = draws(), draws()
+    assert first == second and first[0] != first[1]
+
+
+def test_shared_state_is_per_fault_position_when_the_server_provides_it() -> None:
+    shared: list[dict[str, object]] = [{}, {}]
+    pipeline = Pipeline([Latency(), Latency()])
+    pipeline.bind(FaultContext(1, random.Random(1)), shared)
+    assert pipeline.faults[0].context.shared is shared[0]
+    assert pipeline.faults[1].context.shared is shared[1]
+
+
+@given(
+    payloads=st.lists(st.tuples(st.booleans(), st.binary(min_size=1, max_size=64)), max_size=30),
+    depth=st.integers(min_value=0, max_value=4),
+)
+def test_pass_through_preserves_bytes_and_order_per_direction(
+    payloads: list[tuple[bool, bytes]], depth: int
+) -> None:
+    timeline: list[tuple[float, Item]] = [
+        (index * 0.01, Chunk(UP if upward else DOWN, data))
+        for index, (upward, data) in enumerate(payloads)
+    ]
+    out = replay(Pipeline([Fault() for _ in range(depth)]), timeline)
+    for direction in (UP, DOWN):
+        expected = b"".join(
+            i.data for _, i in timeline if isinstance(i, Chunk) and i.direction is direction
+        )
+        assert joined(out, direction) == expected
+    assert out == timeline

@@ -1,0 +1,107 @@
+"""Loading scenarios: units, defaults, and errors that point at the exact line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from faults import REGISTRY
+from faults.latency import Latency
+from middlebox.scenario import (
+    ScenarioError,
+    load_scenario,
+    load_scenario_text,
+    parse_duration,
+    parse_size,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("800ms", 0.8), ("2s", 2.0), ("1.5min", 90.0), (3, 3.0), (0.25, 0.25), ("250us", 0.00025)],
+)
+def test_durations_accept_numbers_of_seconds_and_unit_suffixes(
+    text: object, seconds: float
+) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("4KiB", 4096), ("1MiB", 1 << 20), ("512B", 512), (100, 100), ("2KB", 2000)]
+)
+def test_sizes_accept_integers_of_bytes_and_unit_suffixes(text: object, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["5 parsecs", "-1s", True, "ms"])
+def test_a_bad_duration_names_the_valid_units(bad: object) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(bad)
+
+
+def test_a_valid_scenario_builds_fresh_faults_with_converted_config() -> None:
+    scenario = load_scenario_text(
+        "name: slow\nseed: 9\npath:\n  - latency: {delay: 800ms, jitter: 10ms}\n  - latency\n",
+        REGISTRY,
+    )
+    assert scenario.name == "slow" and scenario.seed == 9
+    first, second = scenario.build_faults(), scenario.build_faults()
+    assert repr(first) == repr([Latency(delay=0.8, jitter=0.01), Latency()])
+    assert first[0] is not second[0]
+
+
+def test_every_problem_in_a_file_is_reported_with_its_line_and_column() -> None:
+    text = (
+        "name: broken\n"
+        "path:\n"
+        "  - latncy: {delay: 1s}\n"
+        "  - latency: {dely: 1s}\n"
+        "  - latency: {jitter: 5 parsecs}\n"
+        "colour: blue\n"
+    )
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario_text(text, REGISTRY, file="broken.yaml")
+    lines = [str(problem) for problem in caught.value.problems]
+    assert lines[0].startswith("broken.yaml:3:5: path[0]: unknown fault 'latncy'")
+    assert "did you mean 'latency'" in lines[0]
+    assert lines[1].startswith("broken.yaml:4:15: path[1] latency: unknown field 'dely'")
+    assert "delay (duration)" in lines[1]
+    assert lines[2].startswith("broken.yaml:5:23: path[2] latency.jitter: expected a duration")
+    assert lines[3].startswith("broken.yaml:6:1: unknown top-level key 'colour'")
+    assert len(lines) == 4
+
+
+def test_a_choice_outside_a_literal_lists_the_choices() -> None:
+    with pytest.raises(ScenarioError, match="choose one of 'both', 'upstream', 'downstream'"):
+        load_scenario_text("path:\n  - latency: {direction: sideways}\n", REGISTRY)
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line() -> None:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario_text("name: [oops\npath: []\n", REGISTRY, file="syntax.yaml")
+    (problem,) = caught.value.problems
+    assert (problem.file, problem.line) == ("syntax.yaml", 2)
+    assert "YAML syntax error" in problem.message
+
+
+def test_duplicate_keys_are_an_error_rather_than_a_silent_overwrite() -> None:
+    with pytest.raises(ScenarioError, match="duplicate key 'seed'"):
+        load_scenario_text("seed: 1\nseed: 2\n", REGISTRY)
+
+
+def test_yaml_tags_that_would_run_code_are_refused() -> None:
+    with pytest.raises(ScenarioError):
+        load_scenario_text("name: !!python/object/apply:os.system ['true']\n", REGISTRY)
+
+
+def test_a_fault_s_own_config_check_is_reported_at_load_time(tmp_path: Path) -> None:
+    file = tmp_path / "neg.yaml"
+    file.write_text("path:\n  - latency: {delay: -5}\n")
+    with pytest.raises(ScenarioError, match=r"neg.yaml:2:\d+: .*negative"):
+        load_scenario(file, REGISTRY)
+
+
+def test_an_unreadable_file_is_a_scenario_error_not_a_traceback(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "missing.yaml", REGISTRY)
