@@ -3,6 +3,7 @@
 - `Shaped`: the common config of a fault that acts on some directions during an active
   window (`direction`, `start`, `stop`, seconds from connection open), plus per-direction
   byte offsets for reports.
+- `Queued`: `Shaped` plus a delay line with a bounded backlog (backpressure).
 - `DelayLine`: a per-direction FIFO of items with release times. A TCP byte stream is
   delivered in order (RFC 9293 §3.10.7.4 queues out-of-order segments until the gap is
   filled), so an item is never released before the one ahead of it in its direction:
@@ -18,9 +19,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from middlebox.fault import Fault, Seconds
+from middlebox.fault import Bytes, Seconds
 from middlebox.stream import Chunk, Direction, Item
 
 DirectionChoice = Literal["both", "upstream", "downstream"]
@@ -62,25 +63,6 @@ def segments(data: bytes, size: int) -> list[bytes]:
 
 def item_size(item: Item) -> int:
     return len(item.data) if isinstance(item, Chunk) else 0
-
-
-def update_backpressure(
-    fault: Fault, paused: set[Direction], direction: Direction, backlog: int, bound: int, now: float
-) -> None:
-    """Pause reading `direction`'s source while `backlog` > `bound`; report each change.
-
-    The shell stops reading that socket, the kernel buffers fill and TCP's receive
-    window closes on the sender (RFC 9293 §3.8.6), as behind a real slow hop.
-    """
-    pressured = backlog > bound
-    if pressured == (direction in paused):
-        return
-    if pressured:
-        paused.add(direction)
-    else:
-        paused.discard(direction)
-    action = "backpressure_on" if pressured else "backpressure_off"
-    fault.report(now, action, direction=direction.value, backlog=backlog)
 
 
 @dataclass
@@ -211,3 +193,63 @@ class Serializer:
         return [
             (piece, self.finish(item.direction, item_size(piece), now, rate)) for piece in pieces
         ]
+
+
+@dataclass
+class Queued(Shaped):
+    """Mixin: `Shaped` plus a `DelayLine` whose backlog is bounded by backpressure.
+
+    Use as `class X(Queued, Fault)` and release items with `self.send(item, at, now)`.
+    While more than `max_backlog` bytes wait in one direction, `reading_paused` asks
+    the shell to stop reading the socket that produces them: the kernel buffers fill
+    and TCP's receive window closes on the sender (RFC 9293 §3.8.6), as behind a real
+    slow hop, so the proxy's memory stays bounded however fast the sender is.
+    """
+
+    max_backlog: Bytes = 1024 * 1024
+
+    _line: DelayLine = field(init=False, repr=False, default_factory=DelayLine)
+    _pressured: set[Direction] = field(init=False, repr=False, default_factory=set)
+
+    if TYPE_CHECKING:
+
+        def report(self, now: float, action: str, **details: Any) -> None: ...
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("max_backlog", self.max_backlog)
+
+    def send(self, item: Item, release: float, now: float) -> list[Item]:
+        """Release `item` at `release` (behind those ahead of it); check the backlog."""
+        out = self._line.put(item, release, now)
+        self._backpressure(item.direction, now)
+        return out
+
+    def deadline(self) -> float | None:
+        return self._line.deadline()
+
+    def on_deadline(self, now: float) -> list[Item]:
+        out = self._line.due(now)
+        for direction in list(self._pressured):
+            self._backpressure(direction, now)
+        return out
+
+    def reading_paused(self, source: Direction) -> bool:
+        return source in self._pressured
+
+    def drain(self) -> list[Item]:
+        """Take everything still queued, in order (the path is being torn down)."""
+        self._pressured.clear()
+        return self._line.drain()
+
+    def _backpressure(self, direction: Direction, now: float) -> None:
+        backlog = self._line.pending(direction)
+        pressured = backlog > self.max_backlog
+        if pressured == (direction in self._pressured):
+            return
+        if pressured:
+            self._pressured.add(direction)
+        else:
+            self._pressured.discard(direction)
+        action = "backpressure_on" if pressured else "backpressure_off"
+        self.report(now, action, direction=direction.value, backlog=backlog)

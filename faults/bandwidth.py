@@ -17,20 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from faults._common import (
-    MSS,
-    DelayLine,
-    Serializer,
-    Shaped,
-    check_positive,
-    update_backpressure,
-)
+from faults._common import MSS, Queued, Serializer, check_positive
 from middlebox.fault import Bytes, Fault
 from middlebox.stream import Direction, Item
 
 
 @dataclass
-class Bandwidth(Shaped, Fault):
+class Bandwidth(Queued, Fault):
     """Pace the chosen direction(s) to `rate` bytes/s in segments of `segment` bytes."""
 
     name: ClassVar[str] = "bandwidth"
@@ -40,47 +33,22 @@ class Bandwidth(Shaped, Fault):
     max_backlog: Bytes = 64 * 1024
 
     _serializer: Serializer = field(init=False, repr=False, default_factory=Serializer)
-    _line: DelayLine = field(init=False, repr=False, default_factory=DelayLine)
-    _pressured: set[Direction] = field(init=False, repr=False, default_factory=set)
     _throttling: set[Direction] = field(init=False, repr=False, default_factory=set)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive("rate (bytes per second)", self.rate)
         check_positive("segment", self.segment)
-        check_positive("max_backlog", self.max_backlog)
 
     def on_item(self, item: Item, now: float) -> list[Item]:
         offset = self.count(item)
         direction = item.direction
         if not self.active(direction, now):
-            return self._line.put(item, now, now)
+            return self.send(item, now, now)
         out: list[Item] = []
         for piece, finish in self._serializer.schedule(item, now, self.rate, self.segment):
-            out.extend(self._line.put(piece, finish, now))
+            out.extend(self.send(piece, finish, now))
         if self._line.busy(direction) and direction not in self._throttling:
             self._throttling.add(direction)
             self.report(now, "throttling", direction=direction.value, offset=offset, rate=self.rate)
-        update_backpressure(
-            self, self._pressured, direction, self._line.pending(direction), self.max_backlog, now
-        )
         return out
-
-    def deadline(self) -> float | None:
-        return self._line.deadline()
-
-    def on_deadline(self, now: float) -> list[Item]:
-        out = self._line.due(now)
-        for direction in list(self._pressured):
-            update_backpressure(
-                self,
-                self._pressured,
-                direction,
-                self._line.pending(direction),
-                self.max_backlog,
-                now,
-            )
-        return out
-
-    def reading_paused(self, source: Direction) -> bool:
-        return source in self._pressured

@@ -10,10 +10,10 @@ after the bytes sent before it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
-from faults._common import DelayLine, DirectionChoice, Shaped, check_positive
+from faults._common import DirectionChoice, Queued, check_positive
 from middlebox.fault import Fault, Seconds
 from middlebox.stream import Item
 
@@ -21,15 +21,13 @@ __all__ = ["DirectionChoice", "Latency"]
 
 
 @dataclass
-class Latency(Shaped, Fault):
+class Latency(Queued, Fault):
     """Delay every item by `delay` ± uniform `jitter` seconds in the chosen direction(s)."""
 
     name: ClassVar[str] = "latency"
 
     delay: Seconds = 0.05
     jitter: Seconds = 0.0
-
-    _line: DelayLine = field(init=False, repr=False, default_factory=DelayLine)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -39,15 +37,9 @@ class Latency(Shaped, Fault):
     def on_item(self, item: Item, now: float) -> list[Item]:
         offset = self.count(item)
         if not self.active(item.direction, now):
-            return self._line.put(item, now, now)
+            return self.send(item, now, now)
         wobble = self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0
         delay = max(self.delay + wobble, 0.0)
         if not self.fired:
             self.report(now, "delaying", direction=item.direction.value, offset=offset, delay=delay)
-        return self._line.put(item, now + delay, now)
-
-    def deadline(self) -> float | None:
-        return self._line.deadline()
-
-    def on_deadline(self, now: float) -> list[Item]:
-        return self._line.due(now)
+        return self.send(item, now + delay, now)

@@ -8,12 +8,14 @@ come out unchanged and in order; the same seed gives the same output and reports
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
+from typing import Any
 
 from hypothesis import strategies as st
 
 from faults.testing import TimedItem, replay
-from middlebox.fault import Fault
+from middlebox.fault import Fault, FaultContext
 from middlebox.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
 # Multi-byte UTF-8 alongside ASCII, so cuts inside sequences are exercised.
@@ -79,3 +81,20 @@ def assert_deterministic(
     out_second = replay(second, timeline, seed=seed, until=until)
     assert out_first == out_second
     assert first.reports == second.reports
+
+
+class ScriptedRandom(random.Random):
+    """A `random.Random` whose `random()` returns scripted values, to force seeded decisions."""
+
+    def __init__(self, values: list[float]) -> None:
+        super().__init__(0)
+        self.values = list(values)
+
+    def random(self) -> float:
+        return self.values.pop(0)
+
+
+def bind_scripted(fault: Fault, values: list[float], shared: dict[str, Any] | None = None) -> Fault:
+    """Bind `fault` with scripted random draws (and a shared dict, as across connections)."""
+    fault.bind(FaultContext(rng=ScriptedRandom(values), shared={} if shared is None else shared))
+    return fault
