@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from faults.bandwidth import Bandwidth
 from faults.latency import Latency
+from faults.link import Link
 from middlebox.fault import Fault
 
 REGISTRY: dict[str, type[Fault]] = {
@@ -15,6 +16,7 @@ REGISTRY: dict[str, type[Fault]] = {
     for cls in (
         Latency,
         Bandwidth,
+        Link,
     )
 }
 
