@@ -1,0 +1,86 @@
+"""Clients under test: separate processes with one small result contract.
+
+A user's own client (`middlebox run --client-cmd CMD`) and the built-in ones are scored
+the same way. docs/clients.md has the same contract with an example client.
+
+Environment given to the client process:
+- `OPENAI_BASE_URL`: e.g. `http://127.0.0.1:PORT/v1` (the proxy);
+- `OPENAI_API_KEY`;
+- `MIDDLEBOX_WORKLOAD`: path of the JSON workload file;
+- `MIDDLEBOX_RESULT`: path the client writes its JSON result to, atomically (write a
+  temp file in the same directory, then rename it over this path).
+
+Workload:
+    {"scenario": str, "concurrency": int,
+     "requests": [{"index": int, "endpoint": "chat" | "completions",
+                   "body": {the full OpenAI request body: model, messages or prompt,
+                            stream, max_tokens, stream_options, ...},
+                   "start_after": float (seconds after the client started),
+                   "abandon_after_tokens": int | null,
+                   "abandon_after_seconds": float | null}]}
+A request starts no earlier than `start_after`, with at most `concurrency` in flight.
+Abandoning means: stop reading, close the connection, mark `abandoned: true`
+(`abandon_after_tokens` counts shown text pieces, i.e. content deltas; seconds count from
+the request's start).
+
+Result:
+    {"client": name,
+     "results": [{"index": int,
+                  "text": str (what the client would show),
+                  "finish_reason": str | null,
+                  "error": str | null ("ExceptionType: message" surfaced to the user),
+                  "usage": object | null,
+                  "chunks": [[display_time, text_piece], ...] (time.time() when shown),
+                  "started_at": float, "ended_at": float (time.time()),
+                  "attempts": int (HTTP requests made for this logical request),
+                  "resumes": int (reconnects with Last-Event-ID),
+                  "saw_done": bool (the client itself observed data: [DONE]),
+                  "abandoned": bool}]}
+Invariant of the built-in clients: `text == "".join(piece for _, piece in chunks)`; a
+client that restarts a request and replaces its display clears `chunks` too. Choice 0
+only (n=1). The process exits 0 once the result is written, whatever the requests'
+errors; a contract violation (missing env, bad workload) exits 2 without a result.
+
+Built-in clients (BUILTIN_CLIENTS: name -> argv):
+- `raw`: reads to the end and trusts it, like `curl -N`: no status, `[DONE]` or
+  finish_reason check, no retries (silent truncation);
+- `openai`: the official SDK with its default timeout and retries (raises on RST, silent
+  on a clean close without `[DONE]`);
+- `httpx-sse`: httpx + httpx-sse `aconnect_sse`/`aiter_sse` until `[DONE]` or the end;
+- `resilient`: the reference client (timeouts from max_tokens, finish_reason/[DONE]
+  checks, bounded retries honouring Retry-After, Last-Event-ID resume without
+  duplicates, UTF-8-safe reassembly, prompt cancellation);
+- `browser`: headless Chromium running fetch() streaming, only when Chromium is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+BUILTIN_CLIENTS: dict[str, list[str]] = {
+    "raw": [sys.executable, "-m", "middlebox.clients.raw"],
+    "openai": [sys.executable, "-m", "middlebox.clients.openai"],
+    "httpx-sse": [sys.executable, "-m", "middlebox.clients.httpx_sse"],
+    "resilient": [sys.executable, "-m", "middlebox.clients.resilient"],
+    "browser": [sys.executable, "-m", "middlebox.clients.browser"],
+}
+
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/bin/chromium")
+
+
+def chromium_path() -> str | None:
+    """The Chromium binary (Debian's `chromium` package), or None when not installed."""
+    override = os.environ.get("MIDDLEBOX_CHROMIUM")
+    for candidate in (override, *CHROMIUM_CANDIDATES):
+        if candidate:
+            found = shutil.which(candidate)
+            if found:
+                return found
+    return None
+
+
+def available_clients() -> list[str]:
+    """The built-in clients this machine can run: all but `browser` always."""
+    return [name for name in BUILTIN_CLIENTS if name != "browser" or chromium_path() is not None]

@@ -1,0 +1,489 @@
+"""The client result contract, written once for every built-in client.
+
+A client under test is a process (see `middlebox.clients` for the contract in full). This
+module holds what all built-in clients share: reading the environment and the workload,
+running the requests with their concurrency, start times and abandonment, recording what
+was shown and when, writing the result atomically, and the SSE pieces (an incremental
+UTF-8-safe line splitter, a WHATWG event decoder, OpenAI chunk extraction) that the
+clients which parse the wire themselves (`raw`, `resilient`) use.
+
+Only asyncio is used here: clients are separate processes from the trio proxy, and the
+design keeps each module on one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Endpoint = Literal["chat", "completions"]
+
+ENDPOINT_PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
+
+
+class ContractError(ValueError):
+    """The environment or the workload file does not follow the contract."""
+
+
+class Abandoned(BaseException):
+    """The simulated user stopped reading (abandon_after_tokens).
+
+    A BaseException, like `asyncio.CancelledError`, so that a client's own
+    `except Exception` (retry loops, SDK error handling) cannot swallow it: it must
+    unwind through every `async with` so the connection is closed at once.
+    """
+
+
+# ---------------------------------------------------------------------------------------
+# Environment and workload
+
+
+@dataclass(frozen=True)
+class ClientEnv:
+    """The four environment variables of the contract."""
+
+    base_url: str
+    api_key: str
+    workload_path: str
+    result_path: str
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> ClientEnv:
+        env = os.environ if environ is None else environ
+        missing = [
+            name
+            for name in ("OPENAI_BASE_URL", "MIDDLEBOX_WORKLOAD", "MIDDLEBOX_RESULT")
+            if not env.get(name)
+        ]
+        if missing:
+            raise ContractError(f"missing environment variable(s): {', '.join(missing)}")
+        return cls(
+            base_url=env["OPENAI_BASE_URL"].rstrip("/"),
+            # The openai SDK refuses to start without a key; vLLM without --api-key ignores it.
+            api_key=env.get("OPENAI_API_KEY") or "EMPTY",
+            workload_path=env["MIDDLEBOX_WORKLOAD"],
+            result_path=env["MIDDLEBOX_RESULT"],
+        )
+
+    def url(self, endpoint: str) -> str:
+        return self.base_url + ENDPOINT_PATHS[endpoint]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One logical request of the workload."""
+
+    index: int
+    endpoint: Endpoint
+    body: dict[str, Any]
+    start_after: float = 0.0
+    abandon_after_tokens: int | None = None
+    abandon_after_seconds: float | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.body.get("stream", False))
+
+    @classmethod
+    def from_json(cls, raw: Any) -> RequestSpec:
+        if not isinstance(raw, dict):
+            raise ContractError(f"a request must be an object, got {raw!r}")
+        endpoint = raw.get("endpoint", "chat")
+        if endpoint not in ENDPOINT_PATHS:
+            raise ContractError(f"endpoint must be 'chat' or 'completions', got {endpoint!r}")
+        body = raw.get("body")
+        if not isinstance(body, dict):
+            raise ContractError(f"request {raw.get('index')!r}: body must be an object")
+        tokens = raw.get("abandon_after_tokens")
+        seconds = raw.get("abandon_after_seconds")
+        if tokens is not None and (not isinstance(tokens, int) or tokens < 1):
+            raise ContractError(f"abandon_after_tokens must be a positive int, got {tokens!r}")
+        if seconds is not None and (not isinstance(seconds, int | float) or seconds <= 0):
+            raise ContractError(f"abandon_after_seconds must be positive, got {seconds!r}")
+        return cls(
+            index=int(raw["index"]),
+            endpoint=endpoint,
+            body=body,
+            start_after=float(raw.get("start_after") or 0.0),
+            abandon_after_tokens=tokens,
+            abandon_after_seconds=None if seconds is None else float(seconds),
+        )
+
+
+@dataclass(frozen=True)
+class Workload:
+    scenario: str
+    concurrency: int
+    requests: tuple[RequestSpec, ...]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Workload:
+        if not isinstance(raw, dict) or not isinstance(raw.get("requests"), list):
+            raise ContractError("a workload is an object with a 'requests' list")
+        concurrency = int(raw.get("concurrency") or 1)
+        if concurrency < 1:
+            raise ContractError(f"concurrency must be >= 1, got {concurrency}")
+        requests = tuple(RequestSpec.from_json(r) for r in raw["requests"])
+        if len({r.index for r in requests}) != len(requests):
+            raise ContractError("request indexes must be unique")
+        return cls(str(raw.get("scenario", "")), concurrency, requests)
+
+    @classmethod
+    def load(cls, path: str) -> Workload:
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(json.load(f))
+
+
+# ---------------------------------------------------------------------------------------
+# What a client shows, and the result file
+
+
+@dataclass
+class Recorder:
+    """What one logical request showed the user, and when; becomes one result entry.
+
+    Invariant: `text == "".join(piece for _, piece in chunks)`. A client that restarts a
+    request and replaces what it displayed calls `replace()`, which clears both.
+    """
+
+    spec: RequestSpec
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    pieces: list[str] = field(default_factory=list)
+    chunks: list[tuple[float, str]] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    attempts: int = 0
+    resumes: int = 0
+    saw_done: bool = False
+    abandoned: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def tokens_shown(self) -> int:
+        return len(self.chunks)
+
+    def show(self, piece: str) -> None:
+        """Display a text piece now; raise Abandoned once the user has read enough."""
+        if not piece:
+            return
+        self.pieces.append(piece)
+        self.chunks.append((time.time(), piece))
+        limit = self.spec.abandon_after_tokens
+        if limit is not None and self.tokens_shown >= limit:
+            raise Abandoned
+
+    def replace(self) -> None:
+        """Forget what was shown: a restarted request redraws its answer from scratch."""
+        self.pieces.clear()
+        self.chunks.clear()
+        self.finish_reason = None
+        self.usage = None
+        self.saw_done = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.spec.index,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+            "usage": self.usage,
+            "chunks": [[t, piece] for t, piece in self.chunks],
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "attempts": self.attempts,
+            "resumes": self.resumes,
+            "saw_done": self.saw_done,
+            "abandoned": self.abandoned,
+        }
+
+
+def describe_error(exc: BaseException) -> str:
+    """The contract's error string: "ExceptionType: message" as a user would see it."""
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def write_result(path: str, client: str, records: list[Recorder]) -> None:
+    """Write the result file atomically (temp file in the same directory, then rename),
+    so a runner polling for it never reads half a file."""
+    payload = {
+        "client": client,
+        "results": [r.to_json() for r in sorted(records, key=lambda r: r.spec.index)],
+    }
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------
+# Running a workload
+
+Handler = Callable[[RequestSpec, Recorder], Awaitable[None]]
+"""Runs one logical request, recording into the Recorder; raises what it surfaces."""
+
+Session = Callable[[ClientEnv], AbstractAsyncContextManager[Handler]]
+"""Opens the client's shared state (an HTTP client, an SDK client) and yields its Handler."""
+
+
+async def _run_one(spec: RequestSpec, rec: Recorder, handler: Handler) -> None:
+    rec.started_at = time.time()
+    deadline = asyncio.timeout(spec.abandon_after_seconds)
+    try:
+        async with deadline:
+            await handler(spec, rec)
+    except Abandoned:
+        rec.abandoned = True
+    except TimeoutError as exc:
+        if deadline.expired():
+            rec.abandoned = True
+        else:
+            rec.error = describe_error(exc)
+    except Exception as exc:  # what the client surfaced to its user
+        rec.error = describe_error(exc)
+    finally:
+        rec.ended_at = time.time()
+
+
+async def run_workload(workload: Workload, handler: Handler) -> list[Recorder]:
+    """Run every request: each starts no earlier than `start_after` seconds after the
+    client started, and at most `concurrency` are in flight at once."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    slots = asyncio.Semaphore(workload.concurrency)
+    records = [Recorder(spec) for spec in workload.requests]
+
+    async def one(rec: Recorder) -> None:
+        await asyncio.sleep(max(0.0, t0 + rec.spec.start_after - loop.time()))
+        async with slots:
+            await _run_one(rec.spec, rec, handler)
+
+    # Requests are queued in start order so that a later one never takes a slot first.
+    ordered = sorted(records, key=lambda r: (r.spec.start_after, r.spec.index))
+    async with asyncio.TaskGroup() as tg:
+        for rec in ordered:
+            tg.create_task(one(rec))
+    return records
+
+
+def run_client(name: str, session: Session, environ: Mapping[str, str] | None = None) -> int:
+    """The `main()` of a built-in client: read the contract, run, write the result.
+
+    Exits 0 whenever the result file was written, whatever the requests' errors (those
+    are data for the scorer); 2 when the environment or workload breaks the contract.
+    """
+    try:
+        env = ClientEnv.from_environ(environ)
+        workload = Workload.load(env.workload_path)
+    except (ContractError, OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        print(f"{name}: {describe_error(exc)}", file=sys.stderr)
+        return 2
+
+    async def main() -> list[Recorder]:
+        async with session(env) as handler:
+            return await run_workload(workload, handler)
+
+    try:
+        records = asyncio.run(main())
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    write_result(env.result_path, name, records)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# The wire: lines, SSE events, OpenAI chunks
+
+
+class LineSplitter:
+    """Bytes in, complete text lines out, safe across any chunk boundary.
+
+    UTF-8 is decoded incrementally, so a multi-byte character split across two TCP reads
+    is held back until its last byte arrives instead of becoming U+FFFD (mojibake).
+    Lines end at CRLF, LF or CR as in the WHATWG event-stream grammar; a CR at the end
+    of a read waits for the next one, since an LF may follow.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._buffer = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        self._buffer += self._decoder.decode(data)
+        return self._split(final=False)
+
+    def flush(self) -> list[str]:
+        """End of stream: the unterminated last line, if any, as a line."""
+        self._buffer += self._decoder.decode(b"", final=True)
+        lines = self._split(final=True)
+        if self._buffer:
+            lines.append(self._buffer)
+            self._buffer = ""
+        return lines
+
+    def _split(self, *, final: bool) -> list[str]:
+        lines: list[str] = []
+        buf = self._buffer
+        start = 0
+        n = len(buf)
+        i = 0
+        while i < n:
+            ch = buf[i]
+            if ch == "\n":
+                lines.append(buf[start:i])
+                start = i = i + 1
+            elif ch == "\r":
+                if i + 1 == n and not final:
+                    break
+                lines.append(buf[start:i])
+                i += 2 if i + 1 < n and buf[i + 1] == "\n" else 1
+                start = i
+            else:
+                i += 1
+        self._buffer = buf[start:]
+        return lines
+
+
+@dataclass(frozen=True)
+class SSEEvent:
+    data: str
+    event: str = "message"
+    id: str | None = None
+    """The `id:` field of this event itself, None when it had none."""
+
+
+class SSEDecoder:
+    """WHATWG event-stream parsing: fields accumulate until a blank line dispatches.
+
+    Comments (`: keep-alive`) are ignored; an event without data is not dispatched; an
+    event still open when the stream ends is discarded, as browsers and openai-python do.
+    """
+
+    def __init__(self) -> None:
+        self._lines = LineSplitter()
+        self._data: list[str] = []
+        self._event = ""
+        self._id: str | None = None
+        self._first = True
+
+    def feed(self, data: bytes) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        for line in self._lines.feed(data):
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _line(self, line: str) -> SSEEvent | None:
+        if self._first:
+            self._first = False
+            line = line.removeprefix("\ufeff")
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        return None
+
+    def _dispatch(self) -> SSEEvent | None:
+        data, event, event_id = self._data, self._event, self._id
+        self._data, self._event, self._id = [], "", None
+        if not data:
+            return None
+        return SSEEvent("\n".join(data), event or "message", event_id)
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """What a client shows from one OpenAI stream chunk (choice 0 only: n=1 is assumed)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    error: str | None = None
+    """The message of an in-band `{"error": ...}` frame (vLLM §2.3), else None."""
+    error_code: int | None = None
+
+
+def chunk_info(obj: Any) -> ChunkInfo:
+    """Extract text, finish_reason, usage or an in-band error from a decoded chunk.
+
+    Chat chunks carry `choices[0].delta.content`, completions chunks `choices[0].text`.
+    The usage chunk has `choices: []`. Anything else yields an empty ChunkInfo.
+    """
+    if not isinstance(obj, dict):
+        return ChunkInfo()
+    err = obj.get("error")
+    if err:
+        if isinstance(err, dict):
+            code = err.get("code")
+            message = str(err.get("message") or "An error occurred during streaming")
+            return ChunkInfo(error=message, error_code=code if isinstance(code, int) else None)
+        return ChunkInfo(error=str(err))
+    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+    text = ""
+    finish = None
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            text += piece if isinstance(piece, str) else ""
+            if isinstance(choice.get("finish_reason"), str):
+                finish = choice["finish_reason"]
+    return ChunkInfo(text=text, finish_reason=finish, usage=usage)
+
+
+def apply_chunk(rec: Recorder, info: ChunkInfo) -> None:
+    """Show a chunk's text and keep its finish_reason and usage."""
+    if info.finish_reason is not None:
+        rec.finish_reason = info.finish_reason
+    if info.usage is not None:
+        rec.usage = info.usage
+    rec.show(info.text)
+
+
+def non_stream_info(obj: Any) -> ChunkInfo:
+    """A non-streaming response body (`stream: false`) as one ChunkInfo."""
+    if isinstance(obj, dict) and isinstance(obj.get("choices"), list):
+        for choice in obj["choices"]:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                message = choice.get("message")
+                piece = message.get("content") if isinstance(message, dict) else choice.get("text")
+                return ChunkInfo(
+                    text=piece if isinstance(piece, str) else "",
+                    finish_reason=choice.get("finish_reason"),
+                    usage=obj.get("usage") if isinstance(obj.get("usage"), dict) else None,
+                )
+    return chunk_info(obj)
+
+
+def auth_headers(env: ClientEnv) -> dict[str, str]:
+    return {"Authorization": f"Bearer {env.api_key}"}
