@@ -9,6 +9,7 @@ from __future__ import annotations
 from faults.bandwidth import Bandwidth
 from faults.latency import Latency
 from faults.link import Link
+from faults.slicer import Slicer
 from middlebox.fault import Fault
 
 REGISTRY: dict[str, type[Fault]] = {
@@ -17,6 +18,7 @@ REGISTRY: dict[str, type[Fault]] = {
         Latency,
         Bandwidth,
         Link,
+        Slicer,
     )
 }
 

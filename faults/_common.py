@@ -10,8 +10,7 @@
   that is head-of-line blocking, and the delay line enforces it for every fault.
 - `Serializer`: a store-and-forward link that clocks bytes out at a rate, one segment
   after another (serialisation delay = size / rate).
-- `segments`, `is_continuation`: cutting byte strings into segments and spotting the
-  interior bytes of a UTF-8 sequence (RFC 3629 §3: continuation bytes are 10xxxxxx).
+- `segments`: cutting byte strings into segments of at most a size (an MSS).
 """
 
 from __future__ import annotations
@@ -47,11 +46,6 @@ def check_choice(name: str, value: object, choices: object) -> None:
     allowed = get_args(choices)
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-
-
-def is_continuation(byte: int) -> bool:
-    """True for a UTF-8 continuation byte (10xxxxxx), i.e. the inside of a sequence."""
-    return byte & 0xC0 == 0x80
 
 
 def segments(data: bytes, size: int) -> list[bytes]:
