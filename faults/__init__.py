@@ -7,6 +7,7 @@ architecture test fails when a `Fault` subclass is left out.
 from __future__ import annotations
 
 from faults.bandwidth import Bandwidth
+from faults.coalescer import Coalescer
 from faults.latency import Latency
 from faults.link import Link
 from faults.slicer import Slicer
@@ -19,6 +20,7 @@ REGISTRY: dict[str, type[Fault]] = {
         Bandwidth,
         Link,
         Slicer,
+        Coalescer,
     )
 }
 

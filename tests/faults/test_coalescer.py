@@ -1,0 +1,105 @@
+"""coalescer: writes merged within a window or up to a size, flushed before the end."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from faults.coalescer import Coalescer
+from faults.testing import TimedItem, replay
+from middlebox.stream import DOWN, UP, Chunk, Direction, Eof, Reset
+from tests.faults.netprops import assert_deterministic, assert_preserved, timelines
+
+
+def test_writes_within_the_window_leave_together_when_it_expires() -> None:
+    fault = Coalescer(window=0.25)
+    out = replay(
+        fault,
+        [
+            (0.0, Chunk(DOWN, b"data: a\n\n")),
+            (0.125, Chunk(DOWN, b"data: b\n\n")),
+            (0.125, Chunk(UP, b"ack")),
+            (0.5, Chunk(DOWN, b"data: c\n\n")),
+        ],
+    )
+    assert out == [
+        (0.125, Chunk(UP, b"ack")),
+        (0.25, Chunk(DOWN, b"data: a\n\ndata: b\n\n")),
+        (0.75, Chunk(DOWN, b"data: c\n\n")),
+    ]
+    assert [
+        (r.time, r.details["offset"], r.details["writes"], r.details["reason"])
+        for r in fault.reports
+    ] == [
+        (0.25, 0, 2, "window"),
+        (0.75, 18, 1, "window"),
+    ]
+
+
+def test_a_full_size_leaves_at_once_and_the_rest_waits_for_its_own_window() -> None:
+    out = replay(
+        Coalescer(window=1.0, size=4),
+        [(0.0, Chunk(DOWN, b"ab")), (0.5, Chunk(DOWN, b"cdefghij"))],
+    )
+    assert out == [
+        (0.5, Chunk(DOWN, b"abcd")),
+        (0.5, Chunk(DOWN, b"efgh")),
+        (1.5, Chunk(DOWN, b"ij")),
+    ]
+
+
+def test_the_end_of_the_stream_flushes_what_is_held_first() -> None:
+    out = replay(
+        Coalescer(window=1.0, direction="both"),
+        [(0.0, Chunk(DOWN, b"tail")), (0.0, Chunk(UP, b"q")), (0.25, Reset(DOWN)), (0.5, Eof(UP))],
+    )
+    assert out == [
+        (0.25, Chunk(DOWN, b"tail")),
+        (0.25, Reset(DOWN)),
+        (0.5, Chunk(UP, b"q")),
+        (0.5, Eof(UP)),
+    ]
+
+
+def test_after_the_window_closes_writes_pass_as_they_come_after_the_held_bytes() -> None:
+    out = replay(
+        Coalescer(window=1.0, stop=0.5), [(0.0, Chunk(DOWN, b"a")), (0.5, Chunk(DOWN, b"b"))]
+    )
+    assert out == [(0.5, Chunk(DOWN, b"a")), (0.5, Chunk(DOWN, b"b"))]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"), [({"window": 0.0}, "window"), ({"size": 0}, "size")]
+)
+def test_bad_config_is_refused_with_a_clear_message(config: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Coalescer(**config)  # type: ignore[arg-type]
+
+
+def _byte_times(output: list[TimedItem], direction: Direction) -> list[float]:
+    return [
+        t
+        for t, item in output
+        if isinstance(item, Chunk) and item.direction is direction
+        for _ in item.data
+    ]
+
+
+@given(timelines(), st.sampled_from([0.001, 0.05, 0.3]), st.integers(1, 40))
+def test_bytes_and_order_are_preserved_and_no_byte_waits_longer_than_the_window(
+    timeline: list[TimedItem], window: float, size: int
+) -> None:
+    out = replay(Coalescer(window=window, size=size, direction="both"), timeline)
+    assert_preserved(timeline, out)
+    for direction in (UP, DOWN):
+        waits = zip(_byte_times(out, direction), _byte_times(timeline, direction), strict=True)
+        assert all(0 <= t_out - t_in <= window + 1e-9 for t_out, t_in in waits)
+    writes_in = sum(isinstance(item, Chunk) for _, item in timeline)
+    small_out = sum(isinstance(item, Chunk) and len(item.data) < size for _, item in out)
+    assert small_out <= writes_in
+
+
+@given(timelines(), st.integers(0, 2**32))
+def test_the_same_input_gives_the_same_flushes(timeline: list[TimedItem], seed: int) -> None:
+    assert_deterministic(lambda: Coalescer(window=0.1, size=8), timeline, seed)
