@@ -129,8 +129,8 @@ class Workload:
     def from_json(cls, raw: Any) -> Workload:
         if not isinstance(raw, dict) or not isinstance(raw.get("requests"), list):
             raise ContractError("a workload is an object with a 'requests' list")
-        concurrency = int(raw.get("concurrency") or 1)
-        if concurrency < 1:
+        concurrency = raw.get("concurrency", 1)
+        if not isinstance(concurrency, int) or concurrency < 1:
             raise ContractError(f"concurrency must be >= 1, got {concurrency}")
         requests = tuple(RequestSpec.from_json(r) for r in raw["requests"])
         if len({r.index for r in requests}) != len(requests):
