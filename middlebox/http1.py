@@ -247,6 +247,11 @@ class Http1Framer:
         return self._method
 
     @property
+    def in_head(self) -> bool:
+        """Part of a head (or an interim 1xx before the final head) has arrived."""
+        return self._state is _State.HEAD and not self.message_complete
+
+    @property
     def in_body(self) -> bool:
         """The current message's head is done and its body (framing included) is not."""
         return self._state in _BODY_STATES
@@ -254,7 +259,8 @@ class Http1Framer:
     @property
     def message_complete(self) -> bool:
         """Between messages: the last one ended and no byte of the next has arrived
-        (blank lines between messages, which RFC 9112 §2.2 lets a recipient skip, aside)."""
+        (blank lines between messages, which RFC 9112 §2.2 lets a recipient skip, aside).
+        False in a tunnel or after degrading."""
         return self._state is _State.HEAD and not self._interim and self._start == len(self._buf)
 
     @property
@@ -296,7 +302,7 @@ class Http1Framer:
 
     def start_tunnel(self) -> None:
         """From here on everything is OPAQUE (e.g. a request stream after the server's 101).
-        Held bytes go out as OPAQUE with the next feed."""
+        Held bytes go out as OPAQUE with the next feed (`feed(b"")` releases them now)."""
         if self._state is not _State.OPAQUE:
             self._tunnel = True
             self._state = _State.OPAQUE
@@ -324,7 +330,7 @@ class Http1Framer:
             if self._buf:
                 self._emit(out, PieceKind.OPAQUE, len(self._buf))
         else:
-            self._truncated = state is not _State.HEAD or self._interim or not self.message_complete
+            self._truncated = not self.message_complete
             if self._buf:
                 self._emit(out, PieceKind.OPAQUE, len(self._buf))
         return out

@@ -114,9 +114,8 @@ class SseFramer:
         self._truncated = False
         self._events = 0
         self._done = False
-        self.last_event_id = ""
-        self.retry: int | None = None
-        """The reconnection time (ms) last set by a `retry` field."""
+        self._last_id = ""
+        self._stream_retry: int | None = None
         # the block (lines since the last blank line)
         self._block = bytearray()
         self._lines = 0
@@ -130,6 +129,16 @@ class SseFramer:
     def events(self) -> int:
         """Events dispatched so far."""
         return self._events
+
+    @property
+    def last_event_id(self) -> str:
+        """The spec's last event ID: the latest valid `id` field, kept across events."""
+        return self._last_id
+
+    @property
+    def retry(self) -> int | None:
+        """The reconnection time (ms) last set by a valid `retry` field."""
+        return self._stream_retry
 
     @property
     def offset(self) -> int:
@@ -251,9 +260,9 @@ class SseFramer:
             self._type = value
         elif field == "id":
             if "\0" not in value:
-                self._id = self.last_event_id = value
+                self._id = self._last_id = value
         elif field == "retry" and value.isascii() and value.isdigit():
-            self._retry = self.retry = int(value)
+            self._retry = self._stream_retry = int(value)
 
     def _dispatch(self, blank: bytes) -> SseEvent | None:
         event = None
@@ -265,7 +274,7 @@ class SseFramer:
                 retry=self._retry,
                 comments=tuple(self._comments),
                 index=self._events,
-                last_event_id=self.last_event_id,
+                last_event_id=self._last_id,
                 raw=bytes(self._block + blank),
             )
             self._events += 1

@@ -370,6 +370,37 @@ def test_a_101_turns_the_request_stream_into_a_tunnel_too() -> None:
     assert not ex.requests.truncated
 
 
+def test_start_tunnel_releases_held_head_bytes_as_opaque_on_an_empty_feed() -> None:
+    framer = Http1Framer("request")
+    assert framer.feed(b"GET /ws HTTP/1.1\r\n\r\n\x81\x82ab")[0].kind is H
+    assert framer.in_head and framer.buffered == 4
+    framer.start_tunnel()
+    assert [(p.kind, p.data, p.message) for p in framer.feed(b"")] == [(OP, b"\x81\x82ab", 1)]
+    assert framer.tunnel and not framer.in_head and framer.buffered == 0
+
+
+def test_the_framer_says_whether_it_is_in_a_head_a_body_or_between_messages() -> None:
+    framer = Http1Framer("response")
+    framer.expect_response_to("POST")
+    seen = []
+    for part in [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n",
+        b"Content-Length: 2\r\n\r\n",
+        b"a",
+        b"b",
+    ]:
+        framer.feed(part)
+        seen.append((framer.in_head, framer.in_body, framer.message_complete))
+    assert seen == [
+        (True, False, False),
+        (True, False, False),
+        (False, True, False),
+        (False, True, False),
+        (False, False, True),
+    ]
+
+
 def test_offsets_count_bytes_from_the_start_of_the_direction() -> None:
     _, data, methods = SMALL_CASES["keep-alive pair"]
     pieces, framer = frame("response", [data[:5], data[5:40], data[40:]], methods)
@@ -419,10 +450,10 @@ def messages(draw: st.DrawFn, role: Role) -> tuple[bytes, bytes | None, str]:
     return head + encoded, body, method
 
 
-def splits(draw: st.DrawFn, data: bytes) -> list[bytes]:
-    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=30)))
-    edges = [0, *cuts, len(data)]
-    return [data[a:b] for a, b in itertools.pairwise(edges)]
+def splits(data: st.DataObject, stream: bytes) -> list[bytes]:
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=30)))
+    edges = [0, *cuts, len(stream)]
+    return [stream[a:b] for a, b in itertools.pairwise(edges)]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -434,7 +465,7 @@ def test_random_splits_of_keep_alive_pipelines_give_the_same_pieces_and_payloads
     stream = b"".join(m[0] for m in msgs)
     methods = tuple(m[2] for m in msgs)
     whole, _ = frame(role, [stream], methods)
-    pieces, framer = frame(role, splits(data.draw, stream), methods)
+    pieces, framer = frame(role, splits(data, stream), methods)
     assert joined(pieces) == stream
     assert shape(pieces) == shape(whole)
     assert not framer.truncated and framer.degraded is None and framer.message == len(msgs)
@@ -454,7 +485,7 @@ def test_a_read_until_close_response_after_a_pipeline_ends_at_eof(data: st.DataO
         b"".join(m[0] for m in msgs) + b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + last_body
     )
     methods = (*(m[2] for m in msgs), "POST")
-    pieces, framer = frame("response", splits(data.draw, stream), methods)
+    pieces, framer = frame("response", splits(data, stream), methods)
     assert joined(pieces) == stream
     last = [p for p in pieces if p.message == len(msgs)]
     assert b"".join(p.data for p in last if p.kind is B) == last_body
@@ -478,7 +509,7 @@ def test_any_bytes_never_raise_and_any_split_gives_the_same_pieces(
     )
     stream = prefix + b"".join(noise)
     whole, _ = frame(role, [stream])
-    pieces, _ = frame(role, splits(data.draw, stream))
+    pieces, _ = frame(role, splits(data, stream))
     assert joined(whole) == stream
     assert joined(pieces) == stream
     assert shape(pieces) == shape(whole)
