@@ -111,6 +111,113 @@ def schema() -> None:
     click.echo(json.dumps(json_schema(), indent=2))
 
 
+@main.command()
+@click.argument("targets", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--upstream", help="A real vLLM or gateway URL instead of the embedded emulator.")
+@click.option(
+    "--client",
+    "clients",
+    multiple=True,
+    help="Built-in client to score (repeatable): raw, openai, httpx-sse, resilient, "
+    "browser. Default: every available one.",
+)
+@click.option(
+    "--client-cmd",
+    "client_commands",
+    multiple=True,
+    help="Your own client under the same contract (repeatable): 'COMMAND' or 'NAME=COMMAND'.",
+)
+@click.option("--seed", type=int, help="Override every scenario's seed.")
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False),
+    help="Directory for report.json, junit.xml and the connection journals.",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(1, 16),
+    default=2,
+    show_default=True,
+    help="Scenarios run at once.",
+)
+def run(
+    targets: tuple[str, ...],
+    upstream: str | None,
+    clients: tuple[str, ...],
+    client_commands: tuple[str, ...],
+    seed: int | None,
+    report_dir: str | None,
+    jobs: int,
+) -> None:
+    """Run scenarios against the emulator (or --upstream) and score clients and server.
+
+    Exits 1 when an `expect:` check fails or a scenario cannot run.
+
+    \b
+    Examples:
+      middlebox run scenarios/
+      middlebox run scenarios/nginx-default-buffering.yaml --client resilient
+      middlebox run scenarios/ --client-cmd 'mine=python my_client.py' --report out/
+    """
+    from middlebox.report import scorecard
+    from middlebox.runner import RunError, run_suite
+    from middlebox.scenario import ScenarioError
+
+    try:
+        suite = run_suite(
+            targets,
+            client_names=clients,
+            client_commands=client_commands,
+            seed=seed,
+            upstream_url=upstream,
+            report_dir=report_dir,
+            jobs=jobs,
+        )
+    except (RunError, ScenarioError) as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(scorecard(suite, colour=sys.stdout.isatty()))
+    if report_dir:
+        click.echo(
+            f"reports: {report_dir}/report.json, {report_dir}/junit.xml, "
+            f"journals under {report_dir}/runs/"
+        )
+    if not suite.passed:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("report_file", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False),
+    help="Where to write the rerun's reports.",
+)
+def replay(report_file: str, report_dir: str | None) -> None:
+    """Rerun a report.json with the same seeds and clients; fail if any verdict differs.
+
+    \b
+    Example:
+      middlebox replay reports/latest/report.json
+    """
+    from pathlib import Path
+
+    from middlebox.report import replay as replay_report
+    from middlebox.report import scorecard
+
+    same, differences, suite = replay_report(
+        Path(report_file), Path(report_dir) if report_dir else None
+    )
+    click.echo(scorecard(suite, colour=sys.stdout.isatty()))
+    if same:
+        click.echo("replay: every verdict identical")
+        return
+    for line in differences:
+        click.echo(f"replay: differs: {line}", err=True)
+    sys.exit(1)
+
+
 def _add_optional_commands() -> None:
     try:
         from vllm_emulator.cli import emulate

@@ -19,7 +19,9 @@ SCENARIO_SUFFIXES = (".yaml", ".yml")
 
 def scenario_sections() -> dict[str, type | None]:
     """The optional top-level blocks a scenario may have and the dataclass validating each."""
-    sections: dict[str, type | None] = {"upstream": None, "workload": None, "expect": None}
+    from middlebox.workload import Workload
+
+    sections: dict[str, type | None] = {"upstream": None, "workload": Workload, "expect": None}
     try:
         from vllm_emulator.config import EmulatorConfig
 

@@ -1,0 +1,448 @@
+"""`middlebox run`: start the upstream, a proxy per client and the clients; then score.
+
+For each scenario: the embedded emulator is started in its own process with the
+scenario's `upstream:` block (unless `--upstream` points at a real server); each
+client under test gets its own proxy (so cross-connection fault state such as "the
+first three requests get a 429" applies to each client alike), its workload file and
+a bounded time; then the upstream's ledger, the proxy journals and the client results
+are scored. Everything started here is stopped here, by the handle it was started
+with. Scenarios run `jobs` at a time in one trio loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+import yaml
+
+from middlebox.clients import BUILTIN_CLIENTS, available_clients
+from middlebox.compose import expand_paths, load
+from middlebox.journal import JournalStore
+from middlebox.scenario import Scenario
+from middlebox.score import ClientScore, evaluate_expect, expect_problems, score_client
+from middlebox.server import Address, ProxyServer, listen
+from middlebox.stream import Direction
+from middlebox.workload import Workload, request_tag, workload_file
+
+EMULATOR_START_TIMEOUT = 30.0
+LEDGER_SETTLE_TIMEOUT = 15.0
+
+
+class RunError(Exception):
+    """A run could not start (bad scenario, upstream down); the message says why."""
+
+
+@dataclass
+class ClientSpec:
+    name: str
+    argv: list[str]
+
+
+@dataclass
+class ScenarioOutcome:
+    scenario: Scenario
+    seed: int
+    scores: list[ClientScore] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems and all(score.passed for score in self.scores)
+
+
+@dataclass
+class SuiteOutcome:
+    outcomes: list[ScenarioOutcome]
+    seed: int | None
+    clients: list[str]
+    report_dir: Path | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(outcome.passed for outcome in self.outcomes)
+
+
+def resolve_clients(names: Sequence[str], commands: Sequence[str]) -> list[ClientSpec]:
+    """Built-in client names plus `--client-cmd` commands (`NAME=COMMAND` or `COMMAND`)."""
+    specs = []
+    for name in names:
+        if name not in BUILTIN_CLIENTS:
+            raise RunError(
+                f"unknown client {name!r}; built-in clients: {', '.join(BUILTIN_CLIENTS)}"
+            )
+        specs.append(ClientSpec(name, list(BUILTIN_CLIENTS[name])))
+    for number, command in enumerate(commands, start=1):
+        name, sep, rest = command.partition("=")
+        if sep and name.isidentifier():
+            specs.append(ClientSpec(name, shlex.split(rest)))
+        else:
+            specs.append(
+                ClientSpec(f"custom{number if len(commands) > 1 else ''}", shlex.split(command))
+            )
+    return specs
+
+
+# ---------------------------------------------------------------- the upstream
+
+
+class Emulator:
+    """The embedded vllm_emulator in its own process, on 127.0.0.1 and a free port."""
+
+    def __init__(self, config: dict[str, Any], log_path: Path) -> None:
+        self.config = config
+        self.log_path = log_path
+        self.process: trio.Process | None = None
+        self.url = ""
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        config_file = self.log_path.with_suffix(".yaml")
+        config_file.write_text(yaml.safe_dump(self.config, sort_keys=True))
+        self.process = await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                "-m",
+                "vllm_emulator",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--config",
+                str(config_file),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        assert self.process.stdout is not None
+        first = b""
+        with trio.move_on_after(EMULATOR_START_TIMEOUT):
+            while b"\n" not in first:
+                data = await self.process.stdout.receive_some(4096)
+                if not data:
+                    break
+                first += data
+        line, _, rest = first.partition(b"\n")
+        text = line.decode(errors="replace")
+        if "listening on http://" not in text:
+            self.stop()
+            raise RunError(f"the emulator did not start: {first.decode(errors='replace')!r}")
+        self.url = text.split("listening on ", 1)[1].strip()
+        nursery.start_soon(self._drain, rest)
+
+    async def _drain(self, already: bytes) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        with self.log_path.open("ab") as log:
+            log.write(already)
+            while True:
+                try:
+                    data = await self.process.stdout.receive_some(65536)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    return
+                if not data:
+                    return
+                log.write(data)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.terminate()
+
+    async def wait_stopped(self) -> None:
+        if self.process is None:
+            return
+        with trio.move_on_after(5):
+            await self.process.wait()
+        if self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+
+def http_json(url: str, method: str = "GET") -> Any:
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read() or b"null")
+
+
+async def fetch_json(url: str, method: str = "GET") -> Any:
+    return await trio.to_thread.run_sync(http_json, url, method)
+
+
+async def settled_ledger(base_url: str) -> list[dict[str, Any]]:
+    """The ledger once every generation has finished or been aborted (bounded wait)."""
+    ledger: list[dict[str, Any]] = []
+    with trio.move_on_after(LEDGER_SETTLE_TIMEOUT):
+        while True:
+            ledger = (await fetch_json(f"{base_url}/emulator/requests"))["requests"]
+            if all(entry.get("finished_at") or entry.get("aborted_at") for entry in ledger):
+                break
+            await trio.sleep(0.1)
+    return ledger
+
+
+async def model_of(base_url: str) -> str:
+    try:
+        models = await fetch_json(f"{base_url}/v1/models")
+        return str(models["data"][0]["id"])
+    except (OSError, KeyError, IndexError, ValueError) as error:
+        raise RunError(f"cannot list models at {base_url}/v1/models: {error}") from None
+
+
+# ------------------------------------------------------------------- one client
+
+
+@dataclass
+class ClientRun:
+    spec: ClientSpec
+    tags: list[str]
+    journal: JournalStore
+    result: dict[str, Any] | None = None
+    hang: bool = False
+    stderr_tail: str = ""
+
+
+async def run_client(
+    spec: ClientSpec,
+    scenario: Scenario,
+    workload: Workload,
+    upstream: Address,
+    model: str,
+    workdir: Path,
+) -> ClientRun:
+    """One proxy, one client process, bounded by the workload timeout."""
+    journal = JournalStore(capture=True)
+    server = ProxyServer(
+        upstream,
+        scenario,
+        observer_factory=lambda cid, _s: journal.observer(cid, time.time()),
+        report_sink_factory=journal.fault_sink,
+    )
+    document = workload_file(workload, scenario.name, spec.name, model)
+    tags = [request_tag(scenario.name, spec.name, i) for i in range(workload.requests)]
+    run = ClientRun(spec, tags, journal)
+    workload_path = workdir / f"{spec.name}.workload.json"
+    result_path = workdir / f"{spec.name}.result.json"
+    stderr_path = workdir / f"{spec.name}.stderr.log"
+    workload_path.write_text(json.dumps(document, indent=1))
+    listener = listen(Address("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve, listener)
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+            "OPENAI_API_KEY": "sk-middlebox-test",
+            "MIDDLEBOX_WORKLOAD": str(workload_path),
+            "MIDDLEBOX_RESULT": str(result_path),
+        }
+        with stderr_path.open("wb") as stderr:
+            process = await trio.lowlevel.open_process(
+                spec.argv, env=env, stdout=stderr, stderr=stderr
+            )
+            with trio.move_on_after(workload.timeout) as bound:
+                await process.wait()
+            if bound.cancelled_caught:
+                run.hang = True
+                process.kill()  # the process we started, by its handle
+                await process.wait()
+        # let the proxy carry the last closes to the upstream before we stop it
+        with trio.move_on_after(2):
+            while server.active:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    listener.close()
+    if result_path.exists():
+        try:
+            run.result = json.loads(result_path.read_text())
+        except ValueError:
+            run.result = None
+    run.stderr_tail = stderr_path.read_text(errors="replace")[-2000:]
+    return run
+
+
+# ----------------------------------------------------------------- one scenario
+
+
+def emulator_config(scenario: Scenario, seed: int) -> dict[str, Any]:
+    upstream: Any = scenario.sections.get("upstream")
+    if dataclasses.is_dataclass(upstream) and not isinstance(upstream, type):
+        config = dataclasses.asdict(upstream)
+    else:
+        config = dict(upstream or {})
+    config.setdefault("seed", seed)
+    return config
+
+
+async def run_scenario(
+    scenario: Scenario,
+    clients: list[ClientSpec],
+    *,
+    seed: int | None,
+    upstream_url: str | None,
+    workdir: Path,
+) -> ScenarioOutcome:
+    seed = scenario.seed if seed is None else seed
+    scenario = dataclasses.replace(scenario, seed=seed)
+    outcome = ScenarioOutcome(scenario, seed)
+    workload = scenario.sections.get("workload") or Workload()
+    expect = scenario.sections.get("expect") or {}
+    chosen = [c for c in clients if workload.clients is None or c.name in workload.clients]
+    outcome.problems += [
+        f"{scenario.source}: {p}"
+        for p in expect_problems(expect, BUILTIN_CLIENTS.keys() | {c.name for c in clients})
+    ]
+    if outcome.problems:
+        return outcome
+    workdir.mkdir(parents=True, exist_ok=True)
+    emulator = (
+        None
+        if upstream_url
+        else Emulator(emulator_config(scenario, seed), workdir / "emulator.log")
+    )
+    runs: list[ClientRun] = []
+    async with trio.open_nursery() as nursery:
+        try:
+            if emulator is not None:
+                await emulator.start(nursery)
+            base_url = upstream_url or (emulator.url if emulator else "")
+            model = await model_of(base_url)
+            upstream = Address.parse(base_url)
+
+            async def one(spec: ClientSpec) -> None:
+                runs.append(await run_client(spec, scenario, workload, upstream, model, workdir))
+
+            async with trio.open_nursery() as clients_nursery:
+                for spec in chosen:
+                    clients_nursery.start_soon(one, spec)
+            ledger = await settled_ledger(base_url) if emulator is not None else []
+        except RunError as error:
+            outcome.problems.append(f"{scenario.name}: {error}")
+            ledger = []
+        finally:
+            if emulator is not None:
+                emulator.stop()
+                await emulator.wait_stopped()
+            nursery.cancel_scope.cancel()
+    declared = [spec.name for spec in scenario.path]
+    order = {spec.name: i for i, spec in enumerate(chosen)}
+    for run in sorted(runs, key=lambda r: order[r.spec.name]):
+        traffic = [
+            (
+                j.bytes_from("upstream", Direction.UPSTREAM),
+                j.bytes_from("upstream", Direction.DOWNSTREAM),
+            )
+            for _, j in sorted(run.journal.journals.items())
+        ]
+        reports = [(r.fault, r.action) for r in run.journal.fault_reports()]
+        score = score_client(
+            scenario.name,
+            run.spec.name,
+            run.tags,
+            None if run.hang else run.result,
+            ledger,
+            traffic,
+            reports,
+            declared,
+        )
+        score.checks = evaluate_expect(
+            expect, run.spec.name, score.metrics, [c.name for c in clients]
+        )
+        if run.result is None and not run.hang:
+            outcome.problems.append(
+                f"{scenario.name}/{run.spec.name}: the client wrote no "
+                f"result; its stderr ends with: {run.stderr_tail[-400:]}"
+            )
+        run.journal.write_ndjson(workdir / f"{run.spec.name}.journal.ndjson")
+        outcome.scores.append(score)
+    return outcome
+
+
+# --------------------------------------------------------------------- a suite
+
+
+async def run_suite_async(
+    scenarios: list[Scenario],
+    clients: list[ClientSpec],
+    *,
+    seed: int | None,
+    upstream_url: str | None,
+    workdir: Path,
+    jobs: int,
+) -> list[ScenarioOutcome]:
+    limiter = trio.CapacityLimiter(max(jobs, 1))
+    outcomes: dict[int, ScenarioOutcome] = {}
+
+    async def one(index: int, scenario: Scenario) -> None:
+        async with limiter:
+            outcomes[index] = await run_scenario(
+                scenario,
+                clients,
+                seed=seed,
+                upstream_url=upstream_url,
+                workdir=workdir / f"{index:02d}-{safe_name(scenario.name)}",
+            )
+
+    async with trio.open_nursery() as nursery:
+        for index, scenario in enumerate(scenarios):
+            nursery.start_soon(one, index, scenario)
+    return [outcomes[i] for i in sorted(outcomes)]
+
+
+def safe_name(name: str) -> str:
+    """A file name from a scenario name: no separators, no traversal (`../` stays out)."""
+    cleaned = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in name).strip("-.")
+    return cleaned[:80] or "scenario"
+
+
+def run_suite(
+    paths: Sequence[str],
+    *,
+    client_names: Sequence[str] = (),
+    client_commands: Sequence[str] = (),
+    seed: int | None = None,
+    upstream_url: str | None = None,
+    report_dir: str | Path | None = None,
+    jobs: int = 2,
+) -> SuiteOutcome:
+    """Run scenarios (files or directories) and return every verdict; writes reports."""
+    files = expand_paths(paths)
+    if not files:
+        raise RunError(f"no scenario files in {', '.join(paths)}")
+    scenarios = [load(path) for path in files]
+    names = list(client_names) or ([] if client_commands else available_clients())
+    clients = resolve_clients(names, client_commands)
+    with tempfile.TemporaryDirectory(prefix="middlebox-run-") as scratch:
+        workdir = Path(report_dir) / "runs" if report_dir else Path(scratch)
+        outcomes = trio.run(
+            lambda: run_suite_async(
+                scenarios, clients, seed=seed, upstream_url=upstream_url, workdir=workdir, jobs=jobs
+            )
+        )
+    suite = SuiteOutcome(
+        outcomes, seed, [c.name for c in clients], Path(report_dir) if report_dir else None
+    )
+    if report_dir:
+        from middlebox.report import write_reports
+
+        write_reports(
+            suite,
+            Path(report_dir),
+            argv={
+                "paths": [str(f) for f in files],
+                "clients": list(client_names),
+                "client_commands": list(client_commands),
+                "upstream": upstream_url,
+                "jobs": jobs,
+            },
+        )
+    return suite
