@@ -3,9 +3,10 @@
 A client under test is a process (see `middlebox.clients` for the contract in full). This
 module holds what all built-in clients share: reading the environment and the workload,
 running the requests with their concurrency, start times and abandonment, recording what
-was shown and when, writing the result atomically, and the SSE pieces (an incremental
-UTF-8-safe line splitter, a WHATWG event decoder, OpenAI chunk extraction) that the
-clients which parse the wire themselves (`raw`, `resilient`) use.
+was shown and when, writing the result atomically, and OpenAI chunk extraction. The
+clients that parse the wire themselves (`raw`, `resilient`) split it with the project's
+WHATWG framer, `middlebox.sse.SseFramer`, which cuts on bytes and decodes whole lines, so
+a multi-byte character split across reads never becomes U+FFFD.
 
 Only asyncio is used here: clients are separate processes from the trio proxy, and the
 design keeps each module on one event loop.
@@ -14,7 +15,6 @@ design keeps each module on one event loop.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import json
 import os
 import sys
@@ -310,112 +310,7 @@ def run_client(name: str, session: Session, environ: Mapping[str, str] | None = 
 
 
 # ---------------------------------------------------------------------------------------
-# The wire: lines, SSE events, OpenAI chunks
-
-
-class LineSplitter:
-    """Bytes in, complete text lines out, safe across any chunk boundary.
-
-    UTF-8 is decoded incrementally, so a multi-byte character split across two TCP reads
-    is held back until its last byte arrives instead of becoming U+FFFD (mojibake).
-    Lines end at CRLF, LF or CR as in the WHATWG event-stream grammar; a CR at the end
-    of a read waits for the next one, since an LF may follow.
-    """
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._buffer = ""
-
-    def feed(self, data: bytes) -> list[str]:
-        self._buffer += self._decoder.decode(data)
-        return self._split(final=False)
-
-    def flush(self) -> list[str]:
-        """End of stream: the unterminated last line, if any, as a line."""
-        self._buffer += self._decoder.decode(b"", final=True)
-        lines = self._split(final=True)
-        if self._buffer:
-            lines.append(self._buffer)
-            self._buffer = ""
-        return lines
-
-    def _split(self, *, final: bool) -> list[str]:
-        lines: list[str] = []
-        buf = self._buffer
-        start = 0
-        n = len(buf)
-        i = 0
-        while i < n:
-            ch = buf[i]
-            if ch == "\n":
-                lines.append(buf[start:i])
-                start = i = i + 1
-            elif ch == "\r":
-                if i + 1 == n and not final:
-                    break
-                lines.append(buf[start:i])
-                i += 2 if i + 1 < n and buf[i + 1] == "\n" else 1
-                start = i
-            else:
-                i += 1
-        self._buffer = buf[start:]
-        return lines
-
-
-@dataclass(frozen=True)
-class SSEEvent:
-    data: str
-    event: str = "message"
-    id: str | None = None
-    """The `id:` field of this event itself, None when it had none."""
-
-
-class SSEDecoder:
-    """WHATWG event-stream parsing: fields accumulate until a blank line dispatches.
-
-    Comments (`: keep-alive`) are ignored; an event without data is not dispatched; an
-    event still open when the stream ends is discarded, as browsers and openai-python do.
-    """
-
-    def __init__(self) -> None:
-        self._lines = LineSplitter()
-        self._data: list[str] = []
-        self._event = ""
-        self._id: str | None = None
-        self._first = True
-
-    def feed(self, data: bytes) -> list[SSEEvent]:
-        events: list[SSEEvent] = []
-        for line in self._lines.feed(data):
-            event = self._line(line)
-            if event is not None:
-                events.append(event)
-        return events
-
-    def _line(self, line: str) -> SSEEvent | None:
-        if self._first:
-            self._first = False
-            line = line.removeprefix("\ufeff")
-        if not line:
-            return self._dispatch()
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id" and "\0" not in value:
-            self._id = value
-        return None
-
-    def _dispatch(self) -> SSEEvent | None:
-        data, event, event_id = self._data, self._event, self._id
-        self._data, self._event, self._id = [], "", None
-        if not data:
-            return None
-        return SSEEvent("\n".join(data), event or "message", event_id)
+# OpenAI stream chunks
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """`raw`: the client that trusts whatever arrives, like `curl -N ... | show`.
 
 It streams with httpx, splits the body into lines and shows the text of every
-`data: {json}` line. It checks neither the HTTP status (curl without `--fail`), nor
-`finish_reason`, nor `[DONE]`, never retries, and treats any end of the body (a clean
-close without `[DONE]`, a truncated chunked body, an RST) as the end of the answer: a
-script that pipes `curl -N` into a formatter loses curl's exit status, so the user sees a
-complete-looking answer. This is the baseline that shows **silent truncation**.
+`data: {json}` line as soon as the line is complete (no event assembly). It checks
+neither the HTTP status (curl without `--fail`), nor `finish_reason`, nor `[DONE]`, never
+retries, and treats any end of the body (a clean close without `[DONE]`, a truncated
+chunked body, an RST) as the end of the answer: a script that pipes `curl -N` into a
+formatter loses curl's exit status, so the user sees a complete-looking answer. This is
+the baseline that shows **silent truncation**.
 Only a request that never got a response (connection refused) reports an error.
 """
 
@@ -21,7 +22,6 @@ import httpx
 from middlebox.clients.contract import (
     ClientEnv,
     Handler,
-    LineSplitter,
     Recorder,
     RequestSpec,
     apply_chunk,
@@ -30,12 +30,13 @@ from middlebox.clients.contract import (
     non_stream_info,
     run_client,
 )
+from middlebox.sse import SseFramer, SseKind, SsePiece
 
 
-def _show_line(rec: Recorder, line: str) -> None:
-    if not line.startswith("data:"):
+def _show_line(rec: Recorder, piece: SsePiece) -> None:
+    if piece.kind is not SseKind.FIELD or piece.field != "data":
         return
-    payload = line[5:].strip()
+    payload = piece.data[piece.value_start : piece.value_end].decode("utf-8", "replace").strip()
     if payload == "[DONE]":
         rec.saw_done = True  # noted, but raw keeps reading to the end regardless
         return
@@ -62,15 +63,13 @@ async def session(env: ClientEnv) -> AsyncIterator[Handler]:
                 if not spec.streaming:
                     apply_chunk(rec, non_stream_info(json.loads(await response.aread())))
                     return
-                lines = LineSplitter()
+                lines = SseFramer()
                 try:
                     async for data in response.aiter_bytes():
-                        for line in lines.feed(data):
-                            _show_line(rec, line)
+                        for piece in lines.feed(data):
+                            _show_line(rec, piece)
                 except httpx.TransportError:
                     pass  # the end of the body, however it came, is trusted
-                for line in lines.flush():
-                    _show_line(rec, line)
 
         yield handle
 

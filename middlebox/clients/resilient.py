@@ -17,8 +17,9 @@
   `Last-Event-ID: <last id>` and echoes any response header whose name contains
   `stream-id`; replayed events at or before the last id are skipped, so nothing is shown
   twice. Without ids, a retry restarts and replaces the displayed text.
-- UTF-8-safe reassembly via `contract.SSEDecoder`; leaving (abandonment) unwinds through
-  the response context, which closes the connection at once.
+- UTF-8-safe reassembly: `middlebox.sse.SseFramer` decodes whole lines only.
+- Leaving (abandonment) unwinds through the response context, which closes the
+  connection at once.
 
 Tunable for tests and the runner through environment variables
 (`MIDDLEBOX_RESILIENT_<FIELD>` for each `Policy` field, e.g. `..._STALL_TIMEOUT=2`).
@@ -44,14 +45,13 @@ from middlebox.clients.contract import (
     Handler,
     Recorder,
     RequestSpec,
-    SSEDecoder,
-    SSEEvent,
     apply_chunk,
     auth_headers,
     chunk_info,
     non_stream_info,
     run_client,
 )
+from middlebox.sse import SseEvent, SseFramer
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 RETRYABLE_INBAND = frozenset({429, 503})
@@ -207,7 +207,7 @@ class _Attempt:
     async def _read_events(
         self, response: httpx.Response, rec: Recorder, resume: ResumeState
     ) -> None:
-        decoder = SSEDecoder()
+        framer = SseFramer()
         chunks = response.aiter_bytes().__aiter__()
         got_bytes = False
         while True:
@@ -222,8 +222,8 @@ class _Attempt:
                     return  # complete; only the [DONE] or the body's end went missing
                 raise StalledStream(f"no data for {wait:g} s") from None
             got_bytes = True
-            for event in decoder.feed(data):
-                if self._on_event(event, rec, resume):
+            for piece in framer.feed(data):
+                if piece.event is not None and self._on_event(piece.event, rec, resume):
                     return
         if rec.finish_reason is None and not rec.saw_done:
             raise TruncatedStream(
@@ -231,7 +231,7 @@ class _Attempt:
             )
 
     @staticmethod
-    def _on_event(event: SSEEvent, rec: Recorder, resume: ResumeState) -> bool:
+    def _on_event(event: SseEvent, rec: Recorder, resume: ResumeState) -> bool:
         """Show one event; True at [DONE]."""
         if event.id is not None:
             if resume.is_replay(event.id):

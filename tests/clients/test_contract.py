@@ -1,7 +1,7 @@
 """The shared client contract and the resilient client's decisions, without sockets.
 
 Wire-level behaviour is in test_builtin_clients.py; here are the pieces it rests on: the
-UTF-8-safe line splitter and SSE decoder at every split point, chunk extraction for each
+SSE reading of `raw` and `resilient` at every split point, chunk extraction for each
 vLLM version's frames, workload validation, atomic results, the request loop's
 concurrency and abandonment, and the resilient client's retry and resume rules.
 """
@@ -22,16 +22,13 @@ import httpx
 import pytest
 
 from middlebox import clients
-from middlebox.clients import available_clients
+from middlebox.clients import available_clients, raw, resilient
 from middlebox.clients.contract import (
     ChunkInfo,
     ClientEnv,
     ContractError,
-    LineSplitter,
     Recorder,
     RequestSpec,
-    SSEDecoder,
-    SSEEvent,
     Workload,
     chunk_info,
     non_stream_info,
@@ -48,59 +45,61 @@ from middlebox.clients.resilient import (
     _retry_delay,
     parse_retry_after,
 )
+from middlebox.sse import SseFramer
 
-WIRE = 'data: {"c":"Grüße 東京 🙂"}\r\n\r\n: keep-alive\n\ndata: a\rdata: b\n\n'.encode()
-
-
-def test_the_line_splitter_gives_the_same_lines_for_every_split_of_the_bytes() -> None:
-    whole = LineSplitter()
-    expected = whole.feed(WIRE) + whole.flush()
-    assert expected == [
-        'data: {"c":"Grüße 東京 🙂"}',
-        "",
-        ": keep-alive",
-        "",
-        "data: a",
-        "data: b",
-        "",
-    ]
-    for cut in range(len(WIRE) + 1):
-        lines = LineSplitter()
-        got = lines.feed(WIRE[:cut]) + lines.feed(WIRE[cut:]) + lines.flush()
-        assert got == expected, cut
+FRAMES = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"Gr\xc3\xbc\xc3\x9fe"}}]}\r\n\r\n'
+    b": keep-alive\n\n"
+    b'id: 7\ndata: {"choices":[{"index":0,"delta":{"content":" \xe6\x9d\xb1\xe4\xba\xac"},'
+    b'"finish_reason":"stop"}]}\r\r'
+    b"data: [DONE]\n\n"
+)
 
 
-def test_decoding_each_read_on_its_own_would_show_mojibake_where_the_splitter_does_not() -> None:
-    cut = WIRE.index("東".encode()) + 1
-    naive = WIRE[:cut].decode("utf-8", "replace") + WIRE[cut:].decode("utf-8", "replace")
+def shown_by_raw(*reads: bytes) -> Recorder:
+    rec = Recorder(RequestSpec(0, "chat", {}))
+    framer = SseFramer()
+    for data in reads:
+        for piece in framer.feed(data):
+            raw._show_line(rec, piece)
+    return rec
+
+
+def shown_by_resilient(*reads: bytes) -> Recorder:
+    rec = Recorder(RequestSpec(0, "chat", {}))
+    framer, resume = SseFramer(), ResumeState()
+    for data in reads:
+        for piece in framer.feed(data):
+            if piece.event is not None:
+                resilient._Attempt._on_event(piece.event, rec, resume)
+    return rec
+
+
+def test_raw_and_resilient_show_the_same_text_for_every_split_of_the_bytes() -> None:
+    for show in (shown_by_raw, shown_by_resilient):
+        for cut in range(len(FRAMES) + 1):
+            rec = show(FRAMES[:cut], FRAMES[cut:])
+            assert (rec.text, rec.finish_reason, rec.saw_done) == ("Grüße 東京", "stop", True)
+
+
+def test_decoding_each_read_on_its_own_would_show_mojibake_where_the_clients_do_not() -> None:
+    cut = FRAMES.index("東".encode()) + 1
+    naive = FRAMES[:cut].decode("utf-8", "replace") + FRAMES[cut:].decode("utf-8", "replace")
     assert "\ufffd" in naive
-    lines = LineSplitter()
-    assert "\ufffd" not in "".join(lines.feed(WIRE[:cut]) + lines.feed(WIRE[cut:]))
+    assert "\ufffd" not in shown_by_raw(FRAMES[:cut], FRAMES[cut:]).text
+    assert "\ufffd" not in shown_by_resilient(FRAMES[:cut], FRAMES[cut:]).text
 
 
-def test_a_cr_at_the_end_of_a_read_waits_for_a_possible_lf() -> None:
-    lines = LineSplitter()
-    assert lines.feed(b"data: x\r") == []
-    assert lines.feed(b"\ndata: y\r") == ["data: x"]
-    assert lines.flush() == ["data: y"]
-
-
-def test_the_sse_decoder_dispatches_on_blank_lines_and_keeps_each_events_own_id() -> None:
-    stream = (
-        b"\xef\xbb\xbfid: 1\ndata: one\n\n"
-        b": keep-alive\n\n"
-        b"event: error\ndata: two\ndata: lines\n\n"
-        b"id\ndata:three\n\n"
-        b"id: 4\ndata: never dispatched"
-    )
-    for cut in range(len(stream) + 1):
-        decoder = SSEDecoder()
-        events = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
-        assert events == [
-            SSEEvent("one", "message", "1"),
-            SSEEvent("two\nlines", "error", None),
-            SSEEvent("three", "message", ""),
-        ], cut
+def test_resilient_surfaces_an_in_band_error_and_skips_replayed_events() -> None:
+    resume = ResumeState()
+    resume.record("7")
+    rec = Recorder(RequestSpec(0, "chat", {}))
+    event = SseFramer().feed(b'id: 7\ndata: {"choices":[{"index":0,"text":"again"}]}\n\n')[-1]
+    assert event.event is not None
+    resilient._Attempt._on_event(event.event, rec, resume)
+    assert rec.text == ""  # id 7 was already shown before the reconnect
+    with pytest.raises(InBandError, match="x"):
+        shown_by_resilient(b'data: {"error":{"message":"x","code":500}}\n\n')
 
 
 VLLM_CHAT = (
