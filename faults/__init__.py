@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from faults.bandwidth import Bandwidth
 from faults.coalescer import Coalescer
+from faults.handoff import Handoff
 from faults.latency import Latency
 from faults.link import Link
 from faults.slicer import Slicer
@@ -21,6 +22,7 @@ REGISTRY: dict[str, type[Fault]] = {
         Link,
         Slicer,
         Coalescer,
+        Handoff,
     )
 }
 
