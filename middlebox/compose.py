@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from faults import REGISTRY
+from faults.presets import PRESETS
 from middlebox.fault import Fault
 from middlebox.scenario import Problem, Scenario, ScenarioError, load_scenario, scenario_json_schema
 
@@ -47,7 +48,7 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def load(path: str | Path) -> Scenario:
-    return load_scenario(path, REGISTRY, sections=scenario_sections())
+    return load_scenario(path, REGISTRY, sections=scenario_sections(), presets=PRESETS)
 
 
 def validate_paths(paths: Iterable[str | Path]) -> tuple[list[Scenario], list[Problem]]:

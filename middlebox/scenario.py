@@ -366,11 +366,14 @@ def load_scenario_text(
     *,
     file: str = "<string>",
     sections: Mapping[str, type | None] | None = None,
+    presets: Mapping[str, str] | None = None,
 ) -> Scenario:
     """Parse and validate scenario YAML; raise ScenarioError listing every problem found.
 
     `sections` names the optional top-level blocks allowed (e.g. `workload`) with the
-    dataclass that validates each, or None to keep the block as plain data.
+    dataclass that validates each, or None to keep the block as plain data. `presets`
+    maps a preset name to the YAML text of a `path:` list; `- preset: NAME` in a
+    scenario's path expands to those faults.
     """
     sections = dict(sections or {})
     problems = _Collector(file)
@@ -421,14 +424,17 @@ def load_scenario_text(
             pass
     if "name" not in values:
         values["name"] = Path(file).stem if file != "<string>" else "unnamed"
-    specs = _load_path(path_node, registry, convert) if path_node is not None else ()
+    specs = _load_path(path_node, registry, convert, presets or {}) if path_node is not None else ()
     if problems.problems:
         raise ScenarioError(problems.problems)
     return Scenario(path=specs, sections=extra, source=file, **values)
 
 
 def _load_path(
-    node: yaml.Node, registry: Mapping[str, type[Fault]], convert: _Converter
+    node: yaml.Node,
+    registry: Mapping[str, type[Fault]],
+    convert: _Converter,
+    presets: Mapping[str, str],
 ) -> tuple[FaultSpec, ...]:
     problems = convert.problems
     if isinstance(node, yaml.ScalarNode) and convert.scalar(node) is None:
@@ -447,6 +453,11 @@ def _load_path(
             problems.add(entry, f"{where}: expected `- fault_name: {{field: value}}`")
             continue
         name = name_node.value
+        if name == "preset":
+            specs.extend(
+                _expand_preset(config_node or name_node, registry, convert, presets, where)
+            )
+            continue
         cls = registry.get(name)
         if cls is None:
             problems.add(
@@ -467,6 +478,42 @@ def _load_path(
     return tuple(specs)
 
 
+def _expand_preset(
+    node: yaml.Node,
+    registry: Mapping[str, type[Fault]],
+    convert: _Converter,
+    presets: Mapping[str, str],
+    where: str,
+) -> tuple[FaultSpec, ...]:
+    """`- preset: nginx-default` becomes the faults that imitate that hop's defaults."""
+    name = str(convert.scalar(node)) if isinstance(node, yaml.ScalarNode) else ""
+    if name not in presets:
+        convert.problems.add(
+            node,
+            f"{where}: unknown preset {name!r}"
+            + _did_you_mean(str(name), presets)
+            + f"; valid presets: {', '.join(sorted(presets))}",
+        )
+        return ()
+    loader = yaml.SafeLoader(presets[name])
+    try:
+        root = loader.get_single_node()
+    finally:
+        loader.dispose()
+    inner = _Converter(loader, convert.problems)
+    before = len(convert.problems.problems)
+    specs = _load_path(root, registry, inner, presets) if root is not None else ()
+    for problem in convert.problems.problems[before:]:  # a preset's own bug, shown at its use
+        index = convert.problems.problems.index(problem)
+        convert.problems.problems[index] = Problem(
+            convert.problems.file,
+            node.start_mark.line + 1,
+            node.start_mark.column + 1,
+            f"{where}: preset {name!r} is invalid: {problem.message}",
+        )
+    return specs
+
+
 def _did_you_mean(name: str, registry: Mapping[str, object]) -> str:
     import difflib
 
@@ -479,6 +526,7 @@ def load_scenario(
     registry: Mapping[str, type[Fault]],
     *,
     sections: Mapping[str, type | None] | None = None,
+    presets: Mapping[str, str] | None = None,
 ) -> Scenario:
     """Load one scenario file; raise ScenarioError naming the file on any problem."""
     file = str(path)
@@ -486,7 +534,7 @@ def load_scenario(
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ScenarioError([Problem(file, 1, 1, f"cannot read: {error}")]) from None
-    return load_scenario_text(text, registry, file=file, sections=sections)
+    return load_scenario_text(text, registry, file=file, sections=sections, presets=presets)
 
 
 # ----------------------------------------------------------------------------- schema

@@ -105,3 +105,31 @@ def test_a_fault_s_own_config_check_is_reported_at_load_time(tmp_path: Path) -> 
 def test_an_unreadable_file_is_a_scenario_error_not_a_traceback(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="cannot read"):
         load_scenario(tmp_path / "missing.yaml", REGISTRY)
+
+
+PRESETS = {
+    "slow-hop": "- latency: {delay: 100ms}\n- latency: {delay: 5ms}\n",
+    "broken": "- latency: {delay: soon}\n",
+}
+
+
+def test_a_preset_expands_to_its_faults_in_place() -> None:
+    scenario = load_scenario_text(
+        "path:\n  - latency: {delay: 1s}\n  - preset: slow-hop\n", REGISTRY, presets=PRESETS
+    )
+    assert [spec.config["delay"] for spec in scenario.path] == [1.0, 0.1, 0.005]
+
+
+def test_an_unknown_preset_lists_the_valid_ones_at_its_line() -> None:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario_text(
+            "path:\n  - preset: slow-hops\n", REGISTRY, presets=PRESETS, file="p.yaml"
+        )
+    (problem,) = caught.value.problems
+    assert str(problem).startswith("p.yaml:2:13: path[0]: unknown preset 'slow-hops' (did you mean")
+    assert "valid presets: broken, slow-hop" in problem.message
+
+
+def test_a_broken_preset_is_reported_where_it_is_used() -> None:
+    with pytest.raises(ScenarioError, match=r"p.yaml:2:13: path\[0\]: preset 'broken' is invalid"):
+        load_scenario_text("path:\n  - preset: broken\n", REGISTRY, presets=PRESETS, file="p.yaml")
