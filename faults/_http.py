@@ -1,0 +1,289 @@
+"""Shared HTTP-exchange helpers for the HTTP faults (pure).
+
+- `RequestInfo`: what matching needs from one request (method, path, `model` from a
+  complete JSON body), parsed by `request_info`.
+- `RequestMatch`: the `match:` config block of an HTTP fault, e.g.
+  `match: {method: POST, path: /v1/chat/completions, model: "Qwen/*", requests: [0, 2],
+  every: 3, probability: 0.5, after: 2s, before: 10s}`, and `decide`, which says whether
+  one exchange is affected. Indices count across connections through the fault
+  position's scenario-lifetime `context.shared` dict, so "the first three requests get a
+  429" holds however the client spreads them over keep-alive and new connections.
+- `HttpFlow`: one connection's `Http1Exchange` plus which requests are complete.
+- `HttpMatched`: mixin (`class X(HttpMatched, Fault)`) that adds the `match` field,
+  feeds the flow and decides each request once, when it is complete (or when its
+  response starts, whichever comes first), so request- and response-side logic agree.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from middlebox.fault import Fault, Seconds
+from middlebox.http1 import REQUEST_BODY_KEEP, Head, Http1Exchange, Piece, PieceKind
+from middlebox.stream import Chunk, Direction, Eof, Item
+
+__all__ = ["HttpFlow", "HttpMatched", "RequestInfo", "RequestMatch", "request_info"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """One request as matching sees it. `message` is its index on its connection;
+    `model` is None unless the body is complete JSON with a string `model`."""
+
+    message: int
+    method: str
+    path: str
+    target: str
+    model: str | None
+    complete: bool
+    head: Head
+
+
+def request_path(target: str) -> str:
+    """The path of a request target: origin-form minus the query, or the path of an
+    absolute-form target (RFC 9112 §3.2.2, what a client sends to a forward proxy)."""
+    if "://" in target:
+        rest = target.split("://", 1)[1]
+        slash = rest.find("/")
+        target = rest[slash:] if slash >= 0 else "/"
+    return target.split("?", 1)[0].split("#", 1)[0] or "/"
+
+
+def body_model(body: bytes) -> str | None:
+    """The `model` of an OpenAI-style JSON body, or None when it is not one."""
+    try:
+        parsed = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def request_info(message: int, head: Head, body: bytes, complete: bool) -> RequestInfo:
+    """Parse what matching needs. The model is read only from a complete body that
+    `Http1Exchange` kept whole (it keeps the first REQUEST_BODY_KEEP bytes)."""
+    whole = complete and len(body) < REQUEST_BODY_KEEP
+    return RequestInfo(
+        message=message,
+        method=(head.method or "").upper(),
+        path=request_path(head.target or "/"),
+        target=head.target or "",
+        model=body_model(body) if whole and body else None,
+        complete=complete,
+        head=head,
+    )
+
+
+@dataclass
+class RequestMatch:
+    """Which requests an HTTP fault affects; every condition given must hold.
+
+    - `method` (case-insensitive), `path` (a glob on the path without the query, e.g.
+      `/v1/*`), `model` (a glob on the JSON body's `model`; a request whose body is not
+      complete JSON never matches a `model`): the filters.
+    - `after`/`before`: seconds since this fault position first saw a connection open
+      (the scenario's first client), a window `[after, before)` on the request's time.
+    - Requests that pass the filters and the window are numbered from 0 across all
+      connections (the index). `requests` lists chosen indices, `first: N` takes
+      indices below N, `every: N` takes every Nth (indices N-1, 2N-1, ...).
+    - `probability`: then a coin from the fault's seeded rng, so a seed replays.
+    """
+
+    method: str | None = None
+    path: str | None = None
+    model: str | None = None
+    requests: list[int] | None = None
+    first: int | None = None
+    every: int | None = None
+    probability: float = 1.0
+    after: Seconds = 0.0
+    before: Seconds | None = None
+
+    def __post_init__(self) -> None:
+        if self.method is not None and (not self.method or not self.method.isalpha()):
+            raise ValueError(
+                f"match.method must be an HTTP method such as POST, not {self.method!r}"
+            )
+        if self.path is not None and not self.path.startswith(("/", "*")):
+            raise ValueError(
+                f"match.path must start with / (a glob such as /v1/*), not {self.path!r}"
+            )
+        if self.requests is not None and any(index < 0 for index in self.requests):
+            raise ValueError(f"match.requests are indices from 0, got {self.requests!r}")
+        if self.first is not None and self.first < 0:
+            raise ValueError(f"match.first must be >= 0, got {self.first!r}")
+        if self.every is not None and self.every < 1:
+            raise ValueError(f"match.every must be >= 1, got {self.every!r}")
+        if not 0.0 <= self.probability <= 1.0:
+            raise ValueError(f"match.probability must be in [0, 1], got {self.probability!r}")
+        if self.after < 0:
+            raise ValueError(f"match.after must be >= 0, got {self.after!r}")
+        if self.before is not None and self.before <= self.after:
+            raise ValueError(
+                f"match.before ({self.before}) must be after match.after ({self.after})"
+            )
+
+    @property
+    def needs_body(self) -> bool:
+        """True when deciding needs the complete body (a `model` filter)."""
+        return self.model is not None
+
+    def accepts(self, request: RequestInfo) -> bool:
+        """The method, path and model filters."""
+        if self.method is not None and request.method != self.method.upper():
+            return False
+        if self.path is not None and not fnmatch.fnmatchcase(request.path, self.path):
+            return False
+        return self.model is None or (
+            request.model is not None and fnmatch.fnmatchcase(request.model, self.model)
+        )
+
+    def within(self, elapsed: float) -> bool:
+        """The time window, in seconds since the epoch (see `start`)."""
+        return elapsed >= self.after and (self.before is None or elapsed < self.before)
+
+    def chooses(self, index: int, rng: random.Random) -> bool:
+        """The index conditions, then the seeded coin (drawn only when reached)."""
+        if self.requests is not None and index not in self.requests:
+            return False
+        if self.first is not None and index >= self.first:
+            return False
+        if self.every is not None and index % self.every != self.every - 1:
+            return False
+        return self.probability >= 1.0 or rng.random() < self.probability
+
+    @staticmethod
+    def start(shared: dict[str, Any], now: float, key: str = "match") -> None:
+        """Note a connection opening: the first one sets the epoch of the window."""
+        shared.setdefault(f"{key}.epoch", now)
+
+    def decide(
+        self,
+        request: RequestInfo,
+        now: float,
+        rng: random.Random,
+        shared: dict[str, Any],
+        key: str = "match",
+    ) -> int | None:
+        """The request's cross-connection index if this exchange is affected, else None.
+
+        Call once per request: a request that passes the filters and the window takes
+        the next index from `shared[key + ".count"]`.
+        """
+        epoch = shared.setdefault(f"{key}.epoch", now)
+        if not self.accepts(request) or not self.within(now - epoch):
+            return None
+        index: int = shared.get(f"{key}.count", 0)
+        shared[f"{key}.count"] = index + 1
+        return index if self.chooses(index, rng) else None
+
+
+class HttpFlow:
+    """One connection's HTTP exchange, fed with pipeline items.
+
+    `feed` returns the pieces an item completes (an end, FIN or RST, flushes what the
+    framer held as OPAQUE). `complete` holds the indices of requests whose last piece
+    has arrived."""
+
+    def __init__(self) -> None:
+        self.exchange = Http1Exchange()
+        self.complete: set[int] = set()
+
+    def feed(self, item: Item) -> list[Piece]:
+        if isinstance(item, Chunk):
+            pieces = self.exchange.feed(item.direction, item.data)
+        else:
+            pieces = self.exchange.feed_eof(item.direction)
+        if item.direction is Direction.UPSTREAM:
+            for piece in pieces:
+                if piece.end_of_message:
+                    # Http1Exchange keeps the last 64 requests; so do we.
+                    self.complete.add(piece.message)
+                    self.complete.discard(piece.message - 64)
+        return pieces
+
+    def request(self, message: int) -> RequestInfo | None:
+        """Request `message` as known so far, or None if its head has not arrived."""
+        head = self.exchange.request_head(message)
+        if head is None:
+            return None
+        body = self.exchange.request_body(message)
+        return request_info(message, head, body, message in self.complete)
+
+
+def waits_for_body(head: Head) -> bool:
+    """False when the client waits for us before sending the body (RFC 9110 §10.1.1
+    `Expect: 100-continue`): holding the head for the body would stall both sides."""
+    return "100-continue" not in head.tokens("expect")
+
+
+@dataclass
+class HttpMatched:
+    """Mixin for HTTP faults: `class X(HttpMatched, Fault)` gets a `match` field, a
+    per-connection `HttpFlow` (`observe` feeds it) and one decision per request.
+
+    A request is decided when its last piece arrives, or when its head arrives if
+    `match` needs no body, or when its response starts, whichever comes first;
+    `selected(message)` gives the decision: the request's cross-connection index when
+    the exchange is affected, else None.
+    """
+
+    match: RequestMatch = field(default_factory=RequestMatch)
+
+    _flow: HttpFlow = field(init=False, repr=False, default_factory=HttpFlow)
+    _decisions: dict[int, int | None] = field(init=False, repr=False, default_factory=dict)
+
+    @property
+    def _fault(self) -> Fault:
+        return cast(Fault, self)
+
+    @property
+    def _key(self) -> str:
+        return f"{self._fault.name}.match"
+
+    def on_open(self, now: float) -> list[Item]:
+        RequestMatch.start(self._fault.context.shared, now, self._key)
+        return []
+
+    def observe(self, item: Item, now: float) -> list[Piece]:
+        """Feed `item` to the flow and decide the requests it makes decidable."""
+        pieces = self._flow.feed(item)
+        for piece in pieces:
+            if item.direction is Direction.UPSTREAM:
+                if piece.end_of_message or (
+                    piece.head is not None
+                    and (not self.match.needs_body or not waits_for_body(piece.head))
+                ):
+                    self.decide(piece.message, now)
+            elif piece.kind is PieceKind.HEAD:
+                self.decide(piece.message, now)
+        if isinstance(item, Eof) and item.direction is Direction.UPSTREAM:
+            # The client's FIN: nothing more will arrive, so a half-sent request is decided.
+            self.decide(self._flow.exchange.requests.message, now)
+        return pieces
+
+    def decide(self, message: int, now: float) -> int | None:
+        """Decide request `message` now if not yet decided (None if it has no head)."""
+        if message in self._decisions:
+            return self._decisions[message]
+        request = self._flow.request(message)
+        if request is None:
+            return None
+        fault = self._fault
+        decision = self.match.decide(request, now, fault.rng, fault.context.shared, self._key)
+        self._decisions[message] = decision
+        return decision
+
+    def selected(self, message: int) -> int | None:
+        """The decision for request `message` (None when undecided or not affected)."""
+        return self._decisions.get(message)
+
+    def decided(self, message: int) -> bool:
+        return message in self._decisions
+
+    def request(self, message: int) -> RequestInfo | None:
+        return self._flow.request(message)
