@@ -1,9 +1,8 @@
 """Pieces shared by the network and link faults (pure).
 
-- `Shaped`: the common config of a fault that acts on some directions during an active
-  window (`direction`, `start`, `stop`, seconds from connection open), plus per-direction
-  byte offsets for reports.
-- `Queued`: `Shaped` plus a delay line with a bounded backlog (backpressure).
+- `Windowed`: the active window (`start`, `stop`, seconds from connection open) and
+  per-direction byte offsets for reports; `Shaped` adds the `direction` acted on.
+- `Queued`: a delay line with a bounded backlog (backpressure).
 - `DelayLine`: a per-direction FIFO of items with release times. A TCP byte stream is
   delivered in order (RFC 9293 §3.10.7.4 queues out-of-order segments until the gap is
   filled), so an item is never released before the one ahead of it in its direction:
@@ -60,16 +59,14 @@ def item_size(item: Item) -> int:
 
 
 @dataclass
-class Shaped:
-    """Mixin for faults with a `direction` and an active window `[start, stop)`.
+class Windowed:
+    """Mixin for faults active in a window `[start, stop)` of seconds from connection open.
 
-    Use as `class X(Shaped, Fault)`. `start` and `stop` are seconds from connection
-    open; `stop: null` means until the connection ends. Outside the window the fault
-    lets items through (after any it still holds, so order is kept). Not a `Fault`
-    itself, so it never needs a registry entry.
+    Use as `class X(Windowed, Fault)`; `stop: null` means until the connection ends.
+    Outside the window the fault lets items through (after any it still holds, so
+    order is kept). Not a `Fault` itself, so it never needs a registry entry.
     """
 
-    direction: DirectionChoice = "both"
     start: Seconds = 0.0
     stop: Seconds | None = None
 
@@ -77,7 +74,6 @@ class Shaped:
     _offsets: dict[Direction, int] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_choice("direction", self.direction, DirectionChoice)
         check_positive("start", self.start, allow_zero=True)
         if self.stop is not None and self.stop <= self.start:
             raise ValueError(f"stop ({self.stop}) must be after start ({self.start})")
@@ -86,11 +82,9 @@ class Shaped:
         self._opened = now
         return []
 
-    def active(self, direction: Direction, now: float) -> bool:
-        """True when the fault acts on `direction` at time `now`."""
+    def in_window(self, now: float) -> bool:
         elapsed = now - self._opened
-        in_window = elapsed >= self.start and (self.stop is None or elapsed < self.stop)
-        return in_window and applies(self.direction, direction)
+        return elapsed >= self.start and (self.stop is None or elapsed < self.stop)
 
     def offset(self, direction: Direction) -> int:
         """Bytes counted so far in `direction` (see `count`)."""
@@ -101,6 +95,21 @@ class Shaped:
         before = self.offset(item.direction)
         self._offsets[item.direction] = before + item_size(item)
         return before
+
+
+@dataclass
+class Shaped(Windowed):
+    """Mixin: `Windowed` plus the `direction` (both, upstream, downstream) acted on."""
+
+    direction: DirectionChoice = "both"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("direction", self.direction, DirectionChoice)
+
+    def active(self, direction: Direction, now: float) -> bool:
+        """True when the fault acts on `direction` at time `now`."""
+        return self.in_window(now) and applies(self.direction, direction)
 
 
 class DelayLine:
@@ -190,14 +199,15 @@ class Serializer:
 
 
 @dataclass
-class Queued(Shaped):
-    """Mixin: `Shaped` plus a `DelayLine` whose backlog is bounded by backpressure.
+class Queued(Windowed):
+    """Mixin: `Windowed` plus a `DelayLine` whose backlog is bounded by backpressure.
 
-    Use as `class X(Queued, Fault)` and release items with `self.send(item, at, now)`.
-    While more than `max_backlog` bytes wait in one direction, `reading_paused` asks
-    the shell to stop reading the socket that produces them: the kernel buffers fill
-    and TCP's receive window closes on the sender (RFC 9293 §3.8.6), as behind a real
-    slow hop, so the proxy's memory stays bounded however fast the sender is.
+    Use as `class X(Shaped, Queued, Fault)` (or without `Shaped`) and release items
+    with `self.send(item, at, now)`. While more than `max_backlog` bytes wait in one
+    direction, `reading_paused` asks the shell to stop reading the socket that produces
+    them: the kernel buffers fill and TCP's receive window closes on the sender (RFC 9293
+    §3.8.6), as behind a real slow hop, so the proxy's memory stays bounded however
+    fast the sender is.
     """
 
     max_backlog: Bytes = 1024 * 1024
@@ -211,7 +221,7 @@ class Queued(Shaped):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive("max_backlog", self.max_backlog)
+        check_positive("max_backlog", self.max_backlog, allow_zero=True)
 
     def send(self, item: Item, release: float, now: float) -> list[Item]:
         """Release `item` at `release` (behind those ahead of it); check the backlog."""

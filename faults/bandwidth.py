@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from faults._common import MSS, Queued, Serializer, check_positive
+from faults._common import MSS, Queued, Serializer, Shaped, check_positive
 from middlebox.fault import Bytes, Fault
 from middlebox.stream import Direction, Item
 
 
 @dataclass
-class Bandwidth(Queued, Fault):
+class Bandwidth(Shaped, Queued, Fault):
     """Pace the chosen direction(s) to `rate` bytes/s in segments of `segment` bytes."""
 
     name: ClassVar[str] = "bandwidth"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from faults._common import DirectionChoice, Queued, check_positive
+from faults._common import DirectionChoice, Queued, Shaped, check_positive
 from middlebox.fault import Fault, Seconds
 from middlebox.stream import Item
 
@@ -21,7 +21,7 @@ __all__ = ["DirectionChoice", "Latency"]
 
 
 @dataclass
-class Latency(Queued, Fault):
+class Latency(Shaped, Queued, Fault):
     """Delay every item by `delay` ± uniform `jitter` seconds in the chosen direction(s)."""
 
     name: ClassVar[str] = "latency"

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
-from faults._common import MSS, Queued, Serializer, check_choice, check_positive, item_size
+from faults._common import MSS, Queued, Serializer, Shaped, check_choice, check_positive, item_size
 from middlebox.fault import Bytes, Fault, Seconds
 from middlebox.stream import Direction, Item
 
@@ -64,7 +64,7 @@ assert set(PROFILES) == set(get_args(ProfileName))
 
 
 @dataclass
-class Link(Queued, Fault):
+class Link(Shaped, Queued, Fault):
     """A named access network; any field set overrides the profile's number."""
 
     name: ClassVar[str] = "link"

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import ClassVar
 
-from faults._common import DirectionChoice, Queued, check_positive
+from faults._common import DirectionChoice, Queued, Shaped, check_positive
 from middlebox.fault import Bytes, Fault, Seconds
 from middlebox.sse import utf8_cut_offsets
 from middlebox.stream import Chunk, Direction, Item
 
 
 @dataclass
-class Slicer(Queued, Fault):
+class Slicer(Shaped, Queued, Fault):
     """Cut each write into slices of `size` bytes (or seeded sizes up to `max_size`)."""
 
     name: ClassVar[str] = "slicer"
