@@ -12,6 +12,7 @@ from faults.handoff import Handoff
 from faults.latency import Latency
 from faults.link import Link
 from faults.slicer import Slicer
+from faults.slow_reader import SlowReader
 from middlebox.fault import Fault
 
 REGISTRY: dict[str, type[Fault]] = {
@@ -23,6 +24,7 @@ REGISTRY: dict[str, type[Fault]] = {
         Slicer,
         Coalescer,
         Handoff,
+        SlowReader,
     )
 }
 
