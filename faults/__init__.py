@@ -9,6 +9,7 @@ from __future__ import annotations
 from faults.bandwidth import Bandwidth
 from faults.coalescer import Coalescer
 from faults.handoff import Handoff
+from faults.idle_reaper import IdleReaper
 from faults.latency import Latency
 from faults.link import Link
 from faults.slicer import Slicer
@@ -24,6 +25,7 @@ REGISTRY: dict[str, type[Fault]] = {
         Slicer,
         Coalescer,
         Handoff,
+        IdleReaper,
         SlowReader,
     )
 }

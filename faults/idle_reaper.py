@@ -1,0 +1,114 @@
+"""idle_reaper: a proxy's read timeout between two bytes from the upstream.
+
+Imitates nginx's `proxy_read_timeout` (default 60s), which the ngx_http_proxy_module
+docs define as "a timeout for reading a response from the proxied server. The timeout
+is set only between two successive read operations, not for the transmission of the
+whole response": nginx arms it once the request is sent and re-arms it on every read,
+so any byte, an SSE keep-alive comment (`: ping`) included, resets the clock. An AWS
+ALB's idle timeout (60s) and Cloudflare's proxy read timeout (100s) cut a silent
+stream the same way; vLLM added `--sse-keep-alive-interval` for exactly this
+(vllm-project/vllm#47647, #51034).
+
+When it fires:
+- before any byte of the response head reached the client, nginx answers
+  `504 Gateway Time-out` (`before_headers: 504`; an ALB also answers 504; `502` and
+  `reset` are the other shapes seen in the field; Cloudflare's own 524 is not
+  reproduced) and closes the upstream connection;
+- after the head went out, nginx can only close: `ngx_http_upstream_finalize_request`
+  turns the timeout into `NGX_ERROR` because `u->header_sent`, so a chunked body ends
+  without its terminal chunk (`after_headers: close`), or `reset` for a box that
+  aborts. The upstream connection is closed (or reset) as well.
+
+Each HTTP exchange on a keep-alive connection is timed on its own: the clock runs from
+the moment the request is complete until its response is, and only for requests that
+`match` selects.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from faults._common import check_choice, check_positive
+from faults._ends import BeforeHeaders, ResponseProgress, gateway_answer
+from faults._http import HttpMatched
+from middlebox.fault import Fault, Seconds
+from middlebox.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
+
+AfterHeaders = Literal["close", "reset"]
+
+
+@dataclass
+class IdleReaper(HttpMatched, Fault):
+    """End an exchange when the upstream sends nothing for `timeout` seconds."""
+
+    name: ClassVar[str] = "idle_reaper"
+
+    timeout: Seconds = 60.0
+    before_headers: BeforeHeaders = "504"
+    after_headers: AfterHeaders = "close"
+
+    _waiting: deque[int] = field(init=False, repr=False, default_factory=deque)
+    _last: float = field(init=False, repr=False, default=0.0)
+    _progress: ResponseProgress = field(init=False, repr=False, default_factory=ResponseProgress)
+    _closed: bool = field(init=False, repr=False, default=False)
+
+    def __post_init__(self) -> None:
+        check_positive("timeout", self.timeout)
+        check_choice("before_headers", self.before_headers, BeforeHeaders)
+        check_choice("after_headers", self.after_headers, AfterHeaders)
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        if self._closed:
+            return []  # both sides were ended when it fired; nothing more goes through
+        pieces = self.observe(item, now)
+        if item.direction is Direction.UPSTREAM:
+            for piece in pieces:
+                if piece.end_of_message and self.selected(piece.message) is not None:
+                    if not self._waiting:
+                        self._last = now  # nginx arms the timer once the request is sent
+                    self._waiting.append(piece.message)
+            if not isinstance(item, Chunk):
+                self._waiting.clear()  # the client left: nginx finalizes the request
+            return [item]
+        if isinstance(item, Chunk):
+            self._last = now  # any byte re-arms the read timer, heartbeats included
+            held = self._flow.exchange.responses.buffered
+            for message in self._progress.feed(len(item.data), pieces, held):
+                if self._waiting and self._waiting[0] == message:
+                    self._waiting.popleft()
+        else:
+            self._waiting.clear()  # the upstream ended the connection itself
+        return [item]
+
+    def deadline(self) -> float | None:
+        if self._closed or not self._waiting:
+            return None
+        return self._last + self.timeout
+
+    def on_deadline(self, now: float) -> list[Item]:
+        self._closed = True
+        message = self._waiting[0]
+        progress = self._progress
+        end: str
+        if not progress.started:
+            out = gateway_answer(self.before_headers)
+            end = self.before_headers
+        elif self.after_headers == "reset":
+            out = [Reset(DOWN), Reset(UP)]
+            end = "reset"
+        else:
+            out = [Eof(DOWN), Eof(UP)]
+            end = "close"
+        self.report(
+            now,
+            "timed_out",
+            response=message,
+            phase="after_headers" if progress.started else "before_headers",
+            end=end,
+            byte=progress.offset,
+            body_byte=progress.body,
+            idle_since=self._last,
+        )
+        return out
