@@ -12,6 +12,7 @@ from faults.handoff import Handoff
 from faults.idle_reaper import IdleReaper
 from faults.latency import Latency
 from faults.link import Link
+from faults.max_duration import MaxDuration
 from faults.slicer import Slicer
 from faults.slow_reader import SlowReader
 from middlebox.fault import Fault
@@ -26,6 +27,7 @@ REGISTRY: dict[str, type[Fault]] = {
         Coalescer,
         Handoff,
         IdleReaper,
+        MaxDuration,
         SlowReader,
     )
 }
