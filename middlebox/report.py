@@ -132,6 +132,7 @@ def report_document(suite: SuiteOutcome, argv: dict[str, Any]) -> dict[str, Any]
                 "file": outcome.scenario.source,
                 "seed": outcome.seed,
                 "problems": outcome.problems,
+                "proof": outcome.proof,
                 "results": [score.to_json() for score in outcome.scores],
             }
             for outcome in suite.outcomes

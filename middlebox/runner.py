@@ -31,7 +31,7 @@ import yaml
 
 from middlebox.clients import BUILTIN_CLIENTS, available_clients
 from middlebox.compose import expand_paths, load
-from middlebox.journal import JournalStore
+from middlebox.journal import JournalStore, fault_proof
 from middlebox.scenario import Scenario
 from middlebox.score import ClientScore, evaluate_expect, expect_problems, score_client
 from middlebox.server import Address, ProxyServer, listen
@@ -58,6 +58,7 @@ class ScenarioOutcome:
     seed: int
     scores: list[ClientScore] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    proof: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -364,7 +365,31 @@ async def run_scenario(
             )
         run.journal.write_ndjson(workdir / f"{run.spec.name}.journal.ndjson")
         outcome.scores.append(score)
+    if runs:
+        outcome.proof = fault_proof(declared, {run.spec.name: run.journal for run in runs})
+        outcome.problems += proof_problems(scenario.name, outcome.proof)
     return outcome
+
+
+def proof_problems(scenario: str, proof: dict[str, Any]) -> list[str]:
+    """Fail loudly when the run proves nothing: a client whose traffic never reached the
+    proxy (it bypassed it), or a declared fault that fired for no client at all. A fault
+    that fired for some clients only stays a per-client warning in the scorecard."""
+    problems = [
+        f"{scenario}/{client}: no connection reached the proxy (0 connections): the "
+        f"client bypassed it or never connected, so nothing was tested"
+        for client, count in proof["connections"].items()
+        if count == 0
+    ]
+    if any(proof["connections"].values()):
+        problems += [
+            f"{scenario}: declared fault {name!r} never fired for any client "
+            f"({counts['bypassed']} connections went through it untouched); the scenario "
+            f"did not test what it claims"
+            for name, counts in proof["faults"].items()
+            if counts["fired"] == 0
+        ]
+    return problems
 
 
 # --------------------------------------------------------------------- a suite
