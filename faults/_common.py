@@ -2,6 +2,7 @@
 
 - `Windowed`: the active window (`start`, `stop`, seconds from connection open) and
   per-direction byte offsets for reports; `Shaped` adds the `direction` acted on.
+- `Triggered`: fire once at a time from open or after N downstream bytes.
 - `Queued`: a delay line with a bounded backlog (backpressure).
 - `DelayLine`: a per-direction FIFO of items with release times. A TCP byte stream is
   delivered in order (RFC 9293 §3.10.7.4 queues out-of-order segments until the gap is
@@ -95,6 +96,58 @@ class Windowed:
         before = self.offset(item.direction)
         self._offsets[item.direction] = before + item_size(item)
         return before
+
+
+@dataclass
+class Triggered:
+    """Mixin for faults that fire once: at `at` seconds from open, or once `after_bytes`
+    downstream bytes have passed (whichever comes first). Call `arm(now)` on open.
+    """
+
+    at: Seconds | None = None
+    after_bytes: Bytes | None = None
+
+    _fire_at: float | None = field(init=False, repr=False, default=None)
+    _armed: bool = field(init=False, repr=False, default=False)
+    _down_bytes: int = field(init=False, repr=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.at is None and self.after_bytes is None:
+            raise ValueError("needs a trigger: set `at` (seconds from open) or `after_bytes`")
+        if self.at is not None:
+            check_positive("at", self.at, allow_zero=True)
+        if self.after_bytes is not None:
+            check_positive("after_bytes", self.after_bytes, allow_zero=True)
+
+    def arm(self, now: float) -> None:
+        self._armed = True
+        self._fire_at = None if self.at is None else now + self.at
+
+    def disarm(self) -> None:
+        self._armed = False
+        self._fire_at = None
+
+    def trigger_deadline(self) -> float | None:
+        return self._fire_at
+
+    def time_up(self, now: float) -> bool:
+        return self._fire_at is not None and now >= self._fire_at
+
+    def split_downstream(self, chunk: Chunk) -> tuple[Chunk, Chunk | None]:
+        """Count a downstream chunk: the part before the `after_bytes` mark, and the
+        rest (possibly empty) when this chunk reaches the mark, else None."""
+        before = self._down_bytes
+        self._down_bytes += len(chunk.data)
+        if not self._armed or self.after_bytes is None or self._down_bytes < self.after_bytes:
+            return chunk, None
+        cut = max(self.after_bytes - before, 0)
+        self._down_bytes = before + cut
+        return Chunk(chunk.direction, chunk.data[:cut]), Chunk(chunk.direction, chunk.data[cut:])
+
+    @property
+    def downstream_bytes(self) -> int:
+        """Downstream bytes counted before the trigger (up to the mark once it trips)."""
+        return self._down_bytes
 
 
 @dataclass

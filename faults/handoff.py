@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from faults._common import check_choice, check_positive, item_size
+from faults._common import Triggered, check_choice, check_positive, item_size
 from faults.link import Link, ProfileName
-from middlebox.fault import Bytes, Fault, FaultContext, FaultReport, Seconds
+from middlebox.fault import Fault, FaultContext, FaultReport, Seconds
 from middlebox.stream import DOWN, UP, Chunk, Direction, Item, Reset
 
 Outcome = Literal["reset", "blackhole", "resume"]
@@ -39,13 +39,11 @@ Phase = Literal["before", "dark", "after", "dead"]
 
 
 @dataclass
-class Handoff(Fault):
+class Handoff(Triggered, Fault):
     """At `at` seconds from open or after `after_bytes` downstream bytes, go dark for `outage`."""
 
     name: ClassVar[str] = "handoff"
 
-    at: Seconds | None = None
-    after_bytes: Bytes | None = None
     outage: Seconds = 2.0
     outcome: Outcome = "resume"
     new_connections: NewConnections = "stall"
@@ -53,20 +51,13 @@ class Handoff(Fault):
     after_link: ProfileName | None = None
 
     _phase: Phase = field(init=False, repr=False, default="before")
-    _trigger_at: float | None = field(init=False, repr=False, default=None)
     _dark_until: float = field(init=False, repr=False, default=0.0)
     _ending: Outcome = field(init=False, repr=False, default="resume")
     _held: list[Item] = field(init=False, repr=False, default_factory=list)
-    _down_bytes: int = field(init=False, repr=False, default=0)
     _link: Link | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
-        if self.at is None and self.after_bytes is None:
-            raise ValueError("handoff needs a trigger: set `at` (seconds) or `after_bytes`")
-        if self.at is not None:
-            check_positive("at", self.at, allow_zero=True)
-        if self.after_bytes is not None:
-            check_positive("after_bytes", self.after_bytes, allow_zero=True)
+        super().__post_init__()
         check_positive("outage", self.outage, allow_zero=True)
         check_choice("outcome", self.outcome, Outcome)
         check_choice("new_connections", self.new_connections, NewConnections)
@@ -90,19 +81,19 @@ class Handoff(Fault):
             self._phase = "after"
         else:
             self._use_link(self.before_link, "before_link", now)
-            self._trigger_at = None if self.at is None else now + self.at
+            self.arm(now)
         return []
 
     def on_item(self, item: Item, now: float) -> list[Item]:
         out = self._catch_up(now)
-        if self._phase == "before" and self._trigger_at is not None and now >= self._trigger_at:
+        if self._phase == "before" and self.time_up(now):
             self._trigger(now)
         if self._phase == "before" and isinstance(item, Chunk) and item.direction is DOWN:
-            item, tail = self._split_at_trigger(item)
+            item, tail = self.split_downstream(item)
             if item.data:
                 out.extend(self._through_link(item, now))
             if tail is not None:
-                self._trigger(now, self.after_bytes)
+                self._trigger(now)
                 if tail.data:
                     self._held.append(tail)
             return out
@@ -117,7 +108,7 @@ class Handoff(Fault):
             return self._dark_until
         due: list[float | None] = [] if self._link is None else [self._link.deadline()]
         if self._phase == "before":
-            due.append(self._trigger_at)
+            due.append(self.trigger_deadline())
         times = [t for t in due if t is not None]
         return min(times) if times else None
 
@@ -127,7 +118,7 @@ class Handoff(Fault):
             due = self._link.deadline()
             if due is not None and due <= now:
                 out.extend(self._link.on_deadline(now))
-        if self._phase == "before" and self._trigger_at is not None and now >= self._trigger_at:
+        if self._phase == "before" and self.time_up(now):
             self._trigger(now)
         if self._phase == "dark" and now >= self._dark_until:
             out.extend(self._end_outage(now))
@@ -153,10 +144,9 @@ class Handoff(Fault):
         self._go_dark(window["end"], window["outcome"])
         return self._end_outage(now) if now >= window["end"] else []
 
-    def _trigger(self, now: float, offset: int | None = None) -> None:
+    def _trigger(self, now: float) -> None:
         end = now + self.outage
-        offset = self._down_bytes if offset is None else offset
-        self.report(now, "outage", offset=offset, until=end, outcome=self.outcome)
+        self.report(now, "outage", offset=self.downstream_bytes, until=end, outcome=self.outcome)
         self.context.shared["outage"] = {"start": now, "end": end, "outcome": self.outcome}
         self._go_dark(end, self.outcome)
 
@@ -166,7 +156,7 @@ class Handoff(Fault):
         self._phase = "dark"
         self._dark_until = until
         self._ending = ending
-        self._trigger_at = None
+        self.disarm()
 
     def _end_outage(self, now: float) -> list[Item]:
         held, self._held = self._held, []
@@ -184,15 +174,6 @@ class Handoff(Fault):
         return out
 
     # ---------------------------------------------------------------- helpers
-
-    def _split_at_trigger(self, chunk: Chunk) -> tuple[Chunk, Chunk | None]:
-        """The part of a downstream chunk before `after_bytes`, and the rest if it trips."""
-        before = self._down_bytes
-        self._down_bytes += len(chunk.data)
-        if self.after_bytes is None or self._down_bytes < self.after_bytes:
-            return chunk, None
-        cut = max(self.after_bytes - before, 0)
-        return Chunk(DOWN, chunk.data[:cut]), Chunk(DOWN, chunk.data[cut:])
 
     def _use_link(self, profile: ProfileName | None, label: str, now: float) -> None:
         if profile is None:
