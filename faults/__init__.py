@@ -7,6 +7,7 @@ architecture test fails when a `Fault` subclass is left out.
 from __future__ import annotations
 
 from faults.bandwidth import Bandwidth
+from faults.client_vanish import ClientVanish
 from faults.coalescer import Coalescer
 from faults.handoff import Handoff
 from faults.idle_reaper import IdleReaper
@@ -29,6 +30,7 @@ REGISTRY: dict[str, type[Fault]] = {
         IdleReaper,
         MaxDuration,
         SlowReader,
+        ClientVanish,
     )
 }
 
