@@ -16,6 +16,7 @@ from faults.link import Link
 from faults.max_duration import MaxDuration
 from faults.slicer import Slicer
 from faults.slow_reader import SlowReader
+from faults.strip_header import StripHeader
 from middlebox.fault import Fault
 
 REGISTRY: dict[str, type[Fault]] = {
@@ -30,6 +31,7 @@ REGISTRY: dict[str, type[Fault]] = {
         IdleReaper,
         MaxDuration,
         SlowReader,
+        StripHeader,
         ClientVanish,
     )
 }

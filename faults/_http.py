@@ -9,6 +9,7 @@
   position's scenario-lifetime `context.shared` dict, so "the first three requests get a
   429" holds however the client spreads them over keep-alive and new connections.
 - `HttpFlow`: one connection's `Http1Exchange` plus which requests are complete.
+- `HeadRewriter`: mixin for faults that rewrite matched heads (strip_header, set_header).
 - `HttpMatched`: mixin (`class X(HttpMatched, Fault)`) that adds the `match` field,
   feeds the flow and decides each request once, when it is complete (or when its
   response starts, whichever comes first), so request- and response-side logic agree.
@@ -20,13 +21,21 @@ import fnmatch
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from middlebox.fault import Fault, Seconds
 from middlebox.http1 import REQUEST_BODY_KEEP, Head, Http1Exchange, Piece, PieceKind
-from middlebox.stream import Chunk, Direction, Eof, Item
+from middlebox.stream import Chunk, Direction, Item
 
-__all__ = ["HttpFlow", "HttpMatched", "RequestInfo", "RequestMatch", "request_info"]
+__all__ = [
+    "HeadRewriter",
+    "HttpFlow",
+    "HttpMatched",
+    "RequestInfo",
+    "RequestMatch",
+    "joined_chunk",
+    "request_info",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +245,7 @@ class HttpMatched:
 
     _flow: HttpFlow = field(init=False, repr=False, default_factory=HttpFlow)
     _decisions: dict[int, int | None] = field(init=False, repr=False, default_factory=dict)
+    _held: list[Piece] = field(init=False, repr=False, default_factory=list)
 
     @property
     def _fault(self) -> Fault:
@@ -254,17 +264,37 @@ class HttpMatched:
         pieces = self._flow.feed(item)
         for piece in pieces:
             if item.direction is Direction.UPSTREAM:
-                if piece.end_of_message or (
-                    piece.head is not None
-                    and (not self.match.needs_body or not waits_for_body(piece.head))
+                if (
+                    piece.end_of_message
+                    or piece.kind is PieceKind.OPAQUE  # malformed or a tunnel: no more to learn
+                    or (
+                        piece.head is not None
+                        and (not self.match.needs_body or not waits_for_body(piece.head))
+                    )
                 ):
                     self.decide(piece.message, now)
             elif piece.kind is PieceKind.HEAD:
                 self.decide(piece.message, now)
-        if isinstance(item, Eof) and item.direction is Direction.UPSTREAM:
-            # The client's FIN: nothing more will arrive, so a half-sent request is decided.
+        if not isinstance(item, Chunk) and item.direction is Direction.UPSTREAM:
+            # The client's FIN or RST: nothing more will arrive, so a half-sent request is
+            # decided with what is known.
             self.decide(self._flow.exchange.requests.message, now)
         return pieces
+
+    def gate(self, pieces: list[Piece]) -> list[Piece]:
+        """Request pieces in order, each held until its request is decided (call with the
+        pieces `observe` returned for UPSTREAM items). A request is held from its head
+        until decided, so a fault can still rewrite or swallow it."""
+        held = self._held
+        held.extend(pieces)
+        ready = 0
+        while ready < len(held) and (
+            held[ready].kind is PieceKind.OPAQUE or held[ready].message in self._decisions
+        ):
+            ready += 1
+        out = held[:ready]
+        del held[:ready]
+        return out
 
     def decide(self, message: int, now: float) -> int | None:
         """Decide request `message` now if not yet decided (None if it has no head)."""
@@ -287,3 +317,61 @@ class HttpMatched:
 
     def request(self, message: int) -> RequestInfo | None:
         return self._flow.request(message)
+
+
+HeaderDirection = Literal["response", "request"]
+
+
+def joined_chunk(direction: Direction, parts: list[bytes]) -> list[Item]:
+    """`parts` as one Chunk (none if empty), so a rewrite keeps the write's granularity."""
+    data = b"".join(parts)
+    return [Chunk(direction, data)] if data else []
+
+
+@dataclass
+class HeadRewriter(HttpMatched):
+    """Mixin for faults that rewrite the head of matched messages in one `direction`
+    (`response`: the server's final heads, 1xx interim heads left alone; `request`: the
+    client's, each held until decided). Everything else passes byte-exact.
+    Subclasses implement `rewrite(head)`: the new head bytes and report details, or
+    None when the head needs no change."""
+
+    direction: HeaderDirection = "response"
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("response", "request"):
+            raise ValueError(f"direction must be 'response' or 'request', got {self.direction!r}")
+
+    def rewrite(self, head: Head) -> tuple[bytes, dict[str, Any]] | None:
+        raise NotImplementedError
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        target = Direction.UPSTREAM if self.direction == "request" else Direction.DOWNSTREAM
+        pieces = self.observe(item, now)
+        if item.direction is not target:
+            return [item]
+        if target is Direction.UPSTREAM:
+            pieces = self.gate(pieces)
+        parts: list[bytes] = []
+        for piece in pieces:
+            head = piece.head
+            index = self.selected(piece.message)
+            changed = None
+            if head is not None and not head.is_interim and index is not None:
+                changed = self.rewrite(head)
+            if changed is None:
+                parts.append(piece.data)
+                continue
+            data, details = changed
+            parts.append(data)
+            self._fault.report(
+                now,
+                "rewrote_head",
+                direction=self.direction,
+                request=index,
+                message=piece.message,
+                offset=piece.offset,
+                **details,
+            )
+        out = joined_chunk(target, parts)
+        return out if isinstance(item, Chunk) else [*out, item]

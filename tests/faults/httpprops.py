@@ -1,0 +1,68 @@
+"""Wire material and checks shared by the HTTP fault tests.
+
+`request()` is an OpenAI-style POST; `sse_response()` is what vLLM 0.33 sends through
+uvicorn (reference §5: lower-case fields, `text/event-stream; charset=utf-8`, chunked,
+one `data: ...\\n\\n` frame per chunk). `resplit` cuts a byte stream at arbitrary points,
+so properties can say "whatever the TCP segmentation".
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from hypothesis import strategies as st
+
+from faults.testing import TimedItem
+from middlebox.http1 import LAST_CHUNK_BYTES, encode_chunk
+from middlebox.stream import Chunk, Direction
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\n"
+    b"date: Sun, 29 Nov 2026 07:02:39 GMT\r\n"
+    b"server: uvicorn\r\n"
+    b"content-type: text/event-stream; charset=utf-8\r\n"
+    b"x-accel-buffering: no\r\n"
+    b"transfer-encoding: chunked\r\n\r\n"
+)
+
+
+def request(
+    path: str = "/v1/chat/completions", model: str = "Qwen/Qwen3-0.6B", method: str = "POST"
+) -> bytes:
+    body = json.dumps({"model": model, "stream": True}).encode()
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: upstream\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def frame(i: int) -> bytes:
+    """One vLLM-shaped SSE frame carrying token `i` (ASCII and a multi-byte character)."""
+    return b'data: {"choices":[{"delta":{"content":"t%d\xc3\xa9"}}]}\n\n' % i
+
+
+def sse_chunks(events: int, done: bool = True) -> list[bytes]:
+    """The chunked body: one chunk per frame, then `[DONE]` and the last chunk."""
+    chunks = [encode_chunk(frame(i)) for i in range(events)]
+    if done:
+        chunks.append(encode_chunk(b"data: [DONE]\n\n"))
+    return [*chunks, LAST_CHUNK_BYTES]
+
+
+def sse_response(events: int = 3, done: bool = True) -> bytes:
+    return SSE_HEAD + b"".join(sse_chunks(events, done))
+
+
+def resplit(data: bytes, cuts: list[int]) -> list[bytes]:
+    """`data` cut at the given offsets (clamped, deduplicated)."""
+    bounds = sorted({0, len(data), *(min(max(c, 0), len(data)) for c in cuts)})
+    return [data[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+
+
+cut_lists = st.lists(st.integers(0, 2000), max_size=8)
+
+
+def timed(direction: Direction, pieces: list[bytes], start: float, step: float) -> list[TimedItem]:
+    """The pieces as chunks `step` seconds apart from `start`."""
+    return [(start + i * step, Chunk(direction, p)) for i, p in enumerate(pieces)]
