@@ -14,6 +14,7 @@ from faults.idle_reaper import IdleReaper
 from faults.latency import Latency
 from faults.link import Link
 from faults.max_duration import MaxDuration
+from faults.set_header import SetHeader
 from faults.slicer import Slicer
 from faults.slow_reader import SlowReader
 from faults.strip_header import StripHeader
@@ -32,6 +33,7 @@ REGISTRY: dict[str, type[Fault]] = {
         MaxDuration,
         SlowReader,
         StripHeader,
+        SetHeader,
         ClientVanish,
     )
 }

@@ -1,0 +1,51 @@
+"""set_header: set header fields on matched responses (or requests).
+
+Imitates a hop that adds or overrides fields: an ingress annotation or a gateway
+policy that adds `X-Accel-Buffering: no` so nginx streams (nginx honours it per
+response, ngx_http_upstream_process_buffering), a CDN that sets `Cache-Control`, or a
+proxy that rewrites `Connection`/`Content-Type`. A field already present has its
+first occurrence replaced in place and its repeats dropped; a missing one is
+appended (`middlebox.http1.build_head`). Every other byte passes as it came, and a
+head that already carries the values passes untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from faults._http import HeadRewriter
+from faults.strip_header import check_field_names
+from middlebox.fault import Fault
+from middlebox.http1 import Head, build_head
+
+__all__ = ["SetHeader"]
+
+
+@dataclass
+class SetHeader(HeadRewriter, Fault):
+    """Set each `headers` field (name: value) on matched heads."""
+
+    name: ClassVar[str] = "set_header"
+
+    headers: dict[str, str] = field(default_factory=lambda: {"X-Accel-Buffering": "no"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.headers:
+            raise ValueError("headers must set at least one field")
+        check_field_names(list(self.headers))
+        for name, value in self.headers.items():
+            # RFC 9110 §5.5: a field value is visible latin-1 text, spaces and tabs; a CR or
+            # LF would split the head (request smuggling), so it is refused.
+            if not all(c == "\t" or (c.isprintable() and ord(c) < 256) for c in value):
+                raise ValueError(
+                    f"header {name!r}: value {value!r} has control or non-latin-1 characters"
+                )
+
+    def rewrite(self, head: Head) -> tuple[bytes, dict[str, Any]] | None:
+        wanted = {name.lower(): value for name, value in self.headers.items()}
+        current = {name.lower(): head.header_values(name) for name in self.headers}
+        if all(current[key] == [value] for key, value in wanted.items()):
+            return None
+        return build_head(head, set_headers=self.headers), {"set": dict(self.headers)}
