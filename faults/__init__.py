@@ -11,6 +11,7 @@ from faults.client_vanish import ClientVanish
 from faults.coalescer import Coalescer
 from faults.handoff import Handoff
 from faults.idle_reaper import IdleReaper
+from faults.ignore_client_close import IgnoreClientClose
 from faults.latency import Latency
 from faults.link import Link
 from faults.max_duration import MaxDuration
@@ -35,6 +36,7 @@ REGISTRY: dict[str, type[Fault]] = {
         StripHeader,
         SetHeader,
         ClientVanish,
+        IgnoreClientClose,
     )
 }
 

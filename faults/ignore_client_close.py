@@ -1,0 +1,94 @@
+"""ignore_client_close: the proxy keeps the upstream stream going after the client left.
+
+Imitates proxies that do not watch the client socket while they relay a response, so
+the server keeps generating (and billing) tokens nobody reads:
+
+- `until: write_fails` (Apache httpd's mod_proxy, HAProxy without `option
+  abortonclose`, nginx with `proxy_ignore_client_abort on`): the client's close is
+  only discovered when writing to it fails. After a client RST the next write fails
+  at once (ECONNRESET/EPIPE). After a client FIN the first write still succeeds (the
+  kernel queues it) but draws an RST from the client's closed socket (RFC 9293
+  §3.10.7.1), so the second write fails. The proxy then closes the upstream
+  connection: with an RST by default, since Linux sends RST when a socket with unread
+  data is closed (RFC 2525 §2.17) and the upstream is mid-stream.
+- `until: never`: a proxy that drains the upstream to its end (a cache filling an
+  entry, `proxy_ignore_client_abort on` with buffering); when the upstream ends, its
+  end is passed on and only then is the client's close passed to the upstream.
+
+Everything the upstream sends after the client's close is swallowed and counted, so
+the journal shows how many bytes were generated into the void.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from faults._common import check_choice
+from middlebox.fault import Fault
+from middlebox.stream import DOWN, UP, Chunk, Eof, Item, Reset, is_end
+
+Until = Literal["write_fails", "never"]
+CloseWith = Literal["rst", "fin"]
+
+
+@dataclass
+class IgnoreClientClose(Fault):
+    """Swallow the client's FIN/RST; drain the upstream until a write fails or it ends."""
+
+    name: ClassVar[str] = "ignore_client_close"
+
+    until: Until = "write_fails"
+    close_with: CloseWith = "rst"
+
+    _client_end: Item | None = field(init=False, repr=False, default=None)
+    _delivered: int = field(init=False, repr=False, default=0)
+    _drained: int = field(init=False, repr=False, default=0)
+    _writes: int = field(init=False, repr=False, default=0)
+    _upstream_closed: bool = field(init=False, repr=False, default=False)
+    _client_closed: bool = field(init=False, repr=False, default=False)
+
+    def __post_init__(self) -> None:
+        check_choice("until", self.until, Until)
+        check_choice("close_with", self.close_with, CloseWith)
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        if item.direction is UP:
+            return self._from_client(item, now)
+        if self._client_end is None:
+            if isinstance(item, Chunk):
+                self._delivered += len(item.data)
+            return [item]
+        if self._upstream_closed or self._client_closed:
+            return []
+        if isinstance(item, Chunk):
+            return self._write_into_the_void(item, now)
+        self._client_closed = True
+        self.report(now, "upstream_ended", drained=self._drained, end=type(item).__name__)
+        passed_on: list[Item] = [item]
+        if isinstance(item, Eof):
+            passed_on.append(self._client_end)
+        return passed_on
+
+    def _from_client(self, item: Item, now: float) -> list[Item]:
+        if self._client_end is not None:
+            return []
+        if not is_end(item):
+            return [item]
+        self._client_end = item
+        kind = "rst" if isinstance(item, Reset) else "fin"
+        self.report(now, "client_close_ignored", kind=kind, offset=self._delivered)
+        return []
+
+    def _write_into_the_void(self, chunk: Chunk, now: float) -> list[Item]:
+        self._drained += len(chunk.data)
+        self._writes += 1
+        failing_write = 1 if isinstance(self._client_end, Reset) else 2
+        if self.until == "never" or self._writes < failing_write:
+            return []
+        self._upstream_closed = True
+        self.report(now, "write_failed", drained=self._drained, writes=self._writes)
+        closing: list[Item] = [Reset(UP) if self.close_with == "rst" else Eof(UP)]
+        if isinstance(self._client_end, Eof):
+            closing.append(Eof(DOWN))  # the proxy closes its side of the client connection
+        return closing

@@ -1,0 +1,118 @@
+"""ignore_client_close: the upstream keeps streaming after the client left."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from faults.ignore_client_close import IgnoreClientClose
+from faults.testing import TimedItem, joined, replay
+from middlebox.stream import DOWN, UP, Chunk, Eof, Reset
+from tests.faults.netprops import assert_deterministic, timelines
+
+
+def test_after_a_client_rst_the_next_write_fails_and_the_upstream_is_reset() -> None:
+    fault = IgnoreClientClose()
+    out = replay(
+        fault,
+        [
+            (0.0, Chunk(DOWN, b"tok1")),
+            (0.5, Reset(UP)),
+            (1.0, Chunk(DOWN, b"tok2")),
+            (2.0, Chunk(DOWN, b"tok3")),
+            (3.0, Eof(DOWN)),
+        ],
+    )
+    assert out == [(0.0, Chunk(DOWN, b"tok1")), (1.0, Reset(UP))]
+    assert [(r.time, r.action, r.details) for r in fault.reports] == [
+        (0.5, "client_close_ignored", {"kind": "rst", "offset": 4}),
+        (1.0, "write_failed", {"drained": 4, "writes": 1}),
+    ]
+
+
+def test_after_a_client_fin_the_second_write_fails() -> None:
+    out = replay(
+        IgnoreClientClose(close_with="fin"),
+        [
+            (0.5, Eof(UP)),
+            (1.0, Chunk(DOWN, b"accepted by the kernel")),
+            (1.5, Chunk(DOWN, b"fails")),
+            (2.0, Chunk(DOWN, b"never read")),
+        ],
+    )
+    assert out == [(1.5, Eof(UP)), (1.5, Eof(DOWN))]
+
+
+def test_a_draining_proxy_passes_the_upstream_end_then_the_client_close() -> None:
+    fault = IgnoreClientClose(until="never")
+    out = replay(
+        fault,
+        [
+            (0.5, Eof(UP)),
+            (1.0, Chunk(DOWN, b"ab")),
+            (2.0, Chunk(DOWN, b"cde")),
+            (3.0, Eof(DOWN)),
+        ],
+    )
+    assert out == [(3.0, Eof(DOWN)), (3.0, Eof(UP))]
+    assert fault.reports[-1].action == "upstream_ended"
+    assert fault.reports[-1].details == {"drained": 5, "end": "Eof"}
+
+
+def test_an_upstream_reset_while_draining_ends_the_client_side_only() -> None:
+    out = replay(
+        IgnoreClientClose(until="never"),
+        [(0.5, Reset(UP)), (1.0, Chunk(DOWN, b"ab")), (2.0, Reset(DOWN))],
+    )
+    assert out == [(2.0, Reset(DOWN))]
+
+
+def test_nothing_changes_while_the_client_is_there() -> None:
+    timeline: list[TimedItem] = [
+        (0.0, Chunk(UP, b"GET")),
+        (1.0, Chunk(DOWN, b"200")),
+        (2.0, Eof(DOWN)),
+    ]
+    fault = IgnoreClientClose()
+    assert replay(fault, timeline) == timeline
+    assert not fault.fired
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [({"until": "forever"}, "until must be one of"), ({"close_with": "slam"}, "close_with")],
+)
+def test_bad_config_is_refused_with_a_clear_message(config: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        IgnoreClientClose(**config)
+
+
+@given(
+    timelines(directions=(DOWN,)),
+    st.integers(0, 12),
+    st.sampled_from([Eof(UP), Reset(UP)]),
+    st.sampled_from(["write_fails", "never"]),
+)
+def test_the_client_gets_the_bytes_before_its_close_and_the_upstream_learns_late(
+    downstream: list[TimedItem], position: int, close: Any, until: Any
+) -> None:
+    position = min(position, len(downstream))
+    closed_at = downstream[position - 1][0] if position else 0.0
+    timeline = [*downstream[:position], (closed_at, close), *downstream[position:]]
+    out = replay(IgnoreClientClose(until=until), timeline)
+    assert joined(out, DOWN) == joined(downstream[:position], DOWN)
+    upstream = [item for _, item in out if item.direction is UP]
+    assert len(upstream) <= 1
+    down_ends = [item for _, item in out if item.direction is DOWN and not isinstance(item, Chunk)]
+    assert len(down_ends) <= 1
+    if until == "never" and upstream:  # the client's close reaches the upstream after its end
+        assert down_ends == [Eof(DOWN)]
+        assert [item for _, item in out][-2:] == [Eof(DOWN), close]
+
+
+@given(timelines(), st.integers(0, 2**32))
+def test_the_same_input_gives_the_same_decisions(timeline: list[TimedItem], seed: int) -> None:
+    assert_deterministic(lambda: IgnoreClientClose(), timeline, seed)
