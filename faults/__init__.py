@@ -15,6 +15,7 @@ from faults.ignore_client_close import IgnoreClientClose
 from faults.latency import Latency
 from faults.link import Link
 from faults.max_duration import MaxDuration
+from faults.proxy_buffering import ProxyBuffering
 from faults.set_header import SetHeader
 from faults.slicer import Slicer
 from faults.slow_reader import SlowReader
@@ -32,6 +33,7 @@ REGISTRY: dict[str, type[Fault]] = {
         Handoff,
         IdleReaper,
         MaxDuration,
+        ProxyBuffering,
         SlowReader,
         StripHeader,
         SetHeader,
