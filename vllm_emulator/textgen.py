@@ -1,10 +1,12 @@
 """Deterministic text generation (pure): tokens as a function of (seed, request).
 
 The scorer must know the exact text every request produces, so generation is a
-pure function of the emulator seed and the request body's canonical JSON (minus
-the transport-only fields `stream` and `stream_options`, so a streamed and a
-non-streamed request, or a resumed one, plan the same text). Choice `i` of an
-`n > 1` request gets its own stream from the same key.
+pure function of the emulator seed and the request body's canonical JSON, minus
+the fields that do not change what a seeded sampler draws (`stream`,
+`stream_options`, `max_tokens`, `max_completion_tokens`, `stop`, `n`,
+`request_id`, `user`): a streamed and a non-streamed request plan the same text,
+and a shorter `max_tokens` or a stop string gives a prefix of it, as with a fixed
+sampling seed in vLLM. Choice `i` of an `n > 1` request gets its own stream.
 
 The text mixes ASCII with accented Latin, CJK and emoji so that any byte-level
 cut shows up as mojibake. Tokens are byte strings sized like a byte-level BPE
@@ -32,7 +34,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-TRANSPORT_FIELDS = frozenset({"stream", "stream_options"})
+UNSAMPLED_FIELDS = frozenset(
+    {"stream", "stream_options", "max_tokens", "max_completion_tokens", "stop", "n",
+     "request_id", "user"}
+)  # fmt: skip
 
 _ASCII_WORDS = [
     "the",
@@ -147,8 +152,8 @@ _PUNCT = (",", ",", ";", ":")
 
 
 def request_key(body: Mapping[str, Any]) -> str:
-    """The canonical JSON of a request body, without transport-only fields."""
-    kept = {k: v for k, v in body.items() if k not in TRANSPORT_FIELDS}
+    """The canonical JSON of a request body, without fields that do not steer sampling."""
+    kept = {k: v for k, v in body.items() if k not in UNSAMPLED_FIELDS}
     return json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

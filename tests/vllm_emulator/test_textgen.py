@@ -13,10 +13,11 @@ from vllm_emulator import textgen
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
 
 
-def test_the_same_request_and_seed_plan_the_same_text_and_stream_flags_do_not_matter() -> None:
-    streamed = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+def test_same_seed_and_request_plan_the_same_text_whatever_the_length_or_stream_flags() -> None:
+    streamed = {**BODY, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 9}
     assert textgen.request_seed(7, BODY) == textgen.request_seed(7, streamed)
     assert textgen.request_seed(7, BODY) != textgen.request_seed(8, BODY)
+    assert textgen.request_seed(7, BODY) != textgen.request_seed(7, {**BODY, "temperature": 0})
     assert textgen.request_seed(7, BODY, index=0) != textgen.request_seed(7, BODY, index=1)
     first = textgen.plan(textgen.request_seed(7, BODY), 50, 0)
     again = textgen.plan(textgen.request_seed(7, BODY), 50, 0)

@@ -1,0 +1,40 @@
+"""`middlebox emulate` / `python -m vllm_emulator`: parse flags, call run_emulator.
+
+The first stdout line is always `listening on http://HOST:PORT` (flushed), so a
+parent process that asked for port 0 can read the port it got.
+"""
+
+from __future__ import annotations
+
+import click
+
+from vllm_emulator.app import run_emulator
+from vllm_emulator.config import EmulatorConfig, config_from_mapping, load_config
+
+
+def build_config(config_file: str | None, profile: str | None) -> EmulatorConfig:
+    """The config from `--config FILE` (YAML), with `--profile` winning."""
+    if config_file is not None:
+        return load_config(config_file, profile=profile)
+    config: EmulatorConfig = config_from_mapping({"profile": profile} if profile else {})
+    return config
+
+
+@click.command("emulate")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=0, show_default=True, type=int, help="Port; 0 picks a free one.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="YAML file of emulator settings (see docs/emulator.md).")  # fmt: skip
+@click.option("--profile", type=click.Choice(["vllm-0.33", "vllm-0.11"]), default=None,
+              help="vLLM version whose wire format to emulate (default vllm-0.33).")  # fmt: skip
+def emulate(host: str, port: int, config_file: str | None, profile: str | None) -> None:
+    """Run the vLLM emulator: an OpenAI-compatible server that behaves like vLLM."""
+    try:
+        config = build_config(config_file, profile)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+
+    def ready(bound: int) -> None:
+        print(f"listening on http://{host}:{bound}", flush=True)
+
+    run_emulator(config, host, port, ready)
