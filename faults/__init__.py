@@ -10,6 +10,7 @@ from faults.bandwidth import Bandwidth
 from faults.client_vanish import ClientVanish
 from faults.coalescer import Coalescer
 from faults.handoff import Handoff
+from faults.http_error import HttpError
 from faults.idle_reaper import IdleReaper
 from faults.ignore_client_close import IgnoreClientClose
 from faults.latency import Latency
@@ -37,6 +38,7 @@ REGISTRY: dict[str, type[Fault]] = {
         SlowReader,
         StripHeader,
         SetHeader,
+        HttpError,
         ClientVanish,
         IgnoreClientClose,
     )

@@ -243,9 +243,11 @@ class HttpMatched:
 
     match: RequestMatch = field(default_factory=RequestMatch)
 
-    _flow: HttpFlow = field(init=False, repr=False, default_factory=HttpFlow)
-    _decisions: dict[int, int | None] = field(init=False, repr=False, default_factory=dict)
-    _held: list[Piece] = field(init=False, repr=False, default_factory=list)
+    _flow: HttpFlow = field(init=False, repr=False, compare=False, default_factory=HttpFlow)
+    _decisions: dict[int, int | None] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+    _held: list[Piece] = field(init=False, repr=False, compare=False, default_factory=list)
 
     @property
     def _fault(self) -> Fault:

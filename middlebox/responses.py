@@ -27,16 +27,17 @@ def error_response(
     *,
     content_type: str = "text/html",
     extra_headers: list[tuple[str, str]] | None = None,
-    server: str = "nginx",
+    server: str | None = "nginx",
+    connection: str | None = "close",
 ) -> bytes:
-    """A complete HTTP/1.1 response that closes the connection, like a proxy's own answer."""
+    """A complete HTTP/1.1 response that closes the connection, like a proxy's own answer.
+
+    `server=None` omits the Server field; `connection=None` omits Connection, so the
+    connection persists (HTTP/1.1's default, RFC 9112 §9.3)."""
     payload = nginx_error_page(status) if body is None else body
-    lines = [
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-        f"Server: {server}",
-        f"Content-Type: {content_type}",
-        f"Content-Length: {len(payload)}",
-        "Connection: close",
-    ]
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    lines += [f"Server: {server}"] if server is not None else []
+    lines += [f"Content-Type: {content_type}", f"Content-Length: {len(payload)}"]
+    lines += [f"Connection: {connection}"] if connection is not None else []
     lines += [f"{name}: {value}" for name, value in extra_headers or []]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload

@@ -66,3 +66,14 @@ cut_lists = st.lists(st.integers(0, 2000), max_size=8)
 def timed(direction: Direction, pieces: list[bytes], start: float, step: float) -> list[TimedItem]:
     """The pieces as chunks `step` seconds apart from `start`."""
     return [(start + i * step, Chunk(direction, p)) for i, p in enumerate(pieces)]
+
+
+def exchanges(response: bytes, count: int = 8) -> list[TimedItem]:
+    """`count` request/response exchanges on one keep-alive connection, one a second."""
+    timeline: list[TimedItem] = []
+    for i in range(count):
+        timeline += [
+            (i * 1.0, Chunk(Direction.UPSTREAM, request())),
+            (i + 0.5, Chunk(Direction.DOWNSTREAM, response)),
+        ]
+    return timeline

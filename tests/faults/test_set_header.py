@@ -11,9 +11,17 @@ from hypothesis import strategies as st
 
 from faults._http import RequestMatch
 from faults.set_header import SetHeader
-from faults.testing import TimedItem, joined, replay
+from faults.testing import joined, replay
 from middlebox.stream import DOWN, UP, Chunk, Eof
-from tests.faults.httpprops import SSE_HEAD, cut_lists, request, resplit, sse_chunks, timed
+from tests.faults.httpprops import (
+    SSE_HEAD,
+    cut_lists,
+    exchanges,
+    request,
+    resplit,
+    sse_chunks,
+    timed,
+)
 from tests.faults.netprops import assert_deterministic
 
 BARE_HEAD = SSE_HEAD.replace(b"x-accel-buffering: no\r\n", b"")
@@ -108,9 +116,7 @@ def test_whatever_the_segmentation_only_the_head_changes(
 
 @given(seed=st.integers(0, 2**32))
 def test_the_same_seed_sets_the_field_on_the_same_responses(seed: int) -> None:
-    timeline: list[TimedItem] = []
-    for i in range(8):
-        timeline += [(i * 1.0, Chunk(UP, request())), (i + 0.5, Chunk(DOWN, BARE_HEAD))]
+    timeline = exchanges(BARE_HEAD)
     assert_deterministic(lambda: SetHeader(match=RequestMatch(probability=0.5)), timeline, seed)
 
 

@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 
 from faults._http import RequestMatch
 from faults.strip_header import StripHeader
-from faults.testing import TimedItem, joined, replay
+from faults.testing import joined, replay
 from middlebox.stream import DOWN, UP, Chunk, Eof
 from tests.faults.httpprops import (
     SSE_HEAD,
     cut_lists,
+    exchanges,
     request,
     resplit,
     sse_chunks,
@@ -156,9 +157,7 @@ def test_whatever_the_segmentation_only_the_head_changes(
 
 @given(seed=st.integers(0, 2**32))
 def test_the_same_seed_strips_the_same_responses(seed: int) -> None:
-    timeline: list[TimedItem] = []
-    for i in range(8):
-        timeline += [(i * 1.0, Chunk(UP, request())), (i + 0.5, Chunk(DOWN, sse_response(1)))]
+    timeline = exchanges(sse_response(1))
     assert_deterministic(lambda: StripHeader(match=RequestMatch(probability=0.5)), timeline, seed)
 
 
