@@ -243,9 +243,9 @@ Session = Callable[[ClientEnv], AbstractAsyncContextManager[Handler]]
 """Opens the client's shared state (an HTTP client, an SDK client) and yields its Handler."""
 
 
-async def _run_one(spec: RequestSpec, rec: Recorder, handler: Handler) -> None:
+async def _run_one(spec: RequestSpec, rec: Recorder, handler: Handler, self_timed: bool) -> None:
     rec.started_at = time.time()
-    deadline = asyncio.timeout(spec.abandon_after_seconds)
+    deadline = asyncio.timeout(None if self_timed else spec.abandon_after_seconds)
     try:
         async with deadline:
             await handler(spec, rec)
@@ -262,9 +262,15 @@ async def _run_one(spec: RequestSpec, rec: Recorder, handler: Handler) -> None:
         rec.ended_at = time.time()
 
 
-async def run_workload(workload: Workload, handler: Handler) -> list[Recorder]:
+async def run_workload(
+    workload: Workload, handler: Handler, *, self_timed: bool = False
+) -> list[Recorder]:
     """Run every request: each starts no earlier than `start_after` seconds after the
-    client started, and at most `concurrency` are in flight at once."""
+    client started, and at most `concurrency` are in flight at once.
+
+    `abandon_after_seconds` is enforced here by cancelling the handler, unless
+    `self_timed`: then the handler leaves on time itself (the browser client, whose
+    requests live in the page) and records `abandoned`."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     slots = asyncio.Semaphore(workload.concurrency)
@@ -273,7 +279,7 @@ async def run_workload(workload: Workload, handler: Handler) -> list[Recorder]:
     async def one(rec: Recorder) -> None:
         await asyncio.sleep(max(0.0, t0 + rec.spec.start_after - loop.time()))
         async with slots:
-            await _run_one(rec.spec, rec, handler)
+            await _run_one(rec.spec, rec, handler, self_timed)
 
     # Requests are queued in start order so that a later one never takes a slot first.
     ordered = sorted(records, key=lambda r: (r.spec.start_after, r.spec.index))
@@ -283,7 +289,13 @@ async def run_workload(workload: Workload, handler: Handler) -> list[Recorder]:
     return records
 
 
-def run_client(name: str, session: Session, environ: Mapping[str, str] | None = None) -> int:
+def run_client(
+    name: str,
+    session: Session,
+    environ: Mapping[str, str] | None = None,
+    *,
+    self_timed: bool = False,
+) -> int:
     """The `main()` of a built-in client: read the contract, run, write the result.
 
     Exits 0 whenever the result file was written, whatever the requests' errors (those
@@ -298,7 +310,7 @@ def run_client(name: str, session: Session, environ: Mapping[str, str] | None = 
 
     async def main() -> list[Recorder]:
         async with session(env) as handler:
-            return await run_workload(workload, handler)
+            return await run_workload(workload, handler, self_timed=self_timed)
 
     try:
         records = asyncio.run(main())

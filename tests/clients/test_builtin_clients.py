@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from middlebox.clients import BUILTIN_CLIENTS
+from middlebox.clients import BUILTIN_CLIENTS, chromium_path
 from tests.clients.wire_server import (
     DONE_FRAME,
     END_CHUNK,
@@ -257,6 +257,9 @@ def workload_for(client: str) -> dict[str, Any]:
     return {"scenario": "wire-conditions", "concurrency": len(requests), "requests": requests}
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 @dataclass
 class Run:
     server: WireServer
@@ -264,44 +267,51 @@ class Run:
     by_name: dict[str, dict[str, Any]]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    tmp = tmp_path_factory.mktemp("clients")
-    servers, procs, names = {}, {}, {}
-    repo = Path(__file__).resolve().parents[2]
-    for client in CLIENTS:
-        servers[client] = WireServer(BEHAVIOURS)
-        workload = workload_for(client)
-        names[client] = [r["body"]["model"] for r in workload["requests"]]
+class Started:
+    """A client process running a workload against its own wire server."""
+
+    def __init__(
+        self, client: str, argv: list[str], tmp: Path, workload: dict[str, Any], cwd: Path = REPO
+    ) -> None:
+        self.client = client
+        self.server = WireServer(BEHAVIOURS)
+        self.names = {r["index"]: r["body"]["model"] for r in workload["requests"]}
+        self.result_path = tmp / f"{client}.result.json"
         (tmp / f"{client}.workload.json").write_text(json.dumps(workload))
         env = {
             **os.environ,
-            "OPENAI_BASE_URL": servers[client].base_url,
+            "OPENAI_BASE_URL": self.server.base_url,
             "OPENAI_API_KEY": "test-key",
             "MIDDLEBOX_WORKLOAD": str(tmp / f"{client}.workload.json"),
-            "MIDDLEBOX_RESULT": str(tmp / f"{client}.result.json"),
-            "PYTHONPATH": str(repo),
+            "MIDDLEBOX_RESULT": str(self.result_path),
+            "PYTHONPATH": str(REPO),
             **RESILIENT_ENV,
         }
-        procs[client] = subprocess.Popen(
-            BUILTIN_CLIENTS[client], env=env, cwd=repo, stderr=subprocess.PIPE, text=True
-        )
-    runs = {}
+        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stderr=subprocess.PIPE, text=True)
+
+    def finish(self) -> Run:
+        _, stderr = self.proc.communicate(timeout=PROCESS_LIMIT_S)
+        assert self.proc.returncode == 0, f"{self.client} exited {self.proc.returncode}: {stderr}"
+        result = json.loads(self.result_path.read_text(encoding="utf-8"))
+        by_name = {self.names[r["index"]]: r for r in result["results"]}
+        return Run(self.server, result, by_name)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        self.server.close()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    tmp = tmp_path_factory.mktemp("clients")
+    started = [Started(c, BUILTIN_CLIENTS[c], tmp, workload_for(c)) for c in CLIENTS]
     try:
-        for client, proc in procs.items():
-            _, stderr = proc.communicate(timeout=PROCESS_LIMIT_S)
-            assert proc.returncode == 0, f"{client} exited {proc.returncode}: {stderr}"
-            result = json.loads((tmp / f"{client}.result.json").read_text())
-            by_name = {names[client][r["index"]]: r for r in result["results"]}
-            runs[client] = Run(servers[client], result, by_name)
-        yield runs
+        yield {s.client: s.finish() for s in started}
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for server in servers.values():
-            server.close()
+        for s in started:
+            s.stop()
 
 
 def entry(runs: dict[str, Run], client: str, name: str) -> dict[str, Any]:
@@ -485,32 +495,58 @@ def test_abandoning_after_half_a_second_of_silence_closes_the_connection_promptl
 
 
 def test_the_example_client_in_the_docs_follows_the_contract(tmp_path: Path) -> None:
-    repo = Path(__file__).resolve().parents[2]
-    doc = (repo / "docs" / "clients.md").read_text(encoding="utf-8")
+    doc = (REPO / "docs" / "clients.md").read_text(encoding="utf-8")
     block = doc.split("<!-- example-client:")[1].split("```python\n")[1].split("```")[0]
     (tmp_path / "my_client.py").write_text(block)
-    names = ["complete", "clean-close"]
     workload = workload_for("example")
-    workload["requests"] = [r for r in workload["requests"] if r["body"]["model"] in names]
-    (tmp_path / "workload.json").write_text(json.dumps(workload))
-    server = WireServer(BEHAVIOURS)
+    workload["requests"] = [
+        r for r in workload["requests"] if r["body"]["model"] in {"complete", "clean-close"}
+    ]
+    started = Started("example", [sys.executable, "my_client.py"], tmp_path, workload, tmp_path)
     try:
-        env = {
-            **os.environ,
-            "OPENAI_BASE_URL": server.base_url,
-            "OPENAI_API_KEY": "test-key",
-            "MIDDLEBOX_WORKLOAD": str(tmp_path / "workload.json"),
-            "MIDDLEBOX_RESULT": str(tmp_path / "result.json"),
-        }
-        subprocess.run(
-            [sys.executable, "my_client.py"], cwd=tmp_path, env=env, check=True, timeout=20
-        )
+        run = started.finish()
     finally:
-        server.close()
-    result = json.loads((tmp_path / "result.json").read_text())
-    complete_entry, cut_entry = result["results"]
+        started.stop()
+    complete_entry, cut_entry = run.by_name["complete"], run.by_name["clean-close"]
     assert (complete_entry["text"], complete_entry["finish_reason"]) == (FULL, "stop")
     assert complete_entry["usage"]["completion_tokens"] == 5
     assert (cut_entry["text"], cut_entry["error"]) == (CUT, None)  # the SDK's silent truncation
-    for r in result["results"]:
+    for r in run.result["results"]:
         assert r["text"] == "".join(piece for _, piece in r["chunks"])
+
+
+@pytest.mark.skipif(
+    chromium_path() is None,
+    reason="needs Chromium: Debian package `chromium`, or MIDDLEBOX_CHROMIUM=/path/to/chromium",
+)
+def test_the_browser_client_reads_a_fetch_stream_as_chromium_does(tmp_path: Path) -> None:
+    started = Started("browser", BUILTIN_CLIENTS["browser"], tmp_path, workload_for("browser"))
+    try:
+        run = started.finish()
+    finally:
+        started.stop()
+    got = run.by_name
+    for r in run.result["results"]:
+        assert r["text"] == "".join(piece for _, piece in r["chunks"])
+        assert all(r["started_at"] <= t <= r["ended_at"] for t, _ in r["chunks"])
+    complete_entry = got["complete"]
+    assert (complete_entry["text"], complete_entry["finish_reason"]) == (FULL, "stop")
+    assert (complete_entry["saw_done"], complete_entry["error"]) == (True, None)
+    assert complete_entry["usage"]["completion_tokens"] == 5
+    assert (got["complete-text"]["text"], got["complete-text"]["error"]) == (" Paris is.", None)
+    assert (got["clean-close"]["text"], got["clean-close"]["error"]) == (CUT, None)
+    for name in ["rst", "truncated-chunked", "resumable"]:
+        # Chromium may drop bytes that arrive in the same read as the broken end.
+        assert got[name]["error"] == "TypeError: network error", name
+        assert CUT.startswith(got[name]["text"]), name
+    assert got["rate-limited"]["error"].startswith("Error: HTTP 429: ")
+    assert (got["inband-error"]["text"], got["inband-error"]["error"]) == (
+        "Hello",
+        "Error: Internal server error",
+    )
+    assert got["utf8-split"]["text"] == "".join(UTF8_PIECES)
+    assert [p for _, p in got["slow"]["chunks"]] == [" t0", " t1", " t2"]
+    assert got["slow"]["abandoned"] and run.server.notes["slow"][0]["gone_after_token"] is not None
+    hang_entry = got["hang"]
+    assert hang_entry["abandoned"] and hang_entry["ended_at"] - hang_entry["started_at"] < 3.0
+    assert run.server.notes["hang"][0]["closed_at"] is not None

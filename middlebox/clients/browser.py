@@ -1,0 +1,244 @@
+"""`browser`: a web page reading the stream with `fetch()`, in headless Chromium.
+
+A chat UI in a browser cannot use `EventSource` (it only GETs), so it POSTs with
+`fetch()` and reads `response.body` through a `TextDecoderStream`, splitting lines and
+showing each `data:` delta, stopping at `[DONE]`: the pattern of most web chat clients.
+What that gives is Chromium's own network stack: at most 6 HTTP/1.1 connections per
+host (more requests queue in the browser), no read timeout, `TypeError: network error`
+on an RST or a cut chunked body, a silent end on a clean close without `[DONE]`, an
+`AbortController` that closes the connection when the user leaves. A non-2xx status or
+an in-band `{"error": ...}` frame is shown as an error, as the page checks both.
+
+The Python side is a driver: a loopback control server serves the page, sends it one
+command per request over an `EventSource` (the contract's concurrency and start times
+stay in `contract.run_workload`), and receives each request's result, with display
+times taken in the page, by POST. Chromium runs with the flags below plus
+`--disable-web-security`, because the page's origin (the control server) differs from
+the proxy's and neither vLLM nor the emulator answers CORS preflights; this client
+models the browser's streaming, not its CORS policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+
+from middlebox.clients import chromium_path
+from middlebox.clients.contract import ClientEnv, Handler, Recorder, RequestSpec, run_client
+
+READY_TIMEOUT_S = 60.0
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-web-security",
+    "--disable-dev-shm-usage",  # containers often have a 64 MiB /dev/shm
+]
+
+PAGE = """<!doctype html>
+<meta charset="utf-8">
+<title>middlebox browser client</title>
+<script>
+const CONFIG = __CONFIG__;
+const now = () => (performance.timeOrigin + performance.now()) / 1000;
+class Leave extends Error {}
+
+function pieceOf(choice) {
+  if (choice.delta) return choice.delta.content || "";
+  return choice.text || "";
+}
+
+async function run(spec) {
+  const r = {index: spec.index, chunks: [], finish_reason: null, usage: null, error: null,
+             saw_done: false, abandoned: false};
+  const controller = new AbortController();
+  const leave = () => { r.abandoned = true; controller.abort(); };
+  const timer = spec.abandon_after_seconds == null ? null
+    : setTimeout(leave, spec.abandon_after_seconds * 1000);
+  const show = (obj) => {
+    if (obj.error) throw new Error(obj.error.message || JSON.stringify(obj.error));
+    if (obj.usage) r.usage = obj.usage;
+    for (const choice of obj.choices || []) {
+      if ((choice.index || 0) !== 0) continue;
+      if (choice.finish_reason) r.finish_reason = choice.finish_reason;
+      const piece = choice.message ? (choice.message.content || "") : pieceOf(choice);
+      if (!piece) continue;
+      r.chunks.push([now(), piece]);
+      if (spec.abandon_after_tokens != null && r.chunks.length >= spec.abandon_after_tokens) {
+        leave();
+        throw new Leave();
+      }
+    }
+  };
+  try {
+    const response = await fetch(CONFIG.url[spec.endpoint], {
+      method: "POST",
+      headers: {"Content-Type": "application/json", "Authorization": "Bearer " + CONFIG.key},
+      body: JSON.stringify(spec.body),
+      signal: controller.signal,
+    });
+    if (!response.ok) {
+      throw new Error("HTTP " + response.status + ": " + (await response.text()).slice(0, 300));
+    }
+    if (!spec.body.stream) {
+      show(await response.json());
+    } else {
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      reading: for (;;) {
+        const {value, done} = await reader.read();
+        if (done) break;
+        buffer += value;
+        const lines = buffer.split(/\\r\\n|\\r|\\n/);
+        buffer = lines.pop();
+        for (const line of lines) {
+          if (!line.startsWith("data:")) continue;
+          const data = line.slice(5).trim();
+          if (data === "[DONE]") {
+            r.saw_done = true;
+            await reader.cancel();
+            break reading;
+          }
+          show(JSON.parse(data));
+        }
+      }
+    }
+  } catch (e) {
+    if (!r.abandoned) r.error = e.name + ": " + e.message;
+  } finally {
+    if (timer !== null) clearTimeout(timer);
+  }
+  await fetch("/result", {method: "POST", body: JSON.stringify(r)});
+}
+
+const control = new EventSource("/control");
+control.onmessage = (event) => { run(JSON.parse(event.data)); };
+</script>
+"""
+
+
+class _Driver:
+    """The control server's state: commands out to the page, results back."""
+
+    def __init__(self, env: ClientEnv) -> None:
+        config = {
+            "url": {"chat": env.url("chat"), "completions": env.url("completions")},
+            "key": env.api_key,
+        }
+        self.page = PAGE.replace("__CONFIG__", json.dumps(config))
+        self.commands: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.ready = asyncio.Event()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/", self.serve_page)
+        app.router.add_get("/control", self.control)
+        app.router.add_post("/result", self.result)
+        return app
+
+    async def serve_page(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.page, content_type="text/html")
+
+    async def control(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
+        )
+        await response.prepare(request)
+        self.ready.set()
+        while (command := await self.commands.get()) is not None:
+            await response.write(b"data: " + json.dumps(command).encode() + b"\n\n")
+        return response
+
+    async def result(self, request: web.Request) -> web.Response:
+        result = await request.json()
+        future = self.pending.pop(int(result["index"]), None)
+        if future is not None and not future.done():
+            future.set_result(result)
+        return web.Response(text="ok")
+
+    async def handle(self, spec: RequestSpec, rec: Recorder) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self.pending[spec.index] = future
+        await self.commands.put(
+            {
+                "index": spec.index,
+                "endpoint": spec.endpoint,
+                "body": spec.body,
+                "abandon_after_tokens": spec.abandon_after_tokens,
+                "abandon_after_seconds": spec.abandon_after_seconds,
+            }
+        )
+        result = await future
+        rec.attempts += 1
+        for t, piece in result["chunks"]:
+            rec.pieces.append(piece)
+            rec.chunks.append((float(t), piece))
+        rec.finish_reason = result["finish_reason"]
+        rec.usage = result["usage"]
+        rec.error = result["error"]
+        rec.saw_done = bool(result["saw_done"])
+        rec.abandoned = bool(result["abandoned"])
+
+
+@asynccontextmanager
+async def session(env: ClientEnv) -> AsyncIterator[Handler]:
+    binary = chromium_path()
+    if binary is None:
+        raise FileNotFoundError("chromium is not installed (Debian package `chromium`)")
+    driver = _Driver(env)
+    runner = web.AppRunner(driver.app(), handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    # A SIGTERM from the runner must still end Chromium: cancel, so `finally` runs.
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    if main is not None:
+        loop.add_signal_handler(signal.SIGTERM, main.cancel)
+    with tempfile.TemporaryDirectory(prefix="middlebox-chromium-") as profile:
+        browser = subprocess.Popen(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"http://127.0.0.1:{port}/"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await driver.ready.wait()
+            yield driver.handle
+        finally:
+            driver.commands.put_nowait(None)  # ends the control stream, so cleanup is quick
+            browser.terminate()
+            try:
+                await asyncio.to_thread(browser.wait, 5.0)
+            except subprocess.TimeoutExpired:
+                browser.kill()
+                await asyncio.to_thread(browser.wait)
+            loop.remove_signal_handler(signal.SIGTERM)
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+
+
+def main() -> int:
+    return run_client("browser", session, self_timed=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
