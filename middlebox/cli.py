@@ -51,13 +51,62 @@ def main(verbose: int) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="YAML scenario whose `path:` faults every connection goes through.",
 )
-def proxy(listen_at: str, upstream: str, scenario_file: str | None) -> None:
-    """Run the proxy: relay every connection byte-exact through the scenario's faults."""
+@click.option(
+    "--grace",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="On SIGTERM/SIGINT: seconds live streams get to finish before they are reset "
+    "(a second signal resets them at once).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(1),
+    help="Close connections beyond this many at once (counted); overrides the "
+    "scenario's proxy.max_connections.",
+)
+@click.option(
+    "--backlog",
+    type=click.IntRange(1),
+    default=1024,
+    show_default=True,
+    help="listen(2) backlog: handshakes queued before accept (capped by somaxconn).",
+)
+@click.option(
+    "--journal",
+    "journal_file",
+    type=click.Path(dir_okay=False),
+    help="Write the connection journal (NDJSON) here on shutdown; secrets redacted.",
+)
+@click.option(
+    "--journal-secrets",
+    is_flag=True,
+    help="Keep Authorization/API-key/cookie values in the journal (redacted by default).",
+)
+def proxy(
+    listen_at: str,
+    upstream: str,
+    scenario_file: str | None,
+    grace: float,
+    max_connections: int | None,
+    backlog: int,
+    journal_file: str | None,
+    journal_secrets: bool,
+) -> None:
+    """Run the proxy: relay every connection byte-exact through the scenario's faults.
+
+    SIGTERM (or Ctrl-C) stops accepting, lets live streams finish for --grace seconds,
+    resets the rest, writes the journal if asked, and exits 0.
+    """
+    import time
+    from pathlib import Path
+
     import trio
 
     from middlebox.compose import load
+    from middlebox.journal import JournalStore
     from middlebox.scenario import Scenario, ScenarioError
-    from middlebox.server import Address, run_proxy
+    from middlebox.server import Address, ProxyServer, run_proxy
 
     try:
         scenario = load(scenario_file) if scenario_file else Scenario(name="pass-through")
@@ -72,10 +121,39 @@ def proxy(listen_at: str, upstream: str, scenario_file: str | None) -> None:
         )
         sys.stdout.flush()
 
+    journal = JournalStore(capture=True) if journal_file else None
+    server = ProxyServer(
+        upstream_address,
+        scenario,
+        max_connections=max_connections,
+        observer_factory=(
+            (lambda cid, _s: journal.observer(cid, time.time(), scenario.name))
+            if journal is not None
+            else None
+        ),
+        report_sink_factory=journal.fault_sink if journal is not None else None,
+    )
     try:
-        trio.run(lambda: run_proxy(listen_address, upstream_address, scenario, ready=ready))
-    except KeyboardInterrupt:
+        trio.run(
+            lambda: run_proxy(
+                listen_address,
+                upstream_address,
+                scenario,
+                ready=ready,
+                server=server,
+                grace=grace,
+                backlog=backlog,
+            )
+        )
+    except KeyboardInterrupt:  # a signal before the handlers were installed
         pass
+    finally:
+        if journal is not None and journal_file is not None:
+            journal.write_ndjson(Path(journal_file), redact_secrets=not journal_secrets)
+    click.echo(
+        f"stopped: {server.connections_accepted} connections, "
+        f"{server.connections_refused} refused, {server.reset_at_shutdown} reset at shutdown"
+    )
 
 
 @main.command()
@@ -92,6 +170,8 @@ def validate(paths: tuple[str, ...]) -> None:
     good, problems = validate_paths(paths)
     for scenario in good:
         click.echo(f"ok: {scenario.source} ({scenario.name}, {len(scenario.path)} faults)")
+        for warning in scenario.warnings:
+            click.echo(f"warning: {warning}", err=True)
     for problem in problems:
         click.echo(f"error: {problem}", err=True)
     if problems:
@@ -161,7 +241,7 @@ def run(
       middlebox run scenarios/ --client-cmd 'mine=python my_client.py' --report out/
     """
     from middlebox.report import scorecard
-    from middlebox.runner import RunError, run_suite
+    from middlebox.runner import Interrupted, RunError, run_suite
     from middlebox.scenario import ScenarioError
 
     try:
@@ -174,6 +254,9 @@ def run(
             report_dir=report_dir,
             jobs=jobs,
         )
+    except Interrupted as error:
+        click.echo(f"middlebox run: {error}", err=True)
+        sys.exit(130)  # the shell's convention for a run stopped by SIGINT
     except (RunError, ScenarioError) as error:
         raise click.ClickException(str(error)) from None
     click.echo(scorecard(suite, colour=sys.stdout.isatty()))

@@ -11,13 +11,17 @@ with. Scenarios run `jobs` at a time in one trio loop.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
+import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -38,12 +42,65 @@ from middlebox.server import Address, ProxyServer, listen
 from middlebox.stream import Direction
 from middlebox.workload import Workload, request_tag, workload_file
 
+log = logging.getLogger("middlebox.runner")
+
 EMULATOR_START_TIMEOUT = 30.0
 LEDGER_SETTLE_TIMEOUT = 15.0
 
 
 class RunError(Exception):
     """A run could not start (bad scenario, upstream down); the message says why."""
+
+
+class Interrupted(RunError):
+    """SIGINT or SIGTERM stopped the run; every process it started has been stopped."""
+
+
+CHILD_STOP_GRACE = 5.0
+
+
+class Children:
+    """Every process a run starts, so an interrupted run leaves none behind.
+
+    Each child starts in its own session, so it is the leader of its own process group
+    and a signal to the group reaches whatever it started in turn (a shell wrapper's
+    client, a browser's helpers). Only groups whose leader we have not yet reaped are
+    signalled, so a recycled pid is never hit."""
+
+    def __init__(self) -> None:
+        self.processes: set[trio.Process] = set()
+
+    async def start(self, argv: Sequence[str], **options: Any) -> trio.Process:
+        process = await trio.lowlevel.open_process(list(argv), start_new_session=True, **options)
+        self.processes.add(process)
+        return process
+
+    def signal_all(self, signum: int) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    async def stop_all(self, grace: float = CHILD_STOP_GRACE) -> None:
+        """SIGTERM every live group, wait up to `grace`, then SIGKILL; shielded, so it
+        completes even while the run is being cancelled."""
+        with trio.CancelScope(shield=True):
+            self.signal_all(signal.SIGTERM)
+            with trio.move_on_after(grace):
+                for process in list(self.processes):
+                    await process.wait()
+            self.signal_all(signal.SIGKILL)
+            for process in list(self.processes):
+                await process.wait()
+            self.processes.clear()
+
+
+_DEFAULT_CHILDREN = Children()
+CHILDREN: contextvars.ContextVar[Children] = contextvars.ContextVar(
+    "middlebox_children", default=_DEFAULT_CHILDREN
+)
 
 
 @dataclass
@@ -112,7 +169,7 @@ class Emulator:
     async def start(self, nursery: trio.Nursery) -> None:
         config_file = self.log_path.with_suffix(".yaml")
         config_file.write_text(yaml.safe_dump(self.config, sort_keys=True))
-        self.process = await trio.lowlevel.open_process(
+        self.process = await CHILDREN.get().start(
             [
                 sys.executable,
                 "-m",
@@ -247,9 +304,7 @@ async def run_client(
             "MIDDLEBOX_RESULT": str(result_path),
         }
         with stderr_path.open("wb") as stderr:
-            process = await trio.lowlevel.open_process(
-                spec.argv, env=env, stdout=stderr, stderr=stderr
-            )
+            process = await CHILDREN.get().start(spec.argv, env=env, stdout=stderr, stderr=stderr)
             with trio.move_on_after(workload.timeout) as bound:
                 await process.wait()
             if bound.cancelled_caught:
@@ -404,6 +459,47 @@ async def run_suite_async(
     workdir: Path,
     jobs: int,
 ) -> list[ScenarioOutcome]:
+    """Run the scenarios; on SIGINT/SIGTERM stop every process started and raise
+    `Interrupted` (the proxies are tasks here and stop with the run)."""
+    children = Children()
+    CHILDREN.set(children)  # tasks started below inherit it
+    caught: list[str] = []
+
+    async def cancel_on_signal(scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                caught.append(signal.Signals(signum).name)
+                scope.cancel()
+                return
+
+    outcomes: list[ScenarioOutcome] = []
+    try:
+        async with trio.open_nursery() as guard:
+            if threading.current_thread() is threading.main_thread():
+                guard.start_soon(cancel_on_signal, guard.cancel_scope)
+            outcomes = await _run_all(
+                scenarios, clients, seed=seed, upstream_url=upstream_url, workdir=workdir, jobs=jobs
+            )
+            guard.cancel_scope.cancel()
+    finally:
+        started = len(children.processes)
+        await children.stop_all()
+    if caught:
+        raise Interrupted(
+            f"interrupted by {caught[0]}: every process the run started ({started}) is stopped"
+        )
+    return outcomes
+
+
+async def _run_all(
+    scenarios: list[Scenario],
+    clients: list[ClientSpec],
+    *,
+    seed: int | None,
+    upstream_url: str | None,
+    workdir: Path,
+    jobs: int,
+) -> list[ScenarioOutcome]:
     limiter = trio.CapacityLimiter(max(jobs, 1))
     outcomes: dict[int, ScenarioOutcome] = {}
 
@@ -444,6 +540,9 @@ def run_suite(
     if not files:
         raise RunError(f"no scenario files in {', '.join(paths)}")
     scenarios = [load(path) for path in files]
+    for scenario in scenarios:
+        for warning in scenario.warnings:
+            log.warning("%s", warning)
     names = list(client_names) or ([] if client_commands else available_clients())
     clients = resolve_clients(names, client_commands)
     with tempfile.TemporaryDirectory(prefix="middlebox-run-") as scratch:

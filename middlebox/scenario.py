@@ -73,6 +73,34 @@ class _Invalid(Exception):
     """A value could not be converted; the caller records it and goes on."""
 
 
+# A scenario is a page of YAML; anything this big is a mistake (or an attack), refused
+# before parsing so a stray multi-gigabyte file cannot exhaust memory.
+MAX_SCENARIO_BYTES = 1024 * 1024
+# Nodes after expanding aliases: a "billion laughs" document is tiny but expands
+# exponentially when walked as a tree, as the converters do.
+MAX_EXPANDED_NODES = 100_000
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many nodes walking `root` as a tree visits (aliases counted each time)."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        sizes[id(node)] = 1  # a recursive alias counts once instead of looping
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(key) + size(value) for key, value in node.value)
+        sizes[id(node)] = min(total, MAX_EXPANDED_NODES + 1)
+        return sizes[id(node)]
+
+    return size(root)
+
+
 # ----------------------------------------------------------------------------- units
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s|min|h)?\s*$")
@@ -166,7 +194,13 @@ class _Converter:
         self.problems = problems
 
     def scalar(self, node: yaml.Node) -> Any:
-        return self.loader.construct_object(node, deep=True)
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.YAMLError as error:
+            # SafeLoader refuses !!python/* and unknown tags: a clear problem, never code.
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            self.problems.add(node, f"unsupported YAML value: {problem}")
+            raise _Invalid from None
 
     def convert(self, node: yaml.Node, tp: Any, what: str) -> Any:
         """Convert `node` to `tp`, recording a problem (and raising _Invalid) if it won't go."""
@@ -339,6 +373,23 @@ class ProxyOptions:
 
     on_upstream_unreachable: Literal["502", "reset", "close"] = "502"
     connect_timeout: Seconds = 5.0
+    # nginx's client_header_timeout (60 s): a client that has not sent its first request
+    # head by then is closed unanswered (slowloris); null waits forever.
+    client_header_timeout: Seconds | None = 60.0
+    # nginx's proxy_read_timeout, off unless set (middlebox is transparent unless told):
+    # no upstream byte for this long with a request outstanding -> 504, or a close
+    # mid-response.
+    read_timeout: Seconds | None = None
+    # Connections beyond this many at once are accepted and closed at once, and counted.
+    max_connections: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1 (or null for no limit)")
+        for name in ("client_header_timeout", "read_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive (or null to turn it off)")
 
 
 @dataclass(frozen=True)
@@ -352,9 +403,56 @@ class Scenario:
     proxy: ProxyOptions = field(default_factory=ProxyOptions)
     sections: Mapping[str, Any] = field(default_factory=dict)
     source: str = "<string>"
+    # Combinations that load but cannot do what they say (see scenario_warnings).
+    warnings: tuple[Problem, ...] = ()
 
     def build_faults(self) -> list[Fault]:
         return [spec.build() for spec in self.path]
+
+
+# Config fields that count SSE events of the response. A vLLM stream of max_tokens
+# tokens has at most max_tokens + 4 events: the role chunk, one per token, the
+# finish_reason chunk, the usage chunk and `data: [DONE]` (shared/reference/vllm-wire.md).
+EVENT_COUNT_FIELDS = ("after_events", "at_event", "after_event", "event", "events")
+EVENTS_BEYOND_TOKENS = 4
+
+
+def scenario_warnings(scenario: Scenario) -> list[Problem]:
+    """Impossible combinations that still load: a fault set to fire after more events
+    than the workload's streams can have, or later than the client gives up. They are
+    warnings, not errors: the run goes on and the fault is reported as never fired.
+
+    A fault class may add its own by defining `scenario_warnings(self, workload)`
+    returning messages (the workload section, or None)."""
+    workload = scenario.sections.get("workload")
+    max_tokens = getattr(workload, "max_tokens", None)
+    timeout = getattr(workload, "timeout", None)
+    found: list[Problem] = []
+    for index, spec in enumerate(scenario.path):
+        where = f"path[{index}] {spec.name}"
+        messages: list[str] = []
+        if isinstance(max_tokens, int):
+            limit = max_tokens + EVENTS_BEYOND_TOKENS
+            for name in EVENT_COUNT_FIELDS:
+                value = spec.config.get(name)
+                if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+                    messages.append(
+                        f"{name}: {value} can never be reached: with workload max_tokens "
+                        f"{max_tokens} a stream has at most {limit} events"
+                    )
+        at = spec.config.get("at")
+        if isinstance(timeout, int | float) and isinstance(at, int | float) and at > timeout:
+            messages.append(
+                f"at: {at:g}s is after the workload's timeout ({timeout:g}s): it never fires"
+            )
+        hook = getattr(spec.cls, "scenario_warnings", None)
+        if callable(hook):
+            try:
+                messages += list(hook(spec.build(), workload))
+            except Exception as error:  # a fault's own check must not break loading
+                messages.append(f"its scenario_warnings check failed: {error!r}")
+        found += [Problem(scenario.source, spec.line or 1, 1, f"{where}: {m}") for m in messages]
+    return found
 
 
 TOP_LEVEL = ("name", "description", "seed", "path", "proxy")
@@ -377,19 +475,40 @@ def load_scenario_text(
     """
     sections = dict(sections or {})
     problems = _Collector(file)
-    loader = yaml.SafeLoader(text)
+    if len(text) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(
+            [Problem(file, 1, 1, f"too large: {len(text)} characters (limit {MAX_SCENARIO_BYTES})")]
+        )
+    loader: yaml.SafeLoader | None = None
     try:
+        loader = yaml.SafeLoader(text)  # its reader refuses NUL and control characters
         root = loader.get_single_node()
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         detail = " ".join(part for part in (error.context, error.problem) if part)
         raise ScenarioError([Problem(file, line, column, f"YAML syntax error: {detail}")]) from None
+    except yaml.YAMLError as error:  # ReaderError: NUL and other control characters
+        position = getattr(error, "position", 0) or 0
+        line = text.count("\n", 0, position) + 1
+        column = position - (text.rfind("\n", 0, position) + 1) + 1
+        reason = getattr(error, "reason", None) or str(error).splitlines()[0]
+        raise ScenarioError(
+            [Problem(file, line, column, f"not a YAML text file: {reason}")]
+        ) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     convert = _Converter(loader, problems)
     if root is None or not isinstance(root, yaml.MappingNode):
         problems.add(root, "a scenario must be a mapping with at least `name:` and `path:`")
+        raise ScenarioError(problems.problems)
+    if _expanded_size(root) > MAX_EXPANDED_NODES:
+        problems.add(
+            root,
+            f"more than {MAX_EXPANDED_NODES} values once aliases are expanded "
+            "(a YAML alias bomb?); refused",
+        )
         raise ScenarioError(problems.problems)
 
     values: dict[str, Any] = {}
@@ -424,10 +543,16 @@ def load_scenario_text(
             pass
     if "name" not in values:
         values["name"] = Path(file).stem if file != "<string>" else "unnamed"
-    specs = _load_path(path_node, registry, convert, presets or {}) if path_node is not None else ()
+    specs: tuple[FaultSpec, ...] = ()
+    if path_node is not None:
+        try:
+            specs = _load_path(path_node, registry, convert, presets or {})
+        except _Invalid:
+            pass
     if problems.problems:
         raise ScenarioError(problems.problems)
-    return Scenario(path=specs, sections=extra, source=file, **values)
+    scenario = Scenario(path=specs, sections=extra, source=file, **values)
+    return dataclasses.replace(scenario, warnings=tuple(scenario_warnings(scenario)))
 
 
 def _load_path(
@@ -531,8 +656,17 @@ def load_scenario(
     """Load one scenario file; raise ScenarioError naming the file on any problem."""
     file = str(path)
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_SCENARIO_BYTES:
+            raise ScenarioError(
+                [Problem(file, 1, 1, f"too large: {size} bytes (limit {MAX_SCENARIO_BYTES})")]
+            )
         text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:
+        raise ScenarioError(
+            [Problem(file, 1, 1, f"not a UTF-8 text file (byte {error.start}): {error.reason}")]
+        ) from None
+    except OSError as error:
         raise ScenarioError([Problem(file, 1, 1, f"cannot read: {error}")]) from None
     return load_scenario_text(text, registry, file=file, sections=sections, presets=presets)
 

@@ -1,0 +1,70 @@
+"""Resource probes for the reliability tests: open fds, live trio tasks, resident memory.
+
+Every hostile-peer test takes a baseline, does its worst, waits (bounded) for the proxy
+to settle and then asserts the counts came back: a leak fails the test that caused it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+
+import trio
+
+
+def open_fds(pid: int | str = "self") -> int:
+    """File descriptors open in a process (this one by default)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    """Resident set size from /proc/PID/statm (pages x page size)."""
+    with open(f"/proc/{pid}/statm", encoding="ascii") as statm:
+        resident = int(statm.read().split()[1])
+    return resident * os.sysconf("SC_PAGE_SIZE")
+
+
+def task_count() -> int:
+    """Live tasks in the current trio run, found by walking the task tree."""
+    stack = [trio.lowlevel.current_root_task()]
+    count = 0
+    while stack:
+        task = stack.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return count
+
+
+async def settle(done: Callable[[], bool], seconds: float = 3.0) -> bool:
+    """Wait until `done()` holds (polling every 10 ms), at most `seconds`; return it."""
+    with trio.move_on_after(seconds):
+        while not done():
+            await trio.sleep(0.01)
+    return done()
+
+
+async def fds_back_to(baseline: int, seconds: float = 3.0) -> int:
+    """Wait for this process's fd count to return to `baseline`; return the final count."""
+    await settle(lambda: open_fds() <= baseline, seconds)
+    return open_fds()
+
+
+def blackhole() -> tuple[socket.socket, list[socket.socket]]:
+    """A loopback port whose accept queue is full: further SYNs are dropped, so a
+    connect hangs like one to a host that never answers (Linux, tcp_abort_on_overflow
+    off). Returns the listener and the sockets filling its queue; close them after."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(3):
+        sock = socket.socket()
+        sock.setblocking(False)
+        try:
+            sock.connect(listener.getsockname())
+        except BlockingIOError:
+            pass
+        fillers.append(sock)
+    return listener, fillers
