@@ -11,7 +11,12 @@ To make that backpressure reach the server quickly, as with a real small-buffere
 reader, the fault asks for small socket buffers (`buffer` bytes: the proxy's
 SO_SNDBUF toward the client or its SO_RCVBUF from the upstream; Linux doubles the
 value set, socket(7)) and keeps at most `max_backlog` bytes of its own before it
-stops reading the upstream (`reading_paused`).
+stops reading the upstream (`reading_paused`). A buffer this small is felt beyond the
+pause too: once the window has closed, the sender probes it on its persist timer
+(RFC 9293 §3.8.6.1) and, on loopback whose MSS (about 64 KiB) exceeds the buffer, the
+receiver's silly-window avoidance (RFC 1122 §4.2.3.3) delays window updates, so
+measured on Linux a 50 kB response after a 0.5 s pause took 1.7 s with 4 KiB, 0.9 s
+with 16 KiB and 0.5 s with 64 KiB. That is the real kernel's behaviour, not a model.
 
 From `start`, the reader takes nothing for `pause` seconds, then reads at `rate`
 bytes/s (0: at full speed) in reads of `segment` bytes, until `stop`. Only the

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults.client_vanish import ClientVanish
@@ -90,6 +90,7 @@ def test_the_client_gets_exactly_the_bytes_before_the_mark_and_the_upstream_a_pr
         assert upstream_ends[:1] == [Reset(UP) if how == "rst" else Eof(UP)]
 
 
+@settings(max_examples=30)
 @given(timelines(), st.integers(0, 2**32))
 def test_the_same_input_vanishes_at_the_same_offset(timeline: list[TimedItem], seed: int) -> None:
     assert_deterministic(lambda: ClientVanish(after_bytes=7, how="close"), timeline, seed)

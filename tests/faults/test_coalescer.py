@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults.coalescer import Coalescer
@@ -100,6 +100,7 @@ def test_bytes_and_order_are_preserved_and_no_byte_waits_longer_than_the_window(
     assert small_out <= writes_in
 
 
+@settings(max_examples=30)
 @given(timelines(), st.integers(0, 2**32))
 def test_the_same_input_gives_the_same_flushes(timeline: list[TimedItem], seed: int) -> None:
     assert_deterministic(lambda: Coalescer(window=0.1, size=8), timeline, seed)

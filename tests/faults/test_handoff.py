@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults.handoff import Handoff
@@ -96,7 +96,8 @@ def test_the_handoff_happens_once_so_later_connections_start_on_the_new_network(
     fault = Handoff(at=1.0, after_link="satellite")
     # Satellite: RTT 600 ms; draws 0.5 (no jitter) and 0.9 (no loss) for the one segment.
     out = connection(fault, [(4.5, Chunk(DOWN, b"x"))], shared, opened=4.0, draws=[0.5, 0.9])
-    assert out == [(pytest.approx(4.5 + 0.3 + 1 / 1_250_000), Chunk(DOWN, b"x"))]
+    assert [item for _, item in out] == [Chunk(DOWN, b"x")]
+    assert out[0][0] == pytest.approx(4.5 + 0.3 + 1 / 1_250_000)
     assert [r.action for r in fault.reports] == ["after_link.link"]
 
 
@@ -148,6 +149,7 @@ def test_with_resume_bytes_ends_and_order_are_preserved(
     assert_preserved(timeline, out)
 
 
+@settings(max_examples=30)
 @given(timelines(), st.integers(0, 40), st.integers(0, 2**32))
 def test_the_same_seed_gives_the_same_outage_and_link_decisions(
     timeline: list[TimedItem], after_bytes: int, seed: int

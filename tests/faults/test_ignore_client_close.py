@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults.ignore_client_close import IgnoreClientClose
@@ -113,6 +113,7 @@ def test_the_client_gets_the_bytes_before_its_close_and_the_upstream_learns_late
         assert [item for _, item in out][-2:] == [Eof(DOWN), close]
 
 
+@settings(max_examples=30)
 @given(timelines(), st.integers(0, 2**32))
 def test_the_same_input_gives_the_same_decisions(timeline: list[TimedItem], seed: int) -> None:
     assert_deterministic(lambda: IgnoreClientClose(), timeline, seed)

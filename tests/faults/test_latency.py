@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults.latency import Latency
@@ -97,6 +97,7 @@ def test_bytes_ends_and_order_are_preserved_per_direction(
     assert_preserved(timeline, out)
 
 
+@settings(max_examples=30)
 @given(timelines(), st.integers(0, 2**32))
 def test_the_same_seed_gives_the_same_delays(timeline: list[TimedItem], seed: int) -> None:
     assert_deterministic(lambda: Latency(delay=0.1, jitter=0.1), timeline, seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import get_args
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults.link import PROFILES, TCP_RTO_MIN, Link, Profile, ProfileName
@@ -55,7 +55,8 @@ def test_the_rto_follows_rfc_6298_with_linux_200ms_floor() -> None:
         [(0.0, Chunk(DOWN, b"x"))],
         bind=False,
     )
-    assert out == [(pytest.approx(0.03125 + 0.2), Chunk(DOWN, b"x"))]
+    assert [item for _, item in out] == [Chunk(DOWN, b"x")]
+    assert out[0][0] == pytest.approx(0.03125 + 0.2)
 
 
 def test_each_direction_has_its_own_rate_clocking_out_mss_segments() -> None:
@@ -121,6 +122,7 @@ def test_bytes_ends_and_order_are_preserved_on_every_profile(
     assert_preserved(timeline, out)
 
 
+@settings(max_examples=30)
 @given(timelines(), st.integers(0, 2**32))
 def test_the_same_seed_loses_the_same_segments(timeline: list[TimedItem], seed: int) -> None:
     assert_deterministic(lambda: Link(profile="3g", loss=0.3), timeline, seed)

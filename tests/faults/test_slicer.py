@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults.slicer import Slicer
@@ -96,6 +96,7 @@ def test_bytes_and_order_are_preserved_and_no_slice_is_too_big(
                 assert utf8_cut_offsets(item.data) == []
 
 
+@settings(max_examples=30)
 @given(timelines(directions=(DOWN,)), st.integers(0, 2**32))
 def test_the_same_seed_cuts_in_the_same_places(timeline: list[TimedItem], seed: int) -> None:
     assert_deterministic(lambda: Slicer(size=1, max_size=4), timeline, seed)

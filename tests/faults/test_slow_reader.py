@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults.slow_reader import SlowReader
@@ -103,6 +103,7 @@ def test_bytes_and_order_are_preserved_and_the_reader_never_outpaces_its_rate(
             assert read <= rate * (t - max(first_in, pause)) * (1 + 1e-9) + 1e-6
 
 
+@settings(max_examples=30)
 @given(timelines(), st.integers(0, 2**32))
 def test_the_same_seed_gives_the_same_reads(timeline: list[TimedItem], seed: int) -> None:
     assert_deterministic(lambda: SlowReader(rate=100, pause=0.5, segment=8), timeline, seed)
