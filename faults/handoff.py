@@ -9,8 +9,10 @@ sides. What happens to the open TCP connection then depends on the path:
   carrier NAT answers the next segment with an RST (RFC 9293 §3.10.7.1), both ways.
 - `blackhole`: packets to the old address are silently dropped forever (a NAT entry
   or firewall state that vanished): nothing arrives again and each side only learns
-  of it by its own timeout (Linux gives up after tcp_retries2 = 15 retransmissions,
-  about 15 minutes), so a client without a read timeout hangs.
+  of it by its own timeout, so a client without a read timeout hangs. The kernels
+  give up after `give_up` seconds (Linux: tcp_retries2 = 15 retransmissions, 924.6 s
+  per Documentation/networking/ip-sysctl.rst; RFC 1122 §4.2.3.5's R2), and then both
+  sides are reset so the proxy can let go of the connection.
 - `resume`: the address survived (same Wi-Fi, or a mobile network that keeps the IP),
   so TCP retransmits and what was held arrives in one burst.
 
@@ -35,7 +37,10 @@ from middlebox.stream import DOWN, UP, Chunk, Direction, Item, Reset
 
 Outcome = Literal["reset", "blackhole", "resume"]
 NewConnections = Literal["stall", "refuse"]
-Phase = Literal["before", "dark", "after", "dead"]
+Phase = Literal["before", "dark", "after", "blackhole", "dead"]
+
+TCP_GIVE_UP = 924.6
+"""Seconds until Linux abandons an unacknowledged connection (tcp_retries2 = 15)."""
 
 
 @dataclass
@@ -49,16 +54,20 @@ class Handoff(Triggered, Fault):
     new_connections: NewConnections = "stall"
     before_link: ProfileName | None = None
     after_link: ProfileName | None = None
+    give_up: Seconds | None = TCP_GIVE_UP
 
     _phase: Phase = field(init=False, repr=False, default="before")
     _dark_until: float = field(init=False, repr=False, default=0.0)
     _ending: Outcome = field(init=False, repr=False, default="resume")
+    _give_up_at: float | None = field(init=False, repr=False, default=None)
     _held: list[Item] = field(init=False, repr=False, default_factory=list)
     _link: Link | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive("outage", self.outage, allow_zero=True)
+        if self.give_up is not None:
+            check_positive("give_up", self.give_up)
         check_choice("outcome", self.outcome, Outcome)
         check_choice("new_connections", self.new_connections, NewConnections)
         for name in ("before_link", "after_link"):
@@ -99,13 +108,15 @@ class Handoff(Triggered, Fault):
             return out
         if self._phase == "dark":
             self._held.append(item)
-        elif self._phase != "dead":
+        elif self._phase in ("before", "after"):
             out.extend(self._through_link(item, now))
         return out
 
     def deadline(self) -> float | None:
         if self._phase == "dark":
             return self._dark_until
+        if self._phase == "blackhole":
+            return self._give_up_at
         due: list[float | None] = [] if self._link is None else [self._link.deadline()]
         if self._phase == "before":
             due.append(self.trigger_deadline())
@@ -122,10 +133,14 @@ class Handoff(Triggered, Fault):
             self._trigger(now)
         if self._phase == "dark" and now >= self._dark_until:
             out.extend(self._end_outage(now))
+        if self._phase == "blackhole" and self._give_up_at is not None and now >= self._give_up_at:
+            self.report(now, "gave_up", after=self.give_up)
+            self._phase = "dead"
+            out.extend([Reset(UP), Reset(DOWN)])
         return out
 
     def reading_paused(self, source: Direction) -> bool:
-        if self._phase == "dark" or (self._phase == "dead" and self._ending == "blackhole"):
+        if self._phase in ("dark", "blackhole"):
             return True  # nothing is acknowledged, so the sender's window closes
         return self._link is not None and self._link.reading_paused(source)
 
@@ -163,9 +178,13 @@ class Handoff(Triggered, Fault):
         size = sum(item_size(item) for item in held)
         self.report(now, self._ending, held_items=len(held), held_bytes=size)
         if self._ending != "resume":
-            self._phase = "dead"
             self._link = None
-            return [Reset(UP), Reset(DOWN)] if self._ending == "reset" else []
+            if self._ending == "reset":
+                self._phase = "dead"
+                return [Reset(UP), Reset(DOWN)]
+            self._phase = "blackhole"
+            self._give_up_at = None if self.give_up is None else now + self.give_up
+            return []
         self._phase = "after"
         self._use_link(self.after_link, "after_link", now)
         out: list[Item] = []

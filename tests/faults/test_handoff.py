@@ -69,9 +69,17 @@ def test_a_blackhole_swallows_everything_forever_and_stops_reading_both_sides() 
         until=100.0,
     )
     assert out == [(0.5, Chunk(DOWN, b"a"))]
-    assert fault.deadline() is None
+    assert fault.deadline() == 2.0 + 924.6  # when Linux's tcp_retries2 gives up
     assert fault.reading_paused(UP) and fault.reading_paused(DOWN)
     assert [(r.time, r.action) for r in fault.reports] == [(1.0, "outage"), (2.0, "blackhole")]
+
+
+def test_after_a_blackhole_both_sides_are_reset_when_the_kernels_give_up() -> None:
+    fault = Handoff(at=1.0, outage=1.0, outcome="blackhole", give_up=10.0)
+    out = replay(fault, [(1.5, Chunk(DOWN, b"b")), (5.0, Eof(UP))])
+    assert out == [(12.0, Reset(UP)), (12.0, Reset(DOWN))]
+    assert fault.reports[-1].action == "gave_up"
+    assert not fault.reading_paused(DOWN)
 
 
 def test_new_connections_during_the_outage_stall_until_it_ends() -> None:
