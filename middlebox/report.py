@@ -184,6 +184,9 @@ def write_reports(suite: SuiteOutcome, directory: Path, argv: dict[str, Any]) ->
     document = report_document(suite, argv)
     (directory / "report.json").write_text(json.dumps(document, indent=2, ensure_ascii=False))
     (directory / "junit.xml").write_bytes(junit_xml(suite))
+    from middlebox.html_report import write_html
+
+    write_html(document, directory)
 
 
 def replay(report_path: Path, report_dir: Path | None) -> tuple[bool, list[str], SuiteOutcome]:

@@ -283,7 +283,7 @@ async def run_client(
     server = ProxyServer(
         upstream,
         scenario,
-        observer_factory=lambda cid, _s: journal.observer(cid, time.time()),
+        observer_factory=lambda cid, s: journal.observer(cid, time.time(), s.name),
         report_sink_factory=journal.fault_sink,
     )
     document = workload_file(workload, scenario.name, spec.name, model)
@@ -391,6 +391,8 @@ async def run_scenario(
             nursery.cancel_scope.cancel()
     declared = [spec.name for spec in scenario.path]
     order = {spec.name: i for i, spec in enumerate(chosen)}
+    # kept for the timelines and report.html (middlebox.html_report)
+    (workdir / "ledger.json").write_text(json.dumps(ledger))
     for run in sorted(runs, key=lambda r: order[r.spec.name]):
         traffic = [
             (
@@ -502,9 +504,11 @@ async def _run_all(
 ) -> list[ScenarioOutcome]:
     limiter = trio.CapacityLimiter(max(jobs, 1))
     outcomes: dict[int, ScenarioOutcome] = {}
+    progress = Progress(len(scenarios))
 
     async def one(index: int, scenario: Scenario) -> None:
         async with limiter:
+            progress.update(started=scenario.name)
             outcomes[index] = await run_scenario(
                 scenario,
                 clients,
@@ -512,11 +516,45 @@ async def _run_all(
                 upstream_url=upstream_url,
                 workdir=workdir / f"{index:02d}-{safe_name(scenario.name)}",
             )
+            progress.update(finished=scenario.name, failed=not outcomes[index].passed)
 
     async with trio.open_nursery() as nursery:
         for index, scenario in enumerate(scenarios):
             nursery.start_soon(one, index, scenario)
     return [outcomes[i] for i in sorted(outcomes)]
+
+
+class Progress:
+    """One self-rewriting line on stderr while a suite runs, only when stderr is a TTY
+    (CI logs and pipes stay clean): a bar, done/total, failures, what is running."""
+
+    def __init__(self, total: int, stream: Any = None) -> None:
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.done = 0
+        self.failed = 0
+        self.running: list[str] = []
+
+    def update(self, *, started: str = "", finished: str = "", failed: bool = False) -> str:
+        if started:
+            self.running.append(started)
+        if finished:
+            self.done += 1
+            self.failed += failed
+            if finished in self.running:
+                self.running.remove(finished)
+        filled = round(20 * self.done / max(self.total, 1))
+        line = (
+            f"[{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} scenarios"
+            f"{f', {self.failed} failed' if self.failed else ''}"
+            f"{'; running ' + ', '.join(self.running) if self.running else ''}"
+        )[:120]
+        if self.enabled:
+            end = "\n" if self.done == self.total and not self.running else ""
+            self.stream.write("\r\033[K" + line + end)
+            self.stream.flush()
+        return line
 
 
 def safe_name(name: str) -> str:
