@@ -9,6 +9,7 @@ from __future__ import annotations
 from faults.bandwidth import Bandwidth
 from faults.client_vanish import ClientVanish
 from faults.coalescer import Coalescer
+from faults.cut import Cut
 from faults.gzip_encoding import GzipEncoding
 from faults.handoff import Handoff
 from faults.http_error import HttpError
@@ -34,6 +35,7 @@ REGISTRY: dict[str, type[Fault]] = {
         Coalescer,
         Handoff,
         IdleReaper,
+        Cut,
         GzipEncoding,
         MaxDuration,
         ProxyBuffering,

@@ -13,6 +13,8 @@
   the HTTP message when the bytes so far end between chunks.
 - `ResponseProgress`: where the response in flight stands on the wire (started?
   chunked? between chunks?), fed with `Http1Framer` pieces.
+- `merged`: adjacent downstream chunks joined, so what one read released goes out
+  as one write.
 - `token_bearing`: whether a vLLM/OpenAI SSE event carries generated text (a "token"
   in vLLM's sense: one engine output per frame with `--stream-interval 1`).
 """
@@ -100,6 +102,18 @@ class ResponseProgress:
             self.started = True
             self.between_chunks = False
         return done
+
+
+def merged(items: list[Item]) -> list[Item]:
+    """Adjacent downstream chunks as one write, as one read's bytes go out in one send."""
+    out: list[Item] = []
+    for item in items:
+        last = out[-1] if out else None
+        if isinstance(item, Chunk) and isinstance(last, Chunk) and last.direction is DOWN:
+            out[-1] = Chunk(DOWN, last.data + item.data)
+        else:
+            out.append(item)
+    return out
 
 
 def token_bearing(event: SseEvent) -> bool:

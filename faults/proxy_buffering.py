@@ -45,25 +45,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from faults._common import check_choice, check_positive
-from faults._ends import gateway_answer
+from faults._ends import gateway_answer, merged
 from faults._http import HttpMatched
 from middlebox.fault import Bytes, Fault
 from middlebox.http1 import Piece, PieceKind
 from middlebox.stream import DOWN, Chunk, Direction, Item
 
 HttpVersion = Literal["1.0", "1.1"]
-
-
-def merged(items: list[Item]) -> list[Item]:
-    """Adjacent downstream chunks as one write, as one read's bytes go out in one send."""
-    out: list[Item] = []
-    for item in items:
-        last = out[-1] if out else None
-        if isinstance(item, Chunk) and isinstance(last, Chunk) and last.direction is DOWN:
-            out[-1] = Chunk(DOWN, last.data + item.data)
-        else:
-            out.append(item)
-    return out
 
 
 @dataclass
