@@ -49,6 +49,7 @@ MAX_REQUEST_HEAD = 64 * 1024
 # nginx's large_client_header_buffers default (4 x 8k): a request head that does not fit
 # is answered with 400 "Request Header Or Cookie Too Large" when nginx parses it.
 NGINX_MAX_HEAD = 4 * 8 * 1024
+NGINX_HEADER_LINE = 8 * 1024
 # After answering by itself (a 504), how long the proxy waits for the client to close
 # before closing for it: nginx's lingering_timeout default.
 LINGER_AFTER_ANSWER = 5.0
@@ -440,16 +441,26 @@ class ProxyServer:
             head, complete = await read_request_head(
                 client, math.inf if timeout is None else timeout
             )
-            if complete:
-                await send_all(client, error_response(400 if malformed(head) else 502))
-            elif len(head) >= NGINX_MAX_HEAD:
+            if too_large(head):
                 await send_all(client, error_response(400, _TOO_LARGE_BODY))
+            elif complete:
+                await send_all(client, error_response(400 if malformed(head) else 502))
             elif head and malformed(head):
                 await send_all(client, error_response(400))
         try:
             client.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+
+def too_large(head: bytes) -> bool:
+    """Whether nginx's default buffers refuse the head: over 4 x 8k in all, or one line
+    (a header field, or the request line) over 8k."""
+    end = min((i for i in (head.find(b"\n\r\n"), head.find(b"\n\n")) if i >= 0), default=-1)
+    section = head if end < 0 else head[:end]
+    if len(section) >= NGINX_MAX_HEAD:
+        return True
+    return any(len(line) > NGINX_HEADER_LINE for line in section.split(b"\n"))
 
 
 def malformed(head: bytes) -> bool:
