@@ -12,6 +12,8 @@ per-request histograms, while tokens already produced stay counted.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -66,11 +68,15 @@ class Histogram:
         self.counts = [0] * len(self.buckets)
 
     def observe(self, value: float) -> None:
+        """Count into the first bucket that holds it (cumulated when rendered)."""
         self.count += 1
         self.total += value
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
+        index = bisect.bisect_left(self.buckets, value)
+        if index < len(self.buckets):
+            self.counts[index] += 1
+
+    def cumulative(self) -> list[int]:
+        return list(itertools.accumulate(self.counts))
 
 
 @dataclass
@@ -90,6 +96,7 @@ class Registry:
         self.base = {"model_name": model_name, "engine": engine}
         self.created = created
         self.families: dict[str, _Family] = {}
+        self._base_key = tuple(sorted(self.base.items()))
 
     def _family(self, name: str, kind: str, help: str, buckets: tuple[float, ...] = ()) -> _Family:
         family = self.families.get(name)
@@ -99,7 +106,9 @@ class Registry:
         return family
 
     def _key(self, extra: dict[str, str] | None) -> tuple[tuple[str, str], ...]:
-        return tuple(sorted({**self.base, **(extra or {})}.items()))
+        if not extra:
+            return self._base_key
+        return tuple(sorted({**self.base, **extra}.items()))
 
     def counter(self, name: str, help: str, amount: float = 1.0, **labels: str) -> None:
         family = self._family(name, "counter", help)
@@ -137,7 +146,7 @@ class Registry:
                 labels = dict(key)
                 created.append(f"{family.name}_created{_labels(labels)} {go_float(family.created)}")
                 if isinstance(series, Histogram):
-                    for bound, count in zip(series.buckets, series.counts, strict=True):
+                    for bound, count in zip(series.buckets, series.cumulative(), strict=True):
                         le = {**labels, "le": go_float(bound)}
                         out.append(f"{family.name}_bucket{_labels(le)} {go_float(count)}")
                     inf = {**labels, "le": "+Inf"}

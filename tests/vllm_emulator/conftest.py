@@ -40,6 +40,7 @@ class RawResult:
     chunks: list[bytes] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     complete: bool = False  # the 0-size terminating chunk arrived
+    closed_at: float = 0.0  # when this client closed its socket
 
     @property
     def body(self) -> bytes:
@@ -184,6 +185,7 @@ class Emulator:
                     return result
             return result
         finally:
+            result.closed_at = time.time()
             sock.close()
 
 

@@ -178,19 +178,19 @@ def test_the_011_profile_streams_completions_ending_in_usage_null(emulator: Any)
 def test_a_client_that_leaves_after_10_tokens_of_2000_aborts_within_one_itl(
     emulator: Any,
 ) -> None:
-    server = emulator(itl=0.01)
+    itl = 0.02
+    server = emulator(itl=itl)
     body = {"prompt": "x", "max_tokens": 2000, "stream": True}
     result = server.raw("/v1/completions", body, stop_after_frames=10)
-    left = time.time()
     server.wait_until(lambda: server.ledger()[0]["aborted_at"] is not None)
     (entry,) = server.ledger()
     assert entry["finish_reason"] == "abort" and entry["finished_at"] is None
-    assert entry["aborted_at"] - left < 0.01
+    assert entry["aborted_at"] - result.closed_at < itl
     assert entry["disconnected_at"] <= entry["aborted_at"]
-    assert 10 <= entry["completion_tokens"] <= 12
-    assert len(result.data_frames()) >= 10
+    assert len([t for t in entry["token_times"] if t > result.closed_at]) <= 1
+    assert len(result.data_frames()) >= 10 and entry["completion_tokens"] < 100
     generated = server.metric("vllm:generation_tokens_total")
-    time.sleep(0.1)  # ten ITLs: nothing more may be generated
+    time.sleep(5 * itl)  # nothing more may be generated
     assert server.metric("vllm:generation_tokens_total") == generated == entry["completion_tokens"]
     assert server.metric("vllm:request_success_total", finished_reason="abort") == 0.0
     assert server.metric("vllm:e2e_request_latency_seconds_count") == 0.0
