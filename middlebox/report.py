@@ -101,7 +101,9 @@ def scorecard(suite: SuiteOutcome, *, colour: bool | None = None) -> str:
                 if not check.passed
             ]
             never = sorted(
-                set(score.faults_declared) - {f.split(":")[0] for f in score.faults_fired}
+                set(score.faults_declared)
+                - {f.split(":")[0] for f in score.faults_fired}
+                - set(outcome.scenario.quiet_faults)
             )
             if never:
                 failures.append(

@@ -424,14 +424,17 @@ async def run_scenario(
         outcome.scores.append(score)
     if runs:
         outcome.proof = fault_proof(declared, {run.spec.name: run.journal for run in runs})
-        outcome.problems += proof_problems(scenario.name, outcome.proof)
+        outcome.problems += proof_problems(scenario.name, outcome.proof, scenario.quiet_faults)
     return outcome
 
 
-def proof_problems(scenario: str, proof: dict[str, Any]) -> list[str]:
+def proof_problems(
+    scenario: str, proof: dict[str, Any], quiet_faults: tuple[str, ...] = ()
+) -> list[str]:
     """Fail loudly when the run proves nothing: a client whose traffic never reached the
     proxy (it bypassed it), or a declared fault that fired for no client at all. A fault
-    that fired for some clients only stays a per-client warning in the scorecard."""
+    that fired for some clients only stays a per-client warning in the scorecard. Faults
+    the scenario lists as `quiet_faults` must fire for no client instead."""
     problems = [
         f"{scenario}/{client}: no connection reached the proxy (0 connections): the "
         f"client bypassed it or never connected, so nothing was tested"
@@ -444,7 +447,13 @@ def proof_problems(scenario: str, proof: dict[str, Any]) -> list[str]:
             f"({counts['bypassed']} connections went through it untouched); the scenario "
             f"did not test what it claims"
             for name, counts in proof["faults"].items()
-            if counts["fired"] == 0
+            if counts["fired"] == 0 and name not in quiet_faults
+        ]
+        problems += [
+            f"{scenario}: fault {name!r} is listed in quiet_faults but fired "
+            f"{counts['fired']} time(s): the fix the scenario shows did not hold"
+            for name, counts in proof["faults"].items()
+            if counts["fired"] and name in quiet_faults
         ]
     return problems
 

@@ -403,6 +403,9 @@ class Scenario:
     proxy: ProxyOptions = field(default_factory=ProxyOptions)
     sections: Mapping[str, Any] = field(default_factory=dict)
     source: str = "<string>"
+    # Faults the scenario expects NOT to fire: it shows a fix keeps them quiet (heartbeats
+    # keep an idle reaper from firing). The runner fails the run if one fires.
+    quiet_faults: tuple[str, ...] = ()
     # Combinations that load but cannot do what they say (see scenario_warnings).
     warnings: tuple[Problem, ...] = ()
 
@@ -455,7 +458,7 @@ def scenario_warnings(scenario: Scenario) -> list[Problem]:
     return found
 
 
-TOP_LEVEL = ("name", "description", "seed", "path", "proxy")
+TOP_LEVEL = ("name", "description", "seed", "path", "proxy", "quiet_faults")
 
 
 def load_scenario_text(
@@ -526,6 +529,10 @@ def load_scenario_text(
                 values["seed"] = convert.convert(value_node, int, "seed")
             elif key == "path":
                 path_node = value_node
+            elif key == "quiet_faults":
+                values["quiet_faults"] = tuple(
+                    convert.convert(value_node, list[str], "quiet_faults")
+                )
             elif key == "proxy":
                 values["proxy"] = convert.dataclass(value_node, ProxyOptions, "proxy")
             elif key in sections:

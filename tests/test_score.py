@@ -131,8 +131,25 @@ def test_expect_checks_equality_bounds_and_percentiles_per_client() -> None:
     assert [(c.condition, c.actual, c.passed) for c in resilient][-1] == ("p50_max", 200.0, True)
 
 
+def test_a_client_block_overrides_the_top_level_rule_for_that_client_only() -> None:
+    expect = {"client.silent_truncations": 0, "raw": {"client.silent_truncations": {"min": 1}}}
+    metrics = {"client.silent_truncations": 2}
+    raw = evaluate_expect(expect, "raw", metrics, ["raw", "resilient"])
+    mine = evaluate_expect(expect, "mine", metrics, ["raw", "resilient", "mine"])
+    assert [(c.condition, c.passed) for c in raw] == [("min", True)]
+    assert [(c.condition, c.passed) for c in mine] == [("equals", False)]
+
+
 def test_unknown_expect_names_and_conditions_list_the_valid_ones() -> None:
     problems = expect_problems({"client.silent": 0, "server.tokens_wasted": {"most": 1}}, ["raw"])
     assert "unknown name 'client.silent'" in problems[0]
     assert "client.silent_truncations" in problems[0]
     assert "unknown condition 'most'" in problems[1]
+
+
+def test_tokens_generated_after_the_client_left_are_waste_even_if_the_server_never_knew() -> None:
+    tag = "[middlebox s/raw/0]"
+    entry = ledger_entry(tag, "abcdef", token_times=[100.1, 100.2, 100.3, 101.0, 102.0, 103.0])
+    result = {"results": [shown("abc", abandoned=True, ended_at=100.35)]}
+    score = score_client("s", "raw", [tag], result, [entry], [], [], [])
+    assert score.metrics["server.tokens_wasted"] == 3
