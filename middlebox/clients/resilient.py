@@ -1,7 +1,7 @@
 """`resilient`: the reference client that does everything a streaming client should.
 
 - Timeouts derived from `max_tokens`: a connect timeout, a first-event timeout (queueing
-  and prefill), a stall timeout between reads once tokens flow (any byte, including a
+  and prefill), a stall timeout between reads once events flow (any byte, including a
   `: keep-alive` comment, proves the server alive), and a total bound per attempt of
   first-event + max_tokens x per-token budget.
 - Completion is proven, not assumed: a stream must carry a `finish_reason` (or `[DONE]`).
@@ -209,9 +209,11 @@ class _Attempt:
     ) -> None:
         framer = SseFramer()
         chunks = response.aiter_bytes().__aiter__()
-        got_bytes = False
+        # Until the first event (vLLM sends the role chunk at TTFT), queueing and prefill
+        # may be long; after it, tokens should flow, so silence soon means a stall.
+        got_event = False
         while True:
-            wait = self.policy.stall_timeout if got_bytes else self.policy.first_event_timeout
+            wait = self.policy.stall_timeout if got_event else self.policy.first_event_timeout
             try:
                 async with asyncio.timeout(wait):
                     data = await anext(chunks)
@@ -221,9 +223,11 @@ class _Attempt:
                 if rec.finish_reason is not None:
                     return  # complete; only the [DONE] or the body's end went missing
                 raise StalledStream(f"no data for {wait:g} s") from None
-            got_bytes = True
             for piece in framer.feed(data):
-                if piece.event is not None and self._on_event(piece.event, rec, resume):
+                if piece.event is None:
+                    continue
+                got_event = True
+                if self._on_event(piece.event, rec, resume):
                     return
         if rec.finish_reason is None and not rec.saw_done:
             raise TruncatedStream(

@@ -74,8 +74,7 @@ def clean_close(conn: Conn) -> None:
 
 
 def rst(conn: Conn) -> None:
-    # Give the client time to read the frames: an RST discards what it has not read yet.
-    time.sleep(0.2)
+    # Linux still delivers bytes queued before an RST, then ECONNRESET: no wait needed.
     conn.rst()
 
 
@@ -188,6 +187,15 @@ def hang(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
     return False
 
 
+def heartbeats(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
+    """After the first token, 1.2 s of `: keep-alive` comments only (vLLM's
+    --sse-keep-alive-interval, vllm-wire.md §5), then the rest of the answer."""
+    conn.write(SSE_HEAD + b"\r\n")
+    conn.chunks(HELLO_FRAMES[:2])
+    conn.chunks([b": keep-alive\n\n"] * 6, gap=0.2)
+    return conn.chunks(HELLO_FRAMES[2:]) and conn.write(END_CHUNK)
+
+
 def stall_once(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
     if attempt > 1:
         return complete(conn, attempt, headers)
@@ -208,6 +216,7 @@ BEHAVIOURS: dict[str, Behaviour] = {
     "slow": slow,
     "hang": hang,
     "stall-once": stall_once,
+    "heartbeats": heartbeats,
 }
 
 COMMON = [
@@ -222,6 +231,7 @@ COMMON = [
     "utf8-split",
     "slow",
     "hang",
+    "heartbeats",
 ]
 # Only the resilient client gives up on a silent stall or retries a clean close; the
 # others would wait out their 600 s read timeout or see nothing new.
@@ -412,10 +422,21 @@ def test_resilient_gives_up_after_its_bounded_retries_and_says_the_stream_was_tr
 
 def test_resilient_notices_a_silent_stall_within_its_stall_timeout(runs: dict[str, Run]) -> None:
     first, second = runs["resilient"].server.requests_for("stall-once")
-    closed_at = runs["resilient"].server.notes["stall-once"][0]["closed_at"]
+    closed_at = runs["resilient"].server.first_note("stall-once")["closed_at"]
     assert closed_at is not None
     assert 0.45 < closed_at - first.at < 4.0  # stall timeout 0.5 s after the last byte
     assert second.at >= closed_at
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_keep_alive_comments_keep_a_quiet_stream_alive_for_every_client(
+    runs: dict[str, Run], client: str
+) -> None:
+    r = entry(runs, client, "heartbeats")
+    # Longer than resilient's 0.5 s stall timeout, but never silent for that long.
+    assert (r["text"], r["error"], r["attempts"]) == (FULL, None, 1)
+    gaps = [b[0] - a[0] for a, b in zip(r["chunks"], r["chunks"][1:], strict=False)]
+    assert max(gaps) > 0.5
 
 
 def test_a_429_with_retry_after_is_waited_out_by_resilient_and_openai_but_not_raw(
@@ -477,7 +498,7 @@ def test_abandoning_after_three_tokens_stops_reading_and_closes_the_connection(
     assert [piece for _, piece in r["chunks"]] == [" t0", " t1", " t2"]
     # The server's writes fail once the client has closed (its kernel answers with RST),
     # long before the stream's end.
-    gone = runs[client].server.notes["slow"][0]["gone_after_token"]
+    gone = runs[client].server.first_note("slow")["gone_after_token"]
     assert gone is not None and gone < SLOW_TOKENS - 10
 
 
@@ -490,7 +511,7 @@ def test_abandoning_after_half_a_second_of_silence_closes_the_connection_promptl
     assert CUT.startswith(r["text"])  # all of it, unless this machine is very busy
     # Bounds loose enough for a loaded 2-core machine, far below the server's 10 s silence.
     assert 0.45 <= r["ended_at"] - r["started_at"] < 3.0
-    closed_at = runs[client].server.notes["hang"][0]["closed_at"]
+    closed_at = runs[client].server.first_note("hang")["closed_at"]
     assert closed_at is not None and closed_at - r["started_at"] < 3.0
 
 
@@ -546,7 +567,9 @@ def test_the_browser_client_reads_a_fetch_stream_as_chromium_does(tmp_path: Path
     )
     assert got["utf8-split"]["text"] == "".join(UTF8_PIECES)
     assert [p for _, p in got["slow"]["chunks"]] == [" t0", " t1", " t2"]
-    assert got["slow"]["abandoned"] and run.server.notes["slow"][0]["gone_after_token"] is not None
+    assert (
+        got["slow"]["abandoned"] and run.server.first_note("slow")["gone_after_token"] is not None
+    )
     hang_entry = got["hang"]
     assert hang_entry["abandoned"] and hang_entry["ended_at"] - hang_entry["started_at"] < 3.0
-    assert run.server.notes["hang"][0]["closed_at"] is not None
+    assert run.server.first_note("hang")["closed_at"] is not None

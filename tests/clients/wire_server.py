@@ -137,7 +137,9 @@ class Conn:
         return None
 
     def note(self, **facts: Any) -> None:
-        self.server.notes.setdefault(self.behaviour, []).append(facts)
+        with self.server.noted:
+            self.server.notes.setdefault(self.behaviour, []).append(facts)
+            self.server.noted.notify_all()
 
 
 Behaviour = Callable[[Conn, int, dict[str, str]], bool]
@@ -149,6 +151,7 @@ class WireServer:
     behaviours: dict[str, Behaviour]
     seen: list[Seen] = field(default_factory=list)
     notes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    noted: threading.Condition = field(default_factory=threading.Condition)
 
     def __post_init__(self) -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -160,6 +163,13 @@ class WireServer:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
+
+    def first_note(self, behaviour: str, limit: float = 5.0) -> dict[str, Any]:
+        """What the behaviour noted on its first connection. The client may exit before
+        the server's thread has seen it go, so this waits, boundedly."""
+        with self.noted:
+            assert self.noted.wait_for(lambda: behaviour in self.notes, limit), behaviour
+            return self.notes[behaviour][0]
 
     def requests_for(self, behaviour: str) -> list[Seen]:
         return [s for s in self.seen if s.behaviour == behaviour]
