@@ -15,6 +15,7 @@ from faults.handoff import Handoff
 from faults.http_error import HttpError
 from faults.idle_reaper import IdleReaper
 from faults.ignore_client_close import IgnoreClientClose
+from faults.inband_error import InbandError
 from faults.latency import Latency
 from faults.link import Link
 from faults.max_duration import MaxDuration
@@ -43,6 +44,7 @@ REGISTRY: dict[str, type[Fault]] = {
         StripHeader,
         SetHeader,
         HttpError,
+        InbandError,
         ClientVanish,
         IgnoreClientClose,
     )

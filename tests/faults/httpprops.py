@@ -14,7 +14,7 @@ import json
 from hypothesis import strategies as st
 
 from faults.testing import TimedItem
-from middlebox.http1 import LAST_CHUNK_BYTES, encode_chunk
+from middlebox.http1 import LAST_CHUNK_BYTES, Http1Framer, PieceKind, encode_chunk
 from middlebox.stream import Chunk, Direction
 
 SSE_HEAD = (
@@ -77,3 +77,25 @@ def exchanges(response: bytes, count: int = 8) -> list[TimedItem]:
             (i + 0.5, Chunk(Direction.DOWNSTREAM, response)),
         ]
     return timeline
+
+
+def rechunk(body: bytes, cuts: list[int]) -> bytes:
+    """`body` as a chunked payload cut into chunks at `cuts`, with the last chunk."""
+    return b"".join(encode_chunk(p) for p in resplit(body, cuts) if p) + LAST_CHUNK_BYTES
+
+
+def dechunked(wire: bytes) -> list[tuple[bytes, bool]]:
+    """Each response on `wire`: its payload and whether its framing was complete and
+    valid (the framer neither degraded nor saw a truncated message)."""
+    framer = Http1Framer("response")
+    pieces = framer.feed(wire) + framer.feed_eof()
+    bodies: dict[int, bytearray] = {}
+    ended: set[int] = set()
+    for piece in pieces:
+        bodies.setdefault(piece.message, bytearray())
+        if piece.kind is PieceKind.BODY:
+            bodies[piece.message] += piece.data
+        if piece.end_of_message:
+            ended.add(piece.message)
+    valid = framer.degraded is None
+    return [(bytes(body), valid and m in ended) for m, body in sorted(bodies.items())]

@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults import REGISTRY
@@ -227,6 +227,7 @@ def test_whatever_the_segmentation_unmatched_requests_and_responses_pass_byte_ex
     assert joined(out, DOWN) == OK + fault.answer(None, close=False) + OK
 
 
+@settings(max_examples=25)
 @given(seed=st.integers(0, 2**32))
 def test_the_same_seed_answers_the_same_requests(seed: int) -> None:
     timeline = exchanges(OK)

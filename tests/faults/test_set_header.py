@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults._http import RequestMatch
@@ -114,6 +114,7 @@ def test_whatever_the_segmentation_only_the_head_changes(
     )
 
 
+@settings(max_examples=25)
 @given(seed=st.integers(0, 2**32))
 def test_the_same_seed_sets_the_field_on_the_same_responses(seed: int) -> None:
     timeline = exchanges(BARE_HEAD)
