@@ -23,6 +23,7 @@ from faults.proxy_buffering import ProxyBuffering
 from faults.set_header import SetHeader
 from faults.slicer import Slicer
 from faults.slow_reader import SlowReader
+from faults.sse_ids import SseIds
 from faults.strip_header import StripHeader
 from middlebox.fault import Fault
 
@@ -45,6 +46,7 @@ REGISTRY: dict[str, type[Fault]] = {
         SetHeader,
         HttpError,
         InbandError,
+        SseIds,
         ClientVanish,
         IgnoreClientClose,
     )
