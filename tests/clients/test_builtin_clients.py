@@ -238,7 +238,8 @@ COMMON = [
 RESILIENT_ONLY = ["stall-once", "always-clean-close"]
 ABANDON: dict[str, dict[str, Any]] = {
     "slow": {"abandon_after_tokens": 3},
-    "hang": {"abandon_after_seconds": 0.5},
+    # Sooner than resilient's 0.5 s stall timeout, so it leaves rather than retries.
+    "hang": {"abandon_after_seconds": 0.3},
 }
 
 
@@ -503,14 +504,14 @@ def test_abandoning_after_three_tokens_stops_reading_and_closes_the_connection(
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_abandoning_after_half_a_second_of_silence_closes_the_connection_promptly(
+def test_abandoning_after_a_third_of_a_second_closes_the_connection_promptly(
     runs: dict[str, Run], client: str
 ) -> None:
     r = entry(runs, client, "hang")
-    assert (r["abandoned"], r["error"]) == (True, None)
+    assert (r["abandoned"], r["error"], r["attempts"]) == (True, None, 1)
     assert CUT.startswith(r["text"])  # all of it, unless this machine is very busy
     # Bounds loose enough for a loaded 2-core machine, far below the server's 10 s silence.
-    assert 0.45 <= r["ended_at"] - r["started_at"] < 3.0
+    assert 0.29 <= r["ended_at"] - r["started_at"] < 3.0
     closed_at = runs[client].server.first_note("hang")["closed_at"]
     assert closed_at is not None and closed_at - r["started_at"] < 3.0
 
