@@ -7,7 +7,7 @@ import random
 import zlib
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults._http import RequestMatch
@@ -197,6 +197,7 @@ def test_bad_config_is_refused_with_a_clear_message(
         GzipEncoding(**config)  # type: ignore[arg-type]
 
 
+@settings(max_examples=50, deadline=None)
 @given(contents, st.sampled_from(["none", "sync"]), st.data())
 def test_the_client_inflates_exactly_the_upstream_body_however_it_was_sliced(
     words: list[str], flush: str, data: st.DataObject

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults._http import RequestMatch
@@ -169,6 +169,7 @@ def test_bad_config_is_refused_with_a_clear_message(
         ProxyBuffering(**config)  # type: ignore[arg-type]
 
 
+@settings(max_examples=50, deadline=None)
 @given(st.integers(0, 60), st.data())
 def test_bytes_are_preserved_and_released_only_at_buffer_boundaries_or_the_end(
     tokens: int, data: st.DataObject
