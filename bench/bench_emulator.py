@@ -151,58 +151,82 @@ async def _many(host: str, port: int, count: int) -> list[tuple[float, list[floa
     return await asyncio.wait_for(asyncio.gather(*tasks), timeout=60 + count * 0.05)
 
 
+def _step(settings: dict[str, Any], count: int) -> dict[str, Any]:
+    """Run `count` concurrent streams on a fresh emulator and measure its ITL."""
+    process, url = _start(settings)
+    host, port = url.split("//")[1].split(":")
+    try:
+        cpu_before = _cpu_s(process.pid)
+        results = asyncio.run(_many(host, int(port), count))
+        cpu = _cpu_s(process.pid) - cpu_before
+        ledger = _get(url + "/emulator/requests")["requests"]
+    finally:
+        _stop(process)
+    # Steady state only: gaps that end after every stream has had its first token
+    # (the connect ramp is the client's doing, not the emulator's). The emulator's
+    # own ITL is the gap between its dispatches of a stream's tokens (token_times).
+    steady = max(e["first_token_at"] or 0.0 for e in ledger) + 0.1
+    server_gaps = [
+        b - a for entry in ledger for a, b in itertools.pairwise(entry["token_times"]) if b > steady
+    ]
+    offset = time.time() - time.monotonic()
+    client_gaps = [
+        b - a
+        for _, arrivals, _ in results
+        for a, b in itertools.pairwise(arrivals)
+        if b + offset > steady
+    ]
+    complete = min(
+        sum(1 for _, _, done in results if done),
+        sum(1 for entry in ledger if entry["completion_tokens"] == STREAM_TOKENS),
+    )
+    tokens = sum(entry["completion_tokens"] for entry in ledger)
+    return {
+        "streams": count,
+        "complete": complete,
+        "server_itl_p99_s": round(_p99(server_gaps), 4),
+        "client_itl_p99_s": round(_p99(client_gaps), 4),
+        "server_itl_mean_s": round(statistics.mean(server_gaps), 4),
+        "merged_frames": sum(STREAM_TOKENS - len(a) for _, a, _ in results),
+        "emulator_cpu_us_per_token": round(1e6 * cpu / max(1, tokens), 1),
+    }
+
+
 def capacity(ladder: tuple[int, ...] = LADDER) -> dict[str, Any]:
-    """(b) Concurrent 20 tok/s streams until the emulator's ITL p99 drifts 5 ms."""
+    """(b) Concurrent 20 tok/s streams until the emulator's ITL p99 drifts 5 ms.
+
+    A step is `ok` when its p99 is within 5 ms of the model (the issue's criterion)
+    and `ok_vs_baseline` when within 5 ms of a single stream's p99 measured in the
+    same run, which separates the emulator's own limit from a busy host's
+    scheduling noise. The ladder stops at the first step failing the latter.
+    """
     settings = {"prefill_overhead": 0.05, "prefill_per_token": 0.0, "itl": STREAM_ITL_S,
                 "itl_jitter": 0.0, "batch_slowdown": 0.0, "max_num_seqs": 4096,
                 "kv_num_blocks": 65536}  # fmt: skip
+    baseline = _step(settings, 1)
+    base_p99 = baseline["server_itl_p99_s"]
     steps = []
-    sustained = 0
+    sustained = sustained_vs_baseline = 0
     for count in ladder:
-        process, url = _start(settings)
-        host, port = url.split("//")[1].split(":")
-        try:
-            cpu_before = _cpu_s(process.pid)
-            results = asyncio.run(_many(host, int(port), count))
-            cpu = _cpu_s(process.pid) - cpu_before
-            ledger = _get(url + "/emulator/requests")["requests"]
-        finally:
-            _stop(process)
-        # Steady state only: gaps that end after every stream has had its first token
-        # (the connect ramp is the client's doing, not the emulator's).
-        steady = max(e["first_token_at"] or 0.0 for e in ledger) + 0.1
-        server_gaps = []
-        for entry in ledger:
-            # A completions stream has no role chunk: its first writes are token frames.
-            token_writes = entry["write_times"][: entry["completion_tokens"]]
-            server_gaps.extend(b - a for a, b in itertools.pairwise(token_writes) if b > steady)
-        client_gaps = [
-            b - a
-            for _, arrivals, _ in results
-            for a, b in itertools.pairwise(arrivals)
-            if b > steady - time.time() + time.monotonic()
-        ]
-        complete = min(
-            sum(1 for _, _, done in results if done),
-            sum(1 for entry in ledger if entry["completion_tokens"] == STREAM_TOKENS),
-        )
-        tokens = sum(entry["completion_tokens"] for entry in ledger)
-        step = {
-            "streams": count,
-            "complete": complete,
-            "server_itl_p99_s": round(_p99(server_gaps), 4),
-            "client_itl_p99_s": round(_p99(client_gaps), 4),
-            "server_itl_mean_s": round(statistics.mean(server_gaps), 4),
-            "merged_frames": sum(STREAM_TOKENS - len(a) for _, a, _ in results),
-            "emulator_cpu_us_per_token": round(1e6 * cpu / max(1, tokens), 1),
-        }
-        ok = complete == count and step["server_itl_p99_s"] <= STREAM_ITL_S + DRIFT_LIMIT_S
-        step["ok"] = ok
+        step = _step(settings, count)
+        p99 = step["server_itl_p99_s"]
+        step["ok"] = step["complete"] == count and p99 <= STREAM_ITL_S + DRIFT_LIMIT_S
+        step["ok_vs_baseline"] = step["complete"] == count and p99 <= base_p99 + DRIFT_LIMIT_S
         steps.append(step)
-        if not ok:
+        if not step["ok_vs_baseline"]:
             break
-        sustained = count
-    return {"model_itl_s": STREAM_ITL_S, "sustained_streams": sustained, "steps": steps}
+        sustained_vs_baseline = count
+    for step in steps:
+        if not step["ok"]:
+            break
+        sustained = step["streams"]
+    return {
+        "model_itl_s": STREAM_ITL_S,
+        "baseline_itl_p99_s": base_p99,
+        "sustained_streams": sustained,
+        "sustained_streams_vs_baseline": sustained_vs_baseline,
+        "steps": steps,
+    }
 
 
 def main(ladder: tuple[int, ...] = LADDER) -> dict[str, Any]:
@@ -216,11 +240,14 @@ def main(ladder: tuple[int, ...] = LADDER) -> dict[str, Any]:
           f"    {f['itl_error_pct']:+.1f}%")  # fmt: skip
     c = results["capacity"]
     print(f"vllm_emulator capacity at 20 tok/s (model ITL {c['model_itl_s']} s, limit +5 ms p99)")
-    print("  streams  complete  server p99  client p99  ok")
+    print(f"  1-stream baseline ITL p99 on this host: {c['baseline_itl_p99_s']:.4f}")
+    print("  streams  complete  server p99  client p99  ok  ok-vs-baseline")
     for s in c["steps"]:
         print(f"  {s['streams']:7d}  {s['complete']:8d}  {s['server_itl_p99_s']:.4f}      "
-              f"{s['client_itl_p99_s']:.4f}      {'yes' if s['ok'] else 'no'}")  # fmt: skip
-    print(f"  sustained: {c['sustained_streams']} concurrent streams in one emulator process")
+              f"{s['client_itl_p99_s']:.4f}      {'yes' if s['ok'] else 'no ':3s} "
+              f"{'yes' if s['ok_vs_baseline'] else 'no'}")  # fmt: skip
+    print(f"  sustained: {c['sustained_streams']} streams within 5 ms of the model, "
+          f"{c['sustained_streams_vs_baseline']} within 5 ms of the 1-stream baseline")  # fmt: skip
     cost = statistics.median(s["emulator_cpu_us_per_token"] for s in c["steps"])
     print(f"  emulator CPU per token: {cost:.0f} us, so one core could serve about "
           f"{1e6 / cost / 20:.0f} streams at 20 tok/s if it had nothing else to do")  # fmt: skip

@@ -867,7 +867,12 @@ async def serve(
     """Serve until cancelled (or `stop` is set); `ready(port)` once listening."""
     # handler_cancellation: a disconnect cancels the handler at once, like Starlette
     # under uvicorn (ASGI spec 2.3) cancels vLLM's generator (reference §3.1).
-    runner = web.AppRunner(make_app(config), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        make_app(config),
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=config.http_keep_alive_timeout,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096)
     await site.start()

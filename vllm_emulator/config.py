@@ -61,6 +61,8 @@ class EmulatorConfig:
     default_max_tokens: int | None = None
     # HTTP behaviour.
     sse_keep_alive_interval: Seconds = 0.0
+    # uvicorn closes an idle keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s).
+    http_keep_alive_timeout: Seconds = 5.0
     abort_on_disconnect: bool = True
     enable_request_id_headers: bool = False
     stale_gauges: bool = False

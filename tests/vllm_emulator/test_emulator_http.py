@@ -3,6 +3,7 @@ in-band failures, resumable streams and cassettes (127.0.0.1, FAST timing, bound
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_emulator import wire
+from vllm_emulator.cassette import record
 
 MODEL = "middlebox/emulated-7b"
 
@@ -365,3 +367,33 @@ def test_a_cassette_is_replayed_with_its_status_headers_bytes_and_timing(
     assert 0.15 <= result.times[1] - result.times[0] <= 0.4
     (entry,) = server.ledger()
     assert entry["cassette"] is True and entry["bytes_written"] == sum(map(len, writes))
+
+
+def test_a_cassette_recorded_from_a_server_replays_the_same_chunks(
+    emulator: Any, tmp_path: Path
+) -> None:
+    source = emulator(itl=0.01)
+    body = chat(6, stream=True, stream_options={"include_usage": True})
+    cassette = asyncio.run(record(source.url + "/v1/chat/completions", body))
+    recorded = [base64.b64decode(data) for _, data in cassette["writes"]]
+    assert cassette["status"] == 200 and recorded[-1] == wire.DONE and len(recorded) == 9
+    path = tmp_path / "recorded.json"
+    path.write_text(json.dumps(cassette))
+    replay = emulator(cassette=str(path)).raw("/v1/chat/completions", body)
+    assert replay.chunks == recorded
+    assert b"content-type: text/event-stream; charset=utf-8" in replay.head
+
+
+def test_stale_gauges_keep_the_last_engine_step_after_everything_aborts(emulator: Any) -> None:
+    server = emulator(stale_gauges=True, itl=0.01)
+    server.raw("/v1/completions", {"prompt": "x", "max_tokens": 500, "stream": True},
+               stop_after_frames=3)  # fmt: skip
+    server.wait_until(lambda: server.ledger()[0]["aborted_at"] is not None)
+    # vllm-project/vllm#22545: no engine step runs after a mass abort, so stats freeze.
+    assert server.metric("vllm:num_requests_running") == 1.0
+    assert server.metric("vllm:kv_cache_usage_perc") > 0.0
+    fresh = emulator(itl=0.01)
+    fresh.raw("/v1/completions", {"prompt": "x", "max_tokens": 500, "stream": True},
+              stop_after_frames=3)  # fmt: skip
+    fresh.wait_until(lambda: fresh.ledger()[0]["aborted_at"] is not None)
+    assert fresh.metric("vllm:num_requests_running") == 0.0
