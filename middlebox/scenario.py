@@ -418,6 +418,7 @@ class Scenario:
 # finish_reason chunk, the usage chunk and `data: [DONE]` (shared/reference/vllm-wire.md).
 EVENT_COUNT_FIELDS = ("after_events", "at_event", "after_event", "event", "events")
 EVENTS_BEYOND_TOKENS = 4
+_COUNTS = ("events", "tokens")
 
 
 def scenario_warnings(scenario: Scenario) -> list[Problem]:
@@ -443,10 +444,22 @@ def scenario_warnings(scenario: Scenario) -> list[Problem]:
                         f"{name}: {value} can never be reached: with workload max_tokens "
                         f"{max_tokens} a stream has at most {limit} events"
                     )
-        at = spec.config.get("at")
+        # `after: events|tokens` with `count: N` (faults/cut.py): tokens carry text, so
+        # at most max_tokens of them; events add the role, finish, usage and [DONE] frames.
+        after, count = spec.config.get("after", "events"), spec.config.get("count")
+        if isinstance(max_tokens, int) and isinstance(count, int) and after in _COUNTS:
+            limit = max_tokens + (EVENTS_BEYOND_TOKENS if after == "events" else 0)
+            if count > limit:
+                messages.append(
+                    f"count: cutting after {count} {after} never happens: with workload "
+                    f"max_tokens {max_tokens} a stream has at most {limit} {after}"
+                )
+        when, at = "at", spec.config.get("at")
+        if after == "time" and isinstance(spec.config.get("time"), int | float):
+            when, at = "time", spec.config["time"]
         if isinstance(timeout, int | float) and isinstance(at, int | float) and at > timeout:
             messages.append(
-                f"at: {at:g}s is after the workload's timeout ({timeout:g}s): it never fires"
+                f"{when}: {at:g}s is after the workload's timeout ({timeout:g}s): it never fires"
             )
         hook = getattr(spec.cls, "scenario_warnings", None)
         if callable(hook):

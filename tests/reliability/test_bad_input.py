@@ -176,6 +176,26 @@ def test_a_cut_after_more_events_than_the_stream_has_is_a_warning_not_an_error()
     assert len(scenario.path) == 4  # it loads and runs; the faults just never fire
 
 
+def test_the_cut_fault_after_more_events_or_tokens_than_max_tokens_allows_warns() -> None:
+    text = (
+        "name: cut-late\n"
+        "workload: {max_tokens: 10, timeout: 5s}\n"
+        "path:\n"
+        "  - cut: {after: events, count: 15}\n"
+        "  - cut: {after: tokens, count: 11}\n"
+        "  - cut: {after: events, count: 14}\n"  # possible: right after [DONE]
+        "  - cut: {after: time, time: 6s}\n"
+    )
+    scenario = load_scenario_text(text, REGISTRY, file="c.yaml", sections=scenario_sections())
+    assert [str(warning) for warning in scenario.warnings] == [
+        "c.yaml:4:1: path[0] cut: count: cutting after 15 events never happens: with "
+        "workload max_tokens 10 a stream has at most 14 events",
+        "c.yaml:5:1: path[1] cut: count: cutting after 11 tokens never happens: with "
+        "workload max_tokens 10 a stream has at most 10 tokens",
+        "c.yaml:7:1: path[3] cut: time: 6s is after the workload's timeout (5s): it never fires",
+    ]
+
+
 def test_validate_prints_warnings_and_still_exits_zero(tmp_path: Path) -> None:
     path = tmp_path / "late.yaml"
     path.write_text("name: late\nworkload: {timeout: 2s}\npath:\n  - handoff: {at: 1min}\n")
