@@ -446,7 +446,8 @@ def scenario_warnings(scenario: Scenario) -> list[Problem]:
                     )
         # `after: events|tokens` with `count: N` (faults/cut.py): tokens carry text, so
         # at most max_tokens of them; events add the role, finish, usage and [DONE] frames.
-        after, count = spec.config.get("after", "events"), spec.config.get("count")
+        after = spec.config.get("after", getattr(spec.cls, "after", None))
+        count = spec.config.get("count", getattr(spec.cls, "count", None))
         if isinstance(max_tokens, int) and isinstance(count, int) and after in _COUNTS:
             limit = max_tokens + (EVENTS_BEYOND_TOKENS if after == "events" else 0)
             if count > limit:
