@@ -255,3 +255,14 @@ def test_the_match_block_loads_from_yaml_with_units_and_lists() -> None:
         after=2.0,
         before=10.0,
     )
+
+
+def test_the_gate_holds_a_request_until_it_is_decided_then_releases_it_in_order() -> None:
+    fault = bound(Probe(match=RequestMatch(model="*")), {})
+    request = post() + post(path="/v1/completions")
+    split = request.index(b"\r\n\r\n") + 4
+    held = fault.gate(fault.observe(Chunk(UP, request[:split]), 1.0))
+    released = fault.gate(fault.observe(Chunk(UP, request[split:]), 2.0))
+    assert held == []
+    assert b"".join(p.data for p in released) == request
+    assert [fault.selected(m) for m in range(2)] == [0, 1]
