@@ -250,9 +250,11 @@ def test_keep_alive_comments_fill_a_pause_and_stop_when_tokens_flow(emulator: An
     server = emulator(sse_keep_alive_interval=0.1, pauses=[{"after_tokens": 2,
                                                             "duration": 0.35}])  # fmt: skip
     result = server.raw("/v1/completions", {"prompt": "x", "max_tokens": 4, "stream": True})
-    kinds = ["ka" if c == wire.KEEP_ALIVE else "data" for c in result.chunks]
-    assert kinds[:2] == ["data", "data"]
-    assert kinds[2:5] == ["ka", "ka", "ka"] and kinds[5:] == ["data"] * 3
+    kinds = "".join("k" if c == wire.KEEP_ALIVE else "d" for c in result.chunks)
+    # Two tokens, a 0.35 s pause filled every 0.1 s, then the rest (a lagging writer
+    # may merge the last tokens into one frame, as vLLM does) and [DONE].
+    assert kinds.startswith("ddkk") and kinds.rstrip("d").endswith("k")
+    assert 2 <= kinds.count("k") <= 3 and result.chunks[-1] == wire.DONE
 
 
 def test_requests_beyond_max_num_seqs_queue_and_metrics_show_it(emulator: Any) -> None:
