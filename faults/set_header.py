@@ -28,14 +28,21 @@ class SetHeader(HeadRewriter, Fault):
 
     name: ClassVar[str] = "set_header"
 
-    headers: dict[str, str] = field(default_factory=lambda: {"X-Accel-Buffering": "no"})
+    # YAML 1.1 reads an unquoted `no` as false; such values are written back as the
+    # header words they stand for (`X-Accel-Buffering: no` must work unquoted).
+    headers: dict[str, str | bool | int] = field(
+        default_factory=lambda: {"X-Accel-Buffering": "no"}
+    )
+
+    _values: dict[str, str] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.headers:
             raise ValueError("headers must set at least one field")
         check_field_names(list(self.headers))
-        for name, value in self.headers.items():
+        self._values = {name: header_text(value) for name, value in self.headers.items()}
+        for name, value in self._values.items():
             # RFC 9110 §5.5: a field value is visible latin-1 text, spaces and tabs; a CR or
             # LF would split the head (request smuggling), so it is refused.
             if not all(c == "\t" or (c.isprintable() and ord(c) < 256) for c in value):
@@ -44,8 +51,13 @@ class SetHeader(HeadRewriter, Fault):
                 )
 
     def rewrite(self, head: Head) -> tuple[bytes, dict[str, Any]] | None:
-        wanted = {name.lower(): value for name, value in self.headers.items()}
-        current = {name.lower(): head.header_values(name) for name in self.headers}
-        if all(current[key] == [value] for key, value in wanted.items()):
+        if all(head.header_values(name) == [value] for name, value in self._values.items()):
             return None
-        return build_head(head, set_headers=self.headers), {"set": dict(self.headers)}
+        return build_head(head, set_headers=self._values), {"set": dict(self._values)}
+
+
+def header_text(value: str | bool | int) -> str:
+    """A config value as header text: booleans as `yes`/`no` (YAML 1.1's spellings)."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)

@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from faults import REGISTRY
 from faults._http import RequestMatch
 from faults.set_header import SetHeader
 from faults.testing import joined, replay
+from middlebox.scenario import load_scenario_text
 from middlebox.stream import DOWN, UP, Chunk, Eof
 from tests.faults.httpprops import (
     SSE_HEAD,
@@ -133,3 +135,13 @@ def test_the_same_seed_sets_the_field_on_the_same_responses(seed: int) -> None:
 def test_bad_config_is_refused(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SetHeader(**config)
+
+
+def test_an_unquoted_yaml_no_is_sent_as_the_word_no() -> None:
+    scenario = load_scenario_text(
+        "name: s\npath:\n  - set_header: {headers: {X-Accel-Buffering: no, X-Max: 5}}\n",
+        REGISTRY,
+    )
+    (fault,) = scenario.build_faults()
+    out = replay(fault, [(0.0, Chunk(UP, request())), (1.0, Chunk(DOWN, BARE_HEAD))])
+    assert joined(out, DOWN) == BARE_HEAD[:-2] + b"X-Accel-Buffering: no\r\nX-Max: 5\r\n\r\n"
