@@ -42,7 +42,7 @@ CUT = "Hello,"  # what every cut stream below delivers before it breaks
 CLIENTS = ["raw", "openai", "httpx-sse", "resilient"]
 PROCESS_LIMIT_S = 20.0
 RESILIENT_ENV = {
-    "MIDDLEBOX_RESILIENT_STALL_TIMEOUT": "0.5",
+    "MIDDLEBOX_RESILIENT_STALL_TIMEOUT": "1.5",
     "MIDDLEBOX_RESILIENT_BACKOFF_BASE": "0.05",
     "MIDDLEBOX_RESILIENT_MAX_RETRIES": "2",
 }
@@ -188,11 +188,11 @@ def hang(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
 
 
 def heartbeats(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
-    """After the first token, 1.2 s of `: keep-alive` comments only (vLLM's
+    """After the first token, 2 s of `: keep-alive` comments only (vLLM's
     --sse-keep-alive-interval, vllm-wire.md §5), then the rest of the answer."""
     conn.write(SSE_HEAD + b"\r\n")
     conn.chunks(HELLO_FRAMES[:2])
-    conn.chunks([b": keep-alive\n\n"] * 6, gap=0.2)
+    conn.chunks([b": keep-alive\n\n"] * 10, gap=0.2)
     return conn.chunks(HELLO_FRAMES[2:]) and conn.write(END_CHUNK)
 
 
@@ -238,8 +238,8 @@ COMMON = [
 RESILIENT_ONLY = ["stall-once", "always-clean-close"]
 ABANDON: dict[str, dict[str, Any]] = {
     "slow": {"abandon_after_tokens": 3},
-    # Sooner than resilient's 0.5 s stall timeout, so it leaves rather than retries.
-    "hang": {"abandon_after_seconds": 0.3},
+    # Sooner than resilient's 1.5 s stall timeout, so it leaves rather than retries.
+    "hang": {"abandon_after_seconds": 1.0},
 }
 
 
@@ -314,10 +314,23 @@ class Started:
         self.server.close()
 
 
+def start_docs_example(tmp: Path) -> Started:
+    """The user client shown in docs/clients.md, run as `--client-cmd` would run it."""
+    doc = (REPO / "docs" / "clients.md").read_text(encoding="utf-8")
+    block = doc.split("<!-- example-client:")[1].split("```python\n")[1].split("```")[0]
+    (tmp / "my_client.py").write_text(block)
+    workload = workload_for("example")
+    workload["requests"] = [
+        r for r in workload["requests"] if r["body"]["model"] in {"complete", "clean-close"}
+    ]
+    return Started("example", [sys.executable, "my_client.py"], tmp, workload, cwd=tmp)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     tmp = tmp_path_factory.mktemp("clients")
     started = [Started(c, BUILTIN_CLIENTS[c], tmp, workload_for(c)) for c in CLIENTS]
+    started.append(start_docs_example(tmp))
     try:
         yield {s.client: s.finish() for s in started}
     finally:
@@ -333,7 +346,8 @@ def entry(runs: dict[str, Run], client: str, name: str) -> dict[str, Any]:
 
 
 def test_every_result_file_follows_the_contract(runs: dict[str, Run]) -> None:
-    for client, run in runs.items():
+    for client in CLIENTS:
+        run = runs[client]
         assert run.result["client"] == client
         assert [r["index"] for r in run.result["results"]] == list(range(len(run.by_name)))
         for r in run.result["results"]:
@@ -425,7 +439,7 @@ def test_resilient_notices_a_silent_stall_within_its_stall_timeout(runs: dict[st
     first, second = runs["resilient"].server.requests_for("stall-once")
     closed_at = runs["resilient"].server.first_note("stall-once")["closed_at"]
     assert closed_at is not None
-    assert 0.45 < closed_at - first.at < 4.0  # stall timeout 0.5 s after the last byte
+    assert 1.45 < closed_at - first.at < 5.0  # stall timeout 1.5 s after the last byte
     assert second.at >= closed_at
 
 
@@ -434,10 +448,10 @@ def test_keep_alive_comments_keep_a_quiet_stream_alive_for_every_client(
     runs: dict[str, Run], client: str
 ) -> None:
     r = entry(runs, client, "heartbeats")
-    # Longer than resilient's 0.5 s stall timeout, but never silent for that long.
+    # 2 s without data, longer than resilient's 1.5 s stall timeout, but never silent.
     assert (r["text"], r["error"], r["attempts"]) == (FULL, None, 1)
     gaps = [b[0] - a[0] for a, b in zip(r["chunks"], r["chunks"][1:], strict=False)]
-    assert max(gaps) > 0.5
+    assert max(gaps) > 1.0
 
 
 def test_a_429_with_retry_after_is_waited_out_by_resilient_and_openai_but_not_raw(
@@ -504,37 +518,28 @@ def test_abandoning_after_three_tokens_stops_reading_and_closes_the_connection(
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_abandoning_after_a_third_of_a_second_closes_the_connection_promptly(
+def test_abandoning_after_a_second_of_silence_closes_the_connection_promptly(
     runs: dict[str, Run], client: str
 ) -> None:
     r = entry(runs, client, "hang")
     assert (r["abandoned"], r["error"], r["attempts"]) == (True, None, 1)
     assert CUT.startswith(r["text"])  # all of it, unless this machine is very busy
     # Bounds loose enough for a loaded 2-core machine, far below the server's 10 s silence.
-    assert 0.29 <= r["ended_at"] - r["started_at"] < 3.0
+    assert 0.99 <= r["ended_at"] - r["started_at"] < 4.0
     closed_at = runs[client].server.first_note("hang")["closed_at"]
-    assert closed_at is not None and closed_at - r["started_at"] < 3.0
+    assert closed_at is not None and closed_at - r["started_at"] < 4.0
 
 
-def test_the_example_client_in_the_docs_follows_the_contract(tmp_path: Path) -> None:
-    doc = (REPO / "docs" / "clients.md").read_text(encoding="utf-8")
-    block = doc.split("<!-- example-client:")[1].split("```python\n")[1].split("```")[0]
-    (tmp_path / "my_client.py").write_text(block)
-    workload = workload_for("example")
-    workload["requests"] = [
-        r for r in workload["requests"] if r["body"]["model"] in {"complete", "clean-close"}
-    ]
-    started = Started("example", [sys.executable, "my_client.py"], tmp_path, workload, tmp_path)
-    try:
-        run = started.finish()
-    finally:
-        started.stop()
+def test_the_example_client_in_the_docs_follows_the_contract(runs: dict[str, Run]) -> None:
+    run = runs["example"]
+    assert run.result["client"] == "my-client"
     complete_entry, cut_entry = run.by_name["complete"], run.by_name["clean-close"]
     assert (complete_entry["text"], complete_entry["finish_reason"]) == (FULL, "stop")
     assert complete_entry["usage"]["completion_tokens"] == 5
     assert (cut_entry["text"], cut_entry["error"]) == (CUT, None)  # the SDK's silent truncation
     for r in run.result["results"]:
         assert r["text"] == "".join(piece for _, piece in r["chunks"])
+        assert r["started_at"] <= r["ended_at"]
 
 
 @pytest.mark.skipif(
@@ -572,5 +577,5 @@ def test_the_browser_client_reads_a_fetch_stream_as_chromium_does(tmp_path: Path
         got["slow"]["abandoned"] and run.server.first_note("slow")["gone_after_token"] is not None
     )
     hang_entry = got["hang"]
-    assert hang_entry["abandoned"] and hang_entry["ended_at"] - hang_entry["started_at"] < 3.0
+    assert hang_entry["abandoned"] and hang_entry["ended_at"] - hang_entry["started_at"] < 4.0
     assert run.server.first_note("hang")["closed_at"] is not None
