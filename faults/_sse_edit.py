@@ -264,7 +264,8 @@ class SseRewriter(HttpMatched):
     `class X(SseRewriter, Fault)` implements `edit(editor, line, now)` (called with each
     completed SSE line; it may `replace`/`insert` through the editor, or `cut`), and
     may override `begin(editor, now)` and `finish(now)`. Requests pass untouched, as do
-    responses that are not matched; a Content-Length response is reported as skipped.
+    responses that are not matched; a matched response that is not `text/event-stream`
+    or has a Content-Length is reported as skipped.
     `self.request_index` is the matched request's cross-connection index.
     """
 
@@ -327,7 +328,7 @@ class SseRewriter(HttpMatched):
             index = self.selected(message)
             status = head.status or 0
             if index is not None and not piece.end_of_message and 200 <= status < 300:
-                self._begin(SseBodyEditor(head), message, index, now)
+                self._begin(head, message, index, now)
             return
         editor = self._editor
         if editor is None or message != self._editing:
@@ -342,9 +343,17 @@ class SseRewriter(HttpMatched):
             self._editor, self._editing = None, -1
             self.finish(now)
 
-    def _begin(self, editor: SseBodyEditor, message: int, index: int, now: float) -> None:
-        if not editor.editable:
+    def _begin(self, head: Head, message: int, index: int, now: float) -> None:
+        editor = SseBodyEditor(head)
+        media = (head.header("content-type") or "").split(";")[0].strip().lower()
+        # Only event streams are edited: a JSON body has no line ends, so holding it until
+        # its lines complete would buffer the whole response.
+        reason = None
+        if media != "text/event-stream":
+            reason = "not text/event-stream"
+        elif not editor.editable:
             reason = "content-length"
+        if reason is not None:
             cast(Fault, self).report(now, "skipped", request=index, message=message, reason=reason)
             return
         self._editor, self._editing, self.request_index = editor, message, index

@@ -168,7 +168,8 @@ class HttpError(HttpMatched, Fault):
         check_choice("connection", self.connection, ConnectionMode)
 
     def answer(self, request: RequestInfo | None, close: bool) -> bytes:
-        """The whole response sent for a matched request."""
+        """The whole response sent for a matched request (the head alone for a HEAD
+        request, whose response never has a body: RFC 9110 §9.3.2)."""
         model = request.model if request is not None else None
         payload, content_type = error_body(
             self.body, self.status, self.message, model, self.retry_after
@@ -176,7 +177,7 @@ class HttpError(HttpMatched, Fault):
         extra = []
         if self.retry_after is not None:
             extra.append(("Retry-After", str(math.ceil(self.retry_after))))
-        return error_response(
+        response = error_response(
             self.status,
             payload,
             content_type=content_type,
@@ -184,6 +185,9 @@ class HttpError(HttpMatched, Fault):
             server=_SERVER[self.body],
             connection="close" if close else None,
         )
+        if request is not None and request.method == "HEAD":
+            return response[: len(response) - len(payload)]
+        return response
 
     def on_item(self, item: Item, now: float) -> list[Item]:
         if item.direction is Direction.UPSTREAM:

@@ -264,3 +264,12 @@ def test_it_loads_from_yaml_with_a_duration_and_a_match_block() -> None:
 def test_bad_config_is_refused(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         HttpError(**config)
+
+
+def test_a_head_request_gets_the_status_and_fields_without_a_body() -> None:
+    fault = HttpError(body="vllm", status=503)
+    out = replay(fault, [(0.0, Chunk(UP, b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"))])
+    data = joined(out, DOWN)
+    assert data.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and data.endswith(b"\r\n\r\n")
+    body, _ = error_body("vllm", 503)
+    assert b"Content-Length: %d\r\n" % len(body) in data and body not in data

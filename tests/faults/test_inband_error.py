@@ -195,7 +195,13 @@ def test_a_body_read_until_close_gets_the_frames_and_then_the_close() -> None:
 
 
 def test_content_length_responses_errors_and_unmatched_requests_pass_untouched() -> None:
-    sized = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(frame(0)), frame(0))
+    sized = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
+        % (
+            len(frame(0)),
+            frame(0),
+        )
+    )
     error = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
     fault = InbandError(events=1, match=RequestMatch(path="/v1/chat/completions"))
     out = replay(
@@ -272,3 +278,23 @@ def test_it_loads_from_yaml() -> None:
 def test_bad_config_is_refused(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         InbandError(**config)
+
+
+def test_a_matched_json_response_is_skipped_not_held_until_its_end() -> None:
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    fault = InbandError(events=1)
+    out = replay(
+        fault,
+        [
+            (0.0, Chunk(UP, request())),
+            (0.5, Chunk(DOWN, head + encode_chunk(b'{"choices": ['))),
+            (1.0, Chunk(DOWN, encode_chunk(b"]}") + LAST_CHUNK_BYTES)),
+        ],
+    )
+    assert out[1:] == [
+        (0.5, Chunk(DOWN, head + encode_chunk(b'{"choices": ['))),
+        (1.0, Chunk(DOWN, encode_chunk(b"]}") + LAST_CHUNK_BYTES)),
+    ]
+    assert fault.reports[0].details["reason"] == "not text/event-stream"
