@@ -127,6 +127,19 @@ def inband_error(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
     return conn.write(SSE_HEAD + b"\r\n") and conn.chunks(frames) and conn.write(END_CHUNK)
 
 
+def retryable_inband_error_once(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
+    """vLLM 0.33.0 completions-style frame for a RetryableRequestError (503), then a
+    healthy stream on the retry."""
+    if attempt > 1:
+        return complete(conn, attempt, headers)
+    frame = (
+        b'data: {"error": {"message": "Request failed; please retry", '
+        b'"type": "ServiceUnavailableError", "param": null, "code": 503}}\n\n'
+    )
+    frames = [chat_frame(None, role=True), chat_frame("Hello"), frame, DONE_FRAME]
+    return conn.write(SSE_HEAD + b"\r\n") and conn.chunks(frames) and conn.write(END_CHUNK)
+
+
 RESUMABLE_EVENTS = [b"id: %d\n" % (i + 1) + frame for i, frame in enumerate(HELLO_FRAMES[:-1])]
 
 
@@ -217,6 +230,7 @@ BEHAVIOURS: dict[str, Behaviour] = {
     "hang": hang,
     "stall-once": stall_once,
     "heartbeats": heartbeats,
+    "inband-503-once": retryable_inband_error_once,
 }
 
 COMMON = [
@@ -233,9 +247,10 @@ COMMON = [
     "hang",
     "heartbeats",
 ]
-# Only the resilient client gives up on a silent stall or retries a clean close; the
-# others would wait out their 600 s read timeout or see nothing new.
-RESILIENT_ONLY = ["stall-once", "always-clean-close"]
+# Conditions only the resilient client acts on (a silent stall, a clean close, a
+# retryable in-band error); the others would wait out their read timeout or see
+# nothing new.
+RESILIENT_ONLY = ["stall-once", "always-clean-close", "inband-503-once"]
 ABANDON: dict[str, dict[str, Any]] = {
     "slow": {"abandon_after_tokens": 3},
     # Sooner than resilient's 1.5 s stall timeout, so it leaves rather than retries.
@@ -479,6 +494,15 @@ def test_an_in_band_error_frame_is_surfaced_by_openai_and_resilient_and_hidden_b
     for client in ["raw", "httpx-sse"]:
         r = entry(runs, client, "inband-error")
         assert (r["text"], r["error"], r["saw_done"]) == ("Hello", None, True), client
+
+
+def test_resilient_retries_an_in_band_error_that_says_retry_and_redraws_the_answer(
+    runs: dict[str, Run],
+) -> None:
+    r = entry(runs, "resilient", "inband-503-once")
+    assert (r["text"], r["finish_reason"], r["error"]) == (FULL, "stop", None)
+    assert (r["attempts"], r["resumes"]) == (2, 0)
+    assert [piece for _, piece in r["chunks"]] == HELLO  # "Hello" of the first try is gone
 
 
 def test_resilient_resumes_with_last_event_id_and_the_stream_id_without_duplicating_tokens(
