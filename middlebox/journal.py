@@ -47,7 +47,7 @@ _SECRET_HEADER = re.compile(
     rb"(?im)^(authorization|proxy-authorization|api-key|x-api-key|cookie|set-cookie)"
     rb"[ \t]*:[^\r\n]*"
 )
-_SECRET_NAMES = {
+SECRET_HEADERS = {
     "authorization",
     "proxy-authorization",
     "api-key",
@@ -90,7 +90,7 @@ class ConnectionJournal:
     offsets: dict[tuple[str, str, str], int] = field(default_factory=dict)
     captured: dict[tuple[str, str], bytearray] = field(default_factory=dict)
     end_kinds: list[tuple[str, str, str]] = field(default_factory=list)
-    _time_index: dict[tuple[str, str], tuple[list[int], list[float]]] = field(
+    _time_index: dict[tuple[str, str, int], tuple[list[int], list[float]]] = field(
         default_factory=dict, repr=False
     )
 
@@ -221,9 +221,9 @@ class ConnectionJournal:
 
     # ------------------------------------------------------ protocol boundaries
 
-    def _time_at(self, leg: str, direction: str, offset: int) -> float:
+    def time_at(self, leg: str, direction: str, offset: int) -> float:
         """When the chunk holding byte `offset` crossed `leg` (wall clock)."""
-        key = (leg, direction)
+        key = (leg, direction, len(self.records))
         index = self._time_index.get(key)
         if index is None:
             op = "read" if (leg == "client") == (direction == Direction.UPSTREAM.value) else "wrote"
@@ -239,7 +239,6 @@ class ConnectionJournal:
     def boundaries(self, *, redact_secrets: bool = True) -> list[dict[str, Any]]:
         """HTTP heads, message ends and SSE events on each leg, from the captured bytes."""
         out: list[dict[str, Any]] = []
-        self._time_index = {}
         for leg in LEGS:
             requests = self.captured.get((leg, Direction.UPSTREAM.value), bytearray())
             responses = self.captured.get((leg, Direction.DOWNSTREAM.value), bytearray())
@@ -266,7 +265,7 @@ class ConnectionJournal:
             if piece.head is not None:
                 head = piece.head
                 headers = [
-                    [name, "[redacted]" if redact_secrets and name.lower() in _SECRET_NAMES else v]
+                    [name, "[redacted]" if redact_secrets and name.lower() in SECRET_HEADERS else v]
                     for name, v in head.headers
                 ]
                 start = (
@@ -276,7 +275,7 @@ class ConnectionJournal:
                 )
                 yield {
                     "type": "http_head",
-                    "time": self._time_at(leg, direction.value, piece.offset),
+                    "time": self.time_at(leg, direction.value, piece.offset),
                     **where,
                     "offset": piece.offset,
                     "size": len(piece.data),
@@ -297,7 +296,7 @@ class ConnectionJournal:
                     stream_offset = _map_offset(segments, start_in_body)
                     yield {
                         "type": "sse_event",
-                        "time": self._time_at(leg, direction.value, stream_offset),
+                        "time": self.time_at(leg, direction.value, stream_offset),
                         **where,
                         "offset": stream_offset,
                         "size": len(event.raw),
@@ -310,7 +309,7 @@ class ConnectionJournal:
             if piece.end_of_message:
                 yield {
                     "type": "http_end",
-                    "time": self._time_at(leg, direction.value, piece.offset),
+                    "time": self.time_at(leg, direction.value, piece.offset),
                     **where,
                     "offset": piece.offset + len(piece.data),
                 }
