@@ -186,9 +186,8 @@ class _Driver:
         )
         result = await future
         rec.attempts += 1
-        for t, piece in result["chunks"]:
-            rec.pieces.append(piece)
-            rec.chunks.append((float(t), piece))
+        for when, piece in result["chunks"]:
+            rec.shown_at(float(when), piece)
         rec.finish_reason = result["finish_reason"]
         rec.usage = result["usage"]
         rec.error = result["error"]

@@ -180,11 +180,15 @@ class Recorder:
         """Display a text piece now; raise Abandoned once the user has read enough."""
         if not piece:
             return
-        self.pieces.append(piece)
-        self.chunks.append((time.time(), piece))
+        self.shown_at(time.time(), piece)
         limit = self.spec.abandon_after_tokens
         if limit is not None and self.tokens_shown >= limit:
             raise Abandoned
+
+    def shown_at(self, when: float, piece: str) -> None:
+        """Record a piece displayed at `when` (a time.time() value) elsewhere, e.g. in a page."""
+        self.pieces.append(piece)
+        self.chunks.append((when, piece))
 
     def replace(self) -> None:
         """Forget what was shown: a restarted request redraws its answer from scratch."""
