@@ -16,6 +16,10 @@ print the error as text or take the stream as complete.
 - `vllm-legacy`: up to 0.10.0, with `"object": "error"` inside and BadRequestError/400;
 - `openai`: OpenAI's `server_error` frame (spaced, `code: null`).
 
+`events` counts dispatched data events of the response, `[DONE]` excluded; vLLM's
+first event is the role chunk (`delta: {"role": "assistant"}`), so `events: 1` fails
+before the first token.
+
 After the frame: `then: done` sends `data: [DONE]` and ends the chunked body (the
 rest of the server's response is dropped, the connection stays usable); `close`
 ends the connection without the last chunk (a truncated body) and closes toward the
