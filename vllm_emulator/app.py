@@ -149,6 +149,7 @@ class Job:
     last_token_time: list[float | None] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)  # choice of each unencoded token
     state: str = "running"  # running | finished | failed | aborted
+    failure: tuple[str, str, int] = ("Internal server error", "InternalServerError", 500)
     scheduled_at: float | None = None
     first_token_time: float | None = None
     log: deque[Frame] = field(default_factory=deque)
@@ -210,7 +211,7 @@ class Job:
                 self._append(frame, 0, resumable)
             self.closed = True
         elif self.state == "failed":
-            for frame in encoder.error():
+            for frame in encoder.error(*self.failure):
                 self._append(frame, 0, resumable)
             self.closed = True
         elif self.state == "aborted":
@@ -451,6 +452,7 @@ class Engine:
         job.pending.append(choice)
         fail_after = self.config.fail_after_tokens
         if fail_after is not None and entry.completion_tokens >= fail_after and not event.last:
+            job.failure = wire.failure(job.request.endpoint, self.config.fail_kind)
             self._finish(job, "failed", event.time, wall)
         elif event.last:
             del self.by_seq[event.seq_id]
@@ -663,6 +665,12 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         entry = _unparsed_entry(engine, endpoint, raw, received, header_id, error.status)
         entry.finished_at = time.time()
         return json_response(error.status, error.body, extra)
+    queue_limit = config.max_num_queued_reqs
+    if queue_limit is not None and engine.scheduler.num_waiting >= queue_limit:
+        body = wire.error_body(config.profile, wire.QUEUE_FULL_MESSAGE, "Service Unavailable", 503)
+        entry = _unparsed_entry(engine, endpoint, raw, received, header_id, 503)
+        entry.finished_at = time.time()
+        return json_response(503, body, extra)
     job = engine.start(parsed, received)
     job.entry.status = 200
     if config.enable_request_id_headers and not extra:
@@ -677,10 +685,12 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         engine.client_left(job)
         raise
     if job.state == "failed":
-        body = wire.error_body(config.profile, "Internal server error", "InternalServerError", 500)
-        job.entry.status = 500
+        # Without a stream the exception mapping runs, as for completions (§2.1).
+        message, error_type, code = wire.failure("completions", config.fail_kind)
+        body = wire.error_body(config.profile, message, error_type, code)
+        job.entry.status = code
         job.entry.bytes_written = len(body)
-        return json_response(500, body, extra)
+        return json_response(code, body, extra)
     choices = [
         Choice(i, plan.text, plan.finish_reason, plan.stop_reason)
         for i, plan in enumerate(job.plans)

@@ -75,6 +75,9 @@ class EmulatorConfig:
     cassette: str | None = None
     # Fail generation after this many tokens with an in-band error (tests, incidents).
     fail_after_tokens: int | None = None
+    fail_kind: Literal["generation", "retryable", "engine_dead"] = "generation"
+    # --max-num-queued-reqs (0.33): more waiting sequences than this get a 503 up front.
+    max_num_queued_reqs: int | None = None
 
     def __post_init__(self) -> None:
         problems = []

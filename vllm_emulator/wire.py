@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Profile = Literal["vllm-0.33", "vllm-0.11"]
+FailureKind = Literal["generation", "retryable", "engine_dead"]
 Endpoint = Literal["chat", "completions"]
 StopReason = str | int | None
 
@@ -102,6 +103,28 @@ def error_body(
     return dumps(
         {"error": {"message": message, "type": error_type, "param": param, "code": code}}
     ).encode("utf-8")
+
+
+QUEUE_FULL_MESSAGE = (
+    "The engine is currently busy and cannot accept new requests. Please try again later or on "
+    "a different instance."
+)  # QueueOverflowError, checked in _preflight before streaming starts (--max-num-queued-reqs)
+
+
+def failure(endpoint: Endpoint, kind: FailureKind) -> tuple[str, str, int]:
+    """(message, type, code) of a generation failure, as vLLM 0.33 reports it (§2.3).
+
+    A GenerationError is 500 "Internal server error"; a RetryableRequestError is 503
+    "Request failed; please retry", still typed InternalServerError by the chat stream
+    but ServiceUnavailableError where the exception mapping runs (completions, and
+    non-streaming responses); an EngineDeadError is 500 with its own message.
+    """
+    if kind == "engine_dead":
+        return "The server had an error while processing your request.", "InternalServerError", 500
+    if kind == "retryable":
+        mapped = "InternalServerError" if endpoint == "chat" else "ServiceUnavailableError"
+        return "Request failed; please retry", mapped, 503
+    return "Internal server error", "InternalServerError", 500
 
 
 UNAUTHORIZED_BODY = b'{"error":"Unauthorized"}'  # --api-key middleware: a plain string

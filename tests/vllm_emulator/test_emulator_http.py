@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -259,8 +260,6 @@ def test_keep_alive_comments_fill_a_pause_and_stop_when_tokens_flow(emulator: An
 
 def test_requests_beyond_max_num_seqs_queue_and_metrics_show_it(emulator: Any) -> None:
     server = emulator(max_num_seqs=1, itl=0.01)
-    import threading
-
     results = []
     threads = [
         threading.Thread(
@@ -399,3 +398,39 @@ def test_stale_gauges_keep_the_last_engine_step_after_everything_aborts(emulator
               stop_after_frames=3)  # fmt: skip
     fresh.wait_until(lambda: fresh.ledger()[0]["aborted_at"] is not None)
     assert fresh.metric("vllm:num_requests_running") == 0.0
+
+
+def test_a_retryable_failure_is_a_503_frame_and_engine_death_has_its_own_message(
+    emulator: Any,
+) -> None:
+    retry = emulator(fail_after_tokens=1, fail_kind="retryable")
+    frames = retry.raw("/v1/completions", {"prompt": "x", "max_tokens": 5, "stream": True})
+    assert frames.chunks[-2] == (
+        b'data: {"error": {"message": "Request failed; please retry", "type": '
+        b'"ServiceUnavailableError", "param": null, "code": 503}}\n\n'
+    )
+    status, _, _ = retry.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 5})
+    assert status == 503
+    dead = emulator(fail_after_tokens=1, fail_kind="engine_dead")
+    frames = dead.raw("/v1/chat/completions", chat(5, stream=True))
+    error = json.loads(frames.chunks[-2][6:])["error"]
+    assert error["message"] == "The server had an error while processing your request."
+    assert error["code"] == 500
+
+
+def test_a_full_queue_gets_vllms_503_before_any_stream(emulator: Any) -> None:
+    server = emulator(max_num_seqs=1, max_num_queued_reqs=1, itl=0.01)
+    body = {"prompt": "x", "max_tokens": 100}
+    threads = [threading.Thread(target=server.request, args=("POST", "/v1/completions", body))
+               for _ in range(2)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    server.wait_until(lambda: len(server.ledger()) == 2)
+    status, _, payload = server.request("POST", "/v1/completions", {**body, "stream": True})
+    assert status == 503
+    assert json.loads(payload)["error"] == {
+        "message": wire.QUEUE_FULL_MESSAGE, "type": "Service Unavailable", "param": None,
+        "code": 503,
+    }  # fmt: skip
+    for thread in threads:
+        thread.join(10)
