@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -34,7 +35,131 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
+# ------------------------------------------------ observability (see docs/observability.md)
+
+
+def _control_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`proxy --control ADDR ...`: the proxy with its control API (middlebox.control)."""
+    import functools
+
+    @functools.wraps(command)
+    def proxy_or_controlled(
+        *args: object,
+        control: str | None,
+        control_token: str | None,
+        allow_scenario_header: bool,
+        scenario_dir: str | None,
+        **options: object,
+    ) -> None:
+        if control is None:
+            if allow_scenario_header or control_token:
+                raise click.UsageError("--allow-scenario-header and --control-token need --control")
+            command(*args, **options)
+            return
+        _run_controlled(control, control_token, allow_scenario_header, scenario_dir, options)
+
+    for option in reversed(
+        [
+            click.option(
+                "--control",
+                metavar="HOST:PORT",
+                help="Serve the control API here (GET /metrics, GET|PUT|DELETE /scenario, "
+                "GET /journals...). Loopback unless a token is given.",
+            ),
+            click.option(
+                "--control-token",
+                envvar="MIDDLEBOX_CONTROL_TOKEN",
+                help="Bearer token the control API requires (env MIDDLEBOX_CONTROL_TOKEN); "
+                "mandatory on a non-loopback address.",
+            ),
+            click.option(
+                "--allow-scenario-header",
+                is_flag=True,
+                help="Let a connection pick NAME.yaml from --scenario-dir with the request "
+                "header X-Middlebox-Scenario: NAME (off by default).",
+            ),
+            click.option(
+                "--scenario-dir",
+                type=click.Path(exists=True, file_okay=False),
+                help="Scenarios X-Middlebox-Scenario may name.",
+            ),
+        ]
+    ):
+        proxy_or_controlled = option(proxy_or_controlled)
+    return proxy_or_controlled
+
+
+def _run_controlled(
+    control: str,
+    token: str | None,
+    allow_header: bool,
+    scenario_dir: str | None,
+    options: dict[str, object],
+) -> None:
+    from pathlib import Path
+
+    import trio
+
+    from middlebox.compose import load
+    from middlebox.control import ControlledProxy, check_control_access, run_controlled_proxy
+    from middlebox.scenario import Scenario, ScenarioError
+    from middlebox.server import Address
+
+    if int(str(options.get("workers") or 1)) > 1:
+        raise click.UsageError("--control serves one proxy process; drop --workers")
+    if allow_header and not scenario_dir:
+        raise click.UsageError("--allow-scenario-header needs --scenario-dir")
+    scenario_file = options.get("scenario_file")
+    try:
+        scenario = load(str(scenario_file)) if scenario_file else Scenario(name="pass-through")
+        listen_address = Address.parse(str(options["listen_at"]))
+        upstream_address = Address.parse(str(options["upstream"]))
+        control_address = Address.parse(control)
+        check_control_access(control_address, token)
+    except (ScenarioError, ValueError) as error:
+        raise click.ClickException(str(error)) from None
+    max_connections = options.get("max_connections")
+    proxy = ControlledProxy(
+        upstream_address,
+        scenario,
+        max_connections=int(str(max_connections)) if max_connections else None,
+        scenario_dir=Path(scenario_dir) if scenario_dir else None,
+        allow_scenario_header=allow_header,
+    )
+
+    def ready(port: int, control_port: int) -> None:
+        click.echo(
+            f"listening on http://{listen_address.host}:{port} -> {upstream_address} "
+            f"(scenario {scenario.name!r}, {len(scenario.path)} faults); control API on "
+            f"http://{control_address.host}:{control_port}"
+        )
+        sys.stdout.flush()
+
+    journal_file = options.get("journal_file")
+    try:
+        trio.run(
+            lambda: run_controlled_proxy(
+                proxy,
+                listen_address,
+                control_address,
+                token=token,
+                ready=ready,
+                grace=float(str(options.get("grace", 10.0))),
+                backlog=int(str(options.get("backlog", 1024))),
+            )
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if journal_file:
+            proxy.store.write_ndjson(
+                Path(str(journal_file)), redact_secrets=not options.get("journal_secrets")
+            )
+    click.echo(f"stopped: {proxy.connections_accepted} connections")
+
+
 @main.command(epilog=EPILOG_PROXY)
+@_control_options
 @click.option(
     "--listen",
     "listen_at",
@@ -299,6 +424,181 @@ def replay(report_file: str, report_dir: str | None) -> None:
     for line in differences:
         click.echo(f"replay: differs: {line}", err=True)
     sys.exit(1)
+
+
+@main.command()
+@click.argument("journal", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="run.pcapng or .pcap"
+)
+@click.option("--listen-port", default=9000, show_default=True, help="Proxy port in the capture.")
+@click.option("--upstream-port", default=8000, show_default=True, help="Upstream port shown.")
+def pcap(journal: str, output: str, listen_port: int, upstream_port: int) -> None:
+    """Turn a connection journal (NDJSON) into TCP packets for Wireshark or tshark.
+
+    Both legs of each connection become TCP streams on 127.0.0.1 with sequence numbers
+    from the journal's offsets, FINs and RSTs where the journal saw them.
+
+    \b
+    Example:
+      middlebox pcap reports/latest/runs/00-x/raw.journal.ndjson -o run.pcapng
+      tshark -r run.pcapng -Y 'tcp.flags.reset == 1'
+    """
+    from middlebox.pcap import write_pcap
+
+    count = write_pcap(journal, output, listen_port=listen_port, upstream_port=upstream_port)
+    click.echo(f"wrote {count} packets to {output}")
+
+
+@main.group()
+def drill() -> None:
+    """Training drills: diagnose an incident, then prove the fix.
+
+    \b
+    Examples:
+      middlebox drill list
+      middlebox drill start silent-truncation
+      middlebox drill hint silent-truncation 1
+      middlebox drill check silent-truncation --client-cmd 'python my_client.py'
+    """
+
+
+@drill.command("list")
+def drill_list() -> None:
+    """The drills, and where each one's fix goes."""
+    from middlebox.drills import listing
+
+    click.echo(listing())
+
+
+@drill.command("hint")
+@click.argument("name")
+@click.argument("number", type=int)
+def drill_hint(name: str, number: int) -> None:
+    """Hint NUMBER (from 1) of drill NAME; the last one reveals the fault."""
+    from middlebox.drills import DrillError, hint
+
+    try:
+        click.echo(hint(name, number))
+    except DrillError as error:
+        raise click.ClickException(str(error)) from None
+
+
+@drill.command("start")
+@click.argument("name")
+def drill_start(name: str) -> None:
+    """Print the symptoms and run the incident (emulator + proxy) until Ctrl-C."""
+    import time
+
+    from middlebox.drills import DrillError, briefing, start
+
+    try:
+        drill_, proxy = start(name)
+    except DrillError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(briefing(drill_))
+    click.echo(
+        f"\nThe incident is live: OPENAI_BASE_URL={proxy.base_url} (model {proxy.model}). "
+        f"Ctrl-C to stop."
+    )
+    sys.stdout.flush()
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        facts = proxy.score()
+        proxy.close()
+    click.echo(f"\nstopped after {facts['connections']} connections")
+
+
+@drill.command("check")
+@click.argument("name")
+@click.option(
+    "--client-cmd",
+    "client_commands",
+    multiple=True,
+    required=True,
+    help="Your client under the middlebox contract (see docs/clients.md).",
+)
+@click.option(
+    "--scenario",
+    "fixed",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Your fixed copy of the drill's scenario (for fixes on the server/proxy side).",
+)
+@click.option("--report", "report_dir", type=click.Path(file_okay=False), help="Report dir.")
+def drill_check(
+    name: str, client_commands: tuple[str, ...], fixed: str | None, report_dir: str | None
+) -> None:
+    """Grade a fix: run the drill with your client (and scenario); exit 1 unless it holds."""
+    from pathlib import Path
+
+    from middlebox.drills import DrillError, check
+    from middlebox.report import scorecard
+    from middlebox.runner import RunError
+    from middlebox.scenario import ScenarioError
+
+    try:
+        grade = check(
+            name,
+            list(client_commands),
+            fixed_scenario=Path(fixed) if fixed else None,
+            report_dir=Path(report_dir) if report_dir else None,
+        )
+    except (DrillError, RunError, ScenarioError) as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(scorecard(grade.suite, colour=sys.stdout.isatty()))
+    if grade.passed:
+        click.echo(f"drill {name}: PASS")
+        return
+    for reason in grade.reasons:
+        click.echo(f"  {reason}", err=True)
+    click.echo(f"drill {name}: FAIL", err=True)
+    sys.exit(1)
+
+
+@main.command()
+@click.option("--upstream", required=True, help="The real server, e.g. http://127.0.0.1:8000.")
+@click.option("--listen", "listen_at", default="127.0.0.1:9000", show_default=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Cassette dir.")
+def record(upstream: str, listen_at: str, out: str) -> None:
+    """Proxy to a real server and save each response as an emulator cassette.
+
+    \b
+    Example:
+      middlebox record --upstream http://127.0.0.1:8000 --listen 127.0.0.1:9000 --out tapes/
+      # replay one: upstream: {cassette: tapes/cassette-0001-0.json} in a scenario
+    """
+    from pathlib import Path
+
+    import trio
+
+    from middlebox.record import record as record_responses
+    from middlebox.server import Address
+
+    try:
+        listen_address, upstream_address = Address.parse(listen_at), Address.parse(upstream)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+
+    def ready(port: int) -> None:
+        click.echo(f"recording http://{listen_address.host}:{port} -> {upstream_address}")
+        sys.stdout.flush()
+
+    def saved(path: Path) -> None:
+        click.echo(f"saved {path}")
+        sys.stdout.flush()
+
+    try:
+        trio.run(
+            lambda: record_responses(
+                listen_address, upstream_address, Path(out), ready=ready, on_cassette=saved
+            )
+        )
+    except KeyboardInterrupt:
+        pass
 
 
 def _add_optional_commands() -> None:
