@@ -22,6 +22,7 @@ import asyncio
 import base64
 import contextlib
 import email.utils
+import itertools
 import json
 import random
 import sys
@@ -584,6 +585,10 @@ async def _write(resp: web.StreamResponse, entry: LedgerEntry, data: bytes) -> N
     entry.write_times.append(time.time())
 
 
+class _Evicted(Exception):
+    """Frames a live reader had not got yet were evicted from the resume buffer."""
+
+
 async def _stream_frames(engine: Engine, job: Job, resp: web.StreamResponse, after: int) -> None:
     """Write the job's frames after event `after` as they come, with keep-alives."""
     config = engine.config
@@ -599,7 +604,13 @@ async def _stream_frames(engine: Engine, job: Job, resp: web.StreamResponse, aft
             wake.clear()
             if not resumable:
                 job.pull(False, 0)
-            for event_id, data, tokens in [f for f in job.log if f[0] > position]:
+            first = job.log[0][0] if job.log else position + 1
+            if position + 1 < first:
+                raise _Evicted  # this reader lagged past the resume buffer
+            # Event ids are consecutive, so the frames after `position` start at this index.
+            for event_id, data, tokens in list(
+                itertools.islice(job.log, max(0, position + 1 - first), None)
+            ):
                 await _write(resp, entry, data)
                 position = event_id
                 entry.delivered_tokens = max(entry.delivered_tokens, tokens)
@@ -637,6 +648,12 @@ async def _serve_stream(
         engine.client_left(job)
         raise
     except (ConnectionResetError, ClientConnectionResetError):
+        engine.client_left(job)
+    except _Evicted:
+        # Cut the connection rather than end it cleanly over a gap; the client can
+        # resume and will be told the events are gone.
+        if request.transport is not None:
+            request.transport.abort()
         engine.client_left(job)
     return resp
 
