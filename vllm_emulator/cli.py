@@ -34,7 +34,9 @@ def emulate(host: str, port: int, config_file: str | None, profile: str | None) 
     except ValueError as error:
         raise click.UsageError(str(error)) from None
 
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 literal needs brackets in a URL
+
     def ready(bound: int) -> None:
-        print(f"listening on http://{host}:{bound}", flush=True)
+        print(f"listening on http://{shown}:{bound}", flush=True)
 
     run_emulator(config, host, port, ready)

@@ -226,6 +226,9 @@ def parse(
             "messages."
         )
         raise _bad_request(profile, message + suffix)
+    n = ints.get("n")
+    if n is not None and n < 1:  # SamplingParams._verify_args
+        raise _bad_request(profile, f"n must be at least 1, got {n}.")
     room = max_model_len - prompt_tokens
     if requested is not None and profile == "vllm-0.33" and requested > max_model_len:
         message = (

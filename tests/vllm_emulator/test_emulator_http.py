@@ -116,7 +116,9 @@ def test_bad_requests_get_vllms_status_codes_and_bodies(emulator: Any) -> None:
         "POST", "/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}
     )
     assert status == 400 and b"Stream options can only be defined when `stream=True`." in body
-    assert [e["status"] for e in server.ledger()] == [404, 400, 400, 400, 400, 400, 400]
+    status, _, body = server.request("POST", "/v1/completions", {"prompt": "x", "n": 0})
+    assert status == 400 and json.loads(body)["error"]["message"] == "n must be at least 1, got 0."
+    assert [e["status"] for e in server.ledger()] == [404, 400, 400, 400, 400, 400, 400, 400]
 
 
 def test_max_tokens_beyond_the_room_left_is_clamped_in_033_and_rejected_in_011(
