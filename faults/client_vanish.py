@@ -18,6 +18,10 @@ The client under test is gone from the story: nothing more reaches it. With
 `client: silent` (default) it simply hears nothing more, like a phone that lost its
 signal, and must time out on its own; `client: reset` sends it an RST so it ends at
 once. What it still sends is dropped.
+
+`connections: N` limits the fault to the first N connections of the scenario (counted
+across connections in the fault's scenario-lifetime state), so a client that
+reconnects after the stall can be seen to recover.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class ClientVanish(Triggered, Fault):
 
     how: How = "fin"
     client: ClientSide = "silent"
+    connections: int | None = None
 
     _state: State = field(init=False, repr=False, default="present")
 
@@ -49,9 +54,16 @@ class ClientVanish(Triggered, Fault):
         super().__post_init__()
         check_choice("how", self.how, How)
         check_choice("client", self.client, ClientSide)
+        if self.connections is not None and self.connections < 1:
+            raise ValueError(
+                f"connections must be at least 1 (or null for all), got {self.connections}"
+            )
 
     def on_open(self, now: float) -> list[Item]:
-        self.arm(now)
+        opened = self.context.shared.get("connections_opened", 0)
+        self.context.shared["connections_opened"] = opened + 1
+        if self.connections is None or opened < self.connections:
+            self.arm(now)
         return []
 
     def on_item(self, item: Item, now: float) -> list[Item]:

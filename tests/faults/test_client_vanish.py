@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from faults.client_vanish import ClientVanish
 from faults.testing import TimedItem, joined, replay
+from middlebox.fault import FaultContext
 from middlebox.stream import DOWN, UP, Chunk, Eof, Reset
 from tests.faults.netprops import assert_deterministic, timelines
 
@@ -29,6 +31,18 @@ def test_after_n_bytes_the_upstream_gets_a_fin_and_the_client_hears_nothing_more
     assert [(r.time, r.action, r.details["offset"]) for r in fault.reports] == [
         (0.0, "vanished", 5)
     ]
+
+
+def test_with_a_connection_limit_later_connections_pass_untouched() -> None:
+    shared: dict[str, Any] = {}
+    outputs = []
+    for connection in range(3):
+        fault = ClientVanish(at=1.0, connections=2)
+        fault.bind(FaultContext(connection, random.Random(0), shared=shared))
+        timeline: list[TimedItem] = [(0.5, Chunk(DOWN, b"a")), (2.0, Chunk(DOWN, b"b"))]
+        outputs.append(replay(fault, timeline, bind=False))
+    vanished = [(0.5, Chunk(DOWN, b"a")), (1.0, Eof(UP))]
+    assert outputs == [vanished, vanished, [(0.5, Chunk(DOWN, b"a")), (2.0, Chunk(DOWN, b"b"))]]
 
 
 def test_at_a_time_the_upstream_is_reset_and_the_client_can_be_reset_too() -> None:
