@@ -192,6 +192,15 @@ def config_from_mapping(data: Any, cls: type[Any] = EmulatorConfig, where: str =
     return cls(**kwargs)
 
 
+def config_to_mapping(config: EmulatorConfig) -> dict[str, Any]:
+    """Plain data (seconds, bytes) that `config_from_mapping` and `--config` read back.
+
+    A runner that got an EmulatorConfig from a scenario's `upstream:` block writes
+    this as JSON (which is YAML) and starts `python -m vllm_emulator --config FILE`.
+    """
+    return dataclasses.asdict(config)
+
+
 def load_config(path: str | Path, **overrides: Any) -> EmulatorConfig:
     """Read a YAML file of EmulatorConfig keys; `overrides` (e.g. from flags) win."""
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import typing
@@ -11,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from vllm_emulator.cli import emulate
-from vllm_emulator.config import EmulatorConfig, PauseConfig, config_from_mapping, load_config
+from vllm_emulator.config import (
+    EmulatorConfig,
+    PauseConfig,
+    config_from_mapping,
+    config_to_mapping,
+    load_config,
+)
 
 
 def test_defaults_describe_a_small_model_with_vllm_033s_wire_format() -> None:
@@ -51,6 +58,13 @@ def test_bad_settings_are_refused_with_a_clear_message(
 ) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         config_from_mapping(data)
+
+
+def test_a_config_written_as_json_reads_back_equal(tmp_path: Path) -> None:
+    config = EmulatorConfig(itl=0.02, pauses=[PauseConfig(3, 1.5)], resumable=True)
+    path = tmp_path / "upstream.json"
+    path.write_text(json.dumps(config_to_mapping(config)))
+    assert load_config(path) == config
 
 
 def test_field_types_are_ones_the_scenario_loader_understands() -> None:
