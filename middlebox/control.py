@@ -19,6 +19,10 @@ carries `X-Middlebox-Scenario: NAME` runs `NAME.yaml` from the scenario director
 so parallel tests can each pick their faults through one proxy. The head is read
 with MSG_PEEK, so the bytes stay in the socket for the relay and the stream stays
 byte-exact. The choice is per connection (the first request decides).
+
+`BackgroundProxy` runs a `ControlledProxy` in a thread with its own trio loop (and
+`EmulatorProcess` the embedded emulator), for synchronous callers: the pytest plugin
+and `middlebox drill start`.
 """
 
 from __future__ import annotations
