@@ -1,0 +1,5 @@
+"""`python -m middlebox` is the `middlebox` command."""
+
+from middlebox.cli import main
+
+main()
