@@ -6,10 +6,16 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
 from middlebox import __version__
+
+if TYPE_CHECKING:
+    from middlebox.journal import JournalStore
+    from middlebox.scenario import Scenario
+    from middlebox.server import Address, ProxyServer
 
 EPILOG_PROXY = """\b
 Examples:
@@ -208,6 +214,14 @@ def _run_controlled(
     is_flag=True,
     help="Keep Authorization/API-key/cookie values in the journal (redacted by default).",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Proxy processes sharing the port (SO_REUSEPORT); one process uses one core. "
+    "With --journal each worker writes FILE.wN.",
+)
 def proxy(
     listen_at: str,
     upstream: str,
@@ -217,6 +231,7 @@ def proxy(
     backlog: int,
     journal_file: str | None,
     journal_secrets: bool,
+    workers: int,
 ) -> None:
     """Run the proxy: relay every connection byte-exact through the scenario's faults.
 
@@ -258,6 +273,21 @@ def proxy(
         ),
         report_sink_factory=journal.fault_sink if journal is not None else None,
     )
+    if workers > 1:
+        _run_workers(
+            listen_address,
+            upstream_address,
+            scenario,
+            workers,
+            server,
+            ready,
+            grace,
+            backlog,
+            journal,
+            journal_file,
+            journal_secrets,
+        )
+        return
     try:
         trio.run(
             lambda: run_proxy(
@@ -279,6 +309,50 @@ def proxy(
         f"stopped: {server.connections_accepted} connections, "
         f"{server.connections_refused} refused, {server.reset_at_shutdown} reset at shutdown"
     )
+
+
+def _run_workers(
+    listen_address: Address,
+    upstream_address: Address,
+    scenario: Scenario,
+    workers: int,
+    server: ProxyServer,
+    ready: Callable[[int], None],
+    grace: float,
+    backlog: int,
+    journal: JournalStore | None,
+    journal_file: str | None,
+    journal_secrets: bool,
+) -> None:
+    """`proxy --workers N`: the same server settings in N supervised processes."""
+    from pathlib import Path
+
+    from middlebox.workers import run_workers
+
+    def workers_ready(port: int, pids: list[int]) -> None:
+        ready(port)
+        click.echo(f"workers: {' '.join(map(str, pids))}")
+        sys.stdout.flush()
+
+    def finish(index: int, _server: ProxyServer) -> None:
+        if journal is not None and journal_file is not None:
+            path = Path(f"{journal_file}.w{index}")
+            journal.write_ndjson(path, redact_secrets=not journal_secrets)
+
+    result = run_workers(
+        listen_address,
+        upstream_address,
+        scenario,
+        workers,
+        ready=workers_ready,
+        grace=grace,
+        backlog=backlog,
+        finish=finish,
+        max_connections=server.max_connections,
+        observer_factory=server.observer_factory,
+        report_sink_factory=server.report_sink_factory,
+    )
+    click.echo(f"stopped: {result.summary()}")
 
 
 @main.command()
@@ -324,7 +398,7 @@ def schema() -> None:
     "clients",
     multiple=True,
     help="Built-in client to score (repeatable): raw, openai, httpx-sse, resilient, "
-    "browser. Default: every available one.",
+    "browser. Default: all but browser (Chromium is opt-in).",
 )
 @click.option(
     "--client-cmd",

@@ -134,6 +134,12 @@ class SuiteOutcome:
         return all(outcome.passed for outcome in self.outcomes)
 
 
+def default_clients() -> list[str]:
+    """Every built-in client but `browser`: starting Chromium per scenario is slow and
+    heavy, so the browser is scored when asked for (`--client browser`)."""
+    return [name for name in available_clients() if name != "browser"]
+
+
 def resolve_clients(names: Sequence[str], commands: Sequence[str]) -> list[ClientSpec]:
     """Built-in client names plus `--client-cmd` commands (`NAME=COMMAND` or `COMMAND`)."""
     specs = []
@@ -590,7 +596,7 @@ def run_suite(
     for scenario in scenarios:
         for warning in scenario.warnings:
             log.warning("%s", warning)
-    names = list(client_names) or ([] if client_commands else available_clients())
+    names = list(client_names) or ([] if client_commands else default_clients())
     clients = resolve_clients(names, client_commands)
     with tempfile.TemporaryDirectory(prefix="middlebox-run-") as scratch:
         workdir = Path(report_dir) / "runs" if report_dir else Path(scratch)
