@@ -126,9 +126,11 @@ async def test_sigterm_drains_live_streams_within_grace_then_resets_and_writes_t
     assert endless_end == "rst" and 1.0 <= reset_after < 4.0
     assert code == 0
     # probes that raced the signal may add accepted connections; they end on their own
-    assert re.search(r"stopped: \d+ connections, 0 refused, 1 reset at shutdown$", output), output
+    stopped = re.search(r"stopped: (\d+) connections, 0 refused, 1 reset at shutdown$", output)
+    assert stopped, output
     lines = [json.loads(text) for text in journal.read_text().splitlines()]
-    assert sum(1 for entry in lines if entry["type"] == "open") == 2
+    opened = sum(1 for entry in lines if entry["type"] == "open")
+    assert opened == int(stopped.group(1)) >= 2  # one journal per connection
     assert "sk-s3cret" not in journal.read_text()  # redacted by default
 
 

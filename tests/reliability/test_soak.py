@@ -14,5 +14,7 @@ async def test_ten_seconds_of_mixed_load_leave_memory_fds_and_tasks_flat() -> No
     assert report.flat, report.summary()
     assert report.errors == {}
     assert report.complete > 20 and report.cut > 0 and report.abandoned > 0
-    assert report.after == report.baseline  # every connection and task gone after the load
+    # every connection and task gone after the load
+    assert report.after["fds"] <= report.baseline["fds"]
+    assert report.after["tasks"] <= report.baseline["tasks"]
     assert len(report.samples) >= 24
