@@ -6,35 +6,16 @@ to settle and then asserts the counts came back: a leak fails the test that caus
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable
 
 import trio
 
+from middlebox.soak import fds_of as open_fds
+from middlebox.soak import rss_of as rss_bytes
+from middlebox.soak import tasks_now as task_count
 
-def open_fds(pid: int | str = "self") -> int:
-    """File descriptors open in a process (this one by default)."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def rss_bytes(pid: int | str = "self") -> int:
-    """Resident set size from /proc/PID/statm (pages x page size)."""
-    with open(f"/proc/{pid}/statm", encoding="ascii") as statm:
-        resident = int(statm.read().split()[1])
-    return resident * os.sysconf("SC_PAGE_SIZE")
-
-
-def task_count() -> int:
-    """Live tasks in the current trio run, found by walking the task tree."""
-    stack = [trio.lowlevel.current_root_task()]
-    count = 0
-    while stack:
-        task = stack.pop()
-        count += 1
-        for nursery in task.child_nurseries:
-            stack.extend(nursery.child_tasks)
-    return count
+__all__ = ["blackhole", "fds_back_to", "open_fds", "rss_bytes", "settle", "task_count"]
 
 
 async def settle(done: Callable[[], bool], seconds: float = 3.0) -> bool:
