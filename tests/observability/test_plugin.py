@@ -45,7 +45,9 @@ def test_tests_using_the_fixture_pass_and_fail_as_their_scenarios_dictate_under_
     tmp_path: Path,
 ) -> None:
     done = subprocess.run(
+        # plugins the example does not use are left out: each xdist worker loads them again
         [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+         "-p", "no:hypothesispytest", "-p", "no:trio", "-p", "no:anyio",
          "--rootdir", str(tmp_path), "-c", "/dev/null", str(EXAMPLE)],
         capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2],
     )  # fmt: skip
