@@ -9,8 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from faults import REGISTRY
+from middlebox.cli import main
 from middlebox.compose import scenario_sections
 from middlebox.control import check_control_access, is_loopback
 from middlebox.runner import run_suite, safe_name
@@ -31,6 +33,19 @@ def test_the_control_api_refuses_any_other_address_without_a_token(host: str) ->
     with pytest.raises(ValueError, match="not loopback\\) needs a token"):
         check_control_access(Address(host, 9000), None)
     check_control_access(Address(host, 9000), "s3cret")  # with a token it may
+
+
+def test_the_proxy_command_refuses_a_public_control_api_without_a_token_before_binding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MIDDLEBOX_CONTROL_TOKEN", raising=False)
+    args = ["proxy", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9"]
+    result = CliRunner().invoke(main, [*args, "--control", "0.0.0.0:0"])
+    assert result.exit_code != 0
+    assert "needs a token" in result.output
+    # the control API is off unless asked for: a plain proxy has no --control default
+    parsed = main.commands["proxy"].make_context("proxy", ["--upstream", "http://127.0.0.1:9"])
+    assert parsed.params["control"] is None
 
 
 # ---------------------------------------------------------- no code execution
