@@ -246,6 +246,8 @@ class Engine:
             pauses=tuple(Pause(p.after_tokens, p.duration) for p in config.pauses),
         )
         self.fingerprint = wire.fingerprint(config.profile, config.model)
+        if config.system_fingerprint != "auto" and self.fingerprint is not None:
+            self.fingerprint = config.system_fingerprint  # --fingerprint-mode custom / none
         self.reset()
 
     def reset(self) -> None:
@@ -360,20 +362,18 @@ class Engine:
         config = self.config
         loop_now = asyncio.get_running_loop().time()
         base = request.request_id or self._new_id()
-        plans = []
-        for index in range(request.n):
-            seed = textgen.request_seed(config.seed, request.body, index)
-            max_tokens = request.max_tokens
-            if max_tokens is None:
-                natural = textgen.natural_length(
-                    seed, config.natural_length_min, config.natural_length_max
-                )
-                if natural + 1 > request.limit:  # the EOS would not fit: cut at the limit
-                    max_tokens = request.limit
-                else:
-                    plans.append(textgen.plan(seed, None, natural, request.stop))
-                    continue
-            plans.append(textgen.plan(seed, max_tokens, 0, request.stop))
+        natural = (config.natural_length_min, config.natural_length_max)
+        plans = [
+            textgen.plan_choice(
+                textgen.request_seed(config.seed, request.body, index),
+                request.max_tokens,
+                request.limit,
+                natural,
+                request.stop,
+                config.script,
+            )
+            for index in range(request.n)
+        ]
         response_id = wire.response_id(request.endpoint, base)
         entry = LedgerEntry(
             request_id=base,
@@ -399,7 +399,7 @@ class Engine:
                 profile=config.profile,
                 endpoint=request.endpoint,
                 id=response_id,
-                created=int(time.time()),
+                created=config.created if config.created is not None else int(time.time()),
                 model=request.model,
                 prompt_tokens=request.prompt_tokens,
                 n=request.n,
@@ -714,7 +714,8 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     ]
     usage = Usage(parsed.prompt_tokens, job.entry.completion_tokens)
     build = wire.chat_response if endpoint == "chat" else wire.completion_response
-    body = build(config.profile, job.entry.id or "", int(received), parsed.model, choices, usage,
+    created = config.created if config.created is not None else int(received)
+    body = build(config.profile, job.entry.id or "", created, parsed.model, choices, usage,
                  engine.fingerprint)  # fmt: skip
     job.entry.bytes_written = len(body)
     job.entry.delivered_tokens = job.entry.completion_tokens

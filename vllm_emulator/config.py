@@ -59,6 +59,12 @@ class EmulatorConfig:
     natural_length_min: int = 16
     natural_length_max: int = 256
     default_max_tokens: int | None = None
+    # Pinned output, for golden tests and scenarios that need a known answer: `script`
+    # lists the tokens every choice produces (then EOS); `created` pins the timestamp;
+    # `system_fingerprint` "auto" is vllm-<version>-<hash8>, null is mode none (0.33 only).
+    script: list[str] | None = None
+    created: int | None = None
+    system_fingerprint: str | None = "auto"
     # HTTP behaviour.
     sse_keep_alive_interval: Seconds = 0.0
     # uvicorn closes an idle keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s).

@@ -286,10 +286,12 @@ def plan(
     max_tokens: int | None,
     natural_length: int,
     stop: Sequence[str] = (),
+    script: Sequence[str] | None = None,
 ) -> Plan:
     """Plan a choice: `max_tokens` tokens ending in `length` when given, else
     `natural_length` tokens then an EOS token ending in `stop`; a stop string ends
-    it earlier with `stop` and the string as `stop_reason`.
+    it earlier with `stop` and the string as `stop_reason`. With a `script`, its
+    strings are the tokens instead of the seeded stream (it must be long enough).
     """
     if max_tokens is not None:
         limit, eos = max_tokens, False
@@ -304,7 +306,7 @@ def plan(
     sent = 0
     stop_reason: str | None = None
     finish_reason = "length" if not eos else "stop"
-    stream = token_stream(seed)
+    stream = token_stream(seed) if script is None else iter([t.encode() for t in script])
     while len(tokens) < limit:
         token = next(stream)
         tokens.append(token)
@@ -333,3 +335,32 @@ def plan(
 def natural_length(seed: int, low: int, high: int) -> int:
     """The seeded length (before EOS) of a request that gave no `max_tokens`."""
     return random.Random(seed ^ 0x5EED).randint(low, high)
+
+
+def plan_choice(
+    seed: int,
+    max_tokens: int | None,
+    limit: int,
+    natural: tuple[int, int],
+    stop: Sequence[str] = (),
+    script: Sequence[str] | None = None,
+) -> Plan:
+    """Plan one choice of a request the way the emulator answers it.
+
+    Generated text: `max_tokens` given → exactly that many, `length`; otherwise a
+    seeded natural length in `natural` then EOS, unless the EOS would not fit in
+    `limit` (the room left), which cuts it at the limit with `length`. A script is
+    the whole answer: it ends in EOS after its last token unless `max_tokens` or
+    the limit cuts it first.
+    """
+    if script is not None:
+        cut = min(limit if max_tokens is None else max_tokens, limit)
+        if len(script) + 1 > cut:
+            return plan(seed, cut, 0, stop, script)
+        return plan(seed, None, len(script), stop, script)
+    if max_tokens is not None:
+        return plan(seed, max_tokens, 0, stop)
+    length = natural_length(seed, *natural)
+    if length + 1 > limit:
+        return plan(seed, limit, 0, stop)
+    return plan(seed, None, length, stop)

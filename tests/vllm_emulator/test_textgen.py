@@ -95,3 +95,19 @@ def test_prompt_tokens_count_chat_template_overhead_and_token_ids() -> None:
     assert textgen.count_prompt_tokens(messages, chat=True) == 3 + 4 + 2
     assert textgen.count_prompt_tokens([1, 2, 3, 4], chat=False) == 4
     assert textgen.count_prompt_tokens("The city of France is", chat=False) == 5
+
+
+def test_plan_choice_follows_max_tokens_natural_length_and_the_room_left() -> None:
+    assert textgen.plan_choice(1, 30, 100, (5, 9)).num_tokens == 30
+    natural = textgen.plan_choice(1, None, 100, (5, 9))
+    assert natural.finish_reason == "stop" and 6 <= natural.num_tokens <= 10
+    squeezed = textgen.plan_choice(1, None, 4, (5, 9))
+    assert squeezed.finish_reason == "length" and squeezed.num_tokens == 4
+
+
+def test_a_script_is_the_whole_answer_unless_cut_short() -> None:
+    script = ["Hello", "!", " How"]
+    whole = textgen.plan_choice(1, 10, 100, (5, 9), script=script)
+    assert whole.text == "Hello! How" and whole.num_tokens == 4 and whole.finish_reason == "stop"
+    cut = textgen.plan_choice(1, 2, 100, (5, 9), script=script)
+    assert cut.text == "Hello!" and cut.finish_reason == "length"

@@ -5,6 +5,7 @@ shared/reference/vllm-wire.md (copied verbatim below) for profiles vllm-0.33 and
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from vllm_emulator import wire
 from vllm_emulator.wire import Choice, StreamEncoder, Usage
@@ -250,3 +251,38 @@ def test_ids_have_16_hex_in_033_and_32_in_011() -> None:
     assert wire.fingerprint("vllm-0.11", MODEL) is None
     fp = wire.fingerprint("vllm-0.33", MODEL)
     assert fp is not None and fp.startswith("vllm-0.33.0-") and len(fp) == len(FP)
+
+
+# End to end: the emulator itself, over a socket, with the reference's values pinned
+# (model, script, created, fingerprint, X-Request-Id) and a 12-token prompt.
+
+PINNED = {
+    "model": MODEL,
+    "created": CREATED,
+    "system_fingerprint": FP,
+    "script": ["Hello", "!", " How", " can", " I", " help?"],
+    "itl": 0.05,  # wide gaps, so a busy host does not make the writer merge tokens
+}
+PROMPT_12 = [{"role": "user", "content": "Say hello to me now"}]  # 3 + 4 + 5 tokens
+
+
+def test_the_emulator_streams_the_reference_033_chat_bytes(emulator: Any) -> None:
+    server = emulator(**PINNED)
+    body = {"model": MODEL, "messages": PROMPT_12, "max_tokens": 3, "stream": True}
+    plain = server.raw("/v1/chat/completions", body, {"X-Request-Id": ID33})
+    expected = [CHAT33_ROLE, CHAT33_HELLO, CHAT33_BANG, CHAT33_FINISH_LENGTH, "data: [DONE]"]
+    assert plain.chunks == [frame(line) for line in expected]
+    usage = {**body, "stream_options": {"include_usage": True}}
+    with_usage = server.raw("/v1/chat/completions", usage, {"X-Request-Id": ID33})
+    expected = [CHAT33_ROLE, CHAT33_HELLO, CHAT33_BANG, CHAT33_FINISH_WITH_USAGE, CHAT33_USAGE]
+    assert with_usage.chunks == [frame(line) for line in [*expected, "data: [DONE]"]]
+
+
+def test_the_emulator_answers_the_reference_033_chat_body(emulator: Any) -> None:
+    server = emulator(**PINNED)
+    body = {"model": MODEL, "messages": PROMPT_12}
+    status, headers, payload = server.request(
+        "POST", "/v1/chat/completions", body, {"X-Request-Id": ID33}
+    )
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert payload == CHAT33_FULL_BODY.encode()
