@@ -30,6 +30,11 @@ fmt: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
+# Presets against the real nginx, HAProxy, Apache and Caddy (apt-get installs missing
+# ones; needs root). Never part of `make test`. Writes docs/calibration.md's table.
+calibrate: $(STAMP)
+	$(BIN)/python -m calibrate
+
 # A bounded mixed load through the proxy (default ten minutes; SOAK_SECONDS=300 make soak);
 # fails unless memory, fds and tasks stay flat. Figures: docs/reliability.md.
 soak: $(STAMP)

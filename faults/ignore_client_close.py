@@ -11,6 +11,12 @@ the server keeps generating (and billing) tokens nobody reads:
   §3.10.7.1), so the second write fails. The proxy then closes the upstream
   connection: with an RST by default, since Linux sends RST when a socket with unread
   data is closed (RFC 2525 §2.17) and the upstream is mid-stream.
+  `rst_delay` is how long after that first write the client's RST is back: a round
+  trip, plus however long the proxy's kernel holds the write (HAProxy sends with
+  MSG_MORE, so Linux corks it until a full segment or 200 ms; measured on HAProxy
+  2.6 by `make calibrate`: the upstream learned 224 ms after the client's FIN, not
+  two token writes later). Writes before then still succeed; the first one at or
+  after it fails. 0 (default) makes the second write fail, whatever its time.
 - `until: never`: a proxy that drains the upstream to its end (a cache filling an
   entry, `proxy_ignore_client_abort on` with buffering); when the upstream ends, its
   end is passed on and only then is the client's close passed to the upstream.
@@ -24,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._common import check_choice
-from middlebox.fault import Fault
+from faults._common import check_choice, check_positive
+from middlebox.fault import Fault, Seconds
 from middlebox.stream import DOWN, UP, Chunk, Eof, Item, Reset, is_end
 
 Until = Literal["write_fails", "never"]
@@ -40,17 +46,20 @@ class IgnoreClientClose(Fault):
 
     until: Until = "write_fails"
     close_with: CloseWith = "rst"
+    rst_delay: Seconds = 0.0
 
     _client_end: Item | None = field(init=False, repr=False, default=None)
     _delivered: int = field(init=False, repr=False, default=0)
     _drained: int = field(init=False, repr=False, default=0)
     _writes: int = field(init=False, repr=False, default=0)
+    _first_write_at: float = field(init=False, repr=False, default=0.0)
     _upstream_closed: bool = field(init=False, repr=False, default=False)
     _client_closed: bool = field(init=False, repr=False, default=False)
 
     def __post_init__(self) -> None:
         check_choice("until", self.until, Until)
         check_choice("close_with", self.close_with, CloseWith)
+        check_positive("rst_delay", self.rst_delay, allow_zero=True)
 
     def on_item(self, item: Item, now: float) -> list[Item]:
         if item.direction is UP:
@@ -83,9 +92,13 @@ class IgnoreClientClose(Fault):
     def _write_into_the_void(self, chunk: Chunk, now: float) -> list[Item]:
         self._drained += len(chunk.data)
         self._writes += 1
+        if self._writes == 1:
+            self._first_write_at = now
         failing_write = 1 if isinstance(self._client_end, Reset) else 2
         if self.until == "never" or self._writes < failing_write:
             return []
+        if failing_write == 2 and now < self._first_write_at + self.rst_delay:
+            return []  # the RST drawn by the first write is not back yet
         self._upstream_closed = True
         self.report(now, "write_failed", drained=self._drained, writes=self._writes)
         closing: list[Item] = [Reset(UP) if self.close_with == "rst" else Eof(UP)]

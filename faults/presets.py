@@ -1,12 +1,99 @@
 """Named presets: the faults that together behave like a real hop with its default config.
 
-`- preset: nginx-default` in a scenario's path expands to the list below. Each preset is
-calibrated side by side against the real proxy (`make calibrate`, docs/calibration.md);
-until a preset's calibration lands it holds only the parts that are certain.
+`- preset: nginx-default` in a scenario's path expands to the list below (path order,
+client side first, like any path). Each preset was measured side by side against the
+real proxy from Debian 12's packages (nginx 1.22.1, HAProxy 2.6.12, Apache 2.4,
+Caddy 2.6.2) by `make calibrate`; docs/calibration.md has the table, the tolerances
+and what a preset does not reproduce. The values are each proxy's *defaults*; a
+scenario that needs another timeout writes the faults out with its own values.
+
+What was measured, in short (a 60-token stream at 20 ms ITL through each):
+- nginx with its defaults buffers: ~4 KiB bursts, the first with the head, and learns
+  at once (≈1 ms) that the client left (it watches the client socket,
+  ngx_http_upstream_check_broken_connection). On `proxy_read_timeout` after the head
+  it closes without the terminal chunk.
+- HAProxy forwards every read but sends it with MSG_MORE, so Linux corks it until a
+  full segment or 200 ms: bursts every 200 ms on loopback (every MSS elsewhere);
+  `option http-no-delay` turns it off. A client's FIN is not an abort: it learns when
+  a write fails, after the cork released the first one (224 ms, 12 tokens).
+- Apache's mod_proxy_http flushes every read; it learns when the second write after
+  the client's FIN fails (≈2 tokens).
+- Caddy flushes text/event-stream at once and aborts the upstream request as soon as
+  the client goes (Go's request context), with no read timeout by default.
 """
 
 from __future__ import annotations
 
+# nginx's proxy_buffering (ngx_http_proxy_module): `proxy_buffering on`, `proxy_buffer_size
+# 4k|8k` and `proxy_buffers 8 4k|8k` (one memory page: 4k on x86-64), `proxy_http_version
+# 1.0` (so the upstream body is close-delimited and p->length is -1: only full buffers or
+# the upstream's end release data). nginx hides X-Accel-Buffering from the client
+# (`proxy_hide_header` defaults) after honouring it, so strip_header sits client-side.
+_NGINX_BUFFERING = """
+  - proxy_buffering:
+      buffer_size: 4KiB
+      buffers_size: 4KiB
+      proxy_http_version: "1.0"
+      postpone_output: 1460
+"""
+
+# `proxy_read_timeout 60s` between two reads from the upstream: 504 before the head, a
+# close without the terminal chunk after it. Server-side of the buffering, because nginx
+# re-arms it on every upstream read, not on what reaches the client.
+_NGINX_READ_TIMEOUT = """
+  - idle_reaper: {timeout: 60s, before_headers: "504", after_headers: close}
+"""
+
+_NGINX_HIDE = """
+  - strip_header: {headers: [X-Accel-Buffering]}
+"""
+
 PRESETS: dict[str, str] = {
     "passthrough": "[]",
+    "nginx-default": _NGINX_HIDE + _NGINX_BUFFERING + _NGINX_READ_TIMEOUT,
+    # `proxy_buffering off`: ngx_http_upstream_process_non_buffered_request writes each
+    # upstream read to the client at once. The upstream leg is still HTTP/1.0 and
+    # proxy_read_timeout still applies.
+    "nginx-streaming": _NGINX_HIDE + _NGINX_READ_TIMEOUT,
+    # nginx-default plus `gzip on; gzip_types text/event-stream;` (ngx_http_gzip_module:
+    # gzip_buffers 32 4k, gzip_comp_level 1). Under buffering no flush flag reaches the
+    # gzip filter, so zlib holds the whole stream: one burst at the end.
+    "nginx-gzip": _NGINX_HIDE
+    + """
+  - gzip_encoding:
+      flush: none
+      level: 1
+      buffer_size: 4KiB
+      content_types: [text/html, text/event-stream]
+"""
+    + _NGINX_BUFFERING
+    + _NGINX_READ_TIMEOUT,
+    # HAProxy 2.6, `mode http` with the `defaults` Debian ships (timeout connect 5000,
+    # client 50000, server 50000). No body buffering, but without `option http-no-delay`
+    # (configuration manual, section 4) it sends with MSG_MORE, which Linux treats like
+    # TCP_CORK: held until a full MSS (1448 bytes on Ethernet;
+    # calibration on loopback uses its 65483-byte MSS) or 200 ms from the first held
+    # byte. Without `option abortonclose` a client's FIN after its request is not an
+    # abort: HAProxy learns when a write to the client fails, which the cork delays.
+    # `timeout server` is an idle timeout on the server side: 504 before the head,
+    # a close without the terminal chunk after it.
+    "haproxy-default": """
+  - coalescer: {direction: downstream, window: 200ms, size: 1448}
+  - ignore_client_close: {until: write_fails, rst_delay: 200ms}
+  - idle_reaper: {timeout: 50s, before_headers: "504", after_headers: close}
+""",
+    # Apache httpd 2.4 mod_proxy_http with `ProxyPass` and nothing else: it flushes
+    # every read from the backend (a FLUSH bucket when the backend has no more data
+    # ready), does not watch the client while relaying, so it learns the client left
+    # when a write fails; `ProxyTimeout` defaults to `Timeout`, 300 s in Debian's
+    # apache2.conf (60 s compiled in): a close without the terminal chunk after the head.
+    "apache-default": """
+  - ignore_client_close: {until: write_fails}
+  - idle_reaper: {timeout: 300s, before_headers: "504", after_headers: close}
+""",
+    # Caddy 2.6 `reverse_proxy`: flush_interval -1 for text/event-stream (every write
+    # goes out at once), the upstream request is cancelled with the client's, and the
+    # http transport sets no read timeout by default. Nothing to inject: a hop that is
+    # indistinguishable from none on these measures.
+    "caddy-default": "[]",
 }

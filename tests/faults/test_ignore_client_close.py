@@ -46,6 +46,31 @@ def test_after_a_client_fin_the_second_write_fails() -> None:
     assert out == [(1.5, Eof(UP)), (1.5, Eof(DOWN))]
 
 
+def test_with_a_corked_first_write_the_first_write_after_the_rst_delay_fails() -> None:
+    fault = IgnoreClientClose(rst_delay=0.2)
+    out = replay(
+        fault,
+        [
+            (0.50, Eof(UP)),
+            (0.52, Chunk(DOWN, b"held by MSG_MORE")),
+            (0.54, Chunk(DOWN, b"still accepted")),
+            (0.70, Chunk(DOWN, b"RST not back yet")),
+            (0.72, Chunk(DOWN, b"fails")),
+            (0.74, Chunk(DOWN, b"never read")),
+        ],
+    )
+    assert out == [(0.72, Reset(UP)), (0.72, Eof(DOWN))]
+    assert fault.reports[-1].details == {"drained": 51, "writes": 4}
+
+
+def test_the_rst_delay_does_not_delay_a_client_rst() -> None:
+    out = replay(
+        IgnoreClientClose(rst_delay=0.2),
+        [(0.5, Reset(UP)), (0.52, Chunk(DOWN, b"fails at once"))],
+    )
+    assert out == [(0.52, Reset(UP))]
+
+
 def test_a_draining_proxy_passes_the_upstream_end_then_the_client_close() -> None:
     fault = IgnoreClientClose(until="never")
     out = replay(
@@ -83,7 +108,11 @@ def test_nothing_changes_while_the_client_is_there() -> None:
 
 @pytest.mark.parametrize(
     ("config", "message"),
-    [({"until": "forever"}, "until must be one of"), ({"close_with": "slam"}, "close_with")],
+    [
+        ({"until": "forever"}, "until must be one of"),
+        ({"close_with": "slam"}, "close_with"),
+        ({"rst_delay": -0.1}, "rst_delay must be >= 0"),
+    ],
 )
 def test_bad_config_is_refused_with_a_clear_message(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):

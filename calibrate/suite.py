@@ -1,0 +1,263 @@
+"""The calibration run: each preset and its real proxy, side by side, in one run.
+
+For every preset: the same emulator streams go through the real proxy (Debian
+package, minimal config, foreground) and through `middlebox proxy` with the preset,
+one after the other, and the measuring client compares what it saw:
+- stream: 60 tokens at 20 ms ITL: first byte, first event, bursts, largest gap, end;
+- abandon: the client closes (FIN) after 10 token events of a 200-token stream; the
+  emulator's ledger says when the upstream learned and how many tokens came after;
+- idle: the stream pauses 2.5 s after 10 tokens; the preset's read timeout is set to
+  1 s on both sides (the real proxy's config and an override of the preset's
+  idle_reaper); a preset without one keeps the real default (none) on both sides.
+The preset side overrides the coalescer's segment size with loopback's MSS, since a
+kernel cork releases a full segment, and loopback's segments are 64 KiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from calibrate import compare, probe, proxies
+from faults.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "calibration.md"
+BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
+
+REAL: dict[str, proxies.Setup] = {
+    "nginx-default": proxies.Setup("nginx"),
+    "nginx-streaming": proxies.Setup("nginx", buffering=False),
+    "nginx-gzip": proxies.Setup("nginx", gzip=True),
+    "haproxy-default": proxies.Setup("haproxy"),
+    "apache-default": proxies.Setup("apache2"),
+    "caddy-default": proxies.Setup("caddy"),
+}
+ITL = 0.020
+STREAM_TOKENS = 60
+ABANDON_TOKENS = 200
+ABANDON_AFTER = 10
+PAUSE_AFTER = 10
+PAUSE = 2.5
+IDLE_TIMEOUT = 1.0
+PROBE_LIMIT = 20.0
+LEDGER_WAIT = 10.0
+START_LIMIT = 30.0
+
+EMULATOR = {"itl": f"{int(ITL * 1000)}ms", "itl_jitter": 0.0, "prefill_overhead": "100ms"}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m calibrate", description=__doc__)
+    parser.add_argument("--only", action="append", choices=sorted(REAL), help="preset(s) to run")
+    parser.add_argument("--no-install", action="store_true", help="do not apt-get install")
+    parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/calibration.md")
+    parser.add_argument("--json", type=Path, default=ROOT / "reports" / "calibration.json")
+    args = parser.parse_args(argv)
+    if not args.no_install:
+        proxies.ensure_installed()
+    missing = [pkg for name, pkg in proxies.PACKAGES.items() if not proxies.binary(name)]
+    if missing:
+        print(f"calibrate: missing proxies {missing}; install the Debian packages", file=sys.stderr)
+        return 2
+    names = args.only or list(REAL)
+    rows: list[compare.Row] = []
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
+        root = Path(tmp)
+        with emulator(root, "stream", EMULATOR) as stream_port, emulator(
+            root, "pause", {**EMULATOR, "pauses": [{"after_tokens": PAUSE_AFTER,
+                                                    "duration": f"{int(PAUSE * 1000)}ms"}]}
+        ) as pause_port:  # fmt: skip
+            for name in names:
+                print(f"calibrate: {name} against {proxies.version(REAL[name].software)}",
+                      flush=True)  # fmt: skip
+                real, mine = calibrate_one(name, root / name, stream_port, pause_port)
+                results[name] = {"real": real, "preset": mine}
+                rows += compare.compare(name, real, mine)
+    table = render(rows)
+    print(table)
+    versions = {software: proxies.version(software) for software in proxies.PACKAGES}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"versions": versions, "results": results}, indent=1))
+    if not args.no_doc and not args.only:
+        write_doc(table, versions)
+    bad = [row for row in rows if not row.ok]
+    print(f"calibrate: {len(rows) - len(bad)}/{len(rows)} measures within tolerance")
+    return 1 if bad else 0
+
+
+def calibrate_one(
+    name: str, root: Path, stream_port: int, pause_port: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    setup = REAL[name]
+    has_timeout = "idle_reaper" in PRESETS[name]
+    idle_setup = proxies.Setup(
+        setup.software, setup.buffering, setup.gzip, IDLE_TIMEOUT if has_timeout else None
+    )
+    mss = loopback_mss()
+    real: dict[str, Any] = {}
+    mine: dict[str, Any] = {}
+    with proxies.running(setup, stream_port, root / "real") as port:
+        real.update(measure(port, stream_port, f"{name}-real"))
+    with proxies.running(idle_setup, pause_port, root / "real-idle") as port:
+        real.update(idle(port))
+    path = preset_path(name, mss=mss)
+    with middlebox(root / "mb", name, path, stream_port) as port:
+        mine.update(measure(port, stream_port, f"{name}-preset"))
+    idle_path = preset_path(name, mss=mss, idle_timeout=IDLE_TIMEOUT if has_timeout else None)
+    with middlebox(root / "mb-idle", name, idle_path, pause_port) as port:
+        mine.update(idle(port))
+    return real, mine
+
+
+def measure(port: int, upstream: int, tag: str) -> dict[str, Any]:
+    reads = probe.stream(port, STREAM_TOKENS, limit=PROBE_LIMIT, prompt=f"{tag}-stream")
+    out = compare.stream_measures(reads, probe.decode(reads))
+    prompt = f"{tag}-abandon"
+    reads = probe.stream(
+        port, ABANDON_TOKENS, limit=PROBE_LIMIT, abandon_after=ABANDON_AFTER, prompt=prompt
+    )
+    out.update(compare.abandon_measures(reads, probe.decode(reads), ledger(upstream, prompt)))
+    return out
+
+
+def idle(port: int) -> dict[str, Any]:
+    reads = probe.stream(port, STREAM_TOKENS, limit=PROBE_LIMIT, prompt="idle")
+    decoded = probe.decode(reads)
+    return {"idle_end": compare.end_kind(reads, decoded), "idle_tokens": decoded.tokens}
+
+
+def ledger(upstream: int, prompt: str) -> dict[str, Any]:
+    """The emulator's entry for `prompt`, once it finished or was aborted (bounded)."""
+    deadline = time.monotonic() + LEDGER_WAIT
+    entry: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        url = f"http://127.0.0.1:{upstream}/emulator/requests"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            entries = json.load(response)["requests"]
+        found = [e for e in entries if e.get("prompt") == prompt]
+        if found:
+            entry = found[-1]
+            if entry.get("finished_at") or entry.get("aborted_at"):
+                return entry
+        time.sleep(0.1)
+    return entry
+
+
+def preset_path(
+    name: str, *, mss: int | None = None, idle_timeout: float | None = None
+) -> list[dict[str, Any]]:
+    """The preset's faults, written out, with the calibration's overrides."""
+    path: list[dict[str, Any]] = yaml.safe_load(PRESETS[name]) or []
+    for entry in path:
+        ((fault, config),) = entry.items()
+        if fault == "idle_reaper" and idle_timeout is not None:
+            config["timeout"] = f"{int(idle_timeout * 1000)}ms"
+        if fault == "coalescer" and mss is not None:
+            config["size"] = mss
+    return path
+
+
+def loopback_mss() -> int:
+    """The segment size a corked loopback socket fills before it sends (TCP_MAXSEG)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        with socket.create_connection(server.getsockname(), timeout=5) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                mss: int = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+                return mss
+
+
+def _first_line(process: subprocess.Popen[str], what: str) -> str:
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], START_LIMIT)
+    line = process.stdout.readline() if ready else ""
+    if "listening on" not in line:
+        _stop(process)
+        raise RuntimeError(f"{what} did not start: {line!r}")
+    return line
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+
+
+@contextmanager
+def emulator(root: Path, label: str, config: dict[str, Any]) -> Iterator[int]:
+    """One emulator process (answering HTTP/1.0 as uvicorn does, see calibrate.upstream)."""
+    file = root / f"emulator-{label}.yaml"
+    file.write_text(yaml.safe_dump(config))
+    argv = [sys.executable, "-m", "calibrate.upstream", "--host", "127.0.0.1", "--port", "0",
+            "--config", str(file)]  # fmt: skip
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
+    )
+    try:
+        yield int(_first_line(process, "emulator").strip().rsplit(":", 1)[1])
+    finally:
+        _stop(process)
+
+
+@contextmanager
+def middlebox(root: Path, name: str, path: list[dict[str, Any]], upstream: int) -> Iterator[int]:
+    """`middlebox proxy` with the preset's faults written out as a scenario."""
+    root.mkdir(parents=True, exist_ok=True)
+    scenario = root / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump({"name": f"calibrate-{name}", "path": path}))
+    binary = shutil.which("middlebox", path=str(Path(sys.executable).parent)) or "middlebox"
+    argv = [binary, "proxy", "--listen", "127.0.0.1:0", "--grace", "0",
+            "--upstream", f"http://127.0.0.1:{upstream}", "--scenario", str(scenario)]  # fmt: skip
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = _first_line(process, "middlebox proxy")
+        yield int(line.split(" -> ")[0].rsplit(":", 1)[1])
+    finally:
+        _stop(process)
+
+
+def render(rows: list[compare.Row]) -> str:
+    header = "| preset | measure | real proxy | preset | tolerance | agree |"
+    lines = [header, "|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(
+            f"| {row.preset} | {row.measure} | {compare.shown(row.real)} | "
+            f"{compare.shown(row.preset_value)} | {row.tolerance} | {'yes' if row.ok else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def write_doc(table: str, versions: dict[str, str]) -> None:
+    """Replace the generated block of docs/calibration.md with this run's table."""
+    text = DOC.read_text(encoding="utf-8") if DOC.exists() else f"{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        text += f"\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = f"Last run: {stamp}; " + ", ".join(versions.values()) + f".\n\n{table}\n"
+    DOC.write_text(f"{head}{BEGIN}\n{body}{END}{tail}", encoding="utf-8")
