@@ -114,7 +114,8 @@ def render(document: dict[str, Any], timelines: dict[tuple[str, str], Any]) -> s
     out.append("</tr>")
     for index, scenario in enumerate(document["scenarios"]):
         by_client = {result["client"]: result for result in scenario["results"]}
-        row = f'<tr><td><a href="#s{index}">{e(scenario["name"])}</a></td>'
+        mark = ' <span class="fail">✗ problems</span>' if scenario.get("problems") else ""
+        row = f'<tr><td><a href="#s{index}">{e(scenario["name"])}</a>{mark}</td>'
         for client in clients:
             if client in by_client:
                 text, colour = _cell(by_client[client])

@@ -120,8 +120,12 @@ def write_png(data: Mapping[str, Any], path: Path) -> Path:
     requests = list(data["requests"])[:MAX_PANELS] or [
         {"index": 0, "tokens": [], "shown": [], "faults": [], "bursts": [], "verdict": "no data"}
     ]
-    figure = Figure(figsize=(9, 2.3 * len(requests) + 0.6), dpi=80)
+    height = 2.3 * len(requests) + 0.6
+    figure = Figure(figsize=(9, height), dpi=72)
     axes = figure.subplots(len(requests), 1, squeeze=False)[:, 0]
+    # fixed margins instead of tight_layout(), which costs more than the drawing
+    figure.subplots_adjust(left=0.07, right=0.98, top=1 - 0.8 / height, bottom=0.5 / height,
+                           hspace=0.45)  # fmt: skip
     figure.suptitle(f"{data['scenario']} / {data['client']}", fontsize=11)
     for ax, request in zip(axes, requests, strict=True):
         tokens, shown = request["tokens"], request["shown"]
@@ -153,9 +157,9 @@ def write_png(data: Mapping[str, Any], path: Path) -> Path:
         ax.set_title(f"request {request['index']}: {request.get('verdict', '')}", fontsize=9)
         ax.set_ylabel("count", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=7, loc="upper left")
+        if ax is axes[0]:
+            ax.legend(fontsize=7, loc="upper left")
     axes[-1].set_xlabel("seconds since the request started", fontsize=8)
-    figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")
     return path
