@@ -50,6 +50,9 @@ from vllm_emulator.schedule import Admitted, KeepAlive, Pause, Scheduler, Timing
 from vllm_emulator.validation import ApiError, ParsedRequest, parse
 from vllm_emulator.wire import Choice, Endpoint, StreamEncoder, Usage
 
+PREFIX_QUERIES_HELP = "Prefix cache queries, in terms of number of queried tokens."
+PREFIX_HITS_HELP = "Prefix cache hits, in terms of number of cached tokens."
+
 # ----------------------------------------------------------------------- ledger
 
 
@@ -273,15 +276,29 @@ class Engine:
 
     def _declare_metrics(self) -> None:
         m = self.metrics
+        self._gauges()  # registered first, as vLLM's logger creates them first
+        config = self.config
+        m.gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            1.0,
+            block_size=str(config.kv_block_size),
+            num_gpu_blocks=str(config.kv_num_blocks),
+        )
         for reason in FINISH_REASONS:
             m.counter("vllm:request_success", "Count of successfully processed requests.", 0.0,
                       finished_reason=reason)  # fmt: skip
         m.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", 0.0)
         m.counter("vllm:generation_tokens", "Number of generation tokens processed.", 0.0)
         m.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", 0.0)
+        m.counter("vllm:prefix_cache_queries", PREFIX_QUERIES_HELP, 0.0)
+        m.counter("vllm:prefix_cache_hits", PREFIX_HITS_HELP, 0.0)
         token_b = token_buckets(self.config.max_model_len)
         for name, help, buckets in self._histograms(token_b):
             m.histogram(name, help, buckets)
+        if config.profile == "vllm-0.11":
+            help = "Histogram of time per output token in seconds. DEPRECATED."
+            m.histogram("vllm:time_per_output_token_seconds", help, ITL_BUCKETS)
 
     @staticmethod
     def _histograms(token_b: tuple[float, ...]) -> list[tuple[str, str, tuple[float, ...]]]:
@@ -318,14 +335,21 @@ class Engine:
     def render_metrics(self) -> str:
         if not self.config.stale_gauges:
             self._snapshot()
+        self._gauges()
+        return self.metrics.render()
+
+    def _gauges(self) -> None:
         running, waiting, kv = self.gauges
         m = self.metrics
         m.gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
                 running)  # fmt: skip
         m.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
                 waiting)  # fmt: skip
+        if self.config.profile == "vllm-0.33":
+            help = "Number of requests waiting to be processed, by reason."
+            m.gauge("vllm:num_requests_waiting_by_reason", help, waiting, reason="capacity")
+            m.gauge("vllm:num_requests_waiting_by_reason", help, 0, reason="deferred")
         m.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv)
-        return m.render()
 
     # -- timer -----------------------------------------------------------------
 
@@ -444,11 +468,16 @@ class Engine:
             entry.first_token_at = wall
             m.counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
                       float(job.request.prompt_tokens))  # fmt: skip
+            m.counter("vllm:prefix_cache_queries", PREFIX_QUERIES_HELP,
+                      float(job.request.prompt_tokens))  # fmt: skip
             m.histogram("vllm:time_to_first_token_seconds", "", TTFT_BUCKETS,
                         event.time - job.arrival)  # fmt: skip
         previous = job.last_token_time[choice]
         if previous is not None:
             m.histogram("vllm:inter_token_latency_seconds", "", ITL_BUCKETS, event.time - previous)
+            if self.config.profile == "vllm-0.11":  # the deprecated alias 0.11 still exposed
+                m.histogram("vllm:time_per_output_token_seconds", "", ITL_BUCKETS,
+                            event.time - previous)  # fmt: skip
         job.last_token_time[choice] = event.time
         job.pending.append(choice)
         fail_after = self.config.fail_after_tokens

@@ -300,6 +300,8 @@ def test_models_health_version_and_metrics_look_like_vllm(emulator: Any) -> None
         f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.08",model_name="{MODEL}"}} 0.0',
         f'vllm:inter_token_latency_seconds_bucket{{engine="0",le="+Inf",model_name="{MODEL}"}} 0.0',
         f"vllm:generation_tokens_total{{{labels}}} 0.0",
+        f'vllm:num_requests_waiting_by_reason{{{labels},reason="capacity"}} 0.0',
+        "# TYPE vllm:prefix_cache_queries_total counter",
     ]:
         assert line in text.splitlines()
 
