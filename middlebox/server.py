@@ -390,6 +390,7 @@ class ProxyServer:
             # nginx's client_header_timeout: close without an answer; cancelling the
             # relay closes both sockets (a FIN, as nginx's close() sends).
             self.header_timeouts += 1
+            watch.ended("client", Direction.UPSTREAM, "header_timeout", trio.current_time())
             nursery.cancel_scope.cancel()
 
     async def _read_watchdog(
@@ -403,6 +404,7 @@ class ProxyServer:
                 continue
             break
         self.read_timeouts += 1
+        watch.ended("upstream", Direction.DOWNSTREAM, "read_timeout", trio.current_time())
         if watch.response_bytes == 0:
             # "upstream timed out while reading response header": nginx answers 504 and
             # drops the upstream connection (an RST here, so a hung upstream that never

@@ -116,3 +116,23 @@ async def test_a_connection_picks_its_scenario_with_the_request_header(tmp_path:
             assert journals[1].scenario == "pass-through" and not journals[1].faults
             assert journals[2].scenario == "slow" and journals[2].faults
             assert run.proxy.metrics.scenario_header == {"slow": 1}
+
+
+async def test_a_header_timeout_is_journaled_as_how_the_client_side_ended() -> None:
+    from middlebox.control import load_text
+    from tests.harness import read_all
+
+    with trio.fail_after(10):
+        async with controlled() as run:
+            run.proxy.set_scenario(load_text("name: t\nproxy: {client_header_timeout: 100ms}\n"))
+            stream = await trio.open_tcp_stream("127.0.0.1", run.proxy_port)
+            await stream.send_all(b"POST /v1/x HTTP/1.1\r\nHost: x\r\n")  # never finished
+            _, ended = await read_all(stream)
+            assert ended == "fin"  # closed unanswered, as nginx does
+            with trio.move_on_after(2):
+                while run.proxy.active:
+                    await trio.sleep(0.01)
+            summary = run.proxy.store.journals[1].summary()
+            assert {"leg": "client", "direction": "upstream", "kind": "header_timeout"} in summary[
+                "ends"
+            ]
