@@ -424,7 +424,7 @@ def test_a_retryable_failure_is_a_503_frame_and_engine_death_has_its_own_message
 
 
 def test_a_full_queue_gets_vllms_503_before_any_stream(emulator: Any) -> None:
-    server = emulator(max_num_seqs=1, max_num_queued_reqs=1, itl=0.01)
+    server = emulator(max_num_seqs=1, max_num_queued_reqs=1, itl=0.005)
     body = {"prompt": "x", "max_tokens": 100}
     threads = [threading.Thread(target=server.request, args=("POST", "/v1/completions", body))
                for _ in range(2)]  # fmt: skip
