@@ -119,8 +119,12 @@ class ControlledProxy(ProxyServer):
     """A `ProxyServer` with a journal store, live metrics and optional per-connection
     scenario selection through a request header."""
 
+    # The newest 256 connections, 256 KiB captured per leg and direction (a long answer
+    # is ~100 KiB of SSE): a long-running proxy's journals stay within ~256 MiB.
     store: JournalStore = field(
-        default_factory=lambda: JournalStore(capture=True, max_connections=1000)
+        default_factory=lambda: JournalStore(
+            capture=True, max_connections=256, max_capture_bytes=256 * 1024
+        )
     )
     metrics: Metrics = field(default_factory=Metrics)
     scenario_dir: Path | None = None

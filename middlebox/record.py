@@ -143,6 +143,8 @@ class Recorder:
             if cid in self.done or not (everything or self.finished(journal)):
                 continue
             self.done.add(cid)
+            if not everything:
+                del self.store.journals[cid]  # recorded: a long session keeps no bytes
             for number, cassette in enumerate(cassettes(journal)):
                 self.out.mkdir(parents=True, exist_ok=True)
                 path = self.out / f"cassette-{cid:04d}-{number}.json"
