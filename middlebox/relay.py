@@ -9,6 +9,15 @@ The hot path is the anchors' fastest trio variant (shared/reference/
 performance-anchors.md): raw non-blocking sockets, `recv`/`send` tried first and
 `wait_readable`/`wait_writable` only on EAGAIN, and bytes written straight from the
 reading task when the outbox is empty, so a relayed frame costs one task wake-up.
+Profiling under load (docs/performance.md) shaped three more choices: a read shorter
+than the buffer means the socket is drained, so the reader parks at once instead of
+paying a second `recv` that fails with EAGAIN (nginx's `ngx_unix_recv` clears
+`rev->ready` on a short read for the same reason); the writer tasks and the timer task
+are started only when first needed (a socket that would block, a fault that asks for a
+deadline), so a pass-through connection runs two tasks, not five; and with an empty
+pipeline, whose `on_item` is the identity and which never pauses reading or sets a
+deadline, a chunk read goes straight to the other side's outbox without being wrapped
+in an item and routed, while ends still go through the pipeline.
 
 Ends are faithful: a FIN read is passed on as a FIN (`shutdown(SHUT_WR)`) and never
 invented; an RST is sent as `SO_LINGER(1, 0)` then close (RFC 793's abort); a peer's
@@ -28,7 +37,7 @@ from typing import Protocol
 
 import trio
 
-from middlebox.fault import Fault
+from middlebox.fault import Fault, Pipeline
 from middlebox.stream import Chunk, Direction, Eof, Item, Reset
 
 READ_SIZE = 64 * 1024
@@ -116,8 +125,13 @@ class Relay:
         self._incoming: deque[Item] = deque()
         self._draining = False
         self._timer_scope: trio.CancelScope | None = None
+        self._timer_started = False
         self._state_lot = trio.lowlevel.ParkingLot()
         self._done = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._writers: set[str] = set()
+        # The empty pipeline's fast path (module docstring): chunks skip the routing.
+        self.passthrough = type(pipeline) is Pipeline and not pipeline.faults
 
     def destination(self, direction: Direction) -> Side:
         return self.upstream if direction is Direction.UPSTREAM else self.client
@@ -128,13 +142,11 @@ class Relay:
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._read_loop, self.client)
                 nursery.start_soon(self._read_loop, self.upstream)
-                nursery.start_soon(self._write_loop, self.client)
-                nursery.start_soon(self._write_loop, self.upstream)
-                nursery.start_soon(self._timer_loop)
                 self._dispatch(self.pipeline.on_open(self.clock()))
-                self._check_done()
+                self._after_pipeline_call()
                 await self._done.wait()
                 nursery.cancel_scope.cancel()
         finally:
@@ -156,23 +168,29 @@ class Relay:
     def _reading_paused(self, side: Side) -> bool:
         if self.destination(side.source).outbox_bytes >= HIGH_WATER:
             return True
-        return self.pipeline.reading_paused(side.source)
+        return not self.passthrough and self.pipeline.reading_paused(side.source)
 
     async def _read_loop(self, side: Side) -> None:
         sock = side.sock
+        peer = self.destination(side.source)
         reads_in_a_row = 0
+        drained = False
         while not side.read_done:
             if self._reading_paused(side):
                 await self._state_lot.park()
                 continue
-            try:
-                data = sock.recv(READ_SIZE)
-            except BlockingIOError:
+            if drained:
+                drained = False
                 reads_in_a_row = 0
                 try:
                     await trio.lowlevel.wait_readable(sock)
                 except trio.ClosedResourceError:
                     return
+                continue
+            try:
+                data = sock.recv(READ_SIZE)
+            except BlockingIOError:
+                drained = True
                 continue
             except OSError:
                 if side.closed:
@@ -189,9 +207,17 @@ class Relay:
                 return
             if self.observer is not None:
                 self.observer.read(side.leg, side.source, data, self.clock())
-            self._feed(Chunk(side.source, data))
+            if self.passthrough and not self._draining:
+                # Exactly what the empty pipeline's on_item would hand _dispatch.
+                if not peer.write_done and peer.pending_end is None:
+                    peer.outbox.append(data)
+                    peer.outbox_bytes += len(data)
+                    self._flush(peer)
+            else:
+                self._feed(Chunk(side.source, data))
+            drained = len(data) < READ_SIZE
             reads_in_a_row += 1
-            if reads_in_a_row >= READS_BEFORE_YIELD:
+            if reads_in_a_row >= READS_BEFORE_YIELD and not drained:
                 reads_in_a_row = 0
                 await trio.lowlevel.checkpoint()
 
@@ -218,6 +244,14 @@ class Relay:
         if self._timer_scope is not None:
             due = self.pipeline.deadline()
             self._timer_scope.deadline = math.inf if due is None else due
+        elif (
+            not self._timer_started
+            and not self.passthrough
+            and self._nursery is not None
+            and self.pipeline.deadline() is not None
+        ):
+            self._timer_started = True
+            self._nursery.start_soon(self._timer_loop)
         self._state_lot.unpark_all()
         self._check_done()
 
@@ -273,7 +307,11 @@ class Relay:
                 break
             side.outbox.popleft()
         if side.outbox:
-            side.writer_lot.unpark_all()
+            if side.leg in self._writers:
+                side.writer_lot.unpark_all()
+            elif self._nursery is not None:
+                self._writers.add(side.leg)
+                self._nursery.start_soon(self._write_loop, side)
         elif side.pending_end is not None:
             self._write_end(side, side.pending_end)
 

@@ -518,14 +518,16 @@ async def run_proxy(
     server: ProxyServer | None = None,
     grace: float = 10.0,
     backlog: int = 1024,
+    listener: socket.socket | None = None,
 ) -> ProxyServer:
     """Serve until SIGTERM or SIGINT, then shut down gracefully and return the server.
 
     The first signal stops accepting and gives live connections `grace` seconds to
     finish before they are reset; a second signal resets them at once. `ready(port)` is
-    called once listening. The caller writes journals and reports from the server."""
+    called once listening. The caller writes journals and reports from the server.
+    `listener` serves an already listening socket instead (a `--workers` process's)."""
     server = server or ProxyServer(upstream, scenario)
-    listener = listen(listen_address, backlog)
+    listener = listener or listen(listen_address, backlog)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:

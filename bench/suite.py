@@ -1,0 +1,509 @@
+"""The benchmark suite: every path measured side by side in one run, on 127.0.0.1 only.
+
+Paths: `direct` (the load client talks to the upstream: the physical limit), middlebox
+pass-through with one and two workers, middlebox with three cheap faults, and nginx
+with `proxy_buffering off` as the reference proxy. The upstream and the load client are
+the single-threaded epoll C programs in bench/c/ (compiled here into a temporary
+directory), so the harness costs a fraction of a core and stays out of the way.
+
+Every load loop is bounded in count and time, every process we start is stopped by its
+PID, and listen ports sit below the ephemeral range (net.ipv4.ip_local_port_range starts
+at 32768) so thousands of outgoing connections never collide with them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.procs import Proc, cpu_ns, process_tree, rss_kib, wait_listening
+
+ROOT = Path(__file__).resolve().parent.parent
+C_SOURCES = Path(__file__).resolve().parent / "c"
+UPSTREAM_PORT = 7301
+PROXY_PORT = 7302
+# Streams at which latency, CPU and memory are reported, then the saturation ladder.
+LATENCY_STREAMS = (1, 100, 1000)
+LADDER = (1500, 2000, 2500)
+SATURATION_P99_MS = 5.0
+# A path stops climbing the ladder after its added p99 passes this, so a collapsed
+# proxy does not burn minutes at higher counts.
+STOP_CLIMBING_P99_MS = 20.0
+# Prefer faults that touch every byte but change nothing a client would notice.
+CHEAP_FAULTS = (
+    ("latency", {"delay": 0}),
+    ("set_header", {}),
+    ("idle_reaper", {"timeout": 600}),
+    ("strip_header", {}),
+    ("slicer", {"size": 65536}),
+)
+
+
+@dataclass
+class Settings:
+    warmup_s: float = 1.0
+    measure_s: float = 3.0
+    ramp_per_s: float = 2500.0
+    bulk_s: float = 2.0
+    connect_s: float = 2.0
+    big_bytes: int = 1 << 30
+    streams: tuple[int, ...] = LATENCY_STREAMS
+    ladder: tuple[int, ...] = LADDER
+
+
+@dataclass
+class Path_:
+    """One way from the load client to the upstream. `start` returns the port to use
+    and the process to measure (None for direct)."""
+
+    name: str
+    label: str
+    start: Callable[[], tuple[int, Proc | None]]
+
+
+class Bench:
+    def __init__(self, workdir: Path, settings: Settings, log: Callable[[str], None]) -> None:
+        self.workdir = workdir
+        self.settings = settings
+        self.log = log
+        self.upstream_bin = workdir / "upstream"
+        self.loadc_bin = workdir / "loadc"
+        self.nginx = shutil.which("nginx") or (
+            "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+        )
+        self.scenario = workdir / "three-faults.yaml"
+        self.faults: list[str] = []
+
+    # ----------------------------------------------------------------- setup
+
+    def compile(self) -> None:
+        for name in ("upstream", "loadc"):
+            subprocess.run(
+                [
+                    "gcc",
+                    "-O2",
+                    "-Wall",
+                    "-o",
+                    str(self.workdir / name),
+                    str(C_SOURCES / f"{name}.c"),
+                ],
+                check=True,
+            )
+
+    def write_scenario(self) -> None:
+        from faults import REGISTRY
+
+        chosen = [(name, config) for name, config in CHEAP_FAULTS if name in REGISTRY][:3]
+        self.faults = [name for name, _ in chosen]
+        lines = [
+            "name: bench-three-faults",
+            "description: three cheap faults on every byte",
+            "path:",
+        ]
+        for name, config in chosen:
+            lines.append(f"  - {name}: {json.dumps(config)}")
+        self.scenario.write_text("\n".join(lines) + "\n")
+
+    def middlebox(self, *args: str) -> Callable[[], tuple[int, Proc | None]]:
+        def start() -> tuple[int, Proc | None]:
+            argv = [
+                sys.executable,
+                "-c",
+                "from middlebox.cli import main; main()",
+                "proxy",
+                "--listen",
+                f"127.0.0.1:{PROXY_PORT}",
+                "--upstream",
+                f"127.0.0.1:{UPSTREAM_PORT}",
+                "--grace",
+                "0",
+                *args,
+            ]
+            proc = Proc(argv, cwd=ROOT, log=self.workdir / "middlebox.log")
+            wait_listening(PROXY_PORT)
+            return PROXY_PORT, proc
+
+        return start
+
+    def nginx_path(self, workers: int) -> Callable[[], tuple[int, Proc | None]]:
+        def start() -> tuple[int, Proc | None]:
+            assert self.nginx is not None
+            conf_dir = self.workdir / f"nginx{workers}"
+            conf_dir.mkdir(exist_ok=True)
+            (conf_dir / "logs").mkdir(exist_ok=True)
+            user = "user root;\n" if os.geteuid() == 0 else ""
+            conf = f"""{user}worker_processes {workers};
+daemon off;
+pid {conf_dir}/nginx.pid;
+error_log {conf_dir}/error.log warn;
+worker_rlimit_nofile 20000;
+events {{ worker_connections 12000; }}
+http {{
+    access_log off;
+    client_body_temp_path {conf_dir}/body;
+    proxy_temp_path {conf_dir}/proxy;
+    fastcgi_temp_path {conf_dir}/fastcgi;
+    uwsgi_temp_path {conf_dir}/uwsgi;
+    scgi_temp_path {conf_dir}/scgi;
+    upstream bench {{ server 127.0.0.1:{UPSTREAM_PORT}; keepalive 256; }}
+    server {{
+        listen 127.0.0.1:{PROXY_PORT} backlog=4096;
+        location / {{
+            proxy_pass http://bench;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+            (conf_dir / "nginx.conf").write_text(conf)
+            proc = Proc(
+                [self.nginx, "-p", str(conf_dir), "-c", str(conf_dir / "nginx.conf")],
+                log=self.workdir / "nginx.log",
+            )
+            wait_listening(PROXY_PORT)
+            return PROXY_PORT, proc
+
+        return start
+
+    def paths(self) -> list[Path_]:
+        found = [
+            Path_("direct", "direct (no proxy)", lambda: (UPSTREAM_PORT, None)),
+            Path_("middlebox", "middlebox pass-through, 1 worker", self.middlebox()),
+            Path_(
+                "middlebox_2w",
+                "middlebox pass-through, 2 workers",
+                self.middlebox("--workers", "2"),
+            ),
+            Path_(
+                "middlebox_faults",
+                f"middlebox, 3 faults ({', '.join(self.faults)}), 1 worker",
+                self.middlebox("--scenario", str(self.scenario)),
+            ),
+        ]
+        if self.nginx:
+            found.append(Path_("nginx", "nginx 1 worker, proxy_buffering off", self.nginx_path(1)))
+            found.append(
+                Path_("nginx_2w", "nginx 2 workers, proxy_buffering off", self.nginx_path(2))
+            )
+        return found
+
+    @contextmanager
+    def running(self, path: Path_) -> Iterator[tuple[int, Proc | None]]:
+        port, proc = path.start()
+        try:
+            yield port, proc
+        finally:
+            if proc is not None:
+                proc.stop()
+            time.sleep(0.2)
+
+    # ------------------------------------------------------------- measuring
+
+    def loadc(self, *args: object) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [str(self.loadc_bin), *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def streams(self, path: Path_, n: int, upstream: Proc) -> dict[str, Any]:
+        s = self.settings
+        measure = s.measure_s if n > 1 else max(s.measure_s, 5.0)
+        with self.running(path) as (port, proc):
+            pids = proc.tree() if proc else []
+            rss_before = rss_kib(pids)
+            client = self.loadc("stream", "127.0.0.1", port, n, s.ramp_per_s, s.warmup_s, measure)
+            assert client.stdout is not None
+            bound = n / s.ramp_per_s + s.warmup_s + measure + 40
+            started = time.monotonic()
+            cpu0 = harness0 = 0
+            rss_open = 0
+            window_start = time.monotonic()
+            harness = [client.pid, upstream.pid]
+            result: dict[str, Any] = {}
+            for line in client.stdout:
+                if line.startswith("measure_start"):
+                    pids = proc.tree() if proc else []
+                    rss_open = rss_kib(pids)
+                    cpu0, harness0 = cpu_ns(pids), cpu_ns(harness)
+                    window_start = time.monotonic()
+                elif line.startswith("{"):
+                    elapsed = time.monotonic() - window_start
+                    cpu1, harness1 = cpu_ns(pids), cpu_ns(harness)
+                    result = json.loads(line)
+                    frames = max(result["frames"], 1)
+                    result["proxy_cpu_us_per_frame"] = (
+                        (cpu1 - cpu0) / 1000 / frames if proc else 0.0
+                    )
+                    result["proxy_cores"] = (cpu1 - cpu0) / 1e9 / elapsed if proc else 0.0
+                    result["harness_cores"] = (harness1 - harness0) / 1e9 / elapsed
+                    result["rss_kib_before"] = rss_before
+                    result["rss_kib_open"] = rss_open
+                    result["rss_kib_per_stream"] = (rss_open - rss_before) / n if proc else 0.0
+                if time.monotonic() - started > bound:
+                    break
+            try:
+                client.wait(10)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                client.wait()
+        result.update(path=path.name, streams=n)
+        return result
+
+    def bulk(
+        self, path: Path_, connections: int, size: int, seconds: float, limit: int
+    ) -> dict[str, Any]:
+        with self.running(path) as (port, proc):
+            pids = proc.tree() if proc else []
+            cpu0 = cpu_ns(pids)
+            client = self.loadc("bulk", "127.0.0.1", port, connections, size, seconds, limit)
+            out, _ = client.communicate(timeout=seconds + 60)
+            cpu1 = cpu_ns(process_tree(proc.pid)) if proc else 0
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        result["proxy_cpu_s"] = (cpu1 - cpu0) / 1e9 if proc else 0.0
+        result.update(path=path.name)
+        return result
+
+    def connect(self, path: Path_, concurrency: int, seconds: float) -> dict[str, Any]:
+        with self.running(path) as (port, _proc):
+            client = self.loadc("connect", "127.0.0.1", port, concurrency, seconds, 20000)
+            out, _ = client.communicate(timeout=seconds + 60)
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        result.update(path=path.name)
+        return result
+
+    # --------------------------------------------------------------- the run
+
+    def run(self) -> dict[str, Any]:
+        s = self.settings
+        started = time.monotonic()
+        self.compile()
+        self.write_scenario()
+        paths = self.paths()
+        stream_paths = [p for p in paths if p.name != "nginx_2w"]
+        results: dict[str, Any] = {
+            "machine": machine(),
+            "versions": versions(self.nginx),
+            "settings": s.__dict__ | {"faults": self.faults},
+            "paths": {p.name: p.label for p in paths},
+            "stream": [],
+            "bulk_64k": [],
+            "bulk_big": [],
+            "connect": [],
+        }
+        upstream = Proc(
+            [str(self.upstream_bin), str(UPSTREAM_PORT), "50"], log=self.workdir / "upstream.log"
+        )
+        try:
+            wait_listening(UPSTREAM_PORT)
+            climbing = {p.name for p in stream_paths}
+            for n in (*s.streams, *s.ladder):
+                in_ladder = n in s.ladder
+                direct: dict[str, Any] | None = None
+                for path in stream_paths:
+                    if in_ladder and path.name not in climbing:
+                        continue
+                    if in_ladder and path.name == "middlebox_faults":
+                        continue
+                    row = self.streams(path, n, upstream)
+                    if path.name == "direct":
+                        direct = row
+                    elif direct is not None and "p99_ms" in row:
+                        row["added_p50_ms"] = row["p50_ms"] - direct["p50_ms"]
+                        row["added_p99_ms"] = row["p99_ms"] - direct["p99_ms"]
+                        if row["added_p99_ms"] > STOP_CLIMBING_P99_MS:
+                            climbing.discard(path.name)
+                    results["stream"].append(row)
+                    self.log(stream_line(row))
+            for path in paths:
+                row = self.bulk(path, 8, 65536, s.bulk_s, 0)
+                results["bulk_64k"].append(row)
+                self.log(f"bulk 64KiB  {path.name:18} {row['mb_per_s']:9.1f} MB/s")
+            for path in paths:
+                row = self.bulk(path, 1, s.big_bytes, 30, 1)
+                results["bulk_big"].append(row)
+                self.log(f"bulk 1 conn {path.name:18} {row['mb_per_s']:9.1f} MB/s")
+            for path in paths:
+                row = self.connect(path, 16, s.connect_s)
+                results["connect"].append(row)
+                self.log(f"connect     {path.name:18} {row['per_s']:9.1f} /s")
+        finally:
+            upstream.stop()
+        results["saturation"] = saturation(results["stream"])
+        results["targets"] = targets(results)
+        results["duration_s"] = round(time.monotonic() - started, 1)
+        return results
+
+
+def stream_line(row: dict[str, Any]) -> str:
+    added = (
+        f" added p50 {row['added_p50_ms']:6.3f} p99 {row['added_p99_ms']:7.3f}"
+        if "added_p99_ms" in row
+        else ""
+    )
+    return (
+        f"streams {row['streams']:5} {row['path']:18} p50 {row.get('p50_ms', -1):6.3f} "
+        f"p99 {row.get('p99_ms', -1):7.3f}{added} "
+        f"cpu {row.get('proxy_cpu_us_per_frame', 0):5.1f}us/frame "
+        f"rss {row.get('rss_kib_per_stream', 0):5.1f}KiB/stream errors "
+        f"{row.get('connect_errors', '?')}/{row.get('closed_early', '?')}"
+    )
+
+
+def saturation(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """The most streams each path held with added p99 under 5 ms (and every frame on time)."""
+    best: dict[str, int] = {}
+    for row in sorted(rows, key=lambda r: r["streams"]):
+        if "added_p99_ms" not in row:
+            continue
+        expected = row["streams"] * 20 * row.get("window_s", 0)
+        delivered = row.get("frames", 0) >= 0.98 * expected
+        if row["added_p99_ms"] < SATURATION_P99_MS and delivered and not row.get("connect_errors"):
+            best[row["path"]] = max(best.get(row["path"], 0), row["streams"])
+    return best
+
+
+def _row(rows: list[dict[str, Any]], path: str, **match: Any) -> dict[str, Any] | None:
+    for row in rows:
+        if row["path"] == path and all(row.get(k) == v for k, v in match.items()):
+            return row
+    return None
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, each measured against the baselines of the same run."""
+    out: list[dict[str, Any]] = []
+    stream = results["stream"]
+    mb = _row(stream, "middlebox", streams=1000)
+    nginx = _row(stream, "nginx", streams=1000)
+    if mb is not None and "added_p99_ms" in mb:
+        out.append(
+            {
+                "target": "pass-through adds < 1 ms p99 per frame at 1000 streams",
+                "measured": f"{mb['added_p99_ms']:.2f} ms",
+                "met": mb["added_p99_ms"] < 1.0,
+            }
+        )
+    if mb is not None and nginx is not None and nginx["proxy_cpu_us_per_frame"] > 0:
+        mine, theirs = mb["proxy_cpu_us_per_frame"], nginx["proxy_cpu_us_per_frame"]
+        ratio = mine / theirs
+        out.append(
+            {
+                "target": "pass-through CPU per frame within 3x of nginx's (1000 streams)",
+                "measured": f"{mine:.1f} vs {theirs:.1f} µs/frame = {ratio:.2f}x",
+                "met": ratio <= 3.0,
+            }
+        )
+    held = results["saturation"].get("middlebox", 0)
+    out.append(
+        {
+            "target": ">= 2000 concurrent 20 tok/s streams with one worker (added p99 < 5 ms)",
+            "measured": f"{held} streams",
+            "met": held >= 2000,
+        }
+    )
+    if mb is not None:
+        out.append(
+            {
+                "target": "memory < 64 KiB per open stream",
+                "measured": f"{mb['rss_kib_per_stream']:.1f} KiB",
+                "met": mb["rss_kib_per_stream"] < 64,
+            }
+        )
+    mb2 = _row(results["bulk_64k"], "middlebox_2w")
+    ngx = _row(results["bulk_64k"], "nginx")
+    if mb2 is not None and ngx is not None:
+        ratio = mb2["mb_per_s"] / ngx["mb_per_s"]
+        out.append(
+            {
+                "target": "bulk (64 KiB responses) >= half of nginx's, middlebox with 2 workers",
+                "measured": f"{mb2['mb_per_s']:.0f} vs {ngx['mb_per_s']:.0f} MB/s = {ratio:.2f}x",
+                "met": ratio >= 0.5,
+            }
+        )
+    return out
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "os": platform.freedesktop_os_release().get("PRETTY_NAME", "")
+        if hasattr(platform, "freedesktop_os_release")
+        else "",
+        "load_average_at_start": os.getloadavg()[0],
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return (
+        (done.stdout or done.stderr).strip().splitlines()[0] if (done.stdout or done.stderr) else ""
+    )
+
+
+def versions(nginx: str | None) -> dict[str, str]:
+    import trio
+
+    import middlebox
+
+    commit = _first_line(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
+    return {
+        "middlebox": f"{middlebox.__version__} ({commit})" if commit else middlebox.__version__,
+        "python": platform.python_version(),
+        "trio": trio.__version__,
+        "nginx": _first_line([nginx, "-v"]) if nginx else "not installed",
+        "gcc": _first_line(["gcc", "--version"]),
+    }
+
+
+def ensure_nginx(log: Callable[[str], None]) -> None:
+    """Install Debian's nginx when missing (root only); the bench runs it itself, never as
+    a service."""
+    if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        log("nginx missing and cannot be installed here: nginx rows are skipped")
+        return
+    log("installing nginx (Debian package) ...")
+    env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "nginx"],
+    ):
+        subprocess.run(argv, env=env, check=False, stdout=subprocess.DEVNULL, timeout=300)
+    # A package's postinst may start the system service on port 80; it is not ours to
+    # stop, and it does not touch our ports, so it is left alone.
+
+
+def run_suite(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
+    ensure_nginx(log)
+    with tempfile.TemporaryDirectory(prefix="middlebox-bench-") as tmp:
+        return Bench(Path(tmp), settings, log).run()
