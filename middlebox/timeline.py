@@ -139,8 +139,12 @@ def write_png(data: Mapping[str, Any], path: Path) -> Path:
         gap = request.get("largest_gap")
         if gap and gap[1] - gap[0] > BURST_GAP:
             ax.axvspan(gap[0], gap[1], color="grey", alpha=0.15, label="largest gap")
+        labelled: set[str] = set()
         for when, label in request["faults"][:20]:
             ax.axvline(when, color="red", linestyle=":", linewidth=1)
+            if label in labelled:
+                continue  # one label per kind of decision keeps the panel readable
+            labelled.add(label)
             ax.text(
                 when,
                 0.02,
