@@ -776,19 +776,43 @@ def _unparsed_entry(
     return entry
 
 
+def _resume_request(request: web.Request) -> str | None:
+    """The stream a re-sent POST asks to resume: `X-Stream-Id` plus `Last-Event-ID`.
+
+    Gateways that make streams resumable accept the original request again with these
+    headers (the form the resilient client and EventSource-style retries use) as well as
+    `GET /v1/streams/{id}`; both land in the same replay.
+    """
+    if not _engine(request).config.resumable:
+        return None
+    stream_id = request.headers.get("X-Stream-Id")
+    if stream_id and "Last-Event-ID" in request.headers:
+        return stream_id
+    return None
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    stream_id = _resume_request(request)
+    if stream_id is not None:
+        return await _resume(request, stream_id)
     return await _generate(request, "chat")
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    stream_id = _resume_request(request)
+    if stream_id is not None:
+        return await _resume(request, stream_id)
     return await _generate(request, "completions")
 
 
 async def resume_stream(request: web.Request) -> web.StreamResponse:
     """GET /v1/streams/{stream_id} with `Last-Event-ID`: replay the buffer, then follow."""
+    return await _resume(request, request.match_info["stream_id"])
+
+
+async def _resume(request: web.Request, stream_id: str) -> web.StreamResponse:
     engine = _engine(request)
     profile = engine.config.profile
-    stream_id = request.match_info["stream_id"]
     job = engine.find_stream(stream_id) if engine.config.resumable else None
     if job is None:
         message = (

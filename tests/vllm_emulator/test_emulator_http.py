@@ -341,6 +341,22 @@ def test_a_resumable_stream_replays_from_last_event_id_and_continues(emulator: A
     assert status == 404 and json.loads(error)["error"]["param"] == "stream_id"
 
 
+def test_the_original_post_resent_with_stream_id_and_last_event_id_resumes_too(
+    emulator: Any,
+) -> None:
+    server = emulator(resumable=True, itl=0.01)
+    body = {"prompt": "x", "max_tokens": 30, "stream": True}
+    first = server.raw("/v1/completions", body, stop_after_frames=4)
+    stream_id = next(
+        line.split(": ")[1] for line in first.head.decode().split("\r\n")
+        if line.startswith("x-stream-id")
+    )  # fmt: skip
+    rest = server.raw("/v1/completions", body, {"X-Stream-Id": stream_id, "Last-Event-ID": "2"})
+    assert rest.complete and rest.chunks[0].startswith(b"id: 3\n")
+    (entry,) = server.ledger()  # one generation, resumed; no second request
+    assert entry["resumed_from"] == 2 and entry["resumes"] == 1
+
+
 def test_a_resume_older_than_the_buffer_is_refused_clearly(emulator: Any) -> None:
     server = emulator(resumable=True, resume_buffer_size=1000)
     status, headers, _ = server.request(
