@@ -58,8 +58,12 @@ def version(software: str) -> str:
     flag = {"nginx": ["-v"], "haproxy": ["-v"], "apache2": ["-v"], "caddy": ["version"]}
     path = binary(software) or software
     done = subprocess.run([path, *flag[software]], capture_output=True, text=True, timeout=10)
-    line = (done.stdout or done.stderr).strip().splitlines()
-    return line[0] if line else software
+    lines = (done.stdout or done.stderr).strip().splitlines()
+    line = lines[0].split(" - ")[0] if lines else ""
+    # "nginx version: nginx/1.22.1", "HAProxy version 2.6.12-...", "Server version:
+    # Apache/2.4.x (Debian)", and Caddy's bare "v2.6.2".
+    line = line.replace("Server version: ", "").replace("nginx version: ", "")
+    return line if software != "caddy" else f"Caddy {line}"
 
 
 def free_port() -> int:
