@@ -8,13 +8,18 @@ The stream is what vLLM sends: a chunked 200 head 20 ms before the first token, 
 from __future__ import annotations
 
 import gzip
+import zlib
 
 import pytest
 
+from calibrate.compare import Tolerance, bursts, compare, end_kind, largest_gap
+from calibrate.probe import Reads, decode
+from calibrate.suite import preset_path
 from faults import REGISTRY
 from faults.presets import PRESETS
 from faults.testing import TimedItem, replay
 from middlebox.fault import Pipeline
+from middlebox.http1 import LAST_CHUNK_BYTES, encode_chunk
 from middlebox.scenario import FaultSpec, load_scenario_text
 from middlebox.stream import DOWN, UP, Chunk, Eof, Reset
 from tests.faults.httpprops import dechunked
@@ -160,3 +165,79 @@ def test_the_default_read_timeout_ends_a_silent_stream_without_the_last_chunk(
     assert [t for t, i in ends(out) if i == Eof(DOWN)] == [pytest.approx(sent[-1][0] + timeout)]
     ((body, complete),) = dechunked(down_bytes(out))
     assert not complete and body.count(b"data: ") == 10
+
+
+# The calibration's own measures (calibrate/compare.py, calibrate/probe.py): the verdicts of
+# `make calibrate` are only as good as these.
+
+
+def reads(times: list[float], pieces: list[bytes], end: str = "eof") -> Reads:
+    out = Reads(sent_at=0.0, times=times, sizes=[len(p) for p in pieces], end=end)
+    out.data += b"".join(pieces)
+    return out
+
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+EVENT = b'data: {"choices":[{"text":"a"}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def test_reads_closer_than_10_ms_are_one_burst() -> None:
+    seen = reads([0.0, 0.005, 0.020, 0.021, 0.5], [b"a", b"bb", b"ccc", b"dddd", b"e"])
+    assert bursts(seen) == [3, 7, 1]
+    assert largest_gap(seen) == pytest.approx(0.479)
+
+
+@pytest.mark.parametrize(
+    ("pieces", "end", "kind"),
+    [
+        ([HEAD, encode_chunk(EVENT), encode_chunk(DONE), LAST_CHUNK_BYTES], "complete", "complete"),
+        ([HEAD, encode_chunk(EVENT), LAST_CHUNK_BYTES], "complete", "fin-no-done"),
+        ([HEAD, encode_chunk(EVENT)], "eof", "truncated"),
+        ([HEAD, encode_chunk(EVENT)], "reset", "reset"),
+        ([HEAD], "timeout", "hang"),
+        ([b"HTTP/1.0 200 OK\r\n\r\n", EVENT, DONE], "eof", "complete"),
+        ([b"HTTP/1.1 504 Gateway Time-out\r\ncontent-length: 3\r\n\r\nbye"], "complete",
+         "504 fin-no-done"),
+    ],
+)  # fmt: skip
+def test_the_end_kind_is_what_a_client_library_would_conclude(
+    pieces: list[bytes], end: str, kind: str
+) -> None:
+    seen = reads([0.1 * i for i in range(len(pieces))], pieces, end)
+    assert end_kind(seen, decode(seen)) == kind
+
+
+def test_a_gzipped_event_counts_when_it_can_be_inflated_not_when_its_bytes_arrive() -> None:
+    deflater = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    held = deflater.compress(EVENT * 3)  # zlib keeps it: nothing decodable yet
+    tail = deflater.flush()
+    head = HEAD.replace(b"\r\n\r\n", b"\r\ncontent-encoding: gzip\r\n\r\n")
+    pieces = [head, encode_chunk(held) if held else b"", encode_chunk(tail) + LAST_CHUNK_BYTES]
+    seen = reads([0.0, 0.1, 0.9], pieces)
+    decoded = decode(seen)
+    assert decoded.gzip and decoded.first_event_at == 0.9 and decoded.tokens == 3
+
+
+def test_a_tolerance_takes_the_larger_of_its_absolute_and_relative_parts() -> None:
+    tolerance = Tolerance(0.05, 0.20)
+    assert tolerance.accepts(1.0, 1.19) and not tolerance.accepts(1.0, 1.21)
+    assert tolerance.accepts(0.01, 0.06) and not tolerance.accepts(0.01, 0.07)
+
+
+def test_never_agrees_only_with_never() -> None:
+    rows = {row.measure: row.ok for row in compare("p", {"abandon_latency": None},
+                                                    {"abandon_latency": 0.2})}  # fmt: skip
+    assert rows["abandon_latency"] is False
+    rows = {row.measure: row.ok for row in compare("p", {"abandon_latency": None},
+                                                    {"abandon_latency": None})}  # fmt: skip
+    assert rows["abandon_latency"] is True
+
+
+def test_calibration_overrides_only_the_idle_timeout_and_the_segment_size() -> None:
+    path = preset_path("haproxy-default", mss=65483, idle_timeout=1.0)
+    assert path == [
+        {"coalescer": {"direction": "downstream", "window": "200ms", "size": 65483}},
+        {"ignore_client_close": {"until": "write_fails", "rst_delay": "200ms"}},
+        {"idle_reaper": {"timeout": "1000ms", "before_headers": "504", "after_headers": "close"}},
+    ]
