@@ -53,6 +53,7 @@ NGINX_HEADER_LINE = 8 * 1024
 # After answering by itself (a 504), how long the proxy waits for the client to close
 # before closing for it: nginx's lingering_timeout default.
 LINGER_AFTER_ANSWER = 5.0
+ACCEPT_ERROR_PAUSE = 0.5
 
 _TOO_LARGE_BODY = (
     b"<html>\r\n<head><title>400 Request Header Or Cookie Too Large</title></head>\r\n"
@@ -235,6 +236,7 @@ class ProxyServer:
     connections_failed: int = 0
     connections_refused: int = 0
     header_timeouts: int = 0
+    accept_errors: int = 0
     read_timeouts: int = 0
     reset_at_shutdown: int = 0
     active: int = 0
@@ -275,8 +277,12 @@ class ProxyServer:
                         await trio.lowlevel.wait_readable(listener)
                         continue
                     except OSError as error:  # EMFILE and friends: keep serving the others
-                        log.warning("accept failed: %s", error)
-                        await trio.sleep(0.01)
+                        # nginx disables accepting for accept_mutex_delay (500 ms) on
+                        # EMFILE/ENFILE; the connection waits in the backlog meanwhile and
+                        # the log gets one line per pause, not one per retry.
+                        self.accept_errors += 1
+                        log.warning("accept failed: %s; pausing accepts", error)
+                        await trio.sleep(ACCEPT_ERROR_PAUSE)
                         continue
                     limit = self.connection_limit()
                     if limit is not None and self.active >= limit:

@@ -7,6 +7,7 @@ to settle and then asserts the counts came back: a leak fails the test that caus
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Callable
 
 import trio
@@ -15,7 +16,30 @@ from middlebox.soak import fds_of as open_fds
 from middlebox.soak import rss_of as rss_bytes
 from middlebox.soak import tasks_now as task_count
 
-__all__ = ["blackhole", "fds_back_to", "open_fds", "rss_bytes", "settle", "task_count"]
+__all__ = [
+    "MIDDLEBOX",
+    "blackhole",
+    "fds_back_to",
+    "first_line",
+    "open_fds",
+    "rss_bytes",
+    "settle",
+    "task_count",
+]
+
+MIDDLEBOX = [sys.executable, "-c", "from middlebox.cli import main; main()"]
+
+
+async def first_line(process: trio.Process) -> str:
+    """The first line a child process prints (bounded wait)."""
+    assert process.stdout is not None
+    line = b""
+    with trio.fail_after(20):
+        while b"\n" not in line:
+            data = await process.stdout.receive_some(4096)
+            assert data, f"exited early: {line!r}"
+            line += data
+    return line.decode().splitlines()[0]
 
 
 async def settle(done: Callable[[], bool], seconds: float = 3.0) -> bool:

@@ -4,8 +4,12 @@ that file descriptors and tasks come back to where they were (no leaks)."""
 
 from __future__ import annotations
 
+import resource
+import signal
 import socket
+import subprocess
 import time
+from functools import partial
 
 import trio
 
@@ -14,8 +18,10 @@ from middlebox.scenario import ProxyOptions, Scenario
 from middlebox.server import Address, ProxyServer, listen
 from tests.harness import proxied, read_all, reset
 from tests.reliability.support import (
+    MIDDLEBOX,
     blackhole,
     fds_back_to,
+    first_line,
     open_fds,
     rss_bytes,
     settle,
@@ -395,3 +401,71 @@ async def test_connections_from_a_stdlib_socket_that_closes_mid_write_do_not_cra
                 await trio.to_thread.run_sync(quitter, running.proxy_port)
             assert await settle(lambda: running.server.active == 0, 5)
     assert running.server.connections_accepted == 5
+
+
+async def test_running_out_of_file_descriptors_pauses_accepting_and_then_recovers() -> None:
+    """A proxy limited to 40 fds (RLIMIT_NOFILE) under 40 simultaneous clients: accept
+    fails with EMFILE, the proxy pauses accepting (nginx's accept_mutex_delay), and
+    every client still gets an answer: the response, or nginx's 502 when even the
+    upstream socket could not be created. Afterwards it serves normally."""
+
+    def limit_fds() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, answer_once, 0, host="127.0.0.1"))
+        upstream_port = listeners[0].socket.getsockname()[1]
+        process = await trio.lowlevel.open_process(
+            [
+                *MIDDLEBOX,
+                *("proxy", "--listen", "127.0.0.1:0", "--grace", "0"),
+                *("--upstream", f"http://127.0.0.1:{upstream_port}"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=limit_fds,
+        )
+        try:
+            line = await first_line(process)
+            port = int(line.split("http://127.0.0.1:", 1)[1].split()[0])
+            answers: list[bytes] = []
+
+            async def one() -> None:
+                client = await trio.open_tcp_stream("127.0.0.1", port)
+                await client.send_all(HEAD)
+                received = b""
+                while len(received) < len(RESPONSE) and b"</html>" not in received:
+                    data = await client.receive_some(65536)
+                    if not data:
+                        break
+                    received += data
+                answers.append(received)
+                await client.aclose()
+
+            with trio.fail_after(20):
+                async with trio.open_nursery() as clients:
+                    for _ in range(40):
+                        clients.start_soon(one)
+                recovered = False
+                with trio.move_on_after(5):  # once the flood's connections have closed
+                    while not recovered:
+                        healthy = await trio.open_tcp_stream("127.0.0.1", port)
+                        await healthy.send_all(HEAD)
+                        recovered = await healthy.receive_some(100) == RESPONSE
+                        await healthy.aclose()
+                        await trio.sleep(0.05)
+                process.send_signal(signal.SIGTERM)
+                code = await process.wait()
+            assert process.stderr is not None
+            stderr = (await process.stderr.receive_some(1 << 20)).decode()
+        finally:
+            if process.returncode is None:
+                process.kill()  # the process we started, by its handle
+                await process.wait()
+        nursery.cancel_scope.cancel()
+    assert recovered
+    assert len(answers) == 40
+    assert all(a == RESPONSE or a.startswith(b"HTTP/1.1 502 Bad Gateway") for a in answers)
+    assert answers.count(RESPONSE) >= 10
+    assert "accept failed: [Errno 24] Too many open files; pausing accepts" in stderr
+    assert code == 0

@@ -9,28 +9,15 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
 import trio
 
 from tests.harness import read_all
-from tests.reliability.support import settle
+from tests.reliability.support import MIDDLEBOX, first_line, settle
 
-MIDDLEBOX = [sys.executable, "-c", "from middlebox.cli import main; main()"]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-async def first_line(process: trio.Process) -> str:
-    assert process.stdout is not None
-    line = b""
-    with trio.fail_after(20):
-        while b"\n" not in line:
-            data = await process.stdout.receive_some(4096)
-            assert data, f"exited early: {line!r}"
-            line += data
-    return line.decode().splitlines()[0]
 
 
 async def streaming_upstream(stream: trio.SocketStream) -> None:
