@@ -675,6 +675,96 @@ def record(upstream: str, listen_at: str, out: str) -> None:
         pass
 
 
+@main.command()
+@click.option(
+    "--url",
+    required=True,
+    help="Chat completions URL (through the proxy), e.g. http://127.0.0.1:9000; a bare "
+    "host:port URL means /v1/chat/completions.",
+)
+@click.option("--streams", type=click.IntRange(1, 20000), default=10, show_default=True)
+@click.option(
+    "--duration",
+    type=click.FloatRange(0, 3600, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds during which users start new requests.",
+)
+@click.option(
+    "--model",
+    default="middlebox/emulated-7b",
+    show_default=True,
+    help="Model name to request (the default is the bundled emulator's).",
+)
+@click.option("--prompt", default="Tell me a story.", show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option(
+    "--ramp",
+    type=click.FloatRange(0, min_open=True),
+    default=100.0,
+    show_default=True,
+    help="Users started per second.",
+)
+@click.option("--max-requests", type=click.IntRange(1), default=100_000, show_default=True)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="After --duration, how long requests in flight may take before they are cut.",
+)
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the report here.")
+def load(
+    url: str,
+    streams: int,
+    duration: float,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    ramp: float,
+    max_requests: int,
+    request_timeout: float,
+    json_file: str | None,
+) -> None:
+    """Stream many chat completions at once; report TTFT and ITL percentiles at the client.
+
+    Bounded: new requests start for --duration seconds, at most --max-requests in all.
+    For distributed load across machines use Locust with `middlebox/locust.py`
+    (docs/performance.md).
+
+    \b
+    Example:
+      middlebox load --url http://127.0.0.1:9000 --streams 200 --duration 30
+    """
+    from pathlib import Path
+
+    import trio
+
+    from middlebox.load import run_load
+
+    try:
+        report = trio.run(
+            lambda: run_load(
+                url,
+                streams,
+                duration,
+                model=model,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                ramp=ramp,
+                max_requests=max_requests,
+                request_timeout=request_timeout,
+            )
+        )
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(report.text())
+    if json_file:
+        Path(json_file).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if report.completed == 0:
+        sys.exit(1)
+
+
 def _add_optional_commands() -> None:
     try:
         from vllm_emulator.cli import emulate
