@@ -74,17 +74,19 @@ def scorecard(suite: SuiteOutcome, *, colour: bool | None = None) -> str:
     """The scenario x client matrix, then every failed check and problem."""
     clients = suite.clients
     width = max([len(o.scenario.name) for o in suite.outcomes] + [8])
-    column = max([len(c) for c in clients] + [16]) + 2
+    cells = [
+        [cell(score) if score else ("-", "white") for score in
+         ({s.client: s for s in outcome.scores}.get(client) for client in clients)]
+        for outcome in suite.outcomes
+    ]  # fmt: skip
+    column = max([len(c) for c in clients] + [len(t) for row in cells for t, _ in row]) + 2
     lines = ["scenario".ljust(width) + "  " + "".join(c.ljust(column) for c in clients)]
-    for outcome in suite.outcomes:
-        by_client = {score.client: score for score in outcome.scores}
+    for outcome, row_cells in zip(suite.outcomes, cells, strict=True):
         row = outcome.scenario.name.ljust(width) + "  "
-        for client in clients:
-            score = by_client.get(client)
-            text, hue = cell(score) if score else ("-", "white")
+        for text, hue in row_cells:
             padded = text.ljust(column)
             row += click.style(padded, fg=hue) if colour else padded
-        lines.append(row)
+        lines.append(row.rstrip())
     lines.append("")
     lines.append(
         "ok = complete; SILENT = reported success with text missing; detected = "

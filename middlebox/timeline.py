@@ -161,7 +161,7 @@ def write_png(data: Mapping[str, Any], path: Path) -> Path:
         ax.set_title(f"request {request['index']}: {request.get('verdict', '')}", fontsize=9)
         ax.set_ylabel("count", fontsize=8)
         ax.tick_params(labelsize=7)
-        if ax is axes[0]:
+        if ax is axes[0] and ax.get_legend_handles_labels()[0]:  # nothing drawn: no legend
             ax.legend(fontsize=7, loc="upper left")
     axes[-1].set_xlabel("seconds since the request started", fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
