@@ -209,10 +209,10 @@ def _stop(process: subprocess.Popen[str]) -> None:
 
 @contextmanager
 def emulator(root: Path, label: str, config: dict[str, Any]) -> Iterator[int]:
-    """One emulator process (answering HTTP/1.0 as uvicorn does, see calibrate.upstream)."""
+    """One emulator process (it answers nginx's HTTP/1.0 requests close-delimited, as uvicorn)."""
     file = root / f"emulator-{label}.yaml"
     file.write_text(yaml.safe_dump(config))
-    argv = [sys.executable, "-m", "calibrate.upstream", "--host", "127.0.0.1", "--port", "0",
+    argv = [sys.executable, "-m", "vllm_emulator", "--host", "127.0.0.1", "--port", "0",
             "--config", str(file)]  # fmt: skip
     process = subprocess.Popen(
         argv, stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True

@@ -669,7 +669,6 @@ async def _serve_stream(
     headers = {"date": _date(), "server": "uvicorn", "content-type": wire.SSE_CONTENT_TYPE,
                **extra}  # fmt: skip
     resp = SseResponse(status=200, headers=headers)
-    resp.enable_chunked_encoding()
     try:
         await resp.prepare(request)  # the 200 and headers go out before TTFT, as in vLLM
         await _stream_frames(engine, job, resp, after)

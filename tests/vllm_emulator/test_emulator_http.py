@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -455,3 +456,23 @@ def test_a_full_queue_gets_vllms_503_before_any_stream(emulator: Any) -> None:
     }  # fmt: skip
     for thread in threads:
         thread.join(10)
+
+
+def test_an_http_1_0_request_streams_close_delimited_as_uvicorn_does(emulator: Any) -> None:
+    """nginx talks HTTP/1.0 upstream by default; uvicorn then ends the body by closing
+    (RFC 9112 §6.3 rule 8) instead of chunking, which HTTP/1.0 does not have."""
+    server = emulator(itl=0.005)
+    body = json.dumps({"prompt": "x", "max_tokens": 5, "stream": True}).encode()
+    request = (
+        b"POST /v1/completions HTTP/1.0\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(request + body)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    head, _, payload = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding" not in head.lower()
+    assert payload.startswith(b"data: {") and payload.endswith(b"data: [DONE]\n\n")
