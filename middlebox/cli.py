@@ -455,7 +455,7 @@ def run(
         )
     except Interrupted as error:
         click.echo(f"middlebox run: {error}", err=True)
-        sys.exit(130)  # the shell's convention for a run stopped by SIGINT
+        sys.exit(128 + error.signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
     except (RunError, ScenarioError) as error:
         raise click.ClickException(str(error)) from None
     click.echo(scorecard(suite, colour=sys.stdout.isatty()))

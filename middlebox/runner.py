@@ -55,6 +55,10 @@ class RunError(Exception):
 class Interrupted(RunError):
     """SIGINT or SIGTERM stopped the run; every process it started has been stopped."""
 
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.signum = signum
+
 
 CHILD_STOP_GRACE = 5.0
 
@@ -480,12 +484,12 @@ async def run_suite_async(
     `Interrupted` (the proxies are tasks here and stop with the run)."""
     children = Children()
     CHILDREN.set(children)  # tasks started below inherit it
-    caught: list[str] = []
+    caught: list[signal.Signals] = []
 
     async def cancel_on_signal(scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                caught.append(signal.Signals(signum).name)
+                caught.append(signal.Signals(signum))
                 scope.cancel()
                 return
 
@@ -503,7 +507,9 @@ async def run_suite_async(
         await children.stop_all()
     if caught:
         raise Interrupted(
-            f"interrupted by {caught[0]}: every process the run started ({started}) is stopped"
+            f"interrupted by {caught[0].name}: every process the run started ({started}) "
+            "is stopped",
+            caught[0],
         )
     return outcomes
 

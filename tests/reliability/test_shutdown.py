@@ -12,6 +12,7 @@ import subprocess
 from functools import partial
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.harness import read_all
@@ -162,7 +163,10 @@ def alive(pid: int, started: str) -> bool:
     return fields[19] == started and fields[0] != "Z"
 
 
-async def test_sigint_during_middlebox_run_leaves_no_process_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+async def test_sigint_or_sigterm_during_middlebox_run_leaves_no_process_behind(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
     scenario = tmp_path / "long.yaml"
     scenario.write_text(
         "name: long-streams\n"
@@ -184,7 +188,7 @@ async def test_sigint_during_middlebox_run_leaves_no_process_behind(tmp_path: Pa
                 await trio.sleep(0.05)
             await trio.sleep(0.5)
             children = descendants(process.pid)
-            process.send_signal(signal.SIGINT)
+            process.send_signal(signum)
             code = await process.wait()
         assert process.stdout is not None
         output = (await process.stdout.receive_some(65536)).decode()
@@ -192,7 +196,7 @@ async def test_sigint_during_middlebox_run_leaves_no_process_behind(tmp_path: Pa
         if process.returncode is None:
             process.kill()  # the process we started, by its handle
             await process.wait()
-    assert code == 130, output
-    assert "interrupted by SIGINT: every process the run started (3) is stopped" in output
+    assert code == 128 + signum, output  # 130 for SIGINT, 143 for SIGTERM, as shells report
+    assert f"interrupted by {signum.name}: every process the run started (3) is stopped" in output
     assert await settle(lambda: not any(alive(pid, t) for pid, t in children.items()), 5)
     assert len(children) >= 3
