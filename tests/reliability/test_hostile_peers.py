@@ -429,10 +429,24 @@ async def test_running_out_of_file_descriptors_pauses_accepting_and_then_recover
             line = await first_line(process)
             port = int(line.split("http://127.0.0.1:", 1)[1].split()[0])
             answers: list[bytes] = []
+            stderr_bytes = bytearray()
+            exhausted = trio.Event()
+
+            async def read_stderr() -> None:
+                assert process.stderr is not None
+                while data := await process.stderr.receive_some(65536):
+                    stderr_bytes.extend(data)
+                    if b"Too many open files" in stderr_bytes:
+                        exhausted.set()
+
+            nursery.start_soon(read_stderr)
 
             async def one() -> None:
                 client = await trio.open_tcp_stream("127.0.0.1", port)
                 await client.send_all(HEAD)
+                # every client holds its connection until the proxy has run out of fds,
+                # however slowly the machine lets them connect
+                await exhausted.wait()
                 received = b""
                 while len(received) < len(RESPONSE) and b"</html>" not in received:
                     data = await client.receive_some(65536)
@@ -456,8 +470,7 @@ async def test_running_out_of_file_descriptors_pauses_accepting_and_then_recover
                         await trio.sleep(0.05)
                 process.send_signal(signal.SIGTERM)
                 code = await process.wait()
-            assert process.stderr is not None
-            stderr = (await process.stderr.receive_some(1 << 20)).decode()
+            stderr = stderr_bytes.decode()
         finally:
             if process.returncode is None:
                 process.kill()  # the process we started, by its handle
