@@ -422,8 +422,9 @@ async def run_scenario(
             reports,
             declared,
         )
+        # Every built-in name is a client block, whether or not that client ran today.
         score.checks = evaluate_expect(
-            expect, run.spec.name, score.metrics, [c.name for c in clients]
+            expect, run.spec.name, score.metrics, [*BUILTIN_CLIENTS, *(c.name for c in clients)]
         )
         if run.result is None and not run.hang:
             outcome.problems.append(

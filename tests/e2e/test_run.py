@@ -1,0 +1,127 @@
+"""`middlebox run` end to end: real emulator, real proxies, real client processes.
+
+These are the issue's acceptance checks for the main job: verdicts that tell the
+clients apart as reality does, waste with and without abort-on-disconnect, the same
+verdicts from the same seed, and a failing `expect:` that CI can see.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+
+from middlebox.report import report_document, verdict_sections
+from middlebox.runner import run_suite
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ROOT / "scenarios"
+
+
+def verdicts_of(suite: object) -> dict[str, dict[str, list[str]]]:
+    return {
+        outcome.scenario.name: {s.client: s.verdicts()["requests"] for s in outcome.scores}
+        for outcome in suite.outcomes  # type: ignore[attr-defined]
+    }
+
+
+def test_the_verdicts_tell_the_built_in_clients_apart_as_reality_does() -> None:
+    suite = run_suite(
+        [LIBRARY / "clean-close-without-done.yaml", LIBRARY / "reset-mid-stream.yaml"],
+        client_names=["raw", "openai", "resilient"],
+        jobs=2,
+    )
+    verdicts = verdicts_of(suite)
+    # A clean close without [DONE]: only a client that checks finish_reason notices.
+    assert verdicts["clean-close-without-done"] == {
+        "raw": ["silent_truncation"],
+        "openai": ["silent_truncation"],
+        "resilient": ["complete"],
+    }
+    # An RST mid-stream: the openai client raises; raw trusts what came; resilient retries.
+    assert verdicts["reset-mid-stream"] == {
+        "raw": ["silent_truncation"],
+        "openai": ["truncation_detected"],
+        "resilient": ["complete"],
+    }
+    assert suite.passed, [o.problems for o in suite.outcomes]
+
+
+def test_abandoning_wastes_almost_nothing_with_abort_and_a_lot_without(tmp_path: Path) -> None:
+    suite = run_suite(
+        [LIBRARY / "abandon-direct.yaml", LIBRARY / "abandon-no-abort.yaml"],
+        client_names=["resilient"],
+        jobs=2,
+        report_dir=tmp_path,
+    )
+    wasted = {o.scenario.name: o.scores[0].metrics["server.tokens_wasted"] for o in suite.outcomes}
+    assert wasted["abandon-direct"] <= 3
+    assert wasted["abandon-no-abort"] >= 200
+    report = json.loads((tmp_path / "report.json").read_text())
+    shown = {
+        s["name"]: s["results"][0]["metrics"]["server.tokens_wasted"] for s in report["scenarios"]
+    }
+    assert shown == wasted  # the report carries both numbers
+
+
+def test_the_same_seed_gives_identical_verdicts_and_replay_confirms_them(tmp_path: Path) -> None:
+    files = [LIBRARY / "cut-inside-utf8.yaml", LIBRARY / "rate-limit-storm.yaml"]
+    first = run_suite(files, client_names=["raw", "resilient"], report_dir=tmp_path / "a")
+    second = run_suite(files, client_names=["raw", "resilient"], report_dir=tmp_path / "b")
+    one = json.loads((tmp_path / "a" / "report.json").read_text())
+    two = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert verdict_sections(one) == verdict_sections(two)
+    assert verdict_sections(one) == verdict_sections(report_document(first, one["run"]))
+    assert verdicts_of(first) == verdicts_of(second)
+    replay = subprocess.run(
+        [sys.executable, "-m", "middlebox", "replay", str(tmp_path / "a" / "report.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "every verdict identical" in replay.stdout
+
+
+def test_a_failing_expect_exits_non_zero_and_junit_names_the_check(tmp_path: Path) -> None:
+    scenario = tmp_path / "too-hopeful.yaml"
+    scenario.write_text(
+        "name: too-hopeful\n"
+        "upstream: {itl: 5ms, prefill_overhead: 20ms}\n"
+        "workload: {requests: 1, max_tokens: 10}\n"
+        "path:\n  - cut: {after: tokens, count: 3, end: fin}\n"
+        "expect:\n  client.silent_truncations: 0\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "middlebox",
+            "run",
+            str(scenario),
+            "--client",
+            "raw",
+            "--report",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "too-hopeful/raw: client.silent_truncations equals 0: got 1" in result.stdout
+    junit = ElementTree.parse(tmp_path / "out" / "junit.xml").getroot()
+    failures = [
+        (case.get("name"), failure.get("message"))
+        for case in junit.iter("testcase")
+        for failure in case.iter("failure")
+    ]
+    assert failures == [
+        ("raw: client.silent_truncations equals 0", "client.silent_truncations equals 0: got 1")
+    ]
