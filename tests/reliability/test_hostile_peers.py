@@ -76,7 +76,7 @@ async def test_slowloris_clients_are_closed_unanswered_at_client_header_timeout(
                 await client.aclose()
             assert await settle(lambda: len(upstream_got) == 20)
     assert endings == [(b"", "fin")] * 20  # nginx closes on a header timeout, no 408 sent
-    assert 0.3 <= elapsed < 2
+    assert 0.3 <= elapsed < 5
     assert await fds_back_to(baseline) == baseline
     assert task_count() == tasks
 
@@ -135,11 +135,15 @@ async def test_a_client_that_never_reads_stalls_the_upstream_with_bounded_memory
             rss_before = rss_bytes()
             client = await running.connect()
             await client.send_all(HEAD)
-            await trio.sleep(0.5)  # the client reads nothing
-            stalled_at = sent[0]
-            rss_growth = rss_bytes() - rss_before
-            await trio.sleep(0.2)
+            # the client reads nothing: wait until the upstream's writes stop advancing
+            stalled_at = -1
+            for _ in range(50):
+                if sent[0] == stalled_at:
+                    break
+                stalled_at = sent[0]
+                await trio.sleep(0.2)
             assert sent[0] == stalled_at, "the upstream kept sending into a closed window"
+            rss_growth = rss_bytes() - rss_before
             received, end = await read_all(client)
     # Kernel buffers on both legs plus the relay's HIGH_WATER outbox, far below 48 MiB.
     assert stalled_at < 24 * 1024 * 1024
@@ -171,7 +175,7 @@ async def test_an_upstream_that_never_accepts_gets_a_502_after_connect_timeout()
         for sock in [listener, *fillers]:
             sock.close()
     assert received.startswith(b"HTTP/1.1 502 Bad Gateway\r\n") and end == "fin"
-    assert 0.25 <= waited < 2
+    assert 0.25 <= waited < 5
     assert server.connections_failed == 1
 
 
@@ -196,7 +200,7 @@ async def test_read_timeout_answers_504_when_the_upstream_sends_no_response_head
     assert received.startswith(b"HTTP/1.1 504 Gateway Timeout\r\n")
     assert b"<center><h1>504 Gateway Timeout</h1></center>" in received
     assert end == "fin" and upstream_ends == ["rst"]
-    assert 0.3 <= waited < 2
+    assert 0.3 <= waited < 5
     assert running.server.read_timeouts == 1
     assert await fds_back_to(baseline) == baseline
 

@@ -111,7 +111,7 @@ async def test_sigterm_drains_live_streams_within_grace_then_resets_and_writes_t
         nursery.cancel_scope.cancel()
     assert stopped_accepting, "new connections were still accepted after SIGTERM"
     assert finite_end == "fin" and finite_rest.endswith(b"data: 4\n\n")
-    assert endless_end == "rst" and 1.0 <= reset_after < 4.0
+    assert endless_end == "rst" and 1.0 <= reset_after < 6.0
     assert code == 0
     # probes that raced the signal may add accepted connections; they end on their own
     stopped = re.search(r"stopped: (\d+) connections, 0 refused, 1 reset at shutdown$", output)
