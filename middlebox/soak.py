@@ -9,9 +9,10 @@ process's resident memory (RSS), open fds and live trio tasks (and the emulator'
 reported only: its request ledger grows by design).
 
 Flat means: after a warm-up (the first fifth), the second half's median RSS is within
-`max(8 MiB, 5%)` of the first half's, and its highest fd and task counts are within
-`concurrency` of the first half's; and once the load stops and connections close, fds
-and tasks are back to what they were before the load. docs/reliability.md has figures.
+`max(8 MiB, 5%)` of the first half's, and its highest fd and task counts exceed the first
+half's by no more than `concurrency` requests in flight hold (3 fds, 10 tasks each); and
+once the load stops and connections close, fds and tasks are back to what they were
+before the load. docs/reliability.md has figures.
 
     python -m middlebox.soak --seconds 600          # `make soak` (SOAK_SECONDS=...)
 """
@@ -256,11 +257,15 @@ def check(report: SoakReport) -> None:
             f"RSS grew {(second['rss'] - first['rss']) / MIB:.1f} MiB between halves "
             f"(allowed {allowed_rss / MIB:.1f})"
         )
-    for what in ("fds", "tasks"):
-        if second[what] > first[what] + report.concurrency:
+    # A request in flight holds 3 fds here (client, proxy client side, proxy upstream
+    # side) and about ten tasks, so peaks may differ by that much per client; a leak
+    # grows without bound and also shows in the after-the-load counts below.
+    for what, per_request in (("fds", 3), ("tasks", 10)):
+        slack = per_request * report.concurrency
+        if second[what] > first[what] + slack:
             report.problems.append(
                 f"{what} peaked at {second[what]:.0f} in the second half against "
-                f"{first[what]:.0f} in the first (allowed +{report.concurrency})"
+                f"{first[what]:.0f} in the first (allowed +{slack})"
             )
         if report.after.get(what, 0) > report.baseline.get(what, 0):
             report.problems.append(
