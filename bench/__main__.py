@@ -21,8 +21,22 @@ HERE = Path(__file__).resolve().parent
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small counts, short windows")
+    parser.add_argument(
+        "--streams",
+        help="comma-separated stream counts, e.g. 250,500,750 (a partial run: no ladder, "
+        "no bulk, results in the temporary directory)",
+    )
+    parser.add_argument("--paths", help="comma-separated path names for a partial run")
     args = parser.parse_args()
     settings = Settings()
+    partial = bool(args.streams or args.paths)
+    if partial:
+        settings = Settings(
+            streams=tuple(int(n) for n in args.streams.split(",")) if args.streams else (100,),
+            ladder=(),
+            only_paths=tuple(args.paths.split(",")) if args.paths else (),
+            bulk=False,
+        )
     if args.quick:
         settings = Settings(
             warmup_s=0.5,
@@ -40,12 +54,12 @@ def main() -> int:
     results = run_suite(settings, log)
     out = (
         Path(tempfile.gettempdir()) / "middlebox-bench-quick.json"
-        if args.quick
+        if args.quick or partial
         else HERE / "results.json"
     )
     out.write_text(json.dumps(results, indent=2) + "\n")
     log(f"wrote {out} in {results['duration_s']} s")
-    if not args.quick:
+    if not (args.quick or partial):
         doc = HERE.parent / "docs" / "performance.md"
         update_document(doc, results)
         log(f"updated {doc}")
