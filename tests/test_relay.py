@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass
 from typing import ClassVar
@@ -146,8 +147,11 @@ class Explodes(Fault):
 
 async def test_one_connection_s_error_never_stops_the_server() -> None:
     async def upstream(stream: trio.SocketStream) -> None:
-        await stream.send_all(b"hello")
-        await stream.send_eof()
+        # The broken connection's relay may abort before "hello" is read: this
+        # upstream then sees ENOTCONN, which is the proxy's right, not a test failure.
+        with contextlib.suppress(trio.BrokenResourceError):
+            await stream.send_all(b"hello")
+            await stream.send_eof()
 
     builds = iter([[Explodes()], []])
     scenario = Scenario(name="flaky", path=(FaultSpec(Explodes, {}),))

@@ -1,9 +1,12 @@
 """The relay's hot-path choices (docs/performance.md) keep its behaviour: the empty
-pipeline's fast path is byte-exact and ends faithfully, writer and timer tasks start
-only when needed, and backpressure still holds when a reader stops reading."""
+pipeline's fast path is byte-exact and ends faithfully, pass-through sockets are read
+by the shared hub instead of reader tasks, writer and timer tasks start only when
+needed, backpressure still holds when a reader stops reading, and one connection's
+error or end never touches another's."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import trio
@@ -11,6 +14,7 @@ import trio
 from faults.latency import Latency
 from middlebox.fault import Fault, FaultContext, Pipeline
 from middlebox.relay import Relay
+from middlebox.stream import Direction
 
 
 def pair(buffer: int | None = None) -> tuple[socket.socket, socket.socket]:
@@ -79,13 +83,14 @@ async def relay_between(pipeline: Fault, work: object, buffer: int | None = None
     return relay
 
 
-async def test_an_empty_pipeline_relays_frames_byte_exact_with_two_tasks_and_carries_fin() -> None:
+async def test_an_empty_pipeline_relays_frames_byte_exact_without_per_socket_tasks() -> None:
     frames = [f"data: {n} {'x' * 180}\n\n".encode() for n in range(50)]
 
     async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
         assert relay.passthrough
         await send_all(client, b"GET /stream HTTP/1.1\r\n\r\n")
         assert await receive_exactly(upstream, 24) == b"GET /stream HTTP/1.1\r\n\r\n"
+        assert relay._hub is not None and set(relay._hub_callbacks) == {"client", "upstream"}
         for frame in frames:
             await send_all(upstream, frame)
             assert await receive_exactly(client, len(frame)) == frame
@@ -148,3 +153,69 @@ async def test_a_fault_with_a_deadline_gets_its_timer_task_only_once_it_holds_by
         assert await receive_end(upstream) == "fin"
 
     await relay_between(Pipeline([Latency(delay=0.02)]), work)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_the_read_hub_closes_its_epoll_when_the_last_relay_ends() -> None:
+    async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
+        await send_all(upstream, b"x")
+        assert await receive_exactly(client, 1) == b"x"
+        upstream.shutdown(socket.SHUT_WR)
+        client.shutdown(socket.SHUT_WR)
+        assert await receive_end(client) == "fin"
+
+    before = open_fds()
+    await relay_between(Pipeline([]), work)
+    with trio.fail_after(5):
+        while open_fds() > before:  # the hub's task closes the epoll on its next turn
+            await trio.sleep(0.001)
+    assert open_fds() == before
+
+
+class Exploding:
+    """An observer with a bug: it fails on the first read it sees."""
+
+    def read(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
+        raise RuntimeError("observer bug")
+
+    def wrote(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
+        pass
+
+    def ended(self, leg: str, direction: Direction, kind: str, now: float) -> None:
+        pass
+
+
+async def test_an_error_in_a_hub_read_fails_that_relay_only() -> None:
+    broken_client, broken_peer = pair()
+    broken_upstream, broken_upstream_peer = pair()
+    broken = Relay(broken_peer, broken_upstream, Pipeline([]), observer=Exploding())
+    errors: list[BaseException] = []
+
+    async def run_broken() -> None:
+        try:
+            await broken.run()
+        except RuntimeError as error:
+            errors.append(error)
+
+    async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_broken)
+            await send_all(broken_client, b"boom")
+            with trio.fail_after(5):
+                while not errors:
+                    await trio.sleep(0.001)
+            # The healthy relay shares the hub and carries on.
+            await send_all(upstream, b"still fine")
+            assert await receive_exactly(client, 10) == b"still fine"
+        upstream.shutdown(socket.SHUT_WR)
+        client.shutdown(socket.SHUT_WR)
+        assert await receive_end(client) == "fin"
+
+    await relay_between(Pipeline([]), work)
+    for sock in (broken_client, broken_upstream_peer):
+        sock.close()
+    assert [str(error) for error in errors] == ["observer bug"]
+    assert broken.client.closed and broken.upstream.closed
