@@ -10,10 +10,25 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+# Where nginx's status lines and page titles differ from RFC 9110's reason phrases
+# (ngx_http_header_filter_module.c `ngx_http_status_lines`, ngx_http_special_response.c).
+NGINX_REASONS = {
+    302: "Moved Temporarily",
+    413: "Request Entity Too Large",
+    414: "Request-URI Too Large",
+    416: "Requested Range Not Satisfiable",
+    504: "Gateway Time-out",
+}
+
+
+def reason(status: int) -> str:
+    """The reason phrase nginx writes for `status`."""
+    return NGINX_REASONS.get(status) or HTTPStatus(status).phrase
+
 
 def nginx_error_page(status: int) -> bytes:
     """The HTML body nginx sends for an error status (ngx_http_error_tail + title)."""
-    title = f"{status} {HTTPStatus(status).phrase}"
+    title = f"{status} {reason(status)}"
     return (
         f"<html>\r\n<head><title>{title}</title></head>\r\n<body>\r\n"
         f"<center><h1>{title}</h1></center>\r\n<hr><center>nginx</center>\r\n"
@@ -35,7 +50,7 @@ def error_response(
     `server=None` omits the Server field; `connection=None` omits Connection, so the
     connection persists (HTTP/1.1's default, RFC 9112 §9.3)."""
     payload = nginx_error_page(status) if body is None else body
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    lines = [f"HTTP/1.1 {status} {reason(status)}"]
     lines += [f"Server: {server}"] if server is not None else []
     lines += [f"Content-Type: {content_type}", f"Content-Length: {len(payload)}"]
     lines += [f"Connection: {connection}"] if connection is not None else []
