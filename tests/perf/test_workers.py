@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from middlebox.journal import read_ndjson
 from middlebox.scenario import Scenario
 from middlebox.server import Address
 from middlebox.workers import WorkerServer, reuseport_listeners
@@ -53,7 +54,9 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.e2e
-async def test_two_workers_share_connections_survive_a_death_and_leave_no_child() -> None:
+async def test_two_workers_share_connections_survive_a_death_and_leave_no_child(
+    tmp_path: Path,
+) -> None:
     async def upstream(stream: trio.SocketStream) -> None:
         request, _ = await read_all(stream)
         await stream.send_all(b"pong " + request)
@@ -75,6 +78,8 @@ async def test_two_workers_share_connections_survive_a_death_and_leave_no_child(
             "2",
             "--grace",
             "1",
+            "--journal",
+            str(tmp_path / "journal.ndjson"),
         ]
         proxy = await trio.lowlevel.open_process(
             argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -115,4 +120,13 @@ async def test_two_workers_share_connections_survive_a_death_and_leave_no_child(
     # The kernel's SO_REUSEPORT hash spreads 40 connections over both workers.
     assert all(count > 0 for count in counts), output
     assert b"1 workers restarted" in output
+    # Each worker journals its own connections; the interleaved ids never clash, and the
+    # worker that was never killed journaled every connection it accepted.
+    ids = [
+        {view.connection for view in read_ndjson(tmp_path / f"journal.ndjson.w{index}")}
+        for index in (0, 1)
+    ]
+    assert all(cid % 2 == 1 for cid in ids[0]) and all(cid % 2 == 0 for cid in ids[1])
+    assert len(ids[1]) == counts[1]
+    assert ids[0] and max(ids[0] | ids[1]) <= 2 * max(counts)
     assert all(_gone(pid) for pid in pids)
