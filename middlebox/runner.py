@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,58 @@ async def settled_ledger(base_url: str) -> list[dict[str, Any]]:
     return ledger
 
 
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+RUNNING = "vllm:num_requests_running"
+
+
+def prometheus_totals(text: str) -> dict[str, float]:
+    """Each metric's value summed over its label sets (Prometheus text format)."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_and_labels, _, value = line.rpartition(" ")
+        name = name_and_labels.split("{", 1)[0]
+        try:
+            totals[name] = totals.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return totals
+
+
+def http_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode("utf-8", "replace"))
+
+
+async def upstream_metrics(base_url: str) -> dict[str, float] | None:
+    """vLLM's /metrics, or None when the upstream has none (a gateway, say)."""
+    try:
+        return prometheus_totals(await trio.to_thread.run_sync(http_text, f"{base_url}/metrics"))
+    except (OSError, ValueError):
+        return None
+
+
+async def metered_run(base_url: str, run: Any) -> tuple[Any, dict[str, Any]]:
+    """Run one client against a real vLLM and read its /metrics around the run: the
+    tokens it generated, and those generated after the client had finished (for
+    nobody), once vLLM reports no running request (bounded wait)."""
+    before = await upstream_metrics(base_url)
+    outcome = await run()
+    ended = await upstream_metrics(base_url)
+    after = ended
+    with trio.move_on_after(LEDGER_SETTLE_TIMEOUT):
+        while after is not None and after.get(RUNNING, 0.0) > 0:
+            await trio.sleep(0.1)
+            after = await upstream_metrics(base_url)
+    if before is None or ended is None or after is None or GENERATION_TOKENS not in before:
+        return outcome, {}
+    return outcome, {
+        "server.tokens_generated": int(after[GENERATION_TOKENS] - before[GENERATION_TOKENS]),
+        "server.tokens_wasted": int(max(after[GENERATION_TOKENS] - ended[GENERATION_TOKENS], 0)),
+    }
+
+
 async def model_of(base_url: str) -> str:
     try:
         models = await fetch_json(f"{base_url}/v1/models")
@@ -278,6 +331,7 @@ class ClientRun:
     result: dict[str, Any] | None = None
     hang: bool = False
     stderr_tail: str = ""
+    server_metrics: dict[str, Any] = field(default_factory=dict)
 
 
 async def run_client(
@@ -387,9 +441,20 @@ async def run_scenario(
             async def one(spec: ClientSpec) -> None:
                 runs.append(await run_client(spec, scenario, workload, upstream, model, workdir))
 
-            async with trio.open_nursery() as clients_nursery:
+            if emulator is None:
+                # A real server has no ledger: run the clients one at a time so its
+                # /metrics counters can be read around each of them.
                 for spec in chosen:
-                    clients_nursery.start_soon(one, spec)
+                    run, measured = await metered_run(
+                        base_url,
+                        partial(run_client, spec, scenario, workload, upstream, model, workdir),
+                    )
+                    run.server_metrics = measured
+                    runs.append(run)
+            else:
+                async with trio.open_nursery() as clients_nursery:
+                    for spec in chosen:
+                        clients_nursery.start_soon(one, spec)
             ledger = await settled_ledger(base_url) if emulator is not None else []
         except RunError as error:
             outcome.problems.append(f"{scenario.name}: {error}")
@@ -422,6 +487,7 @@ async def run_scenario(
             reports,
             declared,
         )
+        score.metrics.update(run.server_metrics)
         # Every built-in name is a client block, whether or not that client ran today.
         score.checks = evaluate_expect(
             expect, run.spec.name, score.metrics, [*BUILTIN_CLIENTS, *(c.name for c in clients)]

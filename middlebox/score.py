@@ -134,10 +134,12 @@ def request_verdict(expected: str | None, result: Mapping[str, Any] | None) -> s
         return "abandoned"
     shown: str = result.get("text") or ""
     error = result.get("error")
-    if expected is None or expected == "":
-        if shown:
-            return "complete" if expected == "" else "duplicated"
-        return "error_reported" if error else "silent_truncation"
+    if expected is None:
+        # Nothing finished upstream to compare with: the request never reached the
+        # server (a 429 from a hop), or a real server's stream never finished.
+        if error:
+            return "truncation_detected" if shown else "error_reported"
+        return "silent_truncation"
     if shown == expected:
         return "complete"
     if "\ufffd" in shown and "\ufffd" not in expected:
@@ -147,6 +149,53 @@ def request_verdict(expected: str | None, result: Mapping[str, Any] | None) -> s
     if len(shown) > len(expected):
         return "duplicated"
     return "missing_tokens"
+
+
+def upstream_generations(traffic: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str, bool]]:
+    """What a real server sent, from the upstream leg of the journal: per response, the
+    request body it answered, the text it streamed (chat deltas or completion text) and
+    whether it finished (a finish_reason or `[DONE]`). This is the expected text when
+    there is no emulator ledger."""
+    found: list[tuple[str, str, bool]] = []
+    for request_bytes, response_bytes in traffic:
+        exchange = Http1Exchange()
+        exchange.feed(Direction.UPSTREAM, request_bytes)
+        texts: dict[int, list[str]] = {}
+        finished: dict[int, bool] = {}
+        framers: dict[int, SseFramer] = {}
+        for piece in exchange.feed(Direction.DOWNSTREAM, response_bytes):
+            if piece.head is not None:
+                if "text/event-stream" in (piece.head.header("content-type") or ""):
+                    framers[piece.message] = SseFramer()
+                    texts[piece.message], finished[piece.message] = [], False
+                continue
+            framer = framers.get(piece.message)
+            if piece.kind is not PieceKind.BODY or framer is None:
+                continue
+            for line in framer.feed(piece.data):
+                event = line.event
+                if event is None:
+                    continue
+                if event.is_done:
+                    finished[piece.message] = True
+                    continue
+                try:
+                    payload = json.loads(event.data)
+                except ValueError:
+                    continue
+                for choice in payload.get("choices") or [] if isinstance(payload, dict) else []:
+                    if choice.get("index", 0) != 0:
+                        continue
+                    delta = choice.get("delta") or {}
+                    texts[piece.message].append(
+                        str(delta.get("content") or choice.get("text") or "")
+                    )
+                    if choice.get("finish_reason"):
+                        finished[piece.message] = True
+        for message, parts in texts.items():
+            body = exchange.request_body(message).decode("utf-8", "replace")
+            found.append((body, "".join(parts), finished[message]))
+    return found
 
 
 def ledger_for(ledger: Iterable[Mapping[str, Any]], tag: str) -> list[Mapping[str, Any]]:
@@ -274,9 +323,12 @@ def score_client(
     bursts = 0
     largest_gap = 0.0
     unseen_waste = 0
+    # With no emulator ledger (a real server), the upstream's own bytes say what it sent.
+    sent = [] if ledger else upstream_generations(upstream_traffic)
     for index, tag in enumerate(tags):
         entries = ledger_for(ledger, tag)
         all_entries.extend(entries)
+        generations = [(text, done) for body, text, done in sent if tag in body]
         left_at = (results.get(index) or {}).get("ended_at")
         if left_at is not None:
             by_ledger = sum(int(e.get("wasted_tokens") or 0) for e in entries)
@@ -284,6 +336,8 @@ def score_client(
         expected = next(
             (str(e["planned_text"]) for e in entries if e.get("planned_text") is not None), None
         )
+        if not ledger:
+            expected = next((text for text, done in reversed(generations) if done), None)
         request_result = results.get(index)
         verdict = request_verdict(expected, request_result)
         score.requests.append(
@@ -293,7 +347,7 @@ def score_client(
                 expected_chars=len(expected or ""),
                 shown_chars=len((request_result or {}).get("text") or ""),
                 attempts=int((request_result or {}).get("attempts") or 0),
-                generations=len(entries),
+                generations=len(entries) if ledger else len(generations),
                 error=(request_result or {}).get("error"),
             )
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -31,6 +32,8 @@ def shown(text: str, error: str | None = None, **extra: Any) -> dict[str, Any]:
         ("héllo wörld", None, "hang"),
         ("héllo wörld", shown("hé", abandoned=True), "abandoned"),
         (None, shown("", error="RateLimitError: 429"), "error_reported"),
+        (None, shown("hé", error="APIConnectionError: reset"), "truncation_detected"),
+        ("", shown("x"), "duplicated"),
         (None, shown(""), "silent_truncation"),
     ],
 )
@@ -153,3 +156,32 @@ def test_tokens_generated_after_the_client_left_are_waste_even_if_the_server_nev
     result = {"results": [shown("abc", abandoned=True, ended_at=100.35)]}
     score = score_client("s", "raw", [tag], result, [entry], [], [], [])
     assert score.metrics["server.tokens_wasted"] == 3
+
+
+def sse_response(*events: bytes) -> bytes:
+    body = b"".join(b"data: " + e + b"\n\n" for e in events)
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+        % len(body)
+    ) + body
+
+
+def chat_request(tag: str) -> bytes:
+    body = json.dumps({"messages": [{"role": "user", "content": f"{tag} hi"}], "stream": True})
+    data = body.encode()
+    return b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(data) + data
+
+
+def test_without_a_ledger_the_upstream_bytes_give_the_expected_text_of_a_real_server() -> None:
+    tag = "[middlebox s/raw/0]"
+    delta = b'{"choices":[{"index":0,"delta":{"content":"%s"},"finish_reason":%s}]}'
+    cut_short = (chat_request(tag), sse_response(delta % (b"h\\u00e9", b"null")))
+    finished = (
+        chat_request(tag),
+        sse_response(delta % (b"h\\u00e9", b"null"), delta % (b"llo", b'"stop"'), b"[DONE]"),
+    )
+    result = {"results": [shown("hé", attempts=2)]}
+    score = score_client("s", "raw", [tag], result, [], [cut_short, finished], [], [])
+    assert score.requests[0].verdict == "silent_truncation"
+    assert score.requests[0].expected_chars == len("héllo")
+    assert score.metrics["client.amplification"] == 2
