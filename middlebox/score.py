@@ -183,13 +183,15 @@ def upstream_generations(traffic: Iterable[tuple[bytes, bytes]]) -> list[tuple[s
                     payload = json.loads(event.data)
                 except ValueError:
                     continue
-                for choice in payload.get("choices") or [] if isinstance(payload, dict) else []:
-                    if choice.get("index", 0) != 0:
+                choices = payload.get("choices") if isinstance(payload, dict) else None
+                for choice in choices if isinstance(choices, list) else []:
+                    # A hostile or broken upstream may send anything: judge only the
+                    # shapes an OpenAI-compatible server sends, skip the rest.
+                    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                         continue
-                    delta = choice.get("delta") or {}
-                    texts[piece.message].append(
-                        str(delta.get("content") or choice.get("text") or "")
-                    )
+                    delta = choice.get("delta")
+                    content = delta.get("content") if isinstance(delta, dict) else None
+                    texts[piece.message].append(str(content or choice.get("text") or ""))
                     if choice.get("finish_reason"):
                         finished[piece.message] = True
         for message, parts in texts.items():

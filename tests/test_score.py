@@ -185,3 +185,18 @@ def test_without_a_ledger_the_upstream_bytes_give_the_expected_text_of_a_real_se
     assert score.requests[0].verdict == "silent_truncation"
     assert score.requests[0].expected_chars == len("héllo")
     assert score.metrics["client.amplification"] == 2
+
+
+def test_junk_from_an_upstream_never_crashes_the_scorer() -> None:
+    tag = "[middlebox s/raw/0]"
+    junk = sse_response(
+        b'{"choices":["x",{"delta":"y"},{"delta":{"content":7}}]}',
+        b'{"choices":"no"}',
+        b"[1,2]",
+        b"\xff\xfe",
+        b"[DONE]",
+    )
+    score = score_client(
+        "s", "raw", [tag], {"results": [shown("7")]}, [], [(chat_request(tag), junk)], [], []
+    )
+    assert score.requests[0].verdict == "complete"
