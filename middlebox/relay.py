@@ -231,7 +231,13 @@ class Relay:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self.passthrough:
-                    self._hub = acquire_read_hub()
+                    try:
+                        self._hub = acquire_read_hub()
+                    except OSError:
+                        # No fd left for the hub's epoll (EMFILE under a flood): this
+                        # connection reads with a task per socket instead of failing.
+                        self._hub = None
+                if self._hub is not None:
                     for side in (self.client, self.upstream):
                         callback = self._hub_callbacks[side.leg] = self._readable(side)
                         self._hub.register(side.sock, callback)

@@ -6,11 +6,14 @@ error or end never touches another's."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 
+import pytest
 import trio
 
+import middlebox.relay as relay_module
 from faults.latency import Latency
 from middlebox.fault import Fault, FaultContext, Pipeline
 from middlebox.relay import Relay
@@ -96,6 +99,28 @@ async def test_an_empty_pipeline_relays_frames_byte_exact_without_per_socket_tas
             assert await receive_exactly(client, len(frame)) == frame
         # Nothing ever blocked and no fault asked for a deadline: no writer, no timer.
         assert relay._writers == set() and not relay._timer_started
+        upstream.shutdown(socket.SHUT_WR)
+        assert await receive_end(client) == "fin"
+        client.shutdown(socket.SHUT_WR)
+        assert await receive_end(upstream) == "fin"
+
+    await relay_between(Pipeline([]), work)
+
+
+async def test_without_an_fd_for_the_hub_a_connection_reads_with_tasks_instead_of_failing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_fds_left() -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(relay_module.select, "epoll", no_fds_left)
+
+    async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
+        await send_all(client, b"ping")
+        assert await receive_exactly(upstream, 4) == b"ping"
+        assert relay._hub is None and relay.passthrough
+        await send_all(upstream, b"pong")
+        assert await receive_exactly(client, 4) == b"pong"
         upstream.shutdown(socket.SHUT_WR)
         assert await receive_end(client) == "fin"
         client.shutdown(socket.SHUT_WR)
