@@ -2,7 +2,8 @@
 
 - `Windowed`: the active window (`start`, `stop`, seconds from connection open) and
   per-direction byte offsets for reports; `Shaped` adds the `direction` acted on.
-- `Triggered`: fire once at a time from open or after N downstream bytes.
+- `Triggered`: fire once at a time from open, after N downstream bytes, or after the
+  response write that completes the Nth SSE event (`EventCounter`).
 - `Queued`: a delay line with a bounded backlog (backpressure).
 - `DelayLine`: a per-direction FIFO of items with release times. A TCP byte stream is
   delivered in order (RFC 9293 §3.10.7.4 queues out-of-order segments until the gap is
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from middlebox.fault import Bytes, Seconds
+from middlebox.http1 import Http1Framer, PieceKind
+from middlebox.sse import SseFramer
 from middlebox.stream import Chunk, Direction, Item
 
 DirectionChoice = Literal["both", "upstream", "downstream"]
@@ -98,22 +101,54 @@ class Windowed:
         return before
 
 
+class EventCounter:
+    """Counts dispatched SSE events in a downstream byte stream: HTTP/1.1 responses
+    de-chunked by the passive framer, `text/event-stream` bodies parsed by the WHATWG
+    rules (so `[DONE]` counts, a comment-only keep-alive does not)."""
+
+    def __init__(self) -> None:
+        self.http = Http1Framer("response")
+        self.streams: dict[int, SseFramer] = {}
+        self.events = 0
+
+    def feed(self, data: bytes) -> int:
+        """Feed response bytes; returns the events dispatched so far."""
+        for piece in self.http.feed(data):
+            if piece.head is not None:
+                if "text/event-stream" in (piece.head.header("content-type") or "").lower():
+                    self.streams[piece.message] = SseFramer()
+                continue
+            framer = self.streams.get(piece.message)
+            if framer is not None and piece.kind is PieceKind.BODY:
+                self.events += sum(1 for line in framer.feed(piece.data) if line.event)
+        return self.events
+
+
 @dataclass
 class Triggered:
-    """Mixin for faults that fire once: at `at` seconds from open, or once `after_bytes`
-    downstream bytes have passed (whichever comes first). Call `arm(now)` on open.
+    """Mixin for faults that fire once: at `at` seconds from open, once `after_bytes`
+    downstream bytes have passed, or right after the response write that completes the
+    `after_events`-th SSE event (whichever comes first). Call `arm(now)` on open.
+    Counting events makes a trigger land at the same point of the stream on every run,
+    where a time lands wherever the machine's speed puts it.
     """
 
     at: Seconds | None = None
     after_bytes: Bytes | None = None
+    after_events: int | None = None
 
     _fire_at: float | None = field(init=False, repr=False, default=None)
     _armed: bool = field(init=False, repr=False, default=False)
     _down_bytes: int = field(init=False, repr=False, default=0)
+    _event_counter: EventCounter = field(init=False, repr=False, default_factory=EventCounter)
 
     def __post_init__(self) -> None:
-        if self.at is None and self.after_bytes is None:
-            raise ValueError("needs a trigger: set `at` (seconds from open) or `after_bytes`")
+        if self.at is None and self.after_bytes is None and self.after_events is None:
+            raise ValueError(
+                "needs a trigger: set `at` (seconds from open), `after_bytes` or `after_events`"
+            )
+        if self.after_events is not None and self.after_events < 1:
+            raise ValueError(f"after_events must be at least 1, got {self.after_events!r}")
         if self.at is not None:
             check_positive("at", self.at, allow_zero=True)
         if self.after_bytes is not None:
@@ -135,14 +170,27 @@ class Triggered:
 
     def split_downstream(self, chunk: Chunk) -> tuple[Chunk, Chunk | None]:
         """Count a downstream chunk: the part before the `after_bytes` mark, and the
-        rest (possibly empty) when this chunk reaches the mark, else None."""
+        rest (possibly empty) when this chunk reaches the mark, else None. A chunk that
+        completes the `after_events`-th event passes whole, with an empty rest."""
         before = self._down_bytes
         self._down_bytes += len(chunk.data)
-        if not self._armed or self.after_bytes is None or self._down_bytes < self.after_bytes:
+        events = self._event_counter.feed(chunk.data) if self.after_events is not None else 0
+        if not self._armed:
             return chunk, None
-        cut = max(self.after_bytes - before, 0)
-        self._down_bytes = before + cut
-        return Chunk(chunk.direction, chunk.data[:cut]), Chunk(chunk.direction, chunk.data[cut:])
+        if self.after_bytes is not None and self._down_bytes >= self.after_bytes:
+            cut = max(self.after_bytes - before, 0)
+            self._down_bytes = before + cut
+            return Chunk(chunk.direction, chunk.data[:cut]), Chunk(
+                chunk.direction, chunk.data[cut:]
+            )
+        if self.after_events is not None and events >= self.after_events:
+            return chunk, Chunk(chunk.direction, b"")
+        return chunk, None
+
+    @property
+    def downstream_events(self) -> int:
+        """SSE events counted in the response stream so far (with `after_events`)."""
+        return self._event_counter.events
 
     @property
     def downstream_bytes(self) -> int:

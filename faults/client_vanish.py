@@ -88,7 +88,10 @@ class ClientVanish(Triggered, Fault):
     def _vanish(self, now: float) -> list[Item]:
         self.disarm()
         self._state = "gone"
-        self.report(now, "vanished", offset=self.downstream_bytes, how=self.how, client=self.client)
+        self.report(
+            now, "vanished", offset=self.downstream_bytes, event=self.downstream_events,
+            how=self.how, client=self.client,
+        )  # fmt: skip
         upstream: Item = Reset(UP) if self.how == "rst" else Eof(UP)
         return [upstream] + ([Reset(DOWN)] if self.client == "reset" else [])
 

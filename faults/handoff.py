@@ -161,7 +161,10 @@ class Handoff(Triggered, Fault):
 
     def _trigger(self, now: float) -> None:
         end = now + self.outage
-        self.report(now, "outage", offset=self.downstream_bytes, until=end, outcome=self.outcome)
+        self.report(
+            now, "outage", offset=self.downstream_bytes, event=self.downstream_events,
+            until=end, outcome=self.outcome,
+        )  # fmt: skip
         self.context.shared["outage"] = {"start": now, "end": end, "outcome": self.outcome}
         self._go_dark(end, self.outcome)
 

@@ -61,6 +61,44 @@ def test_after_n_bytes_the_rest_of_the_write_is_held_and_reset_ends_both_sides()
     assert fault.reports[1].details["held_bytes"] == 3
 
 
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def frame(text: bytes) -> bytes:
+    event = b"data: " + text + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+def test_after_n_events_the_outage_starts_after_the_write_that_completed_the_nth() -> None:
+    fault = Handoff(after_events=2, outage=1.0, outcome="reset")
+    out = replay(
+        fault,
+        [
+            (0.0, Chunk(DOWN, HEAD + frame(b"one"))),
+            # the second event arrives split across two writes: the trigger waits for it
+            (0.2, Chunk(DOWN, frame(b"two")[:7])),
+            (0.3, Chunk(DOWN, frame(b"two")[7:] + frame(b"three"))),
+            (0.4, Chunk(DOWN, frame(b"four"))),
+        ],
+    )
+    assert out == [
+        (0.0, Chunk(DOWN, HEAD + frame(b"one"))),
+        (0.2, Chunk(DOWN, frame(b"two")[:7])),
+        (0.3, Chunk(DOWN, frame(b"two")[7:] + frame(b"three"))),
+        (1.3, Reset(UP)),
+        (1.3, Reset(DOWN)),
+    ]
+    assert fault.reports[0].action == "outage"
+    assert fault.reports[0].details["event"] == 3  # that write completed events 2 and 3
+
+
+def test_a_trigger_needs_a_time_a_byte_count_or_an_event_count() -> None:
+    with pytest.raises(ValueError, match="after_events"):
+        Handoff(outage=1.0)
+    with pytest.raises(ValueError, match="after_events must be at least 1"):
+        Handoff(after_events=0)
+
+
 def test_a_blackhole_swallows_everything_forever_and_stops_reading_both_sides() -> None:
     fault = Handoff(at=1.0, outage=1.0, outcome="blackhole")
     out = replay(
