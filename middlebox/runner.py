@@ -140,9 +140,9 @@ class SuiteOutcome:
 
 
 def default_clients() -> list[str]:
-    """Every built-in client but `browser`: starting Chromium per scenario is slow and
-    heavy, so the browser is scored when asked for (`--client browser`)."""
-    return [name for name in available_clients() if name != "browser"]
+    """Every built-in client but the browsers: starting Chromium per scenario is slow and
+    heavy, so a browser is scored when asked for (`--client browser`)."""
+    return [name for name in available_clients() if not name.startswith("browser")]
 
 
 def resolve_clients(names: Sequence[str], commands: Sequence[str]) -> list[ClientSpec]:

@@ -50,7 +50,9 @@ Built-in clients (BUILTIN_CLIENTS: name -> argv):
 - `resilient`: the reference client (timeouts from max_tokens, finish_reason/[DONE]
   checks, bounded retries honouring Retry-After, Last-Event-ID resume without
   duplicates, UTF-8-safe reassembly, prompt cancellation);
-- `browser`: headless Chromium running fetch() streaming, only when Chromium is installed.
+- `browser`: headless Chromium running fetch() streaming, only when Chromium is installed;
+- `browser-eventsource`: headless Chromium following a resumable server's stream with
+  `EventSource` (its own reconnect sends Last-Event-ID), only when Chromium is installed.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ BUILTIN_CLIENTS: dict[str, list[str]] = {
     "httpx-sse": [sys.executable, "-m", "middlebox.clients.httpx_sse"],
     "resilient": [sys.executable, "-m", "middlebox.clients.resilient"],
     "browser": [sys.executable, "-m", "middlebox.clients.browser"],
+    "browser-eventsource": [sys.executable, "-m", "middlebox.clients.browser", "--eventsource"],
 }
 
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/bin/chromium")
@@ -83,4 +86,8 @@ def chromium_path() -> str | None:
 
 def available_clients() -> list[str]:
     """The built-in clients this machine can run: all but `browser` always."""
-    return [name for name in BUILTIN_CLIENTS if name != "browser" or chromium_path() is not None]
+    return [
+        name
+        for name in BUILTIN_CLIENTS
+        if not name.startswith("browser") or chromium_path() is not None
+    ]

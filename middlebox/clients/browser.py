@@ -1,8 +1,17 @@
 """`browser`: a web page reading the stream with `fetch()`, in headless Chromium.
 
-A chat UI in a browser cannot use `EventSource` (it only GETs), so it POSTs with
-`fetch()` and reads `response.body` through a `TextDecoderStream`, splitting lines and
-showing each `data:` delta, stopping at `[DONE]`: the pattern of most web chat clients.
+A chat UI in a browser cannot use `EventSource` for the request itself (it only GETs),
+so it POSTs with `fetch()` and reads `response.body` through a `TextDecoderStream`,
+splitting lines and showing each `data:` delta, stopping at `[DONE]`: the pattern of
+most web chat clients.
+
+`browser-eventsource` (`--eventsource`) is the other web pattern, for a resumable
+server: POST to start the generation, take the stream id from `X-Stream-Id`, drop that
+response and follow `GET /v1/streams/{id}` with an `EventSource`, whose built-in
+reconnect sends `Last-Event-ID` (the HTML living standard's reconnection, after its
+default ~3 s retry), so the browser itself resumes after a network change. A server
+that is not resumable (no `X-Stream-Id`) is an error for this page, and more than
+`MAX_RECONNECTS` reconnects in a row without an event give up.
 What that gives is Chromium's own network stack: at most 6 HTTP/1.1 connections per
 host (more requests queue in the browser), no read timeout, `TypeError: network error`
 on an RST or a cut chunked body, a silent end on a clean close without `[DONE]`, an
@@ -25,9 +34,11 @@ import contextlib
 import json
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -36,6 +47,7 @@ from middlebox.clients import chromium_path
 from middlebox.clients.contract import ClientEnv, Handler, Recorder, RequestSpec, run_client
 
 READY_TIMEOUT_S = 60.0
+MAX_RECONNECTS = 5
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -63,9 +75,42 @@ function pieceOf(choice) {
   return choice.text || "";
 }
 
+function followEventSource(id, r, show) {
+  // EventSource reconnects by itself and sends Last-Event-ID; we only bound it.
+  return new Promise((resolve, reject) => {
+    const source = new EventSource(CONFIG.streams + encodeURIComponent(id));
+    let failures = 0;
+    source.onopen = () => { r.attempts += 1; };
+    source.onmessage = (event) => {
+      failures = 0;
+      if (event.data === "[DONE]") {
+        r.saw_done = true;
+        source.close();
+        resolve();
+        return;
+      }
+      try {
+        show(JSON.parse(event.data));
+      } catch (e) {
+        source.close();
+        if (e instanceof Leave) resolve(); else reject(e);
+      }
+    };
+    source.onerror = () => {
+      failures += 1;
+      if (source.readyState === EventSource.CLOSED || failures > CONFIG.max_reconnects) {
+        source.close();
+        reject(new Error("EventSource gave up after " + failures + " failed connection(s)"));
+      } else {
+        r.resumes += 1;
+      }
+    };
+  });
+}
+
 async function run(spec) {
   const r = {index: spec.index, chunks: [], finish_reason: null, usage: null, error: null,
-             saw_done: false, abandoned: false};
+             saw_done: false, abandoned: false, attempts: 0, resumes: 0};
   const controller = new AbortController();
   const leave = () => { r.abandoned = true; controller.abort(); };
   const timer = spec.abandon_after_seconds == null ? null
@@ -95,7 +140,12 @@ async function run(spec) {
     if (!response.ok) {
       throw new Error("HTTP " + response.status + ": " + (await response.text()).slice(0, 300));
     }
-    if (!spec.body.stream) {
+    if (CONFIG.eventsource && spec.body.stream) {
+      const id = response.headers.get("x-stream-id");
+      controller.abort();  // the EventSource reads the stream; a resumable server keeps going
+      if (!id) throw new Error("the server offers no resumable stream (no X-Stream-Id)");
+      await followEventSource(id, r, show);
+    } else if (!spec.body.stream) {
       show(await response.json());
     } else {
       const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -123,6 +173,7 @@ async function run(spec) {
   } finally {
     if (timer !== null) clearTimeout(timer);
   }
+  if (!CONFIG.eventsource || !spec.body.stream) r.attempts = 1;
   await fetch("/result", {method: "POST", body: JSON.stringify(r)});
 }
 
@@ -135,10 +186,13 @@ control.onmessage = (event) => { run(JSON.parse(event.data)); };
 class _Driver:
     """The control server's state: commands out to the page, results back."""
 
-    def __init__(self, env: ClientEnv) -> None:
+    def __init__(self, env: ClientEnv, eventsource: bool = False) -> None:
         config = {
             "url": {"chat": env.url("chat"), "completions": env.url("completions")},
+            "streams": env.base_url.rstrip("/") + "/streams/",  # GET /v1/streams/{id}
             "key": env.api_key,
+            "eventsource": eventsource,
+            "max_reconnects": MAX_RECONNECTS,
         }
         self.page = PAGE.replace("__CONFIG__", json.dumps(config))
         self.commands: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -185,7 +239,8 @@ class _Driver:
             }
         )
         result = await future
-        rec.attempts += 1
+        rec.attempts += max(int(result.get("attempts") or 0), 1)
+        rec.resumes += int(result.get("resumes") or 0)
         for when, piece in result["chunks"]:
             rec.shown_at(float(when), piece)
         rec.finish_reason = result["finish_reason"]
@@ -196,11 +251,11 @@ class _Driver:
 
 
 @asynccontextmanager
-async def session(env: ClientEnv) -> AsyncIterator[Handler]:
+async def session(env: ClientEnv, eventsource: bool = False) -> AsyncIterator[Handler]:
     binary = chromium_path()
     if binary is None:
         raise FileNotFoundError("chromium is not installed (Debian package `chromium`)")
-    driver = _Driver(env)
+    driver = _Driver(env, eventsource)
     runner = web.AppRunner(driver.app(), handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -235,7 +290,11 @@ async def session(env: ClientEnv) -> AsyncIterator[Handler]:
                 await runner.cleanup()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    if "--eventsource" in (sys.argv[1:] if argv is None else argv):
+        return run_client(
+            "browser-eventsource", partial(session, eventsource=True), self_timed=True
+        )
     return run_client("browser", session, self_timed=True)
 
 

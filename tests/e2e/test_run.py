@@ -15,6 +15,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from middlebox.clients import chromium_path
 from middlebox.report import report_document, verdict_sections
 from middlebox.runner import run_suite
 
@@ -158,3 +159,28 @@ def test_against_a_real_server_the_journal_and_its_metrics_stand_in_for_the_ledg
     assert scores["resilient"].metrics["client.amplification"] == 2  # cut once, then retried
     assert scores["resilient"].metrics["server.tokens_generated"] >= 20
     assert suite.passed, [o.problems for o in suite.outcomes]
+
+
+@pytest.mark.skipif(
+    chromium_path() is None, reason="Chromium is not installed (.ci/run installs it)"
+)
+def test_a_browser_eventsource_resumes_across_the_handoff_by_itself() -> None:
+    """EventSource's own reconnect sends Last-Event-ID: against a resumable server the page
+    survives the Wi-Fi to LTE reset without any retry logic, where fetch() streaming
+    surfaces an error; against a server that is not resumable the page says why."""
+    suite = run_suite(
+        [LIBRARY / "wifi-to-lte-resume.yaml", LIBRARY / "healthy-baseline.yaml"],
+        client_names=["browser-eventsource", "browser"],
+        jobs=2,
+    )
+    scores = {(o.scenario.name, s.client): s for o in suite.outcomes for s in o.scores}
+    resumed = scores[("wifi-to-lte-resume", "browser-eventsource")]
+    assert resumed.verdicts()["requests"] == ["complete"]
+    assert resumed.metrics["client.resumed"] >= 1
+    assert resumed.metrics["client.amplification"] == 1
+    assert scores[("wifi-to-lte-resume", "browser")].verdicts()["requests"] == [
+        "truncation_detected"
+    ]
+    refused = scores[("healthy-baseline", "browser-eventsource")]
+    assert refused.verdicts()["requests"] == ["truncation_detected"] * 2
+    assert all("no X-Stream-Id" in (request.error or "") for request in refused.requests)
