@@ -287,7 +287,7 @@ def test_replacing_the_display_clears_text_and_chunks_together() -> None:
     assert (rec.text, [p for _, p in rec.chunks], rec.saw_done) == ("Hello", ["Hello"], False)
 
 
-def test_browser_is_offered_only_where_chromium_is_installed(
+def test_the_browsers_are_offered_only_where_chromium_is_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(clients, "CHROMIUM_CANDIDATES", ("chromium",))
@@ -297,7 +297,9 @@ def test_browser_is_offered_only_where_chromium_is_installed(
     fake = tmp_path / "chromium"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    assert available_clients() == ["raw", "openai", "httpx-sse", "resilient", "browser"]
+    assert available_clients() == [
+        "raw", "openai", "httpx-sse", "resilient", "browser", "browser-eventsource"
+    ]  # fmt: skip
 
 
 # --- the resilient client's rules ------------------------------------------------------
