@@ -64,4 +64,4 @@ def validate_paths(paths: Iterable[str | Path]) -> tuple[list[Scenario], list[Pr
 
 
 def json_schema() -> dict[str, Any]:
-    return scenario_json_schema(REGISTRY, scenario_sections())
+    return scenario_json_schema(REGISTRY, scenario_sections(), PRESETS)

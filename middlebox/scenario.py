@@ -24,7 +24,7 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -631,8 +631,27 @@ def _expand_preset(
     presets: Mapping[str, str],
     where: str,
 ) -> tuple[FaultSpec, ...]:
-    """`- preset: nginx-default` becomes the faults that imitate that hop's defaults."""
-    name = str(convert.scalar(node)) if isinstance(node, yaml.ScalarNode) else ""
+    """`- preset: nginx-default` becomes the faults that imitate that hop's defaults.
+
+    `- preset: {name: nginx-default, set: {idle_reaper: {timeout: 1s}}}` changes fields
+    of the preset's faults (your proxy_read_timeout, say), checked like any fault config.
+    """
+    overrides: list[tuple[yaml.Node, yaml.Node]] = []
+    if isinstance(node, yaml.MappingNode):
+        name = ""
+        for key_node, value_node in convert.mapping_pairs(node, f"{where} preset"):
+            if key_node.value == "name" and isinstance(value_node, yaml.ScalarNode):
+                name = str(convert.scalar(value_node))
+            elif key_node.value == "set" and isinstance(value_node, yaml.MappingNode):
+                overrides = convert.mapping_pairs(value_node, f"{where} preset set")
+            else:
+                convert.problems.add(
+                    key_node,
+                    f"{where}: a preset takes `name: PRESET` and `set: {{fault: {{field: "
+                    f"value}}}}`, not {key_node.value!r}",
+                )
+    else:
+        name = str(convert.scalar(node)) if isinstance(node, yaml.ScalarNode) else ""
     if name not in presets:
         convert.problems.add(
             node,
@@ -657,7 +676,40 @@ def _expand_preset(
             node.start_mark.column + 1,
             f"{where}: preset {name!r} is invalid: {problem.message}",
         )
-    return specs
+    return _override(specs, overrides, convert, f"{where} preset {name!r}")
+
+
+def _override(
+    specs: tuple[FaultSpec, ...],
+    overrides: list[tuple[yaml.Node, yaml.Node]],
+    convert: _Converter,
+    where: str,
+) -> tuple[FaultSpec, ...]:
+    """Apply a preset's `set:` block: new field values for the faults it names."""
+    result = list(specs)
+    for fault_node, fields_node in overrides:
+        fault = fault_node.value
+        positions = [i for i, spec in enumerate(result) if spec.name == fault]
+        if not positions:
+            convert.problems.add(
+                fault_node,
+                f"{where} has no {fault!r} fault to set; its faults: "
+                + ", ".join(spec.name for spec in specs),
+            )
+            continue
+        for i in positions:
+            cls = result[i].cls
+            try:
+                changed = convert.fields_of(fields_node, cls, f"{where} set {fault}")
+                config = {**result[i].config, **changed}
+                cls(**config)
+                result[i] = dataclasses.replace(result[i], config=config)
+            except _Invalid:
+                break
+            except (TypeError, ValueError) as error:
+                convert.problems.add(fields_node, f"{where} set {fault}: {error}")
+                break
+    return tuple(result)
 
 
 def _did_you_mean(name: str, registry: Mapping[str, object]) -> str:
@@ -756,10 +808,33 @@ def json_schema_for_dataclass(cls: type) -> dict[str, Any]:
 
 
 def scenario_json_schema(
-    registry: Mapping[str, type[Fault]], sections: Mapping[str, type | None] | None = None
+    registry: Mapping[str, type[Fault]],
+    sections: Mapping[str, type | None] | None = None,
+    presets: Iterable[str] = (),
 ) -> dict[str, Any]:
     """A JSON Schema (draft 2020-12) of the scenario format, generated from the registry."""
-    fault_entries = []
+    preset_name: dict[str, Any] = {"enum": sorted(presets)} if presets else {"type": "string"}
+    fault_entries: list[dict[str, Any]] = [
+        {
+            "type": "object",
+            "properties": {
+                "preset": {
+                    "anyOf": [
+                        preset_name,
+                        {
+                            "type": "object",
+                            "properties": {"name": preset_name, "set": {"type": "object"}},
+                            "required": ["name"],
+                            "additionalProperties": False,
+                        },
+                    ]
+                }
+            },
+            "required": ["preset"],
+            "additionalProperties": False,
+            "description": "a calibrated hop's faults; `set` changes their fields",
+        }
+    ]
     for name, cls in sorted(registry.items()):
         config = json_schema_for_dataclass(cls)
         fault_entries.append(

@@ -61,7 +61,9 @@ def test_schema_lists_every_registered_fault_with_its_fields() -> None:
     schema = json.loads(result.output)
     entries = schema["properties"]["path"]["items"]["anyOf"]
     named = {name for entry in entries for name in entry.get("properties", {})}
-    assert named == set(REGISTRY)
+    assert named == set(REGISTRY) | {"preset"}
+    preset = next(e for e in entries if "preset" in e.get("properties", {}))
+    assert "nginx-default" in preset["properties"]["preset"]["anyOf"][0]["enum"]
     latency = next(e for e in entries if "latency" in e.get("properties", {}))
     fields = latency["properties"]["latency"]["anyOf"][0]["properties"]
     assert {"delay", "jitter"} <= set(fields)

@@ -133,3 +133,31 @@ def test_an_unknown_preset_lists_the_valid_ones_at_its_line() -> None:
 def test_a_broken_preset_is_reported_where_it_is_used() -> None:
     with pytest.raises(ScenarioError, match=r"p.yaml:2:13: path\[0\]: preset 'broken' is invalid"):
         load_scenario_text("path:\n  - preset: broken\n", REGISTRY, presets=PRESETS, file="p.yaml")
+
+
+def test_a_preset_s_faults_can_be_given_new_field_values() -> None:
+    scenario = load_scenario_text(
+        "path:\n  - preset: {name: slow-hop, set: {latency: {jitter: 2ms}}}\n",
+        REGISTRY,
+        presets=PRESETS,
+    )
+    assert [(s.config["delay"], s.config.get("jitter")) for s in scenario.path] == [
+        (0.1, 0.002),
+        (0.005, 0.002),
+    ]
+
+
+def test_setting_a_fault_the_preset_lacks_or_a_bad_value_is_reported_at_its_line() -> None:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario_text(
+            "path:\n"
+            "  - preset: {name: slow-hop, set: {cut: {count: 1}}}\n"
+            "  - preset: {name: slow-hop, set: {latency: {jitter: soon}}}\n",
+            REGISTRY,
+            presets=PRESETS,
+            file="p.yaml",
+        )
+    first, second = (str(problem) for problem in caught.value.problems)
+    assert first.startswith("p.yaml:2:36: path[0] preset 'slow-hop' has no 'cut' fault to set")
+    assert first.endswith("its faults: latency, latency")
+    assert second.startswith("p.yaml:3:54: path[1] preset 'slow-hop' set latency.jitter: expected")
