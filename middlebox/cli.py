@@ -34,6 +34,7 @@ def main(verbose: int) -> None:
 
     \b
     Examples:
+      middlebox run scenarios/ --report out/      # the main job: score every scenario
       middlebox validate scenarios/
       middlebox proxy --listen 127.0.0.1:9000 --upstream http://127.0.0.1:8000
     """
