@@ -136,9 +136,6 @@ class ConnectionJournal:
     def bytes_from(self, leg: str, direction: Direction) -> bytes:
         return bytes(self.captured.get((leg, direction.value), b""))
 
-    def ends(self) -> list[tuple[float, str, str, str]]:
-        return [(r[0], r[2], r[3], r[4]) for r in self.records if r[1] == "end"]
-
     def total_bytes(self, leg: str, direction: Direction) -> int:
         """Bytes that crossed `leg` toward `direction`'s receiver (dropped records included)."""
         op = "read" if (leg == "client") == (direction is Direction.UPSTREAM) else "wrote"

@@ -7,12 +7,14 @@ with port 0 and lives inside the test's nursery, so it stops with the test.
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 
+import pytest
 import trio
 
 from middlebox.scenario import Scenario
@@ -83,6 +85,15 @@ def reset(stream: trio.SocketStream) -> None:
         socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
     )
     stream.socket.close()
+
+
+def needs(found: object, what: str) -> pytest.MarkDecorator:
+    """Skip a test whose system part (Chromium, tshark) is absent on a developer's machine,
+    but never in CI: `.ci/run` installs those parts, so there their absence must fail."""
+    return pytest.mark.skipif(
+        not found and not os.environ.get("CI"),
+        reason=f"{what} is not installed here (.ci/run installs it; under CI=true this fails)",
+    )
 
 
 def free_port() -> int:

@@ -34,6 +34,7 @@ from tests.clients.wire_server import (
     http_chunk,
     text_frame,
 )
+from tests.harness import needs
 
 pytestmark = pytest.mark.e2e
 
@@ -566,10 +567,7 @@ def test_the_example_client_in_the_docs_follows_the_contract(runs: dict[str, Run
         assert r["started_at"] <= r["ended_at"]
 
 
-@pytest.mark.skipif(
-    chromium_path() is None,
-    reason="needs Chromium: Debian package `chromium`, or MIDDLEBOX_CHROMIUM=/path/to/chromium",
-)
+@needs(chromium_path(), "Chromium (Debian package `chromium`, or MIDDLEBOX_CHROMIUM=PATH)")
 def test_the_browser_client_reads_a_fetch_stream_as_chromium_does(tmp_path: Path) -> None:
     started = Started("browser", BUILTIN_CLIENTS["browser"], tmp_path, workload_for("browser"))
     try:

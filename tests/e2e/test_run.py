@@ -18,6 +18,7 @@ import pytest
 from middlebox.clients import chromium_path
 from middlebox.report import report_document, verdict_sections
 from middlebox.runner import run_suite
+from tests.harness import needs
 
 pytestmark = pytest.mark.e2e
 
@@ -161,9 +162,7 @@ def test_against_a_real_server_the_journal_and_its_metrics_stand_in_for_the_ledg
     assert suite.passed, [o.problems for o in suite.outcomes]
 
 
-@pytest.mark.skipif(
-    chromium_path() is None, reason="Chromium is not installed (.ci/run installs it)"
-)
+@needs(chromium_path(), "Chromium")
 def test_a_browser_eventsource_resumes_across_the_handoff_by_itself() -> None:
     """EventSource's own reconnect sends Last-Event-ID: against a resumable server the page
     survives the Wi-Fi to LTE reset without any retry logic, where fetch() streaming

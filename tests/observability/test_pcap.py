@@ -8,14 +8,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import trio
 
 from middlebox.journal import read_ndjson
 from middlebox.pcap import ISN, write_pcap
+from tests.harness import needs
 from tests.observability.support import EVENTS, controlled, http
-
-pytest.importorskip("scapy", reason="scapy is a dependency of middlebox pcap")
 
 LISTEN, UPSTREAM = 9000, 8000
 
@@ -102,7 +100,7 @@ async def test_a_clean_close_has_a_fin_each_way_after_the_last_byte(tmp_path: Pa
     )
 
 
-@pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark is not installed here")
+@needs(shutil.which("tshark"), "tshark")
 async def test_tshark_sees_the_rst_at_the_journals_offset(tmp_path: Path) -> None:
     journal = tmp_path / "run.ndjson"
     await journal_of_a_reset_stream(journal)

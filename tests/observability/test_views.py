@@ -17,6 +17,7 @@ from middlebox.html_report import render
 from middlebox.journal import JournalView
 from middlebox.runner import Progress
 from middlebox.timeline import svg, timeline_data, write_png
+from tests.harness import needs
 
 TAG = "[middlebox s/c/0]"
 LEDGER = [
@@ -69,7 +70,6 @@ def test_the_svg_is_well_formed_and_shows_both_staircases_and_the_fault() -> Non
 
 
 def test_the_png_is_written(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib", reason="matplotlib is a dependency for the PNG")
     path = write_png(data(), tmp_path / "t.png")
     head = path.read_bytes()[:8]
     assert head == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
@@ -175,7 +175,7 @@ def test_the_progress_line_is_drawn_only_on_a_terminal() -> None:
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed on this machine")
+@needs(CHROMIUM, "Chromium")
 def test_report_html_renders_in_headless_chromium_without_console_errors(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     page.write_text(render(document(), {("s", "c"): data()}), encoding="utf-8")
