@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from middlebox.http1 import Http1Exchange, PieceKind
-from middlebox.sse import SseFramer
+from middlebox.http1 import Head, Http1Exchange, PieceKind
+from middlebox.sse import SseEvent, SseFramer, SseKind, SsePiece
 from middlebox.stream import Direction
 
 BURST_GAP = 0.010
@@ -151,6 +151,40 @@ def request_verdict(expected: str | None, result: Mapping[str, Any] | None) -> s
     return "missing_tokens"
 
 
+def _upstream_stream(
+    exchange: Http1Exchange, request_bytes: bytes, response_bytes: bytes
+) -> Iterator[tuple[int, Head | None, SsePiece | None]]:
+    """One pass of the framers over an upstream leg: each response head (with no line),
+    then each line of that response's event-stream body (with no head)."""
+    exchange.feed(Direction.UPSTREAM, request_bytes)
+    framers: dict[int, SseFramer] = {}
+    for piece in exchange.feed(Direction.DOWNSTREAM, response_bytes):
+        if piece.head is not None:
+            if is_event_stream(piece.head):
+                framers[piece.message] = SseFramer()
+            yield piece.message, piece.head, None
+            continue
+        framer = framers.get(piece.message)
+        if piece.kind is PieceKind.BODY and framer is not None:
+            for line in framer.feed(piece.data):
+                yield piece.message, None, line
+
+
+def is_event_stream(head: Head) -> bool:
+    return "text/event-stream" in (head.header("content-type") or "").lower()
+
+
+def _json_object(event: SseEvent) -> dict[str, Any] | None:
+    """An event's data as a JSON object, or None (`[DONE]`, junk, arrays...)."""
+    if event.is_done or not event.data.startswith("{"):
+        return None
+    try:
+        payload = json.loads(event.data)
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
 def upstream_generations(traffic: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str, bool]]:
     """What a real server sent, from the upstream leg of the journal: per response, the
     request body it answered, the text it streamed (chat deltas or completion text) and
@@ -158,42 +192,30 @@ def upstream_generations(traffic: Iterable[tuple[bytes, bytes]]) -> list[tuple[s
     there is no emulator ledger."""
     found: list[tuple[str, str, bool]] = []
     for request_bytes, response_bytes in traffic:
-        exchange = Http1Exchange()
-        exchange.feed(Direction.UPSTREAM, request_bytes)
         texts: dict[int, list[str]] = {}
         finished: dict[int, bool] = {}
-        framers: dict[int, SseFramer] = {}
-        for piece in exchange.feed(Direction.DOWNSTREAM, response_bytes):
-            if piece.head is not None:
-                if "text/event-stream" in (piece.head.header("content-type") or ""):
-                    framers[piece.message] = SseFramer()
-                    texts[piece.message], finished[piece.message] = [], False
+        exchange = Http1Exchange()
+        for message, head, line in _upstream_stream(exchange, request_bytes, response_bytes):
+            if head is not None:
+                if is_event_stream(head):
+                    texts[message], finished[message] = [], False
                 continue
-            framer = framers.get(piece.message)
-            if piece.kind is not PieceKind.BODY or framer is None:
+            event = line.event if line is not None else None
+            if event is None:
                 continue
-            for line in framer.feed(piece.data):
-                event = line.event
-                if event is None:
+            finished[message] = finished[message] or event.is_done
+            payload = _json_object(event)
+            choices = payload.get("choices") if payload is not None else None
+            for choice in choices if isinstance(choices, list) else []:
+                # A hostile or broken upstream may send anything: judge only the
+                # shapes an OpenAI-compatible server sends, skip the rest.
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                     continue
-                if event.is_done:
-                    finished[piece.message] = True
-                    continue
-                try:
-                    payload = json.loads(event.data)
-                except ValueError:
-                    continue
-                choices = payload.get("choices") if isinstance(payload, dict) else None
-                for choice in choices if isinstance(choices, list) else []:
-                    # A hostile or broken upstream may send anything: judge only the
-                    # shapes an OpenAI-compatible server sends, skip the rest.
-                    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                        continue
-                    delta = choice.get("delta")
-                    content = delta.get("content") if isinstance(delta, dict) else None
-                    texts[piece.message].append(str(content or choice.get("text") or ""))
-                    if choice.get("finish_reason"):
-                        finished[piece.message] = True
+                delta = choice.get("delta")
+                content = delta.get("content") if isinstance(delta, dict) else None
+                texts[message].append(str(content or choice.get("text") or ""))
+                if choice.get("finish_reason"):
+                    finished[message] = True
         for message, parts in texts.items():
             body = exchange.request_body(message).decode("utf-8", "replace")
             found.append((body, "".join(parts), finished[message]))
@@ -227,40 +249,25 @@ def display_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
 
 def analyse_upstream(request_bytes: bytes, response_bytes: bytes) -> dict[str, int]:
     """Heartbeats, usage, in-band errors and X-Accel-Buffering in what the upstream sent."""
-    exchange = Http1Exchange()
-    exchange.feed(Direction.UPSTREAM, request_bytes)
     counts = {"heartbeats": 0, "usage_reported": 0, "inband_errors": 0, "x_accel_buffering_no": 0}
-    sse: dict[int, SseFramer] = {}
     usage_seen: set[int] = set()
-    for piece in exchange.feed(Direction.DOWNSTREAM, response_bytes):
-        if piece.head is not None:
-            if (piece.head.header("x-accel-buffering") or "").strip().lower() == "no":
+    for message, head, line in _upstream_stream(Http1Exchange(), request_bytes, response_bytes):
+        if head is not None:
+            if (head.header("x-accel-buffering") or "").strip().lower() == "no":
                 counts["x_accel_buffering_no"] += 1
-            if "text/event-stream" in (piece.head.header("content-type") or ""):
-                sse[piece.message] = SseFramer()
             continue
-        framer = sse.get(piece.message)
-        if piece.kind is not PieceKind.BODY or framer is None:
+        if line is None:
             continue
-        for line in framer.feed(piece.data):
-            if line.kind.value == "comment":
-                counts["heartbeats"] += 1
-            event = line.event
-            if event is None or event.is_done or not event.data.startswith("{"):
-                continue
-            try:
-                payload = json.loads(event.data)
-            except ValueError:
-                continue
-            if isinstance(payload, dict) and "error" in payload:
-                counts["inband_errors"] += 1
-            if (
-                isinstance(payload, dict)
-                and payload.get("usage")
-                and piece.message not in usage_seen
-            ):
-                usage_seen.add(piece.message)
-                counts["usage_reported"] += 1
+        if line.kind is SseKind.COMMENT:
+            counts["heartbeats"] += 1
+        payload = _json_object(line.event) if line.event is not None else None
+        if payload is None:
+            continue
+        if "error" in payload:
+            counts["inband_errors"] += 1
+        if payload.get("usage") and message not in usage_seen:
+            usage_seen.add(message)
+            counts["usage_reported"] += 1
     return counts
 
 
