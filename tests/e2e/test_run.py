@@ -163,12 +163,25 @@ def test_against_a_real_server_the_journal_and_its_metrics_stand_in_for_the_ledg
 
 
 @needs(chromium_path(), "Chromium")
-def test_a_browser_eventsource_resumes_across_the_handoff_by_itself() -> None:
+def test_a_browser_eventsource_resumes_across_the_handoff_by_itself(tmp_path: Path) -> None:
     """EventSource's own reconnect sends Last-Event-ID: against a resumable server the page
     survives the Wi-Fi to LTE reset without any retry logic, where fetch() streaming
-    surfaces an error; against a server that is not resumable the page says why."""
+    surfaces an error; against a server that is not resumable the page says why.
+
+    The stream is long (120 tokens, 30 ms apart) and the handoff comes after 40 events,
+    so the EventSource is reading live when it happens: had Chromium connected after the
+    generation ended, the whole replay would arrive before the outage and prove nothing.
+    """
+    scenario = tmp_path / "wifi-to-lte-resume.yaml"
+    scenario.write_text(
+        "name: wifi-to-lte-resume\n"
+        "upstream: {itl: 30ms, itl_jitter: 0, prefill_overhead: 50ms, resumable: true}\n"
+        "workload: {requests: 1, max_tokens: 120, timeout: 40s}\n"
+        "path:\n  - handoff: {after_events: 40, outage: 1s, outcome: reset}\n"
+        "expect: {client.duplicated: 0}\n"
+    )
     suite = run_suite(
-        [LIBRARY / "wifi-to-lte-resume.yaml", LIBRARY / "healthy-baseline.yaml"],
+        [scenario, LIBRARY / "healthy-baseline.yaml"],
         client_names=["browser-eventsource", "browser"],
         jobs=2,
     )
