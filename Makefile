@@ -38,7 +38,7 @@ calibrate: $(STAMP)
 # A bounded mixed load through the proxy (default ten minutes; SOAK_SECONDS=300 make soak);
 # fails unless memory, fds and tasks stay flat. Figures: docs/reliability.md.
 soak: $(STAMP)
-	$(BIN)/python -m middlebox.soak --seconds $${SOAK_SECONDS:-600} --json reports/soak.json
+	$(BIN)/python -m middlebox.tools.soak --seconds $${SOAK_SECONDS:-600} --json reports/soak.json
 
 clean:
 	rm -rf $(VENV) reports build *.egg-info

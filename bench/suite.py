@@ -122,7 +122,7 @@ class Bench:
             argv = [
                 sys.executable,
                 "-c",
-                "from middlebox.cli import main; main()",
+                "from middlebox.cli.main import main; main()",
                 "proxy",
                 "--listen",
                 f"127.0.0.1:{PROXY_PORT}",

@@ -25,7 +25,7 @@ from faults.slicer import Slicer
 from faults.slow_reader import SlowReader
 from faults.sse_ids import SseIds
 from faults.strip_header import StripHeader
-from middlebox.fault import Fault
+from middlebox.core.fault import Fault
 
 REGISTRY: dict[str, type[Fault]] = {
     cls.name: cls

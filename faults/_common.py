@@ -21,10 +21,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from middlebox.fault import Bytes, Seconds
-from middlebox.http1 import Http1Framer, PieceKind
-from middlebox.sse import SseFramer
-from middlebox.stream import Chunk, Direction, Item
+from middlebox.core.fault import Bytes, Seconds
+from middlebox.core.http1 import Http1Framer, PieceKind
+from middlebox.core.sse import SseFramer
+from middlebox.core.stream import Chunk, Direction, Item
 
 DirectionChoice = Literal["both", "upstream", "downstream"]
 

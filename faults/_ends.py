@@ -25,10 +25,10 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from middlebox.http1 import LAST_CHUNK_BYTES, Piece, PieceKind
-from middlebox.responses import error_response
-from middlebox.sse import SseEvent
-from middlebox.stream import DOWN, UP, Chunk, Eof, Item, Reset
+from middlebox.core.http1 import LAST_CHUNK_BYTES, Piece, PieceKind
+from middlebox.core.responses import error_response
+from middlebox.core.sse import SseEvent
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset
 
 BeforeHeaders = Literal["504", "502", "reset"]
 """The answer before the response head: nginx's 504 or 502 page, or an RST both ways."""

@@ -23,9 +23,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from middlebox.fault import Fault, Seconds
-from middlebox.http1 import REQUEST_BODY_KEEP, Head, Http1Exchange, Piece, PieceKind
-from middlebox.stream import Chunk, Direction, Item
+from middlebox.core.fault import Fault, Seconds
+from middlebox.core.http1 import REQUEST_BODY_KEEP, Head, Http1Exchange, Piece, PieceKind
+from middlebox.core.stream import Chunk, Direction, Item
 
 __all__ = [
     "HeadRewriter",

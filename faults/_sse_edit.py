@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from faults._http import HttpMatched, joined_chunk
-from middlebox.fault import Fault
-from middlebox.http1 import LAST_CHUNK_BYTES, Head, Piece, PieceKind, encode_chunk
-from middlebox.sse import SseFramer, SsePiece
-from middlebox.stream import Chunk, Direction, Eof, Item
+from middlebox.core.fault import Fault
+from middlebox.core.http1 import LAST_CHUNK_BYTES, Head, Piece, PieceKind, encode_chunk
+from middlebox.core.sse import SseFramer, SsePiece
+from middlebox.core.stream import Chunk, Direction, Eof, Item
 
 __all__ = ["SseBodyEditor", "SseRewriter"]
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from faults._common import MSS, Queued, Serializer, Shaped, check_positive
-from middlebox.fault import Bytes, Fault
-from middlebox.stream import Direction, Item
+from middlebox.core.fault import Bytes, Fault
+from middlebox.core.stream import Direction, Item
 
 
 @dataclass

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from faults._common import Triggered, check_choice
-from middlebox.fault import Fault
-from middlebox.stream import DOWN, UP, Chunk, Eof, Item, Reset, is_end
+from middlebox.core.fault import Fault
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset, is_end
 
 How = Literal["fin", "rst", "close"]
 ClientSide = Literal["silent", "reset"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from faults._common import MSS, DirectionChoice, Shaped, check_positive
-from middlebox.fault import Bytes, Fault, Seconds
-from middlebox.stream import Chunk, Direction, Item
+from middlebox.core.fault import Bytes, Fault, Seconds
+from middlebox.core.stream import Chunk, Direction, Item
 
 
 @dataclass

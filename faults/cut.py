@@ -8,7 +8,7 @@ what nginx's `ngx_http_upstream_finalize_request` sends once `u->header_sent`), 
 blackholed path (the client waits forever).
 
 When: `after: events` (N dispatched SSE events, counted by the WHATWG rules of
-`middlebox.sse`), `tokens` (N events that carry generated text: one vLLM frame is a
+`middlebox.core.sse`), `tokens` (N events that carry generated text: one vLLM frame is a
 token with `--stream-interval 1`), `bytes` (N bytes of de-chunked response body), or
 `time` (seconds since the request's head arrived). Where: at the first position at
 or after that point that is an `event_boundary` (after a blank line, and after the
@@ -59,10 +59,10 @@ from typing import ClassVar, Literal
 from faults._common import check_choice, check_positive
 from faults._ends import merged, token_bearing
 from faults._http import HttpMatched
-from middlebox.fault import Fault, Seconds
-from middlebox.http1 import LAST_CHUNK_BYTES, Piece, PieceKind, encode_chunk
-from middlebox.sse import SseFramer, SseKind, SsePiece, utf8_cut_offsets
-from middlebox.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
+from middlebox.core.fault import Fault, Seconds
+from middlebox.core.http1 import LAST_CHUNK_BYTES, Piece, PieceKind, encode_chunk
+from middlebox.core.sse import SseFramer, SseKind, SsePiece, utf8_cut_offsets
+from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
 After = Literal["events", "tokens", "bytes", "time"]
 End = Literal["rst", "fin", "truncated_chunked", "hang"]

@@ -42,9 +42,9 @@ from typing import ClassVar, Literal
 
 from faults._common import check_choice, check_positive
 from faults._http import HttpMatched
-from middlebox.fault import Bytes, Fault
-from middlebox.http1 import LAST_CHUNK_BYTES, Head, Piece, PieceKind, build_head, encode_chunk
-from middlebox.stream import DOWN, Chunk, Direction, Item
+from middlebox.core.fault import Bytes, Fault
+from middlebox.core.http1 import LAST_CHUNK_BYTES, Head, Piece, PieceKind, build_head, encode_chunk
+from middlebox.core.stream import DOWN, Chunk, Direction, Item
 
 FlushPolicy = Literal["none", "sync"]
 

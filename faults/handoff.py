@@ -32,8 +32,8 @@ from typing import Any, ClassVar, Literal
 
 from faults._common import Triggered, check_choice, check_positive, item_size
 from faults.link import Link, ProfileName
-from middlebox.fault import Fault, FaultContext, FaultReport, Seconds
-from middlebox.stream import DOWN, UP, Chunk, Direction, Item, Reset
+from middlebox.core.fault import Fault, FaultContext, FaultReport, Seconds
+from middlebox.core.stream import DOWN, UP, Chunk, Direction, Item, Reset
 
 Outcome = Literal["reset", "blackhole", "resume"]
 NewConnections = Literal["stall", "refuse"]

@@ -33,10 +33,10 @@ from typing import ClassVar, Literal
 
 from faults._common import check_choice
 from faults._http import HttpMatched, RequestInfo, joined_chunk
-from middlebox.fault import Fault, Seconds
-from middlebox.http1 import Http1Framer, PieceKind
-from middlebox.responses import error_response, nginx_error_page
-from middlebox.stream import Chunk, Direction, Eof, Item, Reset
+from middlebox.core.fault import Fault, Seconds
+from middlebox.core.http1 import Http1Framer, PieceKind
+from middlebox.core.responses import error_response, nginx_error_page
+from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
 
 __all__ = ["HttpError", "error_body"]
 

@@ -33,8 +33,8 @@ from typing import ClassVar, Literal
 from faults._common import check_choice, check_positive
 from faults._ends import BeforeHeaders, ResponseProgress, gateway_answer
 from faults._http import HttpMatched
-from middlebox.fault import Fault, Seconds
-from middlebox.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
+from middlebox.core.fault import Fault, Seconds
+from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
 AfterHeaders = Literal["close", "reset"]
 

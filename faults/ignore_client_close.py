@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from faults._common import check_choice, check_positive
-from middlebox.fault import Fault, Seconds
-from middlebox.stream import DOWN, UP, Chunk, Eof, Item, Reset, is_end
+from middlebox.core.fault import Fault, Seconds
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset, is_end
 
 Until = Literal["write_fails", "never"]
 CloseWith = Literal["rst", "fin"]

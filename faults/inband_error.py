@@ -36,8 +36,8 @@ from typing import Any, ClassVar, Literal
 
 from faults._common import check_choice, check_positive
 from faults._sse_edit import SseBodyEditor, SseRewriter
-from middlebox.fault import Fault
-from middlebox.sse import SseKind, SsePiece
+from middlebox.core.fault import Fault
+from middlebox.core.sse import SseKind, SsePiece
 
 __all__ = ["InbandError", "error_frame"]
 

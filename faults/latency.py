@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from faults._common import DirectionChoice, Queued, Shaped, check_positive
-from middlebox.fault import Fault, Seconds
-from middlebox.stream import Item
+from middlebox.core.fault import Fault, Seconds
+from middlebox.core.stream import Item
 
 __all__ = ["DirectionChoice", "Latency"]
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
 from faults._common import MSS, Queued, Serializer, Shaped, check_choice, check_positive, item_size
-from middlebox.fault import Bytes, Fault, Seconds
-from middlebox.stream import Direction, Item
+from middlebox.core.fault import Bytes, Fault, Seconds
+from middlebox.core.stream import Direction, Item
 
 ProfileName = Literal["wifi", "lte", "3g", "edge", "satellite", "loopback"]
 

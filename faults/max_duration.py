@@ -36,9 +36,9 @@ from faults._ends import (
     gateway_answer,
 )
 from faults._http import HttpMatched
-from middlebox.fault import Fault, Seconds
-from middlebox.http1 import PieceKind
-from middlebox.stream import UP, Chunk, Direction, Eof, Item, Reset
+from middlebox.core.fault import Fault, Seconds
+from middlebox.core.http1 import PieceKind
+from middlebox.core.stream import UP, Chunk, Direction, Eof, Item, Reset
 
 __all__ = ["MaxDuration"]
 

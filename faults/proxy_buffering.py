@@ -47,9 +47,9 @@ from typing import ClassVar, Literal
 from faults._common import check_choice, check_positive
 from faults._ends import gateway_answer, merged
 from faults._http import HttpMatched
-from middlebox.fault import Bytes, Fault
-from middlebox.http1 import Piece, PieceKind
-from middlebox.stream import DOWN, Chunk, Direction, Item
+from middlebox.core.fault import Bytes, Fault
+from middlebox.core.http1 import Piece, PieceKind
+from middlebox.core.stream import DOWN, Chunk, Direction, Item
 
 HttpVersion = Literal["1.0", "1.1"]
 

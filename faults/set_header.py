@@ -5,7 +5,7 @@ policy that adds `X-Accel-Buffering: no` so nginx streams (nginx honours it per
 response, ngx_http_upstream_process_buffering), a CDN that sets `Cache-Control`, or a
 proxy that rewrites `Connection`/`Content-Type`. A field already present has its
 first occurrence replaced in place and its repeats dropped; a missing one is
-appended (`middlebox.http1.build_head`). Every other byte passes as it came, and a
+appended (`middlebox.core.http1.build_head`). Every other byte passes as it came, and a
 head that already carries the values passes untouched.
 """
 
@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from faults._http import HeadRewriter
 from faults.strip_header import check_field_names
-from middlebox.fault import Fault
-from middlebox.http1 import Head, build_head
+from middlebox.core.fault import Fault
+from middlebox.core.http1 import Head, build_head
 
 __all__ = ["SetHeader"]
 

@@ -18,9 +18,9 @@ from itertools import pairwise
 from typing import ClassVar
 
 from faults._common import DirectionChoice, Queued, Shaped, check_positive
-from middlebox.fault import Bytes, Fault, Seconds
-from middlebox.sse import utf8_cut_offsets
-from middlebox.stream import Chunk, Direction, Item
+from middlebox.core.fault import Bytes, Fault, Seconds
+from middlebox.core.sse import utf8_cut_offsets
+from middlebox.core.stream import Chunk, Direction, Item
 
 
 @dataclass

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from faults._common import Queued, Serializer, check_choice, check_positive
-from middlebox.fault import Bytes, Fault, Seconds
-from middlebox.stream import DOWN, Direction, Item
+from middlebox.core.fault import Bytes, Fault, Seconds
+from middlebox.core.stream import DOWN, Direction, Item
 
 Side = Literal["client", "upstream"]
 PauseState = Literal["pending", "pausing", "over"]

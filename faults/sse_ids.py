@@ -23,8 +23,8 @@ from typing import ClassVar, Literal
 
 from faults._common import check_choice
 from faults._sse_edit import SseBodyEditor, SseRewriter
-from middlebox.fault import Fault
-from middlebox.sse import SseKind, SsePiece
+from middlebox.core.fault import Fault
+from middlebox.core.sse import SseKind, SsePiece
 
 __all__ = ["SseIds"]
 

@@ -5,7 +5,7 @@ ingress that drops `X-Accel-Buffering` (nginx consumes it by default,
 `proxy_ignore_headers`/`proxy_hide_header`, and never forwards it), so a second
 buffering proxy further out no longer sees the server's "do not buffer" hint; or a
 gateway that strips `Cache-Control: no-cache` or `Content-Type`'s charset. Only the
-head is rewritten (with `middlebox.http1.build_head`); every other byte passes as it
+head is rewritten (with `middlebox.core.http1.build_head`); every other byte passes as it
 came, and a head without the fields passes untouched.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from faults._http import HeadRewriter
-from middlebox.fault import Fault
-from middlebox.http1 import Head, build_head
+from middlebox.core.fault import Fault
+from middlebox.core.http1 import Head, build_head
 
 __all__ = ["StripHeader"]
 

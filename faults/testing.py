@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
-from middlebox.fault import Fault, FaultContext
-from middlebox.stream import Chunk, Direction, Item
+from middlebox.core.fault import Fault, FaultContext
+from middlebox.core.stream import Chunk, Direction, Item
 
 TimedItem = tuple[float, Item]
 

@@ -1,5 +1,5 @@
 """`python -m middlebox` is the `middlebox` command."""
 
-from middlebox.cli import main
+from middlebox.cli.main import main
 
 main()

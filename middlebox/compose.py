@@ -12,15 +12,21 @@ from typing import Any
 
 from faults import REGISTRY
 from faults.presets import PRESETS
-from middlebox.fault import Fault
-from middlebox.scenario import Problem, Scenario, ScenarioError, load_scenario, scenario_json_schema
+from middlebox.core.fault import Fault
+from middlebox.scenario.model import (
+    Problem,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    scenario_json_schema,
+)
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 
 
 def scenario_sections() -> dict[str, type | None]:
     """The optional top-level blocks a scenario may have and the dataclass validating each."""
-    from middlebox.workload import Workload
+    from middlebox.scenario.workload import Workload
 
     sections: dict[str, type | None] = {"upstream": None, "workload": Workload, "expect": None}
     try:

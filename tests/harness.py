@@ -17,8 +17,8 @@ from functools import partial
 import pytest
 import trio
 
-from middlebox.scenario import Scenario
-from middlebox.server import Address, ProxyServer, listen
+from middlebox.scenario.model import Scenario
+from middlebox.shell.server import Address, ProxyServer, listen
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from faults import REGISTRY
 from middlebox import __version__
-from middlebox.cli import main
+from middlebox.cli.main import main
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:

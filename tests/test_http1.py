@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from middlebox.http1 import (
+from middlebox.core.http1 import (
     LAST_CHUNK_BYTES,
     MAX_HEAD_BYTES,
     Head,
@@ -23,7 +23,7 @@ from middlebox.http1 import (
     coalesce,
     encode_chunk,
 )
-from middlebox.stream import DOWN, UP
+from middlebox.core.stream import DOWN, UP
 
 H = PieceKind.HEAD
 B = PieceKind.BODY

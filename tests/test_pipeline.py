@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from faults.latency import Latency
 from faults.testing import joined, replay
-from middlebox.fault import Fault, FaultContext, Pipeline
-from middlebox.stream import DOWN, UP, Chunk, Eof, Item, Reset
+from middlebox.core.fault import Fault, FaultContext, Pipeline
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset
 
 
 @dataclass

@@ -18,10 +18,10 @@ from calibrate.suite import preset_path
 from faults import REGISTRY
 from faults.presets import PRESETS
 from faults.testing import TimedItem, replay
-from middlebox.fault import Pipeline
-from middlebox.http1 import LAST_CHUNK_BYTES, encode_chunk
-from middlebox.scenario import FaultSpec, load_scenario_text
-from middlebox.stream import DOWN, UP, Chunk, Eof, Reset
+from middlebox.core.fault import Pipeline
+from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
+from middlebox.scenario.model import FaultSpec, load_scenario_text
 from tests.faults.httpprops import dechunked
 from tests.faults.httpstreams import down_bytes, ends, sse_response, timeline
 

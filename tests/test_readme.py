@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from faults import REGISTRY
-from middlebox.cli import main
-from middlebox.score import METRICS
+from middlebox.cli.main import main
+from middlebox.run.score import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -9,10 +9,10 @@ from typing import ClassVar
 
 import trio
 
-from middlebox.fault import Fault
-from middlebox.scenario import FaultSpec, ProxyOptions, Scenario
-from middlebox.server import Address, ProxyServer, listen
-from middlebox.stream import Item
+from middlebox.core.fault import Fault
+from middlebox.core.stream import Item
+from middlebox.scenario.model import FaultSpec, ProxyOptions, Scenario
+from middlebox.shell.server import Address, ProxyServer, listen
 from tests.harness import free_port, proxied, read_all, reset, send_in_pieces
 
 

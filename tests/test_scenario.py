@@ -8,7 +8,7 @@ import pytest
 
 from faults import REGISTRY
 from faults.latency import Latency
-from middlebox.scenario import (
+from middlebox.scenario.model import (
     ScenarioError,
     load_scenario,
     load_scenario_text,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from middlebox.score import (
+from middlebox.run.score import (
     analyse_upstream,
     evaluate_expect,
     expect_problems,

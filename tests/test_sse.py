@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from middlebox.http1 import LAST_CHUNK_BYTES, Http1Framer, PieceKind, encode_chunk
-from middlebox.sse import (
+from middlebox.core.http1 import LAST_CHUNK_BYTES, Http1Framer, PieceKind, encode_chunk
+from middlebox.core.sse import (
     SseEvent,
     SseFramer,
     SseKind,

@@ -63,7 +63,7 @@ import sys
 
 BUILTIN_CLIENTS: dict[str, list[str]] = {
     "raw": [sys.executable, "-m", "middlebox.clients.raw"],
-    "openai": [sys.executable, "-m", "middlebox.clients.openai"],
+    "openai": [sys.executable, "-m", "middlebox.clients.openai_sdk"],
     "httpx-sse": [sys.executable, "-m", "middlebox.clients.httpx_sse"],
     "resilient": [sys.executable, "-m", "middlebox.clients.resilient"],
     "browser": [sys.executable, "-m", "middlebox.clients.browser"],

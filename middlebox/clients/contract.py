@@ -5,7 +5,7 @@ module holds what all built-in clients share: reading the environment and the wo
 running the requests with their concurrency, start times and abandonment, recording what
 was shown and when, writing the result atomically, and OpenAI chunk extraction. The
 clients that parse the wire themselves (`raw`, `resilient`) split it with the project's
-WHATWG framer, `middlebox.sse.SseFramer`, which cuts on bytes and decodes whole lines, so
+WHATWG framer, `middlebox.core.sse.SseFramer`, which cuts on bytes and decodes whole lines, so
 a multi-byte character split across reads never becomes U+FFFD.
 
 Only asyncio is used here: clients are separate processes from the trio proxy, and the

@@ -30,7 +30,7 @@ from middlebox.clients.contract import (
     non_stream_info,
     run_client,
 )
-from middlebox.sse import SseFramer, SseKind, SsePiece
+from middlebox.core.sse import SseFramer, SseKind, SsePiece
 
 
 def _show_line(rec: Recorder, piece: SsePiece) -> None:

@@ -17,7 +17,7 @@
   `Last-Event-ID: <last id>` and echoes any response header whose name contains
   `stream-id`; replayed events at or before the last id are skipped, so nothing is shown
   twice. Without ids, a retry restarts and replaces the displayed text.
-- UTF-8-safe reassembly: `middlebox.sse.SseFramer` decodes whole lines only.
+- UTF-8-safe reassembly: `middlebox.core.sse.SseFramer` decodes whole lines only.
 - Leaving (abandonment) unwinds through the response context, which closes the
   connection at once.
 
@@ -51,7 +51,7 @@ from middlebox.clients.contract import (
     non_stream_info,
     run_client,
 )
-from middlebox.sse import SseEvent, SseFramer
+from middlebox.core.sse import SseEvent, SseFramer
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 RETRYABLE_INBAND = frozenset({429, 503})

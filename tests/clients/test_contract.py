@@ -45,7 +45,7 @@ from middlebox.clients.resilient import (
     _retry_delay,
     parse_retry_after,
 )
-from middlebox.sse import SseFramer
+from middlebox.core.sse import SseFramer
 
 FRAMES = (
     b'data: {"choices":[{"index":0,"delta":{"content":"Gr\xc3\xbc\xc3\x9fe"}}]}\r\n\r\n'

@@ -16,8 +16,8 @@ from xml.etree import ElementTree
 import pytest
 
 from middlebox.clients import chromium_path
-from middlebox.report import report_document, verdict_sections
-from middlebox.runner import run_suite
+from middlebox.report.scorecard import report_document, verdict_sections
+from middlebox.run.runner import run_suite
 from tests.harness import needs
 
 pytestmark = pytest.mark.e2e

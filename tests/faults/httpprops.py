@@ -14,8 +14,8 @@ import json
 from hypothesis import strategies as st
 
 from faults.testing import TimedItem
-from middlebox.http1 import LAST_CHUNK_BYTES, Http1Framer, PieceKind, encode_chunk
-from middlebox.stream import Chunk, Direction
+from middlebox.core.http1 import LAST_CHUNK_BYTES, Http1Framer, PieceKind, encode_chunk
+from middlebox.core.stream import Chunk, Direction
 
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\n"

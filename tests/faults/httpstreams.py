@@ -14,8 +14,8 @@ import json
 from hypothesis import strategies as st
 
 from faults.testing import TimedItem
-from middlebox.http1 import LAST_CHUNK_BYTES, encode_chunk
-from middlebox.stream import DOWN, UP, Chunk
+from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
+from middlebox.core.stream import DOWN, UP, Chunk
 
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"

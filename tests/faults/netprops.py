@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from faults.testing import TimedItem, replay
-from middlebox.fault import Fault, FaultContext
-from middlebox.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
+from middlebox.core.fault import Fault, FaultContext
+from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
 # Multi-byte UTF-8 alongside ASCII, so cuts inside sequences are exercised.
 _PIECES = st.sampled_from(

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from faults.client_vanish import ClientVanish
 from faults.testing import TimedItem, joined, replay
-from middlebox.fault import FaultContext
-from middlebox.stream import DOWN, UP, Chunk, Eof, Reset
+from middlebox.core.fault import FaultContext
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
 from tests.faults.netprops import assert_deterministic, timelines
 
 

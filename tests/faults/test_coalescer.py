@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from faults.coalescer import Coalescer
 from faults.testing import TimedItem, replay
-from middlebox.stream import DOWN, UP, Chunk, Direction, Eof, Reset
+from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Reset
 from tests.faults.netprops import assert_deterministic, assert_preserved, timelines
 
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from faults._http import RequestMatch
 from faults.cut import Cut
 from faults.testing import TimedItem, replay
-from middlebox.http1 import LAST_CHUNK_BYTES, Http1Framer, PieceKind, encode_chunk
-from middlebox.sse import SseFramer, utf8_incomplete_tail
-from middlebox.stream import DOWN, UP, Chunk, Eof, Reset
+from middlebox.core.http1 import LAST_CHUNK_BYTES, Http1Framer, PieceKind, encode_chunk
+from middlebox.core.sse import SseFramer, utf8_incomplete_tail
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
 from tests.faults.httpstreams import (
     DONE,
     REQUEST,

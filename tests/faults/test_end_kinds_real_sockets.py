@@ -16,9 +16,9 @@ import trio
 
 from faults.cut import Cut
 from faults.idle_reaper import IdleReaper
-from middlebox.fault import Fault
-from middlebox.http1 import LAST_CHUNK_BYTES
-from middlebox.scenario import FaultSpec, Scenario
+from middlebox.core.fault import Fault
+from middlebox.core.http1 import LAST_CHUNK_BYTES
+from middlebox.scenario.model import FaultSpec, Scenario
 from tests.faults.httpstreams import DONE, SSE_HEAD, chunked, event
 from tests.harness import proxied
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from faults._http import RequestMatch
 from faults.gzip_encoding import NGINX_GZIP_HEADER, GzipEncoding
 from faults.testing import TimedItem, replay
-from middlebox.http1 import LAST_CHUNK_BYTES, Head, Http1Framer, PieceKind, encode_chunk
-from middlebox.stream import DOWN, UP, Chunk, Eof
+from middlebox.core.http1 import LAST_CHUNK_BYTES, Head, Http1Framer, PieceKind, encode_chunk
+from middlebox.core.stream import DOWN, UP, Chunk, Eof
 from tests.faults.httpstreams import (
     DONE,
     REQUEST,

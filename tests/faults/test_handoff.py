@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from faults.handoff import Handoff
 from faults.testing import TimedItem, replay
-from middlebox.stream import DOWN, UP, Chunk, Eof, Reset
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
 from tests.faults.netprops import assert_deterministic, assert_preserved, bind_scripted, timelines
 
 

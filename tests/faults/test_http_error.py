@@ -15,9 +15,9 @@ from faults import REGISTRY
 from faults._http import RequestMatch
 from faults.http_error import HttpError, error_body
 from faults.testing import joined, replay
-from middlebox.fault import FaultContext
-from middlebox.scenario import load_scenario_text
-from middlebox.stream import DOWN, UP, Chunk, Eof, Reset
+from middlebox.core.fault import FaultContext
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
+from middlebox.scenario.model import load_scenario_text
 from tests.faults.httpprops import cut_lists, exchanges, request, resplit, sse_response, timed
 from tests.faults.netprops import assert_deterministic
 

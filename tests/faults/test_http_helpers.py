@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from faults._http import HttpMatched, RequestInfo, RequestMatch, request_info, request_path
-from middlebox.fault import Fault, FaultContext
-from middlebox.http1 import Head
-from middlebox.scenario import load_scenario_text
-from middlebox.stream import DOWN, UP, Chunk, Eof, Item
+from middlebox.core.fault import Fault, FaultContext
+from middlebox.core.http1 import Head
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
+from middlebox.scenario.model import load_scenario_text
 
 
 def post(path: str = "/v1/chat/completions", body: bytes = b'{"model":"qwen-7b"}') -> bytes:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from faults.ignore_client_close import IgnoreClientClose
 from faults.testing import TimedItem, joined, replay
-from middlebox.stream import DOWN, UP, Chunk, Eof, Reset
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
 from tests.faults.netprops import assert_deterministic, timelines
 
 

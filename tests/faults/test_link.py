@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from faults.link import PROFILES, TCP_RTO_MIN, Link, Profile, ProfileName
 from faults.testing import TimedItem, replay
-from middlebox.stream import DOWN, UP, Chunk, Eof
+from middlebox.core.stream import DOWN, UP, Chunk, Eof
 from tests.faults.netprops import assert_deterministic, assert_preserved, bind_scripted, timelines
 
 

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from faults._http import RequestMatch
 from faults.max_duration import MaxDuration
 from faults.testing import TimedItem, replay
-from middlebox.http1 import LAST_CHUNK_BYTES
-from middlebox.responses import error_response
-from middlebox.stream import DOWN, UP, Chunk, Eof, Reset
+from middlebox.core.http1 import LAST_CHUNK_BYTES
+from middlebox.core.responses import error_response
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
 from tests.faults.httpstreams import (
     REQUEST,
     SSE_HEAD,

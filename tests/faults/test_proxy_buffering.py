@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from faults._http import RequestMatch
 from faults.proxy_buffering import ProxyBuffering
 from faults.testing import TimedItem, replay
-from middlebox.http1 import LAST_CHUNK_BYTES, encode_chunk
-from middlebox.responses import error_response
-from middlebox.stream import DOWN, UP, Chunk, Eof
+from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
+from middlebox.core.responses import error_response
+from middlebox.core.stream import DOWN, UP, Chunk, Eof
 from tests.faults.httpstreams import (
     DONE,
     REQUEST,

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from faults.slicer import Slicer
 from faults.testing import TimedItem, joined, replay
-from middlebox.sse import utf8_cut_offsets
-from middlebox.stream import DOWN, UP, Chunk, Eof
+from middlebox.core.sse import utf8_cut_offsets
+from middlebox.core.stream import DOWN, UP, Chunk, Eof
 from tests.faults.netprops import assert_deterministic, assert_preserved, timelines
 
 

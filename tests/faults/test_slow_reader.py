@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from faults.slow_reader import SlowReader
 from faults.testing import TimedItem, bind_for_test, replay
-from middlebox.stream import DOWN, UP, Chunk, Eof
+from middlebox.core.stream import DOWN, UP, Chunk, Eof
 from tests.faults.netprops import assert_deterministic, assert_preserved, timelines
 
 

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from faults._sse_edit import SseBodyEditor
-from middlebox.http1 import LAST_CHUNK_BYTES, Http1Framer, Piece, encode_chunk
-from middlebox.sse import SseKind, SsePiece
+from middlebox.core.http1 import LAST_CHUNK_BYTES, Http1Framer, Piece, encode_chunk
+from middlebox.core.sse import SseKind, SsePiece
 from tests.faults.httpprops import SSE_HEAD, dechunked, frame, rechunk
 
 SIZED = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"

@@ -13,9 +13,9 @@ from faults import REGISTRY
 from faults._http import RequestMatch
 from faults.sse_ids import SseIds
 from faults.testing import joined, replay
-from middlebox.http1 import LAST_CHUNK_BYTES, encode_chunk
-from middlebox.scenario import load_scenario_text
-from middlebox.stream import DOWN, UP, Chunk, Eof
+from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
+from middlebox.core.stream import DOWN, UP, Chunk, Eof
+from middlebox.scenario.model import load_scenario_text
 from tests.faults.httpprops import (
     SSE_HEAD,
     cut_lists,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from faults._http import RequestMatch
 from faults.strip_header import StripHeader
 from faults.testing import joined, replay
-from middlebox.stream import DOWN, UP, Chunk, Eof
+from middlebox.core.stream import DOWN, UP, Chunk, Eof
 from tests.faults.httpprops import (
     SSE_HEAD,
     cut_lists,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import trio
 
-from middlebox.control import ControlApi, ControlledProxy, pass_through, serve_control
-from middlebox.server import Address, listen
+from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, serve_control
+from middlebox.shell.server import Address, listen
 from tests.harness import read_all, reset
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"]

@@ -15,8 +15,8 @@ from pathlib import Path
 import trio
 from click.testing import CliRunner
 
-from middlebox.cli import main
-from middlebox.metrics import parse_text
+from middlebox.cli.main import main
+from middlebox.observe.metrics import parse_text
 from tests.observability.support import EVENTS, http, sse_upstream
 
 SCENARIO = b"name: slow\npath:\n  - latency: {delay: 2ms}\n"
@@ -88,7 +88,7 @@ def test_the_scenario_header_needs_a_scenario_directory() -> None:
 
 
 def test_pcap_writes_packets_from_a_journal(tmp_path: Path) -> None:
-    from middlebox.journal import JournalStore
+    from middlebox.observe.journal import JournalStore
     from tests.observability.test_journal import one_exchange
 
     store = JournalStore(capture=True, clock_offset=0.0)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from middlebox.control import check_control_access
-from middlebox.metrics import parse_text
-from middlebox.server import Address
+from middlebox.observe.metrics import parse_text
+from middlebox.shell.control import check_control_access
+from middlebox.shell.server import Address
 from tests.observability.support import EVENTS, controlled, http
 
 LATENCY = "name: slow\npath:\n  - latency: {delay: 1ms}\n"
@@ -119,7 +119,7 @@ async def test_a_connection_picks_its_scenario_with_the_request_header(tmp_path:
 
 
 async def test_a_header_timeout_is_journaled_as_how_the_client_side_ended() -> None:
-    from middlebox.control import load_text
+    from middlebox.shell.control import load_text
     from tests.harness import read_all
 
     with trio.fail_after(10):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from middlebox.compose import load
-from middlebox.drills import DrillError, all_drills, briefing, check, get, hint, write_scenario
+from middlebox.run.drills import DrillError, all_drills, briefing, check, get, hint, write_scenario
 
 CLIENT = Path(__file__).parent / "clients" / "sse_client.py"
 

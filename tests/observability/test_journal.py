@@ -8,10 +8,16 @@ import base64
 import json
 from pathlib import Path
 
-from middlebox.fault import FaultReport
-from middlebox.journal import ConnectionJournal, JournalStore, facts, fault_proof, read_ndjson
-from middlebox.runner import proof_problems
-from middlebox.stream import DOWN, UP
+from middlebox.core.fault import FaultReport
+from middlebox.core.stream import DOWN, UP
+from middlebox.observe.journal import (
+    ConnectionJournal,
+    JournalStore,
+    facts,
+    fault_proof,
+    read_ndjson,
+)
+from middlebox.run.runner import proof_problems
 
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-secret\r\n"

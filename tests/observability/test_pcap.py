@@ -10,8 +10,8 @@ from pathlib import Path
 
 import trio
 
-from middlebox.journal import read_ndjson
-from middlebox.pcap import ISN, write_pcap
+from middlebox.observe.journal import read_ndjson
+from middlebox.observe.pcap import ISN, write_pcap
 from tests.harness import needs
 from tests.observability.support import EVENTS, controlled, http
 

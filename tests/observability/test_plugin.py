@@ -21,7 +21,7 @@ EXAMPLE = Path(__file__).parent / "plugin_example.py"
 
 def test_the_plugin_is_registered_as_a_pytest11_entry_point() -> None:
     names = {point.name: point.value for point in entry_points(group="pytest11")}
-    assert names.get("middlebox") == "middlebox.plugin"
+    assert names.get("middlebox") == "middlebox.run.plugin"
 
 
 def test_the_fixture_proxies_a_cut_stream_and_scores_it_from_the_journal(

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from middlebox.journal import ConnectionJournal
-from middlebox.record import cassettes, record
-from middlebox.server import Address
-from middlebox.stream import DOWN, UP
+from middlebox.core.stream import DOWN, UP
+from middlebox.observe.journal import ConnectionJournal
+from middlebox.shell.server import Address
+from middlebox.tools.record import cassettes, record
 from tests.observability.support import EVENTS, http, sse_upstream
 from tests.observability.test_journal import EVENT1, EVENT2, REQUEST, one_exchange
 
@@ -85,7 +85,7 @@ async def _record(
 
 @pytest.mark.e2e
 def test_the_emulator_replays_a_recorded_cassette(tmp_path: Path) -> None:
-    from middlebox.control import EmulatorProcess
+    from middlebox.shell.control import EmulatorProcess
 
     journal = ConnectionJournal(1, 0.0, capture=True)
     one_exchange(journal)

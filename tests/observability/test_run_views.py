@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from middlebox.journal import facts, read_ndjson
-from middlebox.runner import SuiteOutcome, run_suite
+from middlebox.observe.journal import facts, read_ndjson
+from middlebox.run.runner import SuiteOutcome, run_suite
 
 pytestmark = pytest.mark.e2e
 

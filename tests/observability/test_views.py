@@ -13,10 +13,10 @@ from xml.etree import ElementTree
 
 import pytest
 
-from middlebox.html_report import render
-from middlebox.journal import JournalView
-from middlebox.runner import Progress
-from middlebox.timeline import svg, timeline_data, write_png
+from middlebox.observe.journal import JournalView
+from middlebox.report.html_page import render
+from middlebox.report.timeline import svg, timeline_data, write_png
+from middlebox.run.runner import Progress
 from tests.harness import needs
 
 TAG = "[middlebox s/c/0]"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from middlebox.load import Target, event_text, percentiles, run_load
+from middlebox.tools.load import Target, event_text, percentiles, run_load
 from tests.harness import proxied
 from tests.perf.sse_server import TOKENS, chat_server
 
@@ -85,7 +85,7 @@ async def test_a_short_headless_locust_run_reports_ttft_and_itl_as_request_metri
             "-m",
             "locust",
             "-f",
-            str(ROOT / "middlebox" / "locust.py"),
+            str(ROOT / "middlebox" / "tools" / "locustfile.py"),
             "--headless",
             "--users",
             "2",

@@ -13,11 +13,11 @@ import socket
 import pytest
 import trio
 
-import middlebox.relay as relay_module
+import middlebox.shell.relay as relay_module
 from faults.latency import Latency
-from middlebox.fault import Fault, FaultContext, Pipeline
-from middlebox.relay import Relay
-from middlebox.stream import Direction
+from middlebox.core.fault import Fault, FaultContext, Pipeline
+from middlebox.core.stream import Direction
+from middlebox.shell.relay import Relay
 
 
 def pair(buffer: int | None = None) -> tuple[socket.socket, socket.socket]:

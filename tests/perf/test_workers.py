@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from middlebox.journal import read_ndjson
-from middlebox.scenario import Scenario
-from middlebox.server import Address
-from middlebox.workers import WorkerServer, reuseport_listeners
+from middlebox.observe.journal import read_ndjson
+from middlebox.scenario.model import Scenario
+from middlebox.shell.server import Address
+from middlebox.shell.workers import WorkerServer, reuseport_listeners
 from tests.harness import read_all
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ async def test_two_workers_share_connections_survive_a_death_and_leave_no_child(
         argv = [
             sys.executable,
             "-c",
-            "from middlebox.cli import main; main()",
+            "from middlebox.cli.main import main; main()",
             "proxy",
             "--listen",
             "127.0.0.1:0",

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import trio
 
-from middlebox.soak import fds_of as open_fds
-from middlebox.soak import rss_of as rss_bytes
-from middlebox.soak import tasks_now as task_count
+from middlebox.tools.soak import fds_of as open_fds
+from middlebox.tools.soak import rss_of as rss_bytes
+from middlebox.tools.soak import tasks_now as task_count
 
 __all__ = [
     "MIDDLEBOX",
@@ -27,7 +27,7 @@ __all__ = [
     "task_count",
 ]
 
-MIDDLEBOX = [sys.executable, "-c", "from middlebox.cli import main; main()"]
+MIDDLEBOX = [sys.executable, "-c", "from middlebox.cli.main import main; main()"]
 
 
 async def first_line(process: trio.Process) -> str:

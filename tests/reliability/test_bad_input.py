@@ -24,20 +24,21 @@ from click.testing import CliRunner
 
 from faults import REGISTRY
 from faults.testing import replay
-from middlebox.cli import main
+from middlebox.cli.main import main
+from middlebox.clients import BUILTIN_CLIENTS
 from middlebox.compose import load, scenario_sections
-from middlebox.fault import Fault
-from middlebox.scenario import (
+from middlebox.core.fault import Fault
+from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
+from middlebox.run.score import score_client
+from middlebox.scenario.model import (
     MAX_SCENARIO_BYTES,
     ProxyOptions,
     Scenario,
     ScenarioError,
     load_scenario_text,
 )
-from middlebox.score import score_client
-from middlebox.server import Address, ProxyServer, listen
-from middlebox.stream import Chunk, Direction, Eof, Item, Reset
-from middlebox.workload import Workload, workload_file
+from middlebox.scenario.workload import Workload, workload_file
+from middlebox.shell.server import Address, ProxyServer, listen
 from tests.clients.wire_server import END_CHUNK, SSE_HEAD, chat_frame, http_chunk
 from tests.harness import free_port, proxied, read_all, send_in_pieces
 from tests.reliability.support import fds_back_to, open_fds
@@ -415,7 +416,7 @@ async def test_invalid_utf8_and_json_in_events_pass_through_and_no_client_crashe
 
             async def one(name: str) -> None:
                 result = await trio.run_process(
-                    [sys.executable, "-m", f"middlebox.clients.{name.replace('-', '_')}"],
+                    BUILTIN_CLIENTS[name],
                     env={**env, "MIDDLEBOX_RESULT": str(tmp_path / f"{name}.json")},
                     capture_stdout=True,
                     capture_stderr=True,

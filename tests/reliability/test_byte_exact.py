@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from faults.coalescer import Coalescer
 from faults.slicer import Slicer
-from middlebox.http1 import Http1Exchange, Piece, PieceKind, coalesce, encode_chunk
-from middlebox.scenario import FaultSpec, Scenario
-from middlebox.server import Address, ProxyServer, listen
-from middlebox.sse import SseFramer
-from middlebox.stream import Direction
+from middlebox.core.http1 import Http1Exchange, Piece, PieceKind, coalesce, encode_chunk
+from middlebox.core.sse import SseFramer
+from middlebox.core.stream import Direction
+from middlebox.scenario.model import FaultSpec, Scenario
+from middlebox.shell.server import Address, ProxyServer, listen
 from tests.harness import read_all
 
 SCENARIOS = {

@@ -13,9 +13,9 @@ from functools import partial
 
 import trio
 
-from middlebox.relay import HIGH_WATER
-from middlebox.scenario import ProxyOptions, Scenario
-from middlebox.server import Address, ProxyServer, listen
+from middlebox.scenario.model import ProxyOptions, Scenario
+from middlebox.shell.relay import HIGH_WATER
+from middlebox.shell.server import Address, ProxyServer, listen
 from tests.harness import proxied, read_all, reset
 from tests.reliability.support import (
     MIDDLEBOX,

@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from faults import REGISTRY
-from middlebox.cli import main
+from middlebox.cli.main import main
 from middlebox.compose import scenario_sections
-from middlebox.control import check_control_access, is_loopback
-from middlebox.runner import run_suite, safe_name
-from middlebox.scenario import ScenarioError, load_scenario_text
-from middlebox.server import Address
+from middlebox.run.runner import run_suite, safe_name
+from middlebox.scenario.model import ScenarioError, load_scenario_text
+from middlebox.shell.control import check_control_access, is_loopback
+from middlebox.shell.server import Address
 
 # ------------------------------------------------------------------ control API
 

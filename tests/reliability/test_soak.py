@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from middlebox.soak import soak
+from middlebox.tools.soak import soak
 
 
 async def test_ten_seconds_of_mixed_load_leave_memory_fds_and_tasks_flat() -> None:

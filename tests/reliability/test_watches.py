@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from middlebox.relay import Relay
-from middlebox.server import HeadWatch, ReadWatch
-from middlebox.stream import Direction
+from middlebox.core.stream import Direction
+from middlebox.shell.relay import Relay
+from middlebox.shell.server import HeadWatch, ReadWatch
 
 UP, DOWN = Direction.UPSTREAM, Direction.DOWNSTREAM
 

@@ -1,0 +1,225 @@
+"""The fault contract and the per-connection pipeline (pure).
+
+A fault is a small per-connection state machine in the sans-IO style of h11 and
+toxiproxy's toxics: `on_open(now)`, `on_item(item, now)` and `on_deadline(now)` each
+return the items to pass on, and `deadline()` says when it next wants to be woken.
+It never sleeps, reads a clock, touches a socket or uses the global `random`: time
+comes in as `now` (seconds, float) and randomness from the seeded `random.Random`
+injected by `bind`. That makes every fault testable on a virtual clock in
+microseconds and every run replayable from its seed.
+
+Configuration is dataclass fields (durations `Seconds`, sizes `Bytes`); per-connection
+state fields are `field(init=False, repr=False)` so `repr()` shows the config only.
+
+A `Pipeline` is a fault made of faults in path order, client side first. An item a
+fault emits travels on from that fault's position in the item's own direction:
+UPSTREAM items towards the last fault and then the server, DOWNSTREAM items towards
+the first fault and then the client. So a fault can answer the client itself (a 503
+before the request reaches the server) or reset both sides at once.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar
+
+from middlebox.core.stream import Direction, Item
+
+
+class Unit:
+    """Markers for `Annotated` config fields, so YAML may write `800ms` or `4KiB`."""
+
+    SECONDS = "seconds"
+    BYTES = "bytes"
+
+
+Seconds = Annotated[float, Unit.SECONDS]
+"""A duration in seconds; YAML accepts a number of seconds or `250ms`, `2s`, `1.5min`."""
+
+Bytes = Annotated[int, Unit.BYTES]
+"""A size in bytes; YAML accepts an integer or `512B`, `4KiB`, `1MiB`."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultReport:
+    """What a fault did, for the journal: `fired` proves a declared fault took effect."""
+
+    fault: str
+    time: float
+    action: str
+    details: dict[str, Any]
+
+
+ReportSink = Callable[[FaultReport], None]
+
+
+@dataclass(slots=True)
+class FaultContext:
+    """What the shell hands each fault of a new connection.
+
+    `shared` is one dict per fault position in the scenario, kept for the scenario's
+    lifetime in one proxy process, for decisions that span connections ("the first
+    three requests get a 429"). The proxy drives all pipelines from one thread, so
+    it needs no lock.
+    """
+
+    connection_id: int = 0
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    report: ReportSink | None = None
+    shared: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Fault:
+    """Base class: passes everything through and never wants a deadline.
+
+    Subclasses set `name` (the YAML name, equal to the module name) and override the
+    hooks they need. Hooks return lists; an empty list swallows the item.
+    """
+
+    name: ClassVar[str] = "passthrough"
+
+    rng: random.Random = field(init=False, repr=False, compare=False)
+    context: FaultContext = field(init=False, repr=False, compare=False)
+    reports: list[FaultReport] = field(init=False, repr=False, compare=False)
+
+    def bind(self, context: FaultContext) -> None:
+        """Attach the per-connection context; called once, before `on_open`."""
+        self.context = context
+        self.rng = context.rng
+        self.reports = []
+
+    def on_open(self, now: float) -> list[Item]:
+        return []
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        return [item]
+
+    def on_deadline(self, now: float) -> list[Item]:
+        return []
+
+    def deadline(self) -> float | None:
+        return None
+
+    def reading_paused(self, source: Direction) -> bool:
+        """True to stop reading the socket that produces `source` items, for now.
+
+        This is how a fault exerts backpressure (a slow reader, a full bandwidth
+        backlog): the shell stops reading, the kernel buffers fill and TCP's window
+        closes on the sender, as with a real slow hop. Re-checked after every hook.
+        """
+        return False
+
+    def socket_buffers(self) -> dict[str, int]:
+        """Socket buffer sizes to set (SO_RCVBUF/SO_SNDBUF) on this connection's sockets.
+
+        Keys: `client_rcvbuf`, `client_sndbuf`, `upstream_rcvbuf`, `upstream_sndbuf`.
+        Small buffers make backpressure reach the peer quickly (a slow mobile reader).
+        """
+        return {}
+
+    def report(self, now: float, action: str, **details: Any) -> None:
+        """Record a decision ("fired at byte N / event K / time T") for the journal."""
+        entry = FaultReport(self.name, now, action, details)
+        self.reports.append(entry)
+        if self.context.report is not None:
+            self.context.report(entry)
+
+    @property
+    def fired(self) -> bool:
+        return bool(self.reports)
+
+
+class Pipeline(Fault):
+    """Faults in path order (client side first), driven as one fault.
+
+    Routing is depth-first, so items keep their order within each direction.
+    The pipeline's deadline is the earliest of its faults' deadlines.
+    """
+
+    name: ClassVar[str] = "pipeline"
+
+    def __init__(self, faults: Iterable[Fault] = ()) -> None:
+        self.faults: list[Fault] = list(faults)
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.faults!r})"
+
+    def bind(self, context: FaultContext, shared: list[dict[str, Any]] | None = None) -> None:
+        """Bind every fault with its own rng drawn from the connection's, in path order.
+
+        `shared` gives each fault position its scenario-lifetime dict (the server keeps
+        them); without it the faults share the connection context's dict.
+        """
+        self.context = context
+        self.rng = context.rng
+        self.reports = []
+        for index, fault in enumerate(self.faults):
+            fault.bind(
+                FaultContext(
+                    connection_id=context.connection_id,
+                    rng=random.Random(context.rng.getrandbits(64)),
+                    report=context.report,
+                    shared=shared[index] if shared is not None else context.shared,
+                )
+            )
+
+    def on_open(self, now: float) -> list[Item]:
+        out: list[Item] = []
+        for index, fault in enumerate(self.faults):
+            for item in fault.on_open(now):
+                self._route(index, item, now, out)
+        return out
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        out: list[Item] = []
+        if not self.faults:
+            return [item]
+        entry = 0 if item.direction is Direction.UPSTREAM else len(self.faults) - 1
+        self._deliver(entry, item, now, out)
+        return out
+
+    def on_deadline(self, now: float) -> list[Item]:
+        out: list[Item] = []
+        for index, fault in enumerate(self.faults):
+            due = fault.deadline()
+            if due is not None and due <= now:
+                for item in fault.on_deadline(now):
+                    self._route(index, item, now, out)
+        return out
+
+    def deadline(self) -> float | None:
+        earliest: float | None = None
+        for fault in self.faults:
+            due = fault.deadline()
+            if due is not None and (earliest is None or due < earliest):
+                earliest = due
+        return earliest
+
+    def reading_paused(self, source: Direction) -> bool:
+        return any(fault.reading_paused(source) for fault in self.faults)
+
+    def socket_buffers(self) -> dict[str, int]:
+        merged: dict[str, int] = {}
+        for fault in self.faults:
+            for key, size in fault.socket_buffers().items():
+                merged[key] = min(size, merged.get(key, size))
+        return merged
+
+    @property
+    def fired(self) -> bool:
+        return any(fault.fired for fault in self.faults)
+
+    def _deliver(self, index: int, item: Item, now: float, out: list[Item]) -> None:
+        for emitted in self.faults[index].on_item(item, now):
+            self._route(index, emitted, now, out)
+
+    def _route(self, index: int, item: Item, now: float, out: list[Item]) -> None:
+        step = 1 if item.direction is Direction.UPSTREAM else -1
+        following = index + step
+        if 0 <= following < len(self.faults):
+            self._deliver(following, item, now, out)
+        else:
+            out.append(item)

@@ -1,0 +1,658 @@
+"""Passive, byte-preserving HTTP/1.1 framer (pure, sans-IO in the style of h11).
+
+Bytes go in, labelled `Piece`s come out, and the concatenation of all pieces' `data`
+is exactly the input: the framer never re-serializes, so the no-fault path stays
+byte-exact and a fault can cut anywhere (inside a chunk-size line, inside a head) or
+send invalid HTTP on purpose.
+
+One `Http1Framer` reads one direction of a connection (`role="request"` for what the
+client sends, `"response"` for what the server sends). `Http1Exchange` owns both and
+tells the response framer which request method each response answers (HEAD and
+CONNECT change the framing, RFC 9112 §6.3).
+
+Pieces of a message, in order:
+
+    HEAD                      start line + fields + blank line (parsed: `Piece.head`)
+    BODY*                     content-length or read-until-close payload
+    or, for chunked:
+    (CHUNK_HEADER BODY+ CHUNK_TRAILER_CRLF)*  LAST_CHUNK  TRAILERS
+    OPAQUE*                   after an upgrade/CONNECT tunnel, or after malformed input
+
+Structural pieces (HEAD, CHUNK_HEADER, CHUNK_TRAILER_CRLF, LAST_CHUNK, TRAILERS) are
+held back until complete, so they come out identical however the input is split;
+BODY and OPAQUE bytes are released as they arrive, so their piece boundaries follow
+the feeds. `coalesce()` gives the canonical form in which any split of the same input
+yields the same list. Malformed input never raises: the framer says why in
+`degraded` and passes everything from the start of the bad structure on as OPAQUE.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from middlebox.core.stream import Direction
+
+# Limits past which input is treated as not-HTTP and passed on as OPAQUE. nginx's
+# defaults are in this range (large_client_header_buffers 4 x 8k, proxy_buffer_size).
+MAX_HEAD_BYTES = 64 * 1024
+MAX_CHUNK_LINE_BYTES = 4096
+MAX_TRAILER_BYTES = 64 * 1024
+
+LAST_CHUNK_BYTES = b"0\r\n\r\n"
+"""The last-chunk line plus the empty trailer section that ends a chunked body."""
+
+_LF = 0x0A
+_CR = 0x0D
+
+# RFC 9112 §7.1: chunk-size [chunk-ext] CRLF. Extensions are kept verbatim and only
+# checked for line-breaking bytes; a bare LF line end is accepted as RFC 9112 §2.2
+# allows. 16 hex digits is the most a 64-bit size needs.
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n\Z")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_VERSION = re.compile(r"HTTP/1\.[0-9]\Z")
+
+
+class PieceKind(enum.Enum):
+    """What a run of bytes is within an HTTP/1.1 message."""
+
+    HEAD = "head"
+    BODY = "body"
+    CHUNK_HEADER = "chunk_header"
+    CHUNK_TRAILER_CRLF = "chunk_trailer_crlf"
+    LAST_CHUNK = "last_chunk"
+    TRAILERS = "trailers"
+    OPAQUE = "opaque"
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A parsed start line and header section; field names and values keep their case
+    and order (decoded as latin-1, so they round-trip to the exact bytes)."""
+
+    version: str
+    headers: tuple[tuple[str, str], ...] = ()
+    method: str | None = None
+    target: str | None = None
+    status: int | None = None
+    reason: str | None = None
+
+    @property
+    def is_request(self) -> bool:
+        return self.method is not None
+
+    @property
+    def is_interim(self) -> bool:
+        """A 1xx response other than 101: the final response to the same request follows."""
+        return self.status is not None and 100 <= self.status < 200 and self.status != 101
+
+    def header_values(self, name: str) -> list[str]:
+        """All values of the fields named `name` (case-insensitive), in order."""
+        lname = name.lower()
+        return [v for n, v in self.headers if n.lower() == lname]
+
+    def header(self, name: str) -> str | None:
+        """The field's values joined with ", " (RFC 9110 §5.3), or None when absent."""
+        values = self.header_values(name)
+        return ", ".join(values) if values else None
+
+    def tokens(self, name: str) -> list[str]:
+        """The comma-separated list elements of a field, lower-cased (Connection, TE...)."""
+        return [
+            t.strip().lower() for v in self.header_values(name) for t in v.split(",") if t.strip()
+        ]
+
+    @property
+    def is_chunked(self) -> bool:
+        """Transfer-Encoding ends in chunked (RFC 9112 §6.3: only then is it chunked)."""
+        codings = self.tokens("transfer-encoding")
+        return bool(codings) and codings[-1] == "chunked"
+
+    @property
+    def content_length(self) -> int | None:
+        """The Content-Length, or None when absent or invalid."""
+        try:
+            return _content_length(self)
+        except _Malformed:
+            return None
+
+    @property
+    def keep_alive(self) -> bool:
+        """Whether the connection persists after this message (RFC 9112 §9.3)."""
+        conn = self.tokens("connection")
+        if "close" in conn:
+            return False
+        return self.version != "HTTP/1.0" or "keep-alive" in conn
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A labelled run of bytes. `message` is the index of the message in this direction
+    (a response's interim 1xx heads share the index of the final response);
+    `offset` is the position of `data[0]` in the direction's byte stream; `head` is
+    set on HEAD pieces; `end_of_message` on the last piece of a message (at EOF a
+    read-until-close body ends with an empty BODY piece that carries it)."""
+
+    kind: PieceKind
+    data: bytes
+    message: int
+    offset: int
+    head: Head | None = None
+    end_of_message: bool = False
+
+
+_MERGEABLE = (PieceKind.BODY, PieceKind.OPAQUE)
+
+
+def coalesce(pieces: Iterable[Piece]) -> list[Piece]:
+    """The canonical form: adjacent BODY (or OPAQUE) pieces of the same message merged.
+    Any split of the same input gives the same coalesced list."""
+    out: list[Piece] = []
+    for p in pieces:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and p.kind in _MERGEABLE
+            and last.kind is p.kind
+            and last.message == p.message
+            and not last.end_of_message
+        ):
+            out[-1] = Piece(
+                p.kind, last.data + p.data, p.message, last.offset, None, p.end_of_message
+            )
+        else:
+            out.append(p)
+    return out
+
+
+class _Malformed(ValueError):
+    pass
+
+
+class _State(enum.Enum):
+    HEAD = "head"
+    LENGTH = "length"
+    UNTIL_CLOSE = "until_close"
+    CHUNK_SIZE = "chunk_size"
+    CHUNK_DATA = "chunk_data"
+    CHUNK_CRLF = "chunk_crlf"
+    TRAILERS = "trailers"
+    OPAQUE = "opaque"
+
+
+_BODY_STATES = frozenset(
+    {
+        _State.LENGTH,
+        _State.UNTIL_CLOSE,
+        _State.CHUNK_SIZE,
+        _State.CHUNK_DATA,
+        _State.CHUNK_CRLF,
+        _State.TRAILERS,
+    }
+)
+
+Role = Literal["request", "response"]
+
+
+class Http1Framer:
+    """Splits one direction of an HTTP/1.1 connection into `Piece`s.
+
+    `feed(data)` returns the pieces completed by `data`; bytes of an incomplete
+    structural piece are held (`buffered`) until it completes. `feed_eof()` ends the
+    stream: it completes a read-until-close body, and otherwise passes held bytes on as
+    OPAQUE and sets `truncated` when a message was cut short.
+    """
+
+    def __init__(self, role: Role) -> None:
+        if role not in ("request", "response"):
+            raise ValueError(f"role must be 'request' or 'response', not {role!r}")
+        self.role: Role = role
+        self._buf = bytearray()
+        self._scan = 0  # where the next LF search starts in _buf: each byte is scanned once
+        self._line = 0  # start of the current line in _buf
+        self._start = 0  # start of the start line, after skipped blank lines (RFC 9112 §2.2)
+        self._state = _State.HEAD
+        self._remaining = 0
+        self._methods: deque[str] = deque()
+        self._method: str | None = None
+        self._message = 0
+        self._interim = False
+        self._head: Head | None = None
+        self._offset = 0
+        self._body_received = 0
+        self._tunnel = False
+        self._degraded: str | None = None
+        self._truncated = False
+        self._eof = False
+
+    # -- state ---------------------------------------------------------------------
+
+    @property
+    def message(self) -> int:
+        """Index of the message in progress (or the next one, between messages)."""
+        return self._message
+
+    @property
+    def head(self) -> Head | None:
+        """The most recently parsed head (interim 1xx heads included)."""
+        return self._head
+
+    @property
+    def request_method(self) -> str | None:
+        """For a response framer: the method of the request the current response answers."""
+        return self._method
+
+    @property
+    def in_head(self) -> bool:
+        """Part of a head (or an interim 1xx before the final head) has arrived."""
+        return self._state is _State.HEAD and not self.message_complete
+
+    @property
+    def in_body(self) -> bool:
+        """The current message's head is done and its body (framing included) is not."""
+        return self._state in _BODY_STATES
+
+    @property
+    def message_complete(self) -> bool:
+        """Between messages: the last one ended and no byte of the next has arrived
+        (blank lines between messages, which RFC 9112 §2.2 lets a recipient skip, aside).
+        False in a tunnel or after degrading."""
+        return self._state is _State.HEAD and not self._interim and self._start == len(self._buf)
+
+    @property
+    def tunnel(self) -> bool:
+        """After a 101 or a CONNECT: the rest of the stream is another protocol (OPAQUE)."""
+        return self._tunnel
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the framer gave up on malformed input (the rest is OPAQUE), or None."""
+        return self._degraded
+
+    @property
+    def truncated(self) -> bool:
+        """EOF arrived in the middle of a message."""
+        return self._truncated
+
+    @property
+    def offset(self) -> int:
+        """Bytes passed out in pieces so far."""
+        return self._offset
+
+    @property
+    def buffered(self) -> int:
+        """Bytes fed but held back inside an incomplete structural piece."""
+        return len(self._buf)
+
+    @property
+    def body_received(self) -> int:
+        """Payload bytes (BODY pieces) of the current message so far."""
+        return self._body_received
+
+    # -- control -------------------------------------------------------------------
+
+    def expect_response_to(self, method: str) -> None:
+        """Queue the method of a request sent on this connection (pipelining keeps order);
+        each final response takes the oldest. Without one, GET is assumed."""
+        self._methods.append(method.upper())
+
+    def start_tunnel(self) -> None:
+        """From here on everything is OPAQUE (e.g. a request stream after the server's 101).
+        Held bytes go out as OPAQUE with the next feed (`feed(b"")` releases them now)."""
+        if self._state is not _State.OPAQUE:
+            self._tunnel = True
+            self._state = _State.OPAQUE
+
+    def feed(self, data: bytes) -> list[Piece]:
+        if self._eof:
+            raise RuntimeError("feed() after feed_eof()")
+        out: list[Piece] = []
+        self._buf += data
+        while self._buf and self._step(out):
+            pass
+        return out
+
+    def feed_eof(self) -> list[Piece]:
+        if self._eof:
+            return []
+        self._eof = True
+        out: list[Piece] = []
+        state = self._state
+        if state is _State.UNTIL_CLOSE:
+            # RFC 9112 §6.3 item 8: the close is what ends this body.
+            self._emit(out, PieceKind.BODY, 0, end=True)
+            self._next_message()
+        elif state is _State.OPAQUE:
+            if self._buf:
+                self._emit(out, PieceKind.OPAQUE, len(self._buf))
+        else:
+            self._truncated = not self.message_complete
+            if self._buf:
+                self._emit(out, PieceKind.OPAQUE, len(self._buf))
+        return out
+
+    # -- machinery -----------------------------------------------------------------
+
+    def _emit(
+        self,
+        out: list[Piece],
+        kind: PieceKind,
+        n: int,
+        *,
+        head: Head | None = None,
+        end: bool = False,
+    ) -> None:
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        self._scan = self._line = self._start = 0
+        out.append(Piece(kind, data, self._message, self._offset, head, end))
+        self._offset += n
+        if kind is PieceKind.BODY:
+            self._body_received += n
+
+    def _next_message(self) -> None:
+        self._message += 1
+        self._interim = False
+        self._body_received = 0
+        self._state = _State.HEAD
+
+    def _degrade(self, reason: str) -> bool:
+        self._degraded = reason
+        self._state = _State.OPAQUE
+        return True
+
+    def _blank_line_end(self, skip_leading: bool, limit: int) -> int | None:
+        """Scan new bytes for the blank line ending a field section; its end index, or
+        None when more bytes are needed. Raises _Malformed past `limit`."""
+        buf = self._buf
+        while True:
+            nl = buf.find(b"\n", self._scan)
+            if nl < 0:
+                self._scan = len(buf)
+                if len(buf) - self._start > limit:
+                    raise _Malformed(f"field section longer than {limit} bytes")
+                return None
+            start = self._line
+            self._scan = self._line = nl + 1
+            if nl + 1 - self._start > limit:
+                raise _Malformed(f"field section longer than {limit} bytes")
+            if nl == start or (nl == start + 1 and buf[start] == _CR):
+                if skip_leading and start == self._start:
+                    self._start = nl + 1
+                    continue
+                return nl + 1
+
+    def _step(self, out: list[Piece]) -> bool:
+        """Advance by one piece or state change; False when more bytes are needed."""
+        state = self._state
+        buf = self._buf
+        if state is _State.OPAQUE:
+            self._emit(out, PieceKind.OPAQUE, len(buf))
+            return True
+        if state is _State.HEAD:
+            try:
+                end = self._blank_line_end(skip_leading=True, limit=MAX_HEAD_BYTES)
+            except _Malformed as exc:
+                return self._degrade(str(exc))
+            return end is not None and self._finish_head(out, end)
+        if state is _State.LENGTH or state is _State.CHUNK_DATA:
+            n = min(self._remaining, len(buf))
+            self._remaining -= n
+            done = self._remaining == 0
+            last = done and state is _State.LENGTH
+            self._emit(out, PieceKind.BODY, n, end=last)
+            if last:
+                self._next_message()
+            elif done:
+                self._state = _State.CHUNK_CRLF
+            return True
+        if state is _State.UNTIL_CLOSE:
+            self._emit(out, PieceKind.BODY, len(buf))
+            return True
+        if state is _State.CHUNK_SIZE:
+            nl = buf.find(b"\n", self._scan)
+            if nl < 0:
+                self._scan = len(buf)
+                if len(buf) > MAX_CHUNK_LINE_BYTES:
+                    return self._degrade(f"chunk-size line longer than {MAX_CHUNK_LINE_BYTES}")
+                return False
+            match = _CHUNK_LINE.match(buf, 0, nl + 1) if nl < MAX_CHUNK_LINE_BYTES else None
+            if match is None:
+                return self._degrade(f"malformed chunk-size line {bytes(buf[: nl + 1])!r}")
+            size = int(match.group(1), 16)
+            if size == 0:
+                self._emit(out, PieceKind.LAST_CHUNK, nl + 1)
+                self._state = _State.TRAILERS
+            else:
+                self._emit(out, PieceKind.CHUNK_HEADER, nl + 1)
+                self._remaining = size
+                self._state = _State.CHUNK_DATA
+            return True
+        if state is _State.CHUNK_CRLF:
+            if buf[0] == _LF:
+                n = 1
+            elif buf[0] == _CR and len(buf) >= 2 and buf[1] == _LF:
+                n = 2
+            elif buf[0] == _CR and len(buf) == 1:
+                return False
+            else:
+                return self._degrade("chunk data not followed by CRLF")
+            self._emit(out, PieceKind.CHUNK_TRAILER_CRLF, n)
+            self._state = _State.CHUNK_SIZE
+            return True
+        # _State.TRAILERS
+        try:
+            end = self._blank_line_end(skip_leading=False, limit=MAX_TRAILER_BYTES)
+            if end is None:
+                return False
+            _parse_fields(bytes(buf[:end]).decode("latin-1").split("\n")[:-2])
+        except _Malformed as exc:
+            return self._degrade(f"trailers: {exc}")
+        self._emit(out, PieceKind.TRAILERS, end, end=True)
+        self._next_message()
+        return True
+
+    def _finish_head(self, out: list[Piece], end: int) -> bool:
+        try:
+            head = _parse_head(bytes(self._buf[self._start : end]), self.role)
+            mode, length = self._body_mode(head)
+        except _Malformed as exc:
+            return self._degrade(str(exc))
+        self._head = head
+        if self.role == "response" and not head.is_interim:
+            self._method = self._methods.popleft() if self._methods else "GET"
+        elif self.role == "request":
+            self._method = head.method
+        ends = mode in (_State.HEAD, _State.OPAQUE) and not head.is_interim
+        self._emit(out, PieceKind.HEAD, end, head=head, end=ends)
+        if head.is_interim:
+            self._interim = True
+        elif mode is _State.HEAD:
+            self._next_message()
+        elif mode is _State.OPAQUE:
+            self._tunnel = True
+            self._state = _State.OPAQUE
+        else:
+            self._state = mode
+            self._remaining = length
+        return True
+
+    def _body_mode(self, head: Head) -> tuple[_State, int]:
+        """How the body after `head` is delimited (RFC 9112 §6.3); HEAD means none."""
+        if head.status is not None:
+            method = self._methods[0] if self._methods else "GET"
+            if head.status == 101 or (method == "CONNECT" and 200 <= head.status < 300):
+                return _State.OPAQUE, 0
+            if head.is_interim or head.status in (204, 304) or method == "HEAD":
+                return _State.HEAD, 0
+        elif head.method == "CONNECT":
+            # The client may start the tunnel before the 2xx arrives.
+            return _State.OPAQUE, 0
+        if head.header_values("transfer-encoding"):
+            if head.is_chunked:
+                return _State.CHUNK_SIZE, 0
+            if head.is_request:
+                raise _Malformed("request Transfer-Encoding does not end in chunked")
+            return _State.UNTIL_CLOSE, 0
+        length = _content_length(head)
+        if length is not None:
+            return (_State.LENGTH, length) if length else (_State.HEAD, 0)
+        return (_State.HEAD, 0) if head.is_request else (_State.UNTIL_CLOSE, 0)
+
+
+def _content_length(head: Head) -> int | None:
+    """RFC 9110 §8.6: a list of identical values is that value; anything else is invalid."""
+    values = {v.strip() for raw in head.header_values("content-length") for v in raw.split(",")}
+    if not values:
+        return None
+    if len(values) != 1:
+        raise _Malformed(f"conflicting Content-Length values {sorted(values)}")
+    (value,) = values
+    if not value.isascii() or not value.isdigit():
+        raise _Malformed(f"invalid Content-Length {value!r}")
+    return int(value)
+
+
+def _parse_fields(lines: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """Field lines (line ends already split off) into (name, value) pairs."""
+    fields: list[tuple[str, str]] = []
+    for raw in lines:
+        line = raw[:-1] if raw.endswith("\r") else raw
+        if "\r" in line:
+            raise _Malformed(f"bare CR in field line {line!r}")
+        if line[:1] in (" ", "\t"):
+            # obs-fold (RFC 9112 §5.2): a recipient may replace it with a space.
+            if not fields:
+                raise _Malformed("folded line before any field")
+            name, value = fields[-1]
+            fields[-1] = (name, (value + " " + line.strip(" \t")).strip())
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not _TOKEN.match(name):
+            raise _Malformed(f"malformed field line {line!r}")
+        fields.append((name, value.strip(" \t")))
+    return tuple(fields)
+
+
+def _parse_head(raw: bytes, role: Role) -> Head:
+    lines = raw.decode("latin-1").split("\n")[:-2]  # drop the blank line and what follows
+    start = lines[0].removesuffix("\r")
+    fields = _parse_fields(lines[1:])
+    if role == "request":
+        parts = start.split(" ")
+        if len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[1]:
+            raise _Malformed(f"malformed request line {start!r}")
+        if not _VERSION.match(parts[2]):
+            raise _Malformed(f"not HTTP/1.x: {start!r}")
+        return Head(version=parts[2], headers=fields, method=parts[0], target=parts[1])
+    version, _, rest = start.partition(" ")
+    code, _, reason = rest.partition(" ")
+    if not _VERSION.match(version):
+        raise _Malformed(f"not an HTTP/1.x status line: {start!r}")
+    if len(code) != 3 or not code.isascii() or not code.isdigit() or code[0] == "0":
+        raise _Malformed(f"malformed status code in {start!r}")
+    return Head(version=version, headers=fields, status=int(code), reason=reason)
+
+
+# -- builders for the few faults that rewrite ------------------------------------------
+
+
+def build_head(
+    head: Head,
+    set_headers: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+    remove_headers: Iterable[str] = (),
+) -> bytes:
+    """Serialize `head` (use `dataclasses.replace` to change the start line) with CRLF
+    line ends. `set_headers` replaces the first field of each name in place, drops its
+    other occurrences and appends names not present; `remove_headers` drops fields
+    (names case-insensitive)."""
+    pairs = list(set_headers.items()) if isinstance(set_headers, Mapping) else list(set_headers)
+    new = {n.lower(): (n, v) for n, v in pairs}
+    removed = {n.lower() for n in remove_headers}
+    fields: list[tuple[str, str]] = []
+    placed: set[str] = set()
+    for name, value in head.headers:
+        key = name.lower()
+        if key in removed or key in placed:
+            continue
+        if key in new:
+            placed.add(key)
+            fields.append((name, new[key][1]))
+        else:
+            fields.append((name, value))
+    fields += [nv for key, nv in new.items() if key not in placed and key not in removed]
+    if head.method is not None:
+        start = f"{head.method} {head.target} {head.version}"
+    else:
+        start = f"{head.version} {head.status} {head.reason or ''}".rstrip(" ")
+    lines = [start, *(f"{n}: {v}" for n, v in fields), "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+def encode_chunk(data: bytes, extensions: str = "") -> bytes:
+    """One chunk: size line (with `extensions`, e.g. ";foo=bar"), data, CRLF. Empty data
+    would be the last chunk, so it is refused: use LAST_CHUNK_BYTES."""
+    if not data:
+        raise ValueError("an empty chunk ends the body; use LAST_CHUNK_BYTES")
+    return b"%x%s\r\n%s\r\n" % (len(data), extensions.encode("latin-1"), data)
+
+
+# -- both directions -------------------------------------------------------------------
+
+REQUEST_BODY_KEEP = 64 * 1024
+"""How many bytes of each request body `Http1Exchange` keeps (enough for the model)."""
+
+_KEEP_MESSAGES = 64
+
+
+class Http1Exchange:
+    """Both framers of one connection: feed `(direction, data)`; UPSTREAM is the request
+    stream. Request methods reach the response framer (HEAD, CONNECT), a 101 turns the
+    request stream into a tunnel, and the heads and first `REQUEST_BODY_KEEP` bytes of
+    the last 64 requests stay available, so response K can be matched to request K."""
+
+    def __init__(self) -> None:
+        self.requests = Http1Framer("request")
+        self.responses = Http1Framer("response")
+        self._heads: dict[int, Head] = {}
+        self._bodies: dict[int, bytearray] = {}
+
+    def framer(self, direction: Direction) -> Http1Framer:
+        return self.requests if direction is Direction.UPSTREAM else self.responses
+
+    def feed(self, direction: Direction, data: bytes) -> list[Piece]:
+        pieces = self.framer(direction).feed(data)
+        self._observe(direction, pieces)
+        return pieces
+
+    def feed_eof(self, direction: Direction) -> list[Piece]:
+        pieces = self.framer(direction).feed_eof()
+        self._observe(direction, pieces)
+        return pieces
+
+    def request_head(self, message: int) -> Head | None:
+        """The head of request `message` (the request that response `message` answers)."""
+        return self._heads.get(message)
+
+    def request_body(self, message: int) -> bytes:
+        """The first REQUEST_BODY_KEEP bytes of request `message`'s payload."""
+        return bytes(self._bodies.get(message, b""))
+
+    def _observe(self, direction: Direction, pieces: list[Piece]) -> None:
+        for p in pieces:
+            if direction is Direction.UPSTREAM:
+                if p.head is not None and p.head.method is not None:
+                    self.responses.expect_response_to(p.head.method)
+                    self._heads[p.message] = p.head
+                    self._bodies[p.message] = bytearray()
+                    self._heads.pop(p.message - _KEEP_MESSAGES, None)
+                    self._bodies.pop(p.message - _KEEP_MESSAGES, None)
+                elif p.kind is PieceKind.BODY and p.message in self._bodies:
+                    body = self._bodies[p.message]
+                    body += p.data[: REQUEST_BODY_KEEP - len(body)]
+            elif p.head is not None and p.head.status == 101:
+                self.requests.start_tunnel()

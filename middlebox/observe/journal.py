@@ -1,0 +1,488 @@
+"""The connection journal: what crossed each leg of each connection, and when.
+
+Per connection it records every chunk read or written on both legs (time, leg,
+direction, size, stream offset), how each side ended (FIN, RST, write failure,
+timeout) and every fault decision. It sits on the relay's hot path, so recording is
+an append of a tuple to a list, bounded per connection (drops are counted, never
+blocking); byte capture is optional and bounded too. Protocol boundaries (HTTP
+heads, SSE events) are derived later, off the hot path, by running the passive
+framers (`middlebox.core.http1`, `middlebox.core.sse`) over the captured bytes when the journal
+is written. Secrets in captured heads (Authorization, api-key, cookies) are redacted
+when the journal is written, unless the user asks otherwise.
+
+Times: the relay stamps records with its own clock (trio's monotonic one); the
+journal keeps the offset to the wall clock taken when the connection opened, so the
+NDJSON carries wall-clock seconds that line up with the emulator's ledger and the
+clients' result files.
+
+NDJSON line types (each carries `connection`): `open`, `read`/`wrote` (a chunk on
+a leg), `end`, `fault`, `http_head`, `http_end`, `sse_event`, `bytes` (the captured
+bytes of one leg and direction, base64) and `summary` (totals, end kinds, drops).
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import json
+import re
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from middlebox.core.fault import FaultReport
+from middlebox.core.http1 import Http1Exchange, PieceKind
+from middlebox.core.sse import SseFramer
+from middlebox.core.stream import Direction
+
+MAX_RECORDS = 200_000
+MAX_CAPTURE_BYTES = 8 * 1024 * 1024
+MAX_BOUNDARIES = 20_000
+LEGS = ("client", "upstream")
+
+_SECRET_HEADER = re.compile(
+    rb"(?im)^(authorization|proxy-authorization|api-key|x-api-key|cookie|set-cookie)"
+    rb"[ \t]*:[^\r\n]*"
+)
+SECRET_HEADERS = {
+    "authorization",
+    "proxy-authorization",
+    "api-key",
+    "x-api-key",
+    "cookie",
+    "set-cookie",
+}
+
+
+def redact(data: bytes) -> bytes:
+    """Blank the values of credential headers, keeping the header names visible."""
+    return _SECRET_HEADER.sub(lambda m: m.group(1) + b": [redacted]", data)
+
+
+def _wall_clock_offset() -> float:
+    """Wall clock minus the relay's clock (trio's), or 0 outside a trio run."""
+    try:
+        import trio
+
+        return time.time() - trio.current_time()
+    except (ImportError, RuntimeError):
+        return 0.0
+
+
+@dataclass(eq=False)
+class ConnectionJournal:
+    """One connection's record; implements the relay's `RelayObserver`."""
+
+    connection_id: int
+    started_at: float
+    capture: bool = False
+    max_records: int = MAX_RECORDS
+    max_capture_bytes: int = MAX_CAPTURE_BYTES
+    clock_offset: float = 0.0
+    scenario: str = ""
+    records: list[tuple[Any, ...]] = field(default_factory=list)
+    faults: list[FaultReport] = field(default_factory=list)
+    dropped: int = 0
+    capture_dropped: int = 0
+    offsets: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    captured: dict[tuple[str, str], bytearray] = field(default_factory=dict)
+    end_kinds: list[tuple[str, str, str]] = field(default_factory=list)
+    _time_index: dict[tuple[str, str, int], tuple[list[int], list[float]]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def _chunk(self, op: str, leg: str, direction: Direction, data: bytes, now: float) -> None:
+        key = (op, leg, direction.value)
+        offset = self.offsets.get(key, 0)
+        self.offsets[key] = offset + len(data)
+        if len(self.records) >= self.max_records:
+            self.dropped += 1
+        else:
+            self.records.append((now, op, leg, direction.value, len(data), offset))
+        if self.capture:
+            # Each (leg, direction) is read on one side and written on the other, so one
+            # buffer per pair holds exactly the bytes that crossed that leg that way.
+            buffer = self.captured.setdefault((leg, direction.value), bytearray())
+            if len(buffer) == offset and offset + len(data) <= self.max_capture_bytes:
+                buffer += data
+            else:
+                self.capture_dropped += len(data)
+
+    def read(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
+        self._chunk("read", leg, direction, data, now)
+
+    def wrote(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
+        self._chunk("wrote", leg, direction, data, now)
+
+    def ended(self, leg: str, direction: Direction, kind: str, now: float) -> None:
+        """`kind`: read_fin, read_rst, sent_fin, sent_rst, write_failed, timeout, ..."""
+        self.end_kinds.append((leg, direction.value, kind))
+        if len(self.records) < self.max_records:
+            self.records.append((now, "end", leg, direction.value, kind, None))
+        else:
+            self.dropped += 1
+
+    def fault(self, report: FaultReport) -> None:
+        if len(self.faults) < self.max_records:
+            self.faults.append(report)
+        else:
+            self.dropped += 1
+
+    # ---------------------------------------------------------------- reading
+
+    def bytes_from(self, leg: str, direction: Direction) -> bytes:
+        return bytes(self.captured.get((leg, direction.value), b""))
+
+    def total_bytes(self, leg: str, direction: Direction) -> int:
+        """Bytes that crossed `leg` toward `direction`'s receiver (dropped records included)."""
+        op = "read" if (leg == "client") == (direction is Direction.UPSTREAM) else "wrote"
+        return self.offsets.get((op, leg, direction.value), 0)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "type": "summary",
+            "connection": self.connection_id,
+            "scenario": self.scenario,
+            "records": len(self.records),
+            "dropped": self.dropped,
+            "capture_dropped_bytes": self.capture_dropped,
+            "bytes": {
+                f"{leg}.{direction.value}": self.total_bytes(leg, direction)
+                for leg in LEGS
+                for direction in Direction
+            },
+            "ends": [
+                {"leg": leg, "direction": direction, "kind": kind}
+                for leg, direction, kind in self.end_kinds
+            ],
+            "faults_fired": sorted({report.fault for report in self.faults}),
+        }
+
+    def to_lines(self, *, redact_secrets: bool = True) -> list[dict[str, Any]]:
+        """NDJSON-ready records in time order: open, chunks, ends, faults and protocol
+        boundaries, then the captured bytes and a summary."""
+        cid = self.connection_id
+        shift = self.clock_offset
+        timed: list[tuple[float, int, dict[str, Any]]] = []
+        for seq, (at, op, leg, direction, size, offset) in enumerate(self.records):
+            if op == "end":
+                line = {"type": "end", "leg": leg, "direction": direction, "kind": size}
+            else:
+                line = {"type": op, "leg": leg, "direction": direction, "size": size}
+                line["offset"] = offset
+            timed.append((at + shift, seq, {"type": line.pop("type"), "time": at + shift, **line}))
+        base = len(self.records)
+        for seq, report in enumerate(self.faults, start=base):
+            timed.append(
+                (
+                    report.time + shift,
+                    seq,
+                    {
+                        "type": "fault",
+                        "time": report.time + shift,
+                        "fault": report.fault,
+                        "action": report.action,
+                        **_jsonable(report.details),
+                    },
+                )
+            )
+        base += len(self.faults)
+        for seq, boundary in enumerate(self.boundaries(redact_secrets=redact_secrets), start=base):
+            timed.append((boundary["time"], seq, boundary))
+        timed.sort(key=lambda entry: (entry[0], entry[1]))
+        lines: list[dict[str, Any]] = [
+            {
+                "type": "open",
+                "connection": cid,
+                "time": self.started_at,
+                "scenario": self.scenario,
+            }
+        ]
+        lines += [{**line, "connection": cid} for _, _, line in timed]
+        for (leg, direction), data in self.captured.items():
+            payload = redact(bytes(data)) if redact_secrets else bytes(data)
+            lines.append(
+                {
+                    "type": "bytes",
+                    "connection": cid,
+                    "leg": leg,
+                    "direction": direction,
+                    "base64": base64.b64encode(payload).decode("ascii"),
+                }
+            )
+        lines.append(self.summary())
+        return lines
+
+    # ------------------------------------------------------ protocol boundaries
+
+    def time_at(self, leg: str, direction: str, offset: int) -> float:
+        """When the chunk holding byte `offset` crossed `leg` (wall clock)."""
+        key = (leg, direction, len(self.records))
+        index = self._time_index.get(key)
+        if index is None:
+            op = "read" if (leg == "client") == (direction == Direction.UPSTREAM.value) else "wrote"
+            rows = [r for r in self.records if r[1] == op and r[2] == leg and r[3] == direction]
+            index = ([r[5] for r in rows], [r[0] for r in rows])
+            self._time_index[key] = index
+        starts, times = index
+        if not starts:
+            return self.started_at
+        position = max(bisect.bisect_right(starts, offset) - 1, 0)
+        return float(times[position]) + self.clock_offset
+
+    def boundaries(self, *, redact_secrets: bool = True) -> list[dict[str, Any]]:
+        """HTTP heads, message ends and SSE events on each leg, from the captured bytes."""
+        out: list[dict[str, Any]] = []
+        for leg in LEGS:
+            requests = self.captured.get((leg, Direction.UPSTREAM.value), bytearray())
+            responses = self.captured.get((leg, Direction.DOWNSTREAM.value), bytearray())
+            if not requests and not responses:
+                continue
+            exchange = Http1Exchange()
+            for direction, data in (
+                (Direction.UPSTREAM, requests),
+                (Direction.DOWNSTREAM, responses),
+            ):
+                pieces = exchange.feed(direction, bytes(data))
+                out += self._http_boundaries(leg, direction, pieces, redact_secrets)
+                if len(out) > MAX_BOUNDARIES:
+                    self.dropped += len(out) - MAX_BOUNDARIES
+                    return out[:MAX_BOUNDARIES]
+        return out
+
+    def _http_boundaries(
+        self, leg: str, direction: Direction, pieces: Iterable[Any], redact_secrets: bool
+    ) -> Iterator[dict[str, Any]]:
+        sse: dict[int, tuple[SseFramer, list[tuple[int, int]], list[int]]] = {}
+        for piece in pieces:
+            where = {"leg": leg, "direction": direction.value, "message": piece.message}
+            if piece.head is not None:
+                head = piece.head
+                headers = [
+                    [name, "[redacted]" if redact_secrets and name.lower() in SECRET_HEADERS else v]
+                    for name, v in head.headers
+                ]
+                start = (
+                    f"{head.method} {head.target} {head.version}"
+                    if head.is_request
+                    else f"{head.version} {head.status} {head.reason or ''}".rstrip()
+                )
+                yield {
+                    "type": "http_head",
+                    "time": self.time_at(leg, direction.value, piece.offset),
+                    **where,
+                    "offset": piece.offset,
+                    "size": len(piece.data),
+                    "start_line": start,
+                    "headers": headers,
+                }
+                if "text/event-stream" in (head.header("content-type") or ""):
+                    sse[piece.message] = (SseFramer(), [], [0])
+            if piece.kind is PieceKind.BODY and piece.message in sse:
+                framer, segments, body = sse[piece.message]
+                segments.append((body[0], piece.offset))
+                body[0] += len(piece.data)
+                for line in framer.feed(piece.data):
+                    event = line.event
+                    if event is None:
+                        continue
+                    start_in_body = line.offset + len(line.data) - len(event.raw)
+                    stream_offset = _map_offset(segments, start_in_body)
+                    yield {
+                        "type": "sse_event",
+                        "time": self.time_at(leg, direction.value, stream_offset),
+                        **where,
+                        "offset": stream_offset,
+                        "size": len(event.raw),
+                        "index": event.index,
+                        "event": event.event,
+                        "id": event.id,
+                        "done": event.is_done,
+                        "error": event.data.startswith('{"error"'),
+                    }
+            if piece.end_of_message:
+                yield {
+                    "type": "http_end",
+                    "time": self.time_at(leg, direction.value, piece.offset),
+                    **where,
+                    "offset": piece.offset + len(piece.data),
+                }
+
+
+def _map_offset(segments: list[tuple[int, int]], body_offset: int) -> int:
+    """A body offset to a stream offset, through the BODY pieces' (body, stream) starts."""
+    index = max(bisect.bisect_right([b for b, _ in segments], body_offset) - 1, 0)
+    body_start, stream_start = segments[index]
+    return stream_start + body_offset - body_start
+
+
+def _jsonable(details: dict[str, Any]) -> dict[str, Any]:
+    return {
+        key: value if isinstance(value, str | int | float | bool | None) else repr(value)
+        for key, value in details.items()
+    }
+
+
+@dataclass
+class JournalStore:
+    """All journals of one proxy run; hands the server its observer and fault-report sink.
+
+    `max_connections` bounds a long-running proxy (the control API keeps the latest
+    ones); older journals are evicted and counted in `evicted`.
+    """
+
+    capture: bool = False
+    clock_offset: float | None = None
+    max_connections: int | None = None
+    max_capture_bytes: int = MAX_CAPTURE_BYTES
+    journals: dict[int, ConnectionJournal] = field(default_factory=dict)
+    evicted: int = 0
+    evicted_dropped: int = 0
+    _order: deque[int] = field(default_factory=deque, repr=False)
+
+    def observer(
+        self, connection_id: int, started_at: float, scenario: str = ""
+    ) -> ConnectionJournal:
+        offset = _wall_clock_offset() if self.clock_offset is None else self.clock_offset
+        journal = ConnectionJournal(
+            connection_id,
+            started_at,
+            capture=self.capture,
+            max_capture_bytes=self.max_capture_bytes,
+            clock_offset=offset,
+            scenario=scenario,
+        )
+        self.journals[connection_id] = journal
+        self._order.append(connection_id)
+        if self.max_connections is not None:
+            while len(self._order) > self.max_connections:
+                old = self.journals.pop(self._order.popleft(), None)
+                if old is not None:
+                    self.evicted += 1
+                    self.evicted_dropped += old.dropped
+        return journal
+
+    def fault_sink(self, connection_id: int) -> Any:
+        def sink(report: FaultReport) -> None:
+            journal = self.journals.get(connection_id)
+            if journal is not None:
+                journal.fault(report)
+
+        return sink
+
+    def fault_reports(self) -> list[FaultReport]:
+        return [report for journal in self.journals.values() for report in journal.faults]
+
+    @property
+    def dropped(self) -> int:
+        return self.evicted_dropped + sum(journal.dropped for journal in self.journals.values())
+
+    def clear(self) -> None:
+        self.journals.clear()
+        self._order.clear()
+        self.evicted = self.evicted_dropped = 0
+
+    def write_ndjson(self, path: Path, *, redact_secrets: bool = True) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8") as out:
+            for connection_id in sorted(self.journals):
+                for line in self.journals[connection_id].to_lines(redact_secrets=redact_secrets):
+                    out.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+# --------------------------------------------------------------------- reading
+
+
+@dataclass
+class JournalView:
+    """One connection read back from NDJSON: its lines grouped by type."""
+
+    connection: int
+    opened_at: float = 0.0
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    ends: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    boundaries: list[dict[str, Any]] = field(default_factory=list)
+    captured: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def read_ndjson(path: str | Path) -> list[JournalView]:
+    """Every connection of a journal file, in connection order."""
+    views: dict[int, JournalView] = {}
+    with Path(path).open(encoding="utf-8") as lines:
+        for text in lines:
+            if not text.strip():
+                continue
+            line = json.loads(text)
+            cid = int(line.get("connection", 0))
+            view = views.setdefault(cid, JournalView(cid))
+            kind = line.get("type")
+            if kind == "open":
+                view.opened_at = float(line.get("time") or 0.0)
+            elif kind in ("read", "wrote"):
+                view.chunks.append(line)
+            elif kind == "end":
+                view.ends.append(line)
+            elif kind == "fault":
+                view.faults.append(line)
+            elif kind in ("http_head", "http_end", "sse_event"):
+                view.boundaries.append(line)
+            elif kind == "bytes":
+                view.captured[(line["leg"], line["direction"])] = base64.b64decode(line["base64"])
+            elif kind == "summary":
+                view.summary = line
+    return [views[cid] for cid in sorted(views)]
+
+
+def facts(views: Iterable[JournalView]) -> dict[str, Any]:
+    """Journal-derived facts for tests and the plugin: connections, faults fired, ends."""
+    views = list(views)
+    fired: dict[str, int] = {}
+    for view in views:
+        for name in {fault["fault"] for fault in view.faults}:
+            fired[name] = fired.get(name, 0) + 1
+    return {
+        "connections": len(views),
+        "faults_fired": fired,
+        "fault_actions": sorted({f"{f['fault']}:{f['action']}" for v in views for f in v.faults}),
+        "end_kinds": [sorted({f"{e['leg']}.{e['kind']}" for e in v.ends}) for v in views],
+        "sse_events_to_client": sum(
+            1
+            for v in views
+            for b in v.boundaries
+            if b["type"] == "sse_event" and b["leg"] == "client"
+        ),
+        "dropped": sum(int(v.summary.get("dropped") or 0) for v in views),
+    }
+
+
+def fault_proof(declared: list[str], journals: dict[str, JournalStore]) -> dict[str, Any]:
+    """Per scenario: connections per client, and per declared fault the connections it
+    fired on and those it was bypassed on (present in the path but never reported)."""
+    connections = {client: len(store.journals) for client, store in journals.items()}
+    faults: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(declared):
+        fired_on = 0
+        bypassed_on = 0
+        clients_fired = []
+        for client, store in journals.items():
+            hits = sum(1 for j in store.journals.values() if any(r.fault == name for r in j.faults))
+            fired_on += hits
+            bypassed_on += len(store.journals) - hits
+            if hits:
+                clients_fired.append(client)
+        faults[name] = {
+            "fired": fired_on,
+            "bypassed": bypassed_on,
+            "clients_fired": clients_fired,
+            "clients_bypassed": [c for c in journals if c not in clients_fired],
+        }
+    return {
+        "connections": connections,
+        "faults": faults,
+        "journal_drops": sum(store.dropped for store in journals.values()),
+    }

@@ -1,0 +1,209 @@
+"""Live counters of a running proxy, rendered as Prometheus text (`GET /metrics`).
+
+`CountingObserver` sits between the relay and the journal and adds each chunk's size
+to a per-(leg, direction) counter: an integer add on the hot path, nothing more.
+Fault reports are counted by fault and action through the report sink. Connection
+counts come from the `ProxyServer`'s own counters; a reset keeps a baseline instead
+of zeroing them, because the server uses its accept counter as the connection id.
+
+The exposition format is Prometheus' text format 0.0.4: `# HELP` and `# TYPE` lines,
+then `name{label="value"} number`, label values escaped (backslash, quote, newline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from middlebox.core.fault import FaultReport
+from middlebox.core.stream import Direction
+from middlebox.observe.journal import JournalStore
+from middlebox.shell.relay import RelayObserver
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# ProxyServer attributes exported as counters (when the server has them), with help.
+SERVER_COUNTERS = {
+    "connections_accepted": ("middlebox_connections_total", "Client connections accepted."),
+    "connections_failed": (
+        "middlebox_upstream_connect_failures_total",
+        "Connections whose upstream could not be reached.",
+    ),
+    "connections_refused": (
+        "middlebox_connections_refused_total",
+        "Connections closed at once because max_connections was reached.",
+    ),
+    "header_timeouts": (
+        "middlebox_client_header_timeouts_total",
+        "Connections closed by client_header_timeout.",
+    ),
+    "read_timeouts": ("middlebox_read_timeouts_total", "Upstream read timeouts (nginx 504)."),
+}
+
+
+@dataclass
+class Metrics:
+    """Counters the relay and the fault sinks update; `render` writes Prometheus text."""
+
+    bytes: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    faults: dict[tuple[str, str], int] = field(default_factory=dict)
+    faulted_connections: dict[str, set[int]] = field(default_factory=dict)
+    scenario_header: dict[str, int] = field(default_factory=dict)
+    baseline: dict[str, int] = field(default_factory=dict)
+    journal_baseline: int = 0
+
+    def observe(self, inner: RelayObserver | None) -> CountingObserver:
+        return CountingObserver(self, inner)
+
+    def sink(
+        self, connection_id: int, inner: Callable[[FaultReport], None] | None
+    ) -> Callable[[FaultReport], None]:
+        def record(report: FaultReport) -> None:
+            key = (report.fault, report.action)
+            self.faults[key] = self.faults.get(key, 0) + 1
+            self.faulted_connections.setdefault(report.fault, set()).add(connection_id)
+            if inner is not None:
+                inner(report)
+
+        return record
+
+    def reset(self, server: Any, store: JournalStore | None) -> None:
+        self.bytes.clear()
+        self.faults.clear()
+        self.faulted_connections.clear()
+        self.scenario_header.clear()
+        self.baseline = {name: int(getattr(server, name, 0)) for name in SERVER_COUNTERS}
+        self.journal_baseline = store.dropped if store is not None else 0
+
+    def render(self, server: Any, store: JournalStore | None) -> str:
+        out: list[str] = []
+
+        def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(f"{name}{labels} {_number(value)}" for labels, value in samples)
+
+        for attribute, (name, help_text) in SERVER_COUNTERS.items():
+            if hasattr(server, attribute):
+                value = int(getattr(server, attribute)) - self.baseline.get(attribute, 0)
+                family(name, "counter", help_text, [("", value)])
+        family(
+            "middlebox_connections_active",
+            "gauge",
+            "Connections being relayed now (active streams).",
+            [("", int(getattr(server, "active", 0)))],
+        )
+        family(
+            "middlebox_bytes_total",
+            "counter",
+            "Bytes relayed, by leg (client or upstream), direction and operation.",
+            [
+                (_labels(leg=leg, direction=direction, op=op), value)
+                for (op, leg, direction), value in sorted(self.bytes.items())
+            ],
+        )
+        family(
+            "middlebox_faults_fired_total",
+            "counter",
+            "Fault decisions reported, by fault and action.",
+            [
+                (_labels(fault=fault, action=action), value)
+                for (fault, action), value in sorted(self.faults.items())
+            ],
+        )
+        family(
+            "middlebox_fault_connections_total",
+            "counter",
+            "Connections on which a fault fired at least once, by fault.",
+            [
+                (_labels(fault=fault), len(ids))
+                for fault, ids in sorted(self.faulted_connections.items())
+            ],
+        )
+        if store is not None:
+            family(
+                "middlebox_journal_dropped_total",
+                "counter",
+                "Journal records dropped because a connection's journal was full.",
+                [("", store.dropped - self.journal_baseline)],
+            )
+            family(
+                "middlebox_journal_connections",
+                "gauge",
+                "Connection journals held in memory.",
+                [("", len(store.journals))],
+            )
+            family(
+                "middlebox_journal_evicted_total",
+                "counter",
+                "Connection journals evicted to keep the newest ones.",
+                [("", store.evicted)],
+            )
+        if self.scenario_header:
+            family(
+                "middlebox_scenario_header_total",
+                "counter",
+                "Connections that chose their scenario with X-Middlebox-Scenario.",
+                [(_labels(scenario=n), v) for n, v in sorted(self.scenario_header.items())],
+            )
+        scenario = getattr(server, "scenario", None)
+        if scenario is not None:
+            family(
+                "middlebox_scenario_info",
+                "gauge",
+                "The active scenario (value 1) and its number of faults.",
+                [(_labels(name=scenario.name, faults=str(len(scenario.path))), 1)],
+            )
+        return "\n".join(out) + "\n"
+
+
+class CountingObserver:
+    """Counts bytes per leg and direction, then passes every call on to `inner`."""
+
+    __slots__ = ("inner", "metrics")
+
+    def __init__(self, metrics: Metrics, inner: RelayObserver | None) -> None:
+        self.metrics = metrics
+        self.inner = inner
+
+    def _count(self, op: str, leg: str, direction: Direction, size: int) -> None:
+        key = (op, leg, direction.value)
+        counters = self.metrics.bytes
+        counters[key] = counters.get(key, 0) + size
+
+    def read(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
+        self._count("read", leg, direction, len(data))
+        if self.inner is not None:
+            self.inner.read(leg, direction, data, now)
+
+    def wrote(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
+        self._count("wrote", leg, direction, len(data))
+        if self.inner is not None:
+            self.inner.wrote(leg, direction, data, now)
+
+    def ended(self, leg: str, direction: Direction, kind: str, now: float) -> None:
+        if self.inner is not None:
+            self.inner.ended(leg, direction, kind, now)
+
+
+def _labels(**labels: str) -> str:
+    def escape(value: str) -> str:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return "{" + ",".join(f'{key}="{escape(value)}"' for key, value in labels.items()) + "}"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def parse_text(text: str) -> dict[str, float]:
+    """A tiny reader of the text format (for tests and `middlebox` itself): sample → value."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        samples[name] = float(value)
+    return samples

@@ -1,0 +1,193 @@
+"""Training drills: an incident to diagnose with middlebox, graded by running it.
+
+A drill (`drills/NAME.yaml`) has symptoms as a user would report them, a hidden
+scenario (drawn from the scenario library; `library:` names the scenario it comes
+from), progressive hints whose last one reveals the fault and the fix, and a check:
+the `expect:` rules the fixed system must meet. Drills are self-contained, so a
+change to the library does not change a drill's grade.
+
+- `middlebox drill list`: the drills, with whether the fix is in the client or in the
+  proxy/server configuration;
+- `middlebox drill start NAME`: prints the symptoms and runs the emulator and a proxy
+  with the hidden fault, so the trainee can reproduce it with their own client or
+  curl, inspect `/metrics` and the journals on the control port;
+- `middlebox drill hint NAME N`: hint N (1-based);
+- `middlebox drill check NAME --client-cmd CMD [--scenario FIXED.yaml]`: runs the
+  drill's scenario (or the trainee's fixed copy, which must keep the drill's
+  `keep_faults`: the network does not change) with the trainee's client through
+  `middlebox.run.runner.run_suite`, and passes when every check holds. That a fault no
+  longer fires is allowed here (a fix may avoid it); that no traffic reached the
+  proxy is not.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DRILLS_DIR = Path(__file__).resolve().parents[2] / "drills"
+
+
+class DrillError(Exception):
+    """An unknown drill, a bad hint number, or a fix that changed what it must keep."""
+
+
+@dataclass
+class Drill:
+    name: str
+    title: str
+    symptoms: str
+    hints: list[str]
+    scenario: dict[str, Any]
+    expect: dict[str, Any]
+    fix: str = "client"
+    library: str = ""
+    keep_faults: list[str] = field(default_factory=list)
+
+    def scenario_document(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The scenario to run: the hidden one (or the trainee's), with the drill's checks."""
+        document = dict(base if base is not None else self.scenario)
+        document.setdefault("name", f"drill-{self.name}")
+        document.setdefault("description", f"training drill {self.name}: {self.title}")
+        document["expect"] = self.expect
+        return document
+
+
+def load_drill(path: Path) -> Drill:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    check = data.get("check") or {}
+    return Drill(
+        name=str(data["name"]),
+        title=str(data["title"]),
+        symptoms=str(data["symptoms"]).strip(),
+        hints=[str(hint).strip() for hint in data.get("hints") or []],
+        scenario=dict(data["scenario"]),
+        expect=dict(check.get("expect") or {}),
+        fix=str(data.get("fix", "client")),
+        library=str(data.get("library", "")),
+        keep_faults=list(check.get("keep_faults") or []),
+    )
+
+
+def all_drills(directory: Path = DRILLS_DIR) -> dict[str, Drill]:
+    drills = {}
+    for path in sorted(directory.glob("*.yaml")):
+        drill = load_drill(path)
+        drills[drill.name] = drill
+    return drills
+
+
+def get(name: str, directory: Path = DRILLS_DIR) -> Drill:
+    drills = all_drills(directory)
+    if name not in drills:
+        raise DrillError(f"no drill {name!r}; drills: {', '.join(drills)}")
+    return drills[name]
+
+
+def hint(name: str, number: int, directory: Path = DRILLS_DIR) -> str:
+    drill = get(name, directory)
+    if not 1 <= number <= len(drill.hints):
+        raise DrillError(f"drill {name!r} has hints 1 to {len(drill.hints)}")
+    return drill.hints[number - 1]
+
+
+def listing(directory: Path = DRILLS_DIR) -> str:
+    rows = [
+        f"{drill.name:<24} {drill.title}  [fix: {drill.fix}, {len(drill.hints)} hints]"
+        for drill in all_drills(directory).values()
+    ]
+    return "\n".join(rows)
+
+
+def briefing(drill: Drill) -> str:
+    return (
+        f"Drill {drill.name}: {drill.title}\n\nSymptoms:\n{drill.symptoms}\n\n"
+        f"Where the fix goes: {drill.fix}. Hints: `middlebox drill hint {drill.name} 1` "
+        f"to {len(drill.hints)}.\nGrade your fix: `middlebox drill check {drill.name} "
+        f"--client-cmd 'python my_client.py'`"
+        + (" --scenario fixed.yaml" if drill.fix != "client" else "")
+    )
+
+
+def write_scenario(drill: Drill, directory: Path, fixed: Path | None = None) -> Path:
+    """The scenario file a check runs; a trainee's fix must keep `keep_faults`."""
+    base = None
+    if fixed is not None:
+        base = yaml.safe_load(fixed.read_text(encoding="utf-8")) or {}
+        if not isinstance(base, dict):
+            raise DrillError(f"{fixed}: expected a scenario (a YAML mapping)")
+        names = [
+            next(iter(entry)) if isinstance(entry, dict) else str(entry)
+            for entry in base.get("path") or []
+        ]
+        missing = [name for name in drill.keep_faults if name not in names]
+        if missing:
+            raise DrillError(
+                f"your scenario removed {', '.join(missing)}: the network is not yours to "
+                f"change; fix the server or the client side instead"
+            )
+    path = directory / f"drill-{drill.name}.yaml"
+    path.write_text(yaml.safe_dump(drill.scenario_document(base), sort_keys=False))
+    return path
+
+
+@dataclass
+class Grade:
+    passed: bool
+    reasons: list[str]
+    suite: Any
+
+
+def grade(suite: Any) -> Grade:
+    """Pass when every check holds and the client's traffic went through the proxy."""
+    reasons = []
+    for outcome in suite.outcomes:
+        reasons += [p for p in outcome.problems if "never fired for any client" not in p]
+        for score in outcome.scores:
+            reasons += [
+                f"{score.client}: {check.describe()}" for check in score.checks if not check.passed
+            ]
+    return Grade(not reasons, reasons, suite)
+
+
+def check(
+    name: str,
+    client_commands: list[str],
+    *,
+    fixed_scenario: Path | None = None,
+    report_dir: Path | None = None,
+    directory: Path = DRILLS_DIR,
+) -> Grade:
+    """Run the drill against the trainee's client (and fixed scenario) and grade it."""
+    from middlebox.run.runner import run_suite
+
+    drill = get(name, directory)
+    if not client_commands:
+        raise DrillError("give your client with --client-cmd 'COMMAND'")
+    with tempfile.TemporaryDirectory(prefix="middlebox-drill-") as scratch:
+        path = write_scenario(drill, Path(scratch), fixed_scenario)
+        suite = run_suite(
+            [str(path)], client_commands=client_commands, report_dir=report_dir, jobs=1
+        )
+    return grade(suite)
+
+
+def start(name: str, directory: Path = DRILLS_DIR) -> tuple[Drill, Any]:
+    """Start the emulator and a proxy with the drill's hidden scenario (a BackgroundProxy)."""
+    from middlebox.compose import load
+    from middlebox.run.runner import emulator_config
+    from middlebox.shell.control import BackgroundProxy, EmulatorProcess
+
+    drill = get(name, directory)
+    scratch = Path(tempfile.mkdtemp(prefix="middlebox-drill-"))
+    scenario = load(write_scenario(drill, scratch))
+    emulator = EmulatorProcess(emulator_config(scenario, scenario.seed), scratch)
+    try:
+        return drill, BackgroundProxy(scenario, emulator.url, emulator)
+    except BaseException:
+        emulator.stop()
+        raise

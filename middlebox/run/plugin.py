@@ -1,0 +1,80 @@
+"""The pytest plugin (entry point `pytest11: middlebox`): a proxy with faults per test.
+
+    def test_my_client_survives_a_cut(middlebox_proxy):
+        proxy = middlebox_proxy("scenarios/mid-stream-rst.yaml")
+        answer = my_client(base_url=proxy.base_url).ask("hi")
+        facts = proxy.score()
+        assert facts["faults_fired"] == {"cut": 1}
+
+`middlebox_proxy(scenario)` takes a scenario file or a `Scenario`, starts the embedded
+vLLM emulator (its own process, configured by the scenario's `upstream:` block) unless
+`upstream=URL` names a real server, and a middlebox proxy in a thread (its own trio
+loop) in front of it; both listen on 127.0.0.1 with free ports and keep their
+journals in memory, so tests run in parallel under pytest-xdist without sharing a
+port or a file. Everything a test started is stopped when it ends.
+
+`.model` is the upstream's first model. `score()` gives journal-derived facts:
+connections, the faults that fired (by name: connections), fault actions, how each
+connection's sides ended, SSE events that reached the client, journal drops;
+`ledger()` gives the emulator's ledger.
+Importing this module is cheap (pytest loads it in every session); the proxy's
+machinery is imported when the fixture is first used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from middlebox.scenario.model import Scenario
+    from middlebox.shell.control import BackgroundProxy
+
+
+def _load(scenario: str | Path | Scenario, root: Path) -> Scenario:
+    from middlebox.compose import load
+    from middlebox.scenario.model import Scenario
+
+    if isinstance(scenario, Scenario):
+        return scenario
+    path = Path(scenario)
+    if not path.exists() and (root / path).exists():
+        path = root / path
+    return load(path)
+
+
+@pytest.fixture
+def middlebox_proxy(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., BackgroundProxy]]:
+    """Factory: `middlebox_proxy(scenario, upstream=None)` → a started `BackgroundProxy`
+    (`middlebox.shell.control`): `.base_url`, `.model`, `.score()`, `.ledger()`,
+    `.journal_lines()`."""
+    started: list[BackgroundProxy] = []
+
+    def start(scenario: str | Path | Scenario, *, upstream: str | None = None) -> BackgroundProxy:
+        from middlebox.run.runner import emulator_config
+        from middlebox.shell.control import BackgroundProxy, EmulatorProcess
+
+        loaded = _load(scenario, Path(str(request.config.rootpath)))
+        emulator = None
+        if upstream is None:
+            directory = tmp_path / f"middlebox-{len(started)}"
+            directory.mkdir()
+            emulator = EmulatorProcess(emulator_config(loaded, loaded.seed), directory)
+            upstream = emulator.url
+        try:
+            proxy = BackgroundProxy(loaded, upstream, emulator)
+        except BaseException:
+            if emulator is not None:
+                emulator.stop()
+            raise
+        started.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.close()

@@ -1,0 +1,482 @@
+"""Two-sided scoring: verdicts on the client and the server of every logical request (pure).
+
+Inputs per (scenario, client): the client's result file (what it showed, when, and
+what error it surfaced), the upstream's ledger (what was generated, when, and
+whether generation stopped when the client left) and the proxy's journal (the bytes
+the upstream sent, to see heartbeats, usage, in-band errors and headers). Outputs are
+plain data: categorical `verdicts` (identical across runs with the same seed) and
+timing `metrics` (which vary with the machine), then the `expect:` checks.
+
+Client verdicts per request, worst first: `hang` (no result in bound), `silent_truncation`
+(reported success with less text than generated: the worst outcome a user can get),
+`mojibake`, `duplicated`, `missing_tokens`, `truncation_detected`, `error_reported`
+(the request never produced text and the client said so), `abandoned` (on purpose),
+`complete`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+from middlebox.core.http1 import Head, Http1Exchange, PieceKind
+from middlebox.core.sse import SseEvent, SseFramer, SseKind, SsePiece
+from middlebox.core.stream import Direction
+
+BURST_GAP = 0.010
+"""Pieces shown within 10 ms of each other count as one burst (one proxy flush)."""
+
+METRICS: dict[str, str] = {
+    "client.requests": "logical requests the client was asked to make",
+    "client.complete": "requests whose shown text equals what the upstream generated",
+    "client.silent_truncations": "requests reported as successful with text missing",
+    "client.truncations_detected": "requests cut short where the client surfaced an error",
+    "client.errors_reported": "requests that produced no text and surfaced an error",
+    "client.duplicated": "requests whose shown text repeats tokens (a bad resume or retry)",
+    "client.missing_tokens": "requests whose shown text lacks tokens in the middle",
+    "client.mojibake": "requests whose shown text has U+FFFD the upstream never sent",
+    "client.hangs": "requests with no result within the workload timeout",
+    "client.abandoned": "requests the client abandoned on purpose",
+    "client.resumed": "reconnects with Last-Event-ID",
+    "client.retries": "HTTP attempts beyond the first, summed",
+    "client.amplification": "upstream generations per logical request (largest)",
+    "client.perceived_ttft_ms": "time from request start to the first shown text (list)",
+    "client.itl_ms": "gaps between shown pieces (list)",
+    "client.largest_gap_ms": "the longest wait between two shown pieces",
+    "client.bursts": "groups of pieces shown within 10 ms of each other, summed",
+    "client.tokens_per_burst": "upstream tokens per burst the client saw (1 = smooth)",
+    "client.stall_detect_ms": "time from the last shown piece to a surfaced error (list)",
+    "server.generations": "generations the upstream ran",
+    "server.tokens_generated": "tokens the upstream generated",
+    "server.tokens_wasted": "tokens generated after the client had gone (ledger, or token "
+    "times after the client stopped reading)",
+    "server.aborted": "generations aborted because the client left",
+    "server.abort_latency_ms": "time from the client leaving to the abort (list)",
+    "server.heartbeats": "SSE comment lines (keep-alives) the upstream sent",
+    "server.usage_reported": "responses whose stream carried a usage object",
+    "server.inband_errors": 'data: {"error": ...} frames the upstream sent',
+    "server.x_accel_buffering_no": "responses that sent X-Accel-Buffering: no",
+    "server.upstream_ttft_ms": "the upstream's own time to first token (list)",
+}
+
+CONDITIONS = ("max", "min", "equals", "mean_max", "p50_max", "p95_max", "p99_max")
+
+
+@dataclass
+class RequestScore:
+    index: int
+    verdict: str
+    expected_chars: int
+    shown_chars: int
+    attempts: int
+    generations: int
+    error: str | None = None
+
+
+@dataclass
+class Check:
+    name: str
+    condition: str
+    expected: Any
+    actual: Any
+    passed: bool
+
+    def describe(self) -> str:
+        return f"{self.name} {self.condition} {self.expected}: got {self.actual}"
+
+
+@dataclass
+class ClientScore:
+    scenario: str
+    client: str
+    requests: list[RequestScore] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    faults_fired: list[str] = field(default_factory=list)
+    faults_declared: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    def verdicts(self) -> dict[str, Any]:
+        """The categorical, seed-deterministic part of the score."""
+        return {
+            "requests": [request.verdict for request in self.requests],
+            "faults_fired": self.faults_fired,
+            "checks": {check.name: check.passed for check in self.checks},
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "client": self.client,
+            "verdicts": self.verdicts(),
+            "requests": [vars(request) for request in self.requests],
+            "metrics": self.metrics,
+            "faults_declared": self.faults_declared,
+            "checks": [vars(check) for check in self.checks],
+        }
+
+
+# ----------------------------------------------------------------- client side
+
+
+def request_verdict(expected: str | None, result: Mapping[str, Any] | None) -> str:
+    """Judge one logical request from what was generated and what the client showed."""
+    if result is None:
+        return "hang"
+    if result.get("abandoned"):
+        return "abandoned"
+    shown: str = result.get("text") or ""
+    error = result.get("error")
+    if expected is None:
+        # Nothing finished upstream to compare with: the request never reached the
+        # server (a 429 from a hop), or a real server's stream never finished.
+        if error:
+            return "truncation_detected" if shown else "error_reported"
+        return "silent_truncation"
+    if shown == expected:
+        return "complete"
+    if "\ufffd" in shown and "\ufffd" not in expected:
+        return "mojibake"
+    if expected.startswith(shown):
+        return "truncation_detected" if error else "silent_truncation"
+    if len(shown) > len(expected):
+        return "duplicated"
+    return "missing_tokens"
+
+
+def _upstream_stream(
+    exchange: Http1Exchange, request_bytes: bytes, response_bytes: bytes
+) -> Iterator[tuple[int, Head | None, SsePiece | None]]:
+    """One pass of the framers over an upstream leg: each response head (with no line),
+    then each line of that response's event-stream body (with no head)."""
+    exchange.feed(Direction.UPSTREAM, request_bytes)
+    framers: dict[int, SseFramer] = {}
+    for piece in exchange.feed(Direction.DOWNSTREAM, response_bytes):
+        if piece.head is not None:
+            if is_event_stream(piece.head):
+                framers[piece.message] = SseFramer()
+            yield piece.message, piece.head, None
+            continue
+        framer = framers.get(piece.message)
+        if piece.kind is PieceKind.BODY and framer is not None:
+            for line in framer.feed(piece.data):
+                yield piece.message, None, line
+
+
+def is_event_stream(head: Head) -> bool:
+    return "text/event-stream" in (head.header("content-type") or "").lower()
+
+
+def _json_object(event: SseEvent) -> dict[str, Any] | None:
+    """An event's data as a JSON object, or None (`[DONE]`, junk, arrays...)."""
+    if event.is_done or not event.data.startswith("{"):
+        return None
+    try:
+        payload = json.loads(event.data)
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def upstream_generations(traffic: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str, bool]]:
+    """What a real server sent, from the upstream leg of the journal: per response, the
+    request body it answered, the text it streamed (chat deltas or completion text) and
+    whether it finished (a finish_reason or `[DONE]`). This is the expected text when
+    there is no emulator ledger."""
+    found: list[tuple[str, str, bool]] = []
+    for request_bytes, response_bytes in traffic:
+        texts: dict[int, list[str]] = {}
+        finished: dict[int, bool] = {}
+        exchange = Http1Exchange()
+        for message, head, line in _upstream_stream(exchange, request_bytes, response_bytes):
+            if head is not None:
+                if is_event_stream(head):
+                    texts[message], finished[message] = [], False
+                continue
+            event = line.event if line is not None else None
+            if event is None:
+                continue
+            finished[message] = finished[message] or event.is_done
+            payload = _json_object(event)
+            choices = payload.get("choices") if payload is not None else None
+            for choice in choices if isinstance(choices, list) else []:
+                # A hostile or broken upstream may send anything: judge only the
+                # shapes an OpenAI-compatible server sends, skip the rest.
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta")
+                content = delta.get("content") if isinstance(delta, dict) else None
+                texts[message].append(str(content or choice.get("text") or ""))
+                if choice.get("finish_reason"):
+                    finished[message] = True
+        for message, parts in texts.items():
+            body = exchange.request_body(message).decode("utf-8", "replace")
+            found.append((body, "".join(parts), finished[message]))
+    return found
+
+
+def ledger_for(ledger: Iterable[Mapping[str, Any]], tag: str) -> list[Mapping[str, Any]]:
+    """Every generation the upstream ran for one logical request (matched by its tag)."""
+    return [entry for entry in ledger if tag in json.dumps(entry.get("prompt"), ensure_ascii=False)]
+
+
+def display_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
+    chunks = [(float(t), str(text)) for t, text in result.get("chunks") or [] if text]
+    started = float(result.get("started_at") or 0.0)
+    out: dict[str, Any] = {"itl_ms": [], "bursts": 0, "largest_gap_ms": 0.0}
+    if not chunks:
+        return out
+    times = [t for t, _ in chunks]
+    out["ttft_ms"] = (times[0] - started) * 1000
+    gaps = [(b - a) * 1000 for a, b in pairwise(times)]
+    out["itl_ms"] = gaps
+    out["largest_gap_ms"] = max(gaps, default=0.0)
+    out["bursts"] = 1 + sum(1 for gap in gaps if gap > BURST_GAP * 1000)
+    if result.get("error") and result.get("ended_at"):
+        out["stall_detect_ms"] = (float(result["ended_at"]) - times[-1]) * 1000
+    return out
+
+
+# ----------------------------------------------------------------- server side
+
+
+def analyse_upstream(request_bytes: bytes, response_bytes: bytes) -> dict[str, int]:
+    """Heartbeats, usage, in-band errors and X-Accel-Buffering in what the upstream sent."""
+    counts = {"heartbeats": 0, "usage_reported": 0, "inband_errors": 0, "x_accel_buffering_no": 0}
+    usage_seen: set[int] = set()
+    for message, head, line in _upstream_stream(Http1Exchange(), request_bytes, response_bytes):
+        if head is not None:
+            if (head.header("x-accel-buffering") or "").strip().lower() == "no":
+                counts["x_accel_buffering_no"] += 1
+            continue
+        if line is None:
+            continue
+        if line.kind is SseKind.COMMENT:
+            counts["heartbeats"] += 1
+        payload = _json_object(line.event) if line.event is not None else None
+        if payload is None:
+            continue
+        if "error" in payload:
+            counts["inband_errors"] += 1
+        if payload.get("usage") and message not in usage_seen:
+            usage_seen.add(message)
+            counts["usage_reported"] += 1
+    return counts
+
+
+WASTE_SLACK = 0.05
+"""Tokens generated within 50 ms of the client leaving were already in flight, not waste."""
+
+
+def tokens_after(entries: Iterable[Mapping[str, Any]], left_at: float) -> int:
+    """Tokens the upstream generated after the client had stopped reading: for nobody.
+
+    This sees waste the server cannot: behind a proxy that ignores the client's close,
+    the server never learns the client left, so its own ledger counts nothing wasted.
+    """
+    return sum(
+        1 for entry in entries for t in entry.get("token_times") or [] if t > left_at + WASTE_SLACK
+    )
+
+
+def server_metrics(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
+    latencies = [
+        (entry["aborted_at"] - entry["disconnected_at"]) * 1000
+        for entry in entries
+        if entry.get("aborted_at") and entry.get("disconnected_at")
+    ]
+    return {
+        "server.generations": len(entries),
+        "server.tokens_generated": sum(int(e.get("completion_tokens") or 0) for e in entries),
+        "server.tokens_wasted": sum(int(e.get("wasted_tokens") or 0) for e in entries),
+        "server.aborted": sum(1 for e in entries if e.get("finish_reason") == "abort"),
+        "server.abort_latency_ms": latencies,
+        "server.upstream_ttft_ms": [
+            (e["first_token_at"] - e["received_at"]) * 1000
+            for e in entries
+            if e.get("first_token_at") and e.get("received_at")
+        ],
+    }
+
+
+# ----------------------------------------------------------------------- all
+
+
+def score_client(
+    scenario: str,
+    client: str,
+    tags: list[str],
+    result: Mapping[str, Any] | None,
+    ledger: Sequence[Mapping[str, Any]],
+    upstream_traffic: list[tuple[bytes, bytes]],
+    fault_reports: Iterable[tuple[str, str]],
+    faults_declared: list[str],
+) -> ClientScore:
+    """Score one client's run of one scenario. `upstream_traffic` holds, per connection,
+    the (request bytes, response bytes) seen on the upstream leg."""
+    score = ClientScore(scenario, client, faults_declared=faults_declared)
+    results = {int(r["index"]): r for r in (result or {}).get("results", [])}
+    all_entries: list[Mapping[str, Any]] = []
+    timings: dict[str, list[float]] = {
+        "client.perceived_ttft_ms": [],
+        "client.itl_ms": [],
+        "client.stall_detect_ms": [],
+    }
+    bursts = 0
+    largest_gap = 0.0
+    unseen_waste = 0
+    # With no emulator ledger (a real server), the upstream's own bytes say what it sent.
+    sent = [] if ledger else upstream_generations(upstream_traffic)
+    for index, tag in enumerate(tags):
+        entries = ledger_for(ledger, tag)
+        all_entries.extend(entries)
+        generations = [(text, done) for body, text, done in sent if tag in body]
+        left_at = (results.get(index) or {}).get("ended_at")
+        if left_at is not None:
+            by_ledger = sum(int(e.get("wasted_tokens") or 0) for e in entries)
+            unseen_waste += max(tokens_after(entries, float(left_at)) - by_ledger, 0)
+        expected = next(
+            (str(e["planned_text"]) for e in entries if e.get("planned_text") is not None), None
+        )
+        if not ledger:
+            expected = next((text for text, done in reversed(generations) if done), None)
+        request_result = results.get(index)
+        verdict = request_verdict(expected, request_result)
+        score.requests.append(
+            RequestScore(
+                index=index,
+                verdict=verdict,
+                expected_chars=len(expected or ""),
+                shown_chars=len((request_result or {}).get("text") or ""),
+                attempts=int((request_result or {}).get("attempts") or 0),
+                generations=len(entries) if ledger else len(generations),
+                error=(request_result or {}).get("error"),
+            )
+        )
+        if request_result is not None:
+            shown = display_metrics(request_result)
+            if "ttft_ms" in shown:
+                timings["client.perceived_ttft_ms"].append(shown["ttft_ms"])
+            timings["client.itl_ms"].extend(shown["itl_ms"])
+            if "stall_detect_ms" in shown and verdict == "truncation_detected":
+                timings["client.stall_detect_ms"].append(shown["stall_detect_ms"])
+            bursts += shown["bursts"]
+            largest_gap = max(largest_gap, shown["largest_gap_ms"])
+
+    verdicts = [request.verdict for request in score.requests]
+    metrics: dict[str, Any] = {
+        "client.requests": len(tags),
+        "client.complete": verdicts.count("complete"),
+        "client.silent_truncations": verdicts.count("silent_truncation"),
+        "client.truncations_detected": verdicts.count("truncation_detected"),
+        "client.errors_reported": verdicts.count("error_reported"),
+        "client.duplicated": verdicts.count("duplicated"),
+        "client.missing_tokens": verdicts.count("missing_tokens"),
+        "client.mojibake": verdicts.count("mojibake"),
+        "client.hangs": verdicts.count("hang"),
+        "client.abandoned": verdicts.count("abandoned"),
+        "client.resumed": sum(int(r.get("resumes") or 0) for r in results.values()),
+        "client.retries": sum(max(int(r.get("attempts") or 1) - 1, 0) for r in results.values()),
+        "client.amplification": max((request.generations for request in score.requests), default=0),
+        "client.largest_gap_ms": largest_gap,
+        "client.bursts": bursts,
+        **timings,
+    }
+    metrics.update(server_metrics(all_entries))
+    metrics["server.tokens_wasted"] += unseen_waste
+    tokens = metrics["server.tokens_generated"]
+    metrics["client.tokens_per_burst"] = (tokens / bursts) if bursts else 0.0
+    upstream = {"heartbeats": 0, "usage_reported": 0, "inband_errors": 0, "x_accel_buffering_no": 0}
+    for request_bytes, response_bytes in upstream_traffic:
+        for key, value in analyse_upstream(request_bytes, response_bytes).items():
+            upstream[key] += value
+    metrics.update({f"server.{key}": value for key, value in upstream.items()})
+    score.metrics = metrics
+    score.faults_fired = sorted({f"{fault}:{action}" for fault, action in fault_reports})
+    return score
+
+
+# ----------------------------------------------------------------------- expect
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    position = min(round(fraction * (len(ordered) - 1)), len(ordered) - 1)
+    return ordered[position]
+
+
+def _aggregate(value: Any, condition: str) -> Any:
+    if not isinstance(value, list):
+        return value
+    if condition == "mean_max":
+        return statistics.fmean(value) if value else 0.0
+    if condition.startswith("p") and condition.endswith("_max"):
+        return percentile(value, int(condition[1:3]) / 100)
+    if condition == "min":
+        return min(value, default=0.0)
+    return max(value, default=0.0)
+
+
+def check_one(name: str, rule: Any, metrics: Mapping[str, Any]) -> list[Check]:
+    actual = metrics.get(name)
+    rules = rule if isinstance(rule, dict) else {"equals": rule}
+    checks = []
+    for condition, expected in rules.items():
+        value = _aggregate(actual, condition)
+        if condition == "equals":
+            passed = value == expected
+        elif condition == "min":
+            passed = value is not None and value >= expected
+        else:  # max and every *_max
+            passed = value is not None and value <= expected
+        if isinstance(value, float):
+            value = round(value, 2)
+        checks.append(Check(name, condition, expected, value, passed))
+    return checks
+
+
+def expect_problems(expect: Mapping[str, Any], clients: Iterable[str]) -> list[str]:
+    """Unknown metric names or conditions in an `expect:` block, with the valid choices."""
+    problems = []
+    known_clients = set(clients)
+    for key, rule in expect.items():
+        if key in known_clients and isinstance(rule, dict):
+            problems += expect_problems(rule, ())
+            continue
+        if key not in METRICS:
+            problems.append(f"expect: unknown name {key!r}; valid names: {', '.join(METRICS)}")
+            continue
+        if isinstance(rule, dict):
+            for condition in rule:
+                if condition not in CONDITIONS:
+                    problems.append(
+                        f"expect: {key}: unknown condition {condition!r}; valid: "
+                        f"{', '.join(CONDITIONS)}"
+                    )
+    return problems
+
+
+def evaluate_expect(
+    expect: Mapping[str, Any], client: str, metrics: Mapping[str, Any], clients: Iterable[str]
+) -> list[Check]:
+    """Checks for one client. Top-level names say what a correct client achieves and apply
+    to every client; a `CLIENT: {...}` block overrides those names for one client (the
+    library uses it to pin down how each built-in client is known to behave)."""
+    known_clients = set(clients)
+    rules = {key: rule for key, rule in expect.items() if key not in known_clients}
+    own = expect.get(client)
+    if client in known_clients and isinstance(own, Mapping):
+        rules.update(own)
+    checks: list[Check] = []
+    for name, rule in rules.items():
+        checks += check_one(name, rule, metrics)
+    return checks

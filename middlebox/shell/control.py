@@ -1,0 +1,621 @@
+"""The control API: a small HTTP/1.1 server (trio + h11) beside a running proxy.
+
+Routes (JSON unless noted):
+- `GET /metrics`: Prometheus text (see `middlebox.observe.metrics`);
+- `GET /scenario`: the active scenario; `PUT /scenario` with a YAML body validates it
+  like `middlebox validate` (400 with every problem) and makes it active for new
+  connections (live ones keep theirs); `DELETE /scenario` clears it to pass-through;
+- `GET /scenarios`: the names `X-Middlebox-Scenario` may pick (from `--scenario-dir`);
+- `POST /counters/reset`: zero the counters and forget the journals;
+- `GET /journals`: one summary per connection journal held; `GET /journals/{id}`: that
+  connection's journal as NDJSON (secrets redacted).
+
+Security: it binds loopback by default; on any other address a bearer token is
+required (the CLI refuses to start without one), and when a token is set every
+request must carry `Authorization: Bearer TOKEN` (compared in constant time).
+
+Per-request scenarios: with `allow_scenario_header`, a connection whose first request
+carries `X-Middlebox-Scenario: NAME` runs `NAME.yaml` from the scenario directory,
+so parallel tests can each pick their faults through one proxy. The head is read
+with MSG_PEEK, so the bytes stay in the socket for the relay and the stream stays
+byte-exact. The choice is per connection (the first request decides).
+
+`BackgroundProxy` runs a `ControlledProxy` in a thread with its own trio loop (and
+`EmulatorProcess` the embedded emulator), for synchronous callers: the pytest plugin
+and `middlebox drill start`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import ipaddress
+import json
+import logging
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h11
+import trio
+import yaml
+
+from middlebox.compose import SCENARIO_SUFFIXES, load, registry, scenario_sections
+from middlebox.core.fault import Pipeline
+from middlebox.observe.journal import JournalStore, facts, read_ndjson
+from middlebox.observe.metrics import CONTENT_TYPE, Metrics
+from middlebox.scenario.model import Scenario, ScenarioError, load_scenario_text
+from middlebox.shell.server import Address, ProxyServer, listen, run_proxy
+
+log = logging.getLogger("middlebox.shell.control")
+
+MAX_BODY = 1024 * 1024
+REQUEST_TIMEOUT = 10.0
+PEEK_TIMEOUT = 5.0
+PEEK_LIMIT = 64 * 1024
+START_TIMEOUT = 30.0
+SETTLE_TIMEOUT = 2.0
+SCENARIO_HEADER = "x-middlebox-scenario"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
+_HEADER = re.compile(rb"(?im)^x-middlebox-scenario[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def pass_through() -> Scenario:
+    return Scenario(name="pass-through", description="no faults: a byte-exact relay")
+
+
+def scenario_json(scenario: Scenario) -> dict[str, Any]:
+    return {
+        "name": scenario.name,
+        "description": scenario.description,
+        "seed": scenario.seed,
+        "source": scenario.source,
+        "path": [
+            {"fault": spec.name, "config": {k: _plain(v) for k, v in spec.config.items()}}
+            for spec in scenario.path
+        ],
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return repr(value)
+
+
+def load_text(text: str, name: str = "<control>") -> Scenario:
+    return load_scenario_text(text, registry(), file=name, sections=scenario_sections())
+
+
+# ------------------------------------------------------------------ the proxy
+
+
+@dataclass(eq=False)
+class ControlledProxy(ProxyServer):
+    """A `ProxyServer` with a journal store, live metrics and optional per-connection
+    scenario selection through a request header."""
+
+    # The newest 256 connections, 256 KiB captured per leg and direction (a long answer
+    # is ~100 KiB of SSE): a long-running proxy's journals stay within ~256 MiB.
+    store: JournalStore = field(
+        default_factory=lambda: JournalStore(
+            capture=True, max_connections=256, max_capture_bytes=256 * 1024
+        )
+    )
+    metrics: Metrics = field(default_factory=Metrics)
+    scenario_dir: Path | None = None
+    allow_scenario_header: bool = False
+    _shared_by_scenario: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    _loaded: dict[str, Scenario] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.observer_factory = self._observer
+        self.report_sink_factory = self._sink
+
+    def _observer(self, connection_id: int, scenario: Scenario) -> Any:
+        return self.metrics.observe(self.store.observer(connection_id, time.time(), scenario.name))
+
+    def _sink(self, connection_id: int) -> Callable[..., None]:
+        return self.metrics.sink(connection_id, self.store.fault_sink(connection_id))
+
+    def set_scenario(self, scenario: Scenario) -> None:
+        super().set_scenario(scenario)
+        self._shared_by_scenario = {}
+
+    def named_scenarios(self) -> list[str]:
+        if self.scenario_dir is None or not self.scenario_dir.is_dir():
+            return []
+        return sorted(
+            p.stem
+            for p in self.scenario_dir.iterdir()
+            if p.suffix in SCENARIO_SUFFIXES and _NAME.match(p.stem)
+        )
+
+    def named_scenario(self, name: str) -> Scenario:
+        """`NAME.yaml` from the scenario directory; raises LookupError when not there."""
+        if self.scenario_dir is None or not _NAME.match(name) or ".." in name:
+            raise LookupError(name)
+        for suffix in SCENARIO_SUFFIXES:
+            path = self.scenario_dir / f"{name}{suffix}"
+            if path.is_file():
+                if name not in self._loaded:
+                    self._loaded[name] = load(path)
+                return self._loaded[name]
+        raise LookupError(name)
+
+    def make_pipeline(self, scenario: Scenario, connection_id: int) -> Pipeline:
+        if scenario is self.scenario:
+            return super().make_pipeline(scenario, connection_id)
+        # A header-chosen scenario keeps its own cross-connection fault state.
+        saved = self.shared
+        self.shared = self._shared_by_scenario.setdefault(
+            scenario.name, [{} for _ in scenario.path]
+        )
+        try:
+            return super().make_pipeline(scenario, connection_id)
+        finally:
+            self.shared = saved
+
+    async def _handle(
+        self, client: socket.socket, connection_id: int, scenario: Scenario, *rest: Any
+    ) -> None:
+        if self.allow_scenario_header:
+            head = await peek_head(client)
+            match = _HEADER.search(head.split(b"\r\n\r\n", 1)[0])
+            if match:
+                name = match.group(1).decode("latin-1")
+                try:
+                    scenario = self.named_scenario(name)
+                except (LookupError, ScenarioError) as error:
+                    log.info("connection %d: unusable scenario %r: %s", connection_id, name, error)
+                    await answer_and_close(client, 400, f"unknown scenario {name!r}\n")
+                    return
+                self.metrics.scenario_header[name] = self.metrics.scenario_header.get(name, 0) + 1
+        await super()._handle(client, connection_id, scenario, *rest)
+
+
+async def peek_head(sock: socket.socket) -> bytes:
+    """The client's first request head, read with MSG_PEEK so it stays in the socket."""
+    data = b""
+    with trio.move_on_after(PEEK_TIMEOUT):
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                data = sock.recv(PEEK_LIMIT, socket.MSG_PEEK)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return b""
+            if not data or b"\r\n\r\n" in data or len(data) >= PEEK_LIMIT:
+                return data
+            # Peeked bytes stay readable, so wait a little for more instead of spinning.
+            await trio.sleep(0.005)
+    return data
+
+
+async def answer_and_close(sock: socket.socket, status: int, text: str) -> None:
+    body = text.encode()
+    reason = _REASONS.get(status, "Error")
+    response = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+    try:
+        await trio.lowlevel.wait_writable(sock)
+        sock.send(response)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+_REASONS = {
+    200: "OK",
+    204: "No Content",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Content Too Large",
+    500: "Internal Server Error",
+}
+
+
+# ------------------------------------------------------------ the control API
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+    @classmethod
+    def json(cls, status: int, value: Any) -> Response:
+        return cls(status, (json.dumps(value, indent=1) + "\n").encode())
+
+
+@dataclass
+class ControlApi:
+    """Routes a request to the proxy it controls; pure of sockets (tests call `route`)."""
+
+    proxy: ControlledProxy
+    token: str | None = None
+
+    def authorised(self, headers: dict[str, str]) -> bool:
+        if not self.token:
+            return True
+        given = headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+
+    def route(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Response:
+        if not self.authorised(headers):
+            return Response.json(401, {"error": "missing or wrong bearer token"})
+        path = target.split("?", 1)[0].rstrip("/") or "/"
+        proxy = self.proxy
+        if path == "/metrics" and method == "GET":
+            return Response(200, proxy.metrics.render(proxy, proxy.store).encode(), CONTENT_TYPE)
+        if path == "/scenario":
+            if method == "GET":
+                return Response.json(200, scenario_json(proxy.scenario))
+            if method == "PUT":
+                try:
+                    scenario = load_text(body.decode("utf-8"), "<PUT /scenario>")
+                except UnicodeDecodeError:
+                    return Response.json(400, {"error": "the body must be UTF-8 YAML"})
+                except ScenarioError as error:
+                    return Response.json(
+                        400,
+                        {"error": "invalid scenario", "problems": [str(p) for p in error.problems]},
+                    )
+                proxy.set_scenario(scenario)
+                return Response.json(200, scenario_json(scenario))
+            if method == "DELETE":
+                proxy.set_scenario(pass_through())
+                return Response.json(200, scenario_json(proxy.scenario))
+            return Response.json(405, {"error": "use GET, PUT or DELETE"})
+        if path == "/scenarios" and method == "GET":
+            return Response.json(
+                200,
+                {
+                    "active": proxy.scenario.name,
+                    "header_allowed": proxy.allow_scenario_header,
+                    "available": proxy.named_scenarios(),
+                },
+            )
+        if path == "/counters/reset" and method == "POST":
+            proxy.metrics.reset(proxy, proxy.store)
+            proxy.store.clear()
+            return Response.json(200, {"reset": True})
+        if path == "/journals" and method == "GET":
+            return Response.json(
+                200,
+                {
+                    "journals": [
+                        {**journal.summary(), "started_at": journal.started_at}
+                        for journal in proxy.store.journals.values()
+                    ],
+                    "evicted": proxy.store.evicted,
+                },
+            )
+        if path.startswith("/journals/") and method == "GET":
+            ident = path.rsplit("/", 1)[1]
+            journal = proxy.store.journals.get(int(ident)) if ident.isdigit() else None
+            if journal is None:
+                return Response.json(404, {"error": f"no journal for connection {ident}"})
+            lines = journal.to_lines()
+            text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+            return Response(200, text.encode(), "application/x-ndjson")
+        return Response.json(
+            404,
+            {
+                "error": f"no route {method} {path}",
+                "routes": [
+                    "GET /metrics",
+                    "GET|PUT|DELETE /scenario",
+                    "GET /scenarios",
+                    "POST /counters/reset",
+                    "GET /journals",
+                    "GET /journals/{id}",
+                ],
+            },
+        )
+
+    async def serve_connection(self, stream: trio.SocketStream) -> None:
+        """HTTP/1.1 with keep-alive, one request at a time, every read bounded in time."""
+        connection = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
+        try:
+            while True:
+                with trio.move_on_after(REQUEST_TIMEOUT) as bound:
+                    request, body = await _read_request(connection, stream)
+                if bound.cancelled_caught or request is None:
+                    return
+                if body is None:
+                    response = Response.json(413, {"error": f"body over {MAX_BODY} bytes"})
+                else:
+                    headers = {
+                        name.decode("latin-1").lower(): value.decode("latin-1")
+                        for name, value in request.headers
+                    }
+                    try:
+                        response = self.route(
+                            request.method.decode("ascii"),
+                            request.target.decode("latin-1"),
+                            headers,
+                            body,
+                        )
+                    except Exception as error:  # a bug must not kill the control port
+                        log.exception("control request failed")
+                        response = Response.json(500, {"error": repr(error)})
+                keep = body is not None and connection.our_role is h11.SERVER
+                out = connection.send(
+                    h11.Response(
+                        status_code=response.status,
+                        headers=[
+                            ("content-type", response.content_type),
+                            ("content-length", str(len(response.body))),
+                            *([] if keep else [("connection", "close")]),
+                        ],
+                    )
+                )
+                out = (out or b"") + (connection.send(h11.Data(data=response.body)) or b"")
+                out += connection.send(h11.EndOfMessage()) or b""
+                await stream.send_all(out)
+                if connection.our_state is h11.MUST_CLOSE or not keep:
+                    return
+                try:
+                    connection.start_next_cycle()
+                except h11.LocalProtocolError:
+                    return
+        except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            await stream.aclose()
+
+
+async def _read_request(
+    connection: h11.Connection, stream: trio.SocketStream
+) -> tuple[h11.Request | None, bytes | None]:
+    """The next request and its body (None when the body is too large)."""
+    request: h11.Request | None = None
+    body = bytearray()
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(65536)
+            connection.receive_data(data)
+            if not data and request is None:
+                return None, None
+            continue
+        if isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_BODY:
+                return request, None
+        elif isinstance(event, h11.EndOfMessage):
+            return request, bytes(body)
+        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+            return None, None
+
+
+async def serve_control(
+    api: ControlApi, address: Address, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    listeners = await trio.open_tcp_listeners(address.port, host=address.host)
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        task_status.started(port)
+        await trio.serve_listeners(api.serve_connection, listeners, handler_nursery=nursery)
+
+
+def check_control_access(address: Address, token: str | None) -> None:
+    """Refuse to expose the control API beyond loopback without a token."""
+    if not is_loopback(address.host) and not token:
+        raise ValueError(
+            f"the control API on {address} (not loopback) needs a token: pass "
+            f"--control-token or set MIDDLEBOX_CONTROL_TOKEN"
+        )
+
+
+async def run_controlled_proxy(
+    proxy: ControlledProxy,
+    listen_address: Address,
+    control_address: Address,
+    *,
+    token: str | None = None,
+    ready: Callable[[int, int], None] | None = None,
+    **proxy_options: Any,
+) -> ControlledProxy:
+    """Serve the proxy and its control API until SIGINT/SIGTERM (`run_proxy`'s shutdown)."""
+    check_control_access(control_address, token)
+    api = ControlApi(proxy, token)
+    async with trio.open_nursery() as nursery:
+        control_port = await nursery.start(serve_control, api, control_address)
+
+        def proxy_ready(port: int) -> None:
+            if ready is not None:
+                ready(port, control_port)
+
+        await run_proxy(
+            listen_address,
+            proxy.upstream,
+            proxy.scenario,
+            ready=proxy_ready,
+            server=proxy,
+            **proxy_options,
+        )
+        nursery.cancel_scope.cancel()
+    return proxy
+
+
+# ------------------------------------------- a proxy for synchronous code
+
+
+class EmulatorProcess:
+    """`python -m vllm_emulator` on a free port; stopped by the handle that started it."""
+
+    def __init__(self, config: dict[str, Any], directory: Path) -> None:
+        config_file = directory / "emulator.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=True))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "vllm_emulator", "--host", "127.0.0.1", "--port", "0",
+             "--config", str(config_file)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        first: list[bytes] = []
+        reader = threading.Thread(target=lambda: first.append(self._readline()), daemon=True)
+        reader.start()
+        reader.join(START_TIMEOUT)
+        line = first[0].decode(errors="replace") if first else ""
+        if "listening on http://" not in line:
+            self.stop()
+            raise RuntimeError(f"the emulator did not start: {line!r}")
+        self.url = line.split("listening on ", 1)[1].strip()
+        # keep reading its log so a chatty emulator never blocks on a full pipe
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _readline(self) -> bytes:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline()
+
+    def _drain(self) -> None:
+        assert self.process.stdout is not None
+        for _ in self.process.stdout:
+            pass
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class BackgroundProxy:
+    """A running proxy (and emulator) for one test: `.base_url`, `.score()`, `.close()`."""
+
+    def __init__(self, scenario: Scenario, upstream_url: str, emulator: EmulatorProcess | None):
+        self.scenario = scenario
+        self.upstream_url = upstream_url
+        self.emulator = emulator
+        self.proxy: ControlledProxy = ControlledProxy(Address.parse(upstream_url), scenario)
+        self._port = 0
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._cancel: trio.CancelScope | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="middlebox-proxy", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT) or self._error is not None:
+            raise RuntimeError(f"the middlebox proxy did not start: {self._error!r}")
+        self.url = f"http://127.0.0.1:{self._port}"
+        self.base_url = f"{self.url}/v1"
+
+    def _run(self) -> None:
+        async def main() -> None:
+            listener = listen(Address("127.0.0.1", 0))
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._cancel = nursery.cancel_scope
+                    self._token = trio.lowlevel.current_trio_token()
+                    self._port = await nursery.start(self.proxy.serve, listener)
+                    self._ready.set()
+            finally:
+                listener.close()
+
+        try:
+            trio.run(main)
+        except BaseException as error:  # reported to the test by __init__ or close
+            self._error = error
+            self._ready.set()
+
+    def _call(self, function: Callable[[], Any]) -> Any:
+        """Run `function` in the proxy's trio thread (its state is only touched there)."""
+        assert self._token is not None
+        return trio.from_thread.run_sync(function, trio_token=self._token)
+
+    def settle(self, timeout: float = SETTLE_TIMEOUT) -> None:
+        """Wait (bounded) until no connection is being relayed, so ends are journaled."""
+        deadline = time.monotonic() + timeout
+        while self._call(lambda: self.proxy.active) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def journal_lines(self) -> list[dict[str, Any]]:
+        def collect() -> list[dict[str, Any]]:
+            store = self.proxy.store
+            return [
+                line for cid in sorted(store.journals) for line in store.journals[cid].to_lines()
+            ]
+
+        return list(self._call(collect))
+
+    def write_journal(self, path: str | Path) -> Path:
+        target = Path(path)
+        target.write_text("".join(json.dumps(line) + "\n" for line in self.journal_lines()))
+        return target
+
+    def score(self) -> dict[str, Any]:
+        """Journal-derived facts (after the live connections have ended, bounded)."""
+        self.settle()
+        with tempfile.TemporaryDirectory(prefix="middlebox-score-") as scratch:
+            views = read_ndjson(self.write_journal(Path(scratch) / "journal.ndjson"))
+        summary = facts(views)
+        summary["scenario"] = self.scenario.name
+        summary["faults_declared"] = [spec.name for spec in self.scenario.path]
+        summary["faults_never_fired"] = [
+            name for name in summary["faults_declared"] if name not in summary["faults_fired"]
+        ]
+        return summary
+
+    @property
+    def model(self) -> str:
+        """The first model the upstream lists (`GET /v1/models`, asked of the upstream
+        directly so the question is not a connection in the journal)."""
+        with urllib.request.urlopen(f"{self.upstream_url}/v1/models", timeout=10) as response:
+            return str(json.loads(response.read())["data"][0]["id"])
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """The emulator's ledger of generations (empty with a real upstream)."""
+        if self.emulator is None:
+            return []
+        with urllib.request.urlopen(f"{self.upstream_url}/emulator/requests", timeout=10) as r:
+            return list(json.loads(r.read())["requests"])
+
+    def close(self) -> None:
+        if self._token is not None and self._cancel is not None and self._thread.is_alive():
+            cancel = self._cancel
+            try:
+                self._call(cancel.cancel)
+            except RuntimeError:  # the loop already ended
+                pass
+        self._thread.join(10)
+        if self.emulator is not None:
+            self.emulator.stop()

@@ -1,0 +1,530 @@
+"""The per-connection relay: the thin trio shell around a pure fault pipeline.
+
+Two sockets (client, upstream), each read by one task and written by one task, and
+a timer task that wakes the pipeline at its deadline. Every pipeline call happens
+synchronously between awaits, so the pipeline is only ever driven by one piece of
+code at a time and its faults need no locks (the design's "one driver").
+
+The hot path is the anchors' fastest trio variant (shared/reference/
+performance-anchors.md): raw non-blocking sockets, `recv`/`send` tried first and
+`wait_readable`/`wait_writable` only on EAGAIN, and bytes written straight from the
+reading task when the outbox is empty, so a relayed frame costs one task wake-up.
+Profiling under load (docs/performance.md) shaped three more choices: a read shorter
+than the buffer means the socket is drained, so the reader parks at once instead of
+paying a second `recv` that fails with EAGAIN (nginx's `ngx_unix_recv` clears
+`rev->ready` on a short read for the same reason); the writer tasks and the timer task
+are started only when first needed (a socket that would block, a fault that asks for a
+deadline), so a pass-through connection runs two tasks, not five; and with an empty
+pipeline, whose `on_item` is the identity and which never pauses reading or sets a
+deadline, a chunk read goes straight to the other side's outbox without being wrapped
+in an item and routed, while ends still go through the pipeline. Pass-through
+connections are also read by one `ReadHub` per process instead of a reader task per
+socket: the hub waits on its own epoll set (registered once per socket, level-
+triggered, so no re-arm per read) and, when sockets are readable, runs their reads
+synchronously in one task wake-up, the way an asyncio protocol or nginx's event loop
+handles readiness; it halved the CPU per frame of a loaded pass-through relay.
+
+Ends are faithful: a FIN read is passed on as a FIN (`shutdown(SHUT_WR)`) and never
+invented; an RST is sent as `SO_LINGER(1, 0)` then close (RFC 793's abort); a peer's
+RST read on one side becomes a `Reset` item; a failed write means that peer is gone
+and becomes a `Reset` travelling away from it.
+"""
+
+from __future__ import annotations
+
+import math
+import select
+import socket
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from middlebox.core.fault import Fault, Pipeline
+from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
+
+READ_SIZE = 64 * 1024
+# Bytes queued toward one peer before we stop reading from the other: bounded memory
+# per connection, and backpressure reaches the sender as TCP's window closing.
+HIGH_WATER = 256 * 1024
+# Reads in a row without waiting before we yield, so a bulk transfer cannot starve
+# the other connections.
+READS_BEFORE_YIELD = 16
+
+_LINGER_ABORT = struct.pack("ii", 1, 0)
+# What one read did: the socket is drained for now, another read may find more, or
+# this side will read no more (FIN, RST, closed).
+_DRAINED, _MORE, _OVER = 0, 1, 2
+
+
+class ReadHub:
+    """Readiness for pass-through relays, one per trio run (see the module docstring).
+
+    Sockets stay registered (EPOLLIN, level-triggered) while their relay reads them;
+    a paused side is modified to no events and back, so data left unread fires again.
+    Callbacks run inside the hub's task and must not raise (the relay catches and
+    keeps its own errors). Unregister before closing a socket: the kernel forgets a
+    closed fd by itself, but the fd number may be reused by the next socket.
+    """
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self.callbacks: dict[int, Callable[[], None]] = {}
+        self.users = 0
+        self.scope = trio.CancelScope()
+
+    def register(self, sock: socket.socket, callback: Callable[[], None]) -> None:
+        fd = sock.fileno()
+        self.callbacks[fd] = callback
+        self.epoll.register(fd, select.EPOLLIN)
+
+    def unregister(self, sock: socket.socket, callback: Callable[[], None]) -> None:
+        fd = sock.fileno()
+        if fd >= 0 and self.callbacks.get(fd) is callback:
+            del self.callbacks[fd]
+            try:
+                self.epoll.unregister(fd)
+            except (OSError, ValueError):
+                pass
+
+    def pause(self, sock: socket.socket) -> None:
+        self.epoll.modify(sock.fileno(), 0)
+
+    def resume(self, sock: socket.socket) -> None:
+        self.epoll.modify(sock.fileno(), select.EPOLLIN)
+
+    async def run(self) -> None:
+        try:
+            with self.scope:
+                while True:
+                    await trio.lowlevel.wait_readable(self.epoll.fileno())
+                    for fd, _ in self.epoll.poll(0, 1024):
+                        callback = self.callbacks.get(fd)
+                        if callback is not None:
+                            callback()
+        finally:
+            self.epoll.close()
+
+
+_HUB: trio.lowlevel.RunVar[ReadHub | None] = trio.lowlevel.RunVar(
+    "middlebox_read_hub", default=None
+)
+
+
+def acquire_read_hub() -> ReadHub:
+    """This trio run's hub, started (as a system task) when the first relay needs it."""
+    hub = _HUB.get()
+    if hub is None:
+        hub = ReadHub()
+        _HUB.set(hub)
+        trio.lowlevel.spawn_system_task(hub.run, name="middlebox.shell.relay.ReadHub")
+    hub.users += 1
+    return hub
+
+
+def release_read_hub(hub: ReadHub) -> None:
+    """The last relay out stops the hub and closes its epoll fd (no fd outlives use)."""
+    hub.users -= 1
+    if hub.users == 0:
+        hub.scope.cancel()
+        if _HUB.get() is hub:
+            _HUB.set(None)
+
+
+class RelayObserver(Protocol):
+    """What the relay tells the journal; every call is cheap and never blocks."""
+
+    def read(self, leg: str, direction: Direction, data: bytes, now: float) -> None: ...
+
+    def wrote(self, leg: str, direction: Direction, data: bytes, now: float) -> None: ...
+
+    def ended(self, leg: str, direction: Direction, kind: str, now: float) -> None: ...
+
+
+@dataclass(eq=False)
+class Side:
+    """One socket of a connection. `source` is the direction of the items it produces."""
+
+    leg: str
+    sock: socket.socket
+    source: Direction
+    outbox: deque[bytes] = field(default_factory=deque)
+    outbox_bytes: int = 0
+    pending_end: Eof | Reset | None = None
+    read_done: bool = False
+    write_done: bool = False
+    closed: bool = False
+    writer_lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+
+
+def arm_reset(sock: socket.socket) -> None:
+    """Make the socket's close send an RST instead of a FIN (SO_LINGER, zero timeout)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+    except OSError:
+        pass  # already closed
+
+
+def abort(sock: socket.socket) -> None:
+    """Close with an RST instead of a FIN (SO_LINGER with a zero timeout)."""
+    arm_reset(sock)
+    trio.lowlevel.notify_closing(sock)
+    sock.close()
+
+
+def apply_buffer_sizes(
+    client: socket.socket, upstream: socket.socket, sizes: dict[str, int]
+) -> None:
+    """Set the SO_RCVBUF/SO_SNDBUF sizes a fault asked for (see Fault.socket_buffers)."""
+    options = {"rcvbuf": socket.SO_RCVBUF, "sndbuf": socket.SO_SNDBUF}
+    for key, size in sizes.items():
+        side, _, which = key.partition("_")
+        sock = client if side == "client" else upstream
+        sock.setsockopt(socket.SOL_SOCKET, options[which], size)
+
+
+class Relay:
+    """Relays one connection through `pipeline` until both directions have ended."""
+
+    def __init__(
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        pipeline: Fault,
+        *,
+        observer: RelayObserver | None = None,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        client.setblocking(False)
+        upstream.setblocking(False)
+        self.client = Side("client", client, Direction.UPSTREAM)
+        self.upstream = Side("upstream", upstream, Direction.DOWNSTREAM)
+        self.pipeline = pipeline
+        self.observer = observer
+        self.clock = clock
+        self._incoming: deque[Item] = deque()
+        self._draining = False
+        self._timer_scope: trio.CancelScope | None = None
+        self._timer_started = False
+        self._state_lot = trio.lowlevel.ParkingLot()
+        self._done = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._writers: set[str] = set()
+        # The empty pipeline's fast path (module docstring): chunks skip the routing.
+        self.passthrough = type(pipeline) is Pipeline and not pipeline.faults
+        self._hub: ReadHub | None = None
+        self._hub_callbacks: dict[str, Callable[[], None]] = {}
+        self._hub_paused: set[str] = set()
+        self._failure: Exception | None = None
+
+    def destination(self, direction: Direction) -> Side:
+        return self.upstream if direction is Direction.UPSTREAM else self.client
+
+    def origin(self, direction: Direction) -> Side:
+        return self.client if direction is Direction.UPSTREAM else self.upstream
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if self.passthrough:
+                    try:
+                        self._hub = acquire_read_hub()
+                    except OSError:
+                        # No fd left for the hub's epoll (EMFILE under a flood): this
+                        # connection reads with a task per socket instead of failing.
+                        self._hub = None
+                if self._hub is not None:
+                    for side in (self.client, self.upstream):
+                        callback = self._hub_callbacks[side.leg] = self._readable(side)
+                        self._hub.register(side.sock, callback)
+                else:
+                    nursery.start_soon(self._read_loop, self.client)
+                    nursery.start_soon(self._read_loop, self.upstream)
+                self._dispatch(self.pipeline.on_open(self.clock()))
+                self._after_pipeline_call()
+                await self._done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            for side in (self.client, self.upstream):
+                self._leave_hub(side)
+                if not side.closed:
+                    side.closed = True
+                    trio.lowlevel.notify_closing(side.sock)
+                    side.sock.close()
+            if self._hub is not None:
+                release_read_hub(self._hub)
+        if self._failure is not None:
+            raise self._failure
+
+    def inject(self, items: list[Item]) -> None:
+        """Send items to the sockets past the pipeline: the proxy's own answer (nginx's
+        504 on a read timeout), which no fault on the path delays or changes."""
+        self._dispatch(items)
+        self._wake_readers()
+        self._check_done()
+
+    # ------------------------------------------------------------------ reading
+
+    def _reading_paused(self, side: Side) -> bool:
+        if self.destination(side.source).outbox_bytes >= HIGH_WATER:
+            return True
+        return not self.passthrough and self.pipeline.reading_paused(side.source)
+
+    def _receive(self, side: Side) -> int:
+        """One `recv` and what it means; returns _DRAINED, _MORE or _OVER."""
+        try:
+            data = side.sock.recv(READ_SIZE)
+        except BlockingIOError:
+            return _DRAINED
+        except OSError:
+            if side.closed:
+                return _OVER
+            # ECONNRESET and friends: the peer aborted; pass an RST on.
+            side.read_done = True
+            self._ended(side, "rst")
+            self._feed(Reset(side.source))
+            return _OVER
+        if not data:
+            side.read_done = True
+            self._ended(side, "fin")
+            self._feed(Eof(side.source))
+            return _OVER
+        if self.observer is not None:
+            self.observer.read(side.leg, side.source, data, self.clock())
+        if self.passthrough and not self._draining:
+            # Exactly what the empty pipeline's on_item would hand _dispatch.
+            peer = self.destination(side.source)
+            if not peer.write_done and peer.pending_end is None:
+                peer.outbox.append(data)
+                peer.outbox_bytes += len(data)
+                self._flush(peer)
+        else:
+            self._feed(Chunk(side.source, data))
+        return _MORE if len(data) == READ_SIZE else _DRAINED
+
+    async def _read_loop(self, side: Side) -> None:
+        reads_in_a_row = 0
+        drained = False
+        while not side.read_done:
+            if self._reading_paused(side):
+                await self._state_lot.park()
+                continue
+            if drained:
+                drained = False
+                reads_in_a_row = 0
+                try:
+                    await trio.lowlevel.wait_readable(side.sock)
+                except trio.ClosedResourceError:
+                    return
+                continue
+            status = self._receive(side)
+            if status == _OVER:
+                return
+            drained = status == _DRAINED
+            reads_in_a_row += 1
+            if reads_in_a_row >= READS_BEFORE_YIELD and not drained:
+                reads_in_a_row = 0
+                await trio.lowlevel.checkpoint()
+
+    def _readable(self, side: Side) -> Callable[[], None]:
+        """The hub's callback for `side`: read like `_read_loop`, without a task."""
+
+        def readable() -> None:
+            try:
+                # At most READS_BEFORE_YIELD reads: level-triggered readiness brings
+                # the hub back for the rest after the other sockets had their turn.
+                for _ in range(READS_BEFORE_YIELD):
+                    if side.read_done or side.closed:
+                        self._leave_hub(side)
+                        return
+                    if self._reading_paused(side):
+                        assert self._hub is not None
+                        self._hub.pause(side.sock)
+                        self._hub_paused.add(side.leg)
+                        return
+                    status = self._receive(side)
+                    if status == _OVER:
+                        self._leave_hub(side)
+                        return
+                    if status == _DRAINED:
+                        return
+            except Exception as error:  # a bug must fail this connection, not the hub
+                self._failure = error
+                for each in (self.client, self.upstream):
+                    self._leave_hub(each)
+                self._done.set()
+
+        return readable
+
+    def _leave_hub(self, side: Side) -> None:
+        callback = self._hub_callbacks.pop(side.leg, None)
+        if callback is not None and self._hub is not None:
+            self._hub.unregister(side.sock, callback)
+        self._hub_paused.discard(side.leg)
+
+    def _wake_readers(self) -> None:
+        """Something changed that may unpause reading: wake parked reader tasks, and
+        give paused hub sockets their readiness back."""
+        self._state_lot.unpark_all()
+        if self._hub_paused:
+            for side in (self.client, self.upstream):
+                if side.leg in self._hub_paused and not self._reading_paused(side):
+                    self._hub_paused.discard(side.leg)
+                    if side.leg in self._hub_callbacks and self._hub is not None:
+                        self._hub.resume(side.sock)
+
+    def _ended(self, side: Side, kind: str) -> None:
+        if self.observer is not None:
+            self.observer.ended(side.leg, side.source, f"read_{kind}", self.clock())
+
+    # ------------------------------------------------------------ the pipeline
+
+    def _feed(self, item: Item) -> None:
+        """Hand one item to the pipeline; items that arrive while we dispatch wait in line."""
+        self._incoming.append(item)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._incoming:
+                self._dispatch(self.pipeline.on_item(self._incoming.popleft(), self.clock()))
+        finally:
+            self._draining = False
+        self._after_pipeline_call()
+
+    def _after_pipeline_call(self) -> None:
+        if self._timer_scope is not None:
+            due = self.pipeline.deadline()
+            self._timer_scope.deadline = math.inf if due is None else due
+        elif (
+            not self._timer_started
+            and not self.passthrough
+            and self._nursery is not None
+            and self.pipeline.deadline() is not None
+        ):
+            self._timer_started = True
+            self._nursery.start_soon(self._timer_loop)
+        self._wake_readers()
+        self._check_done()
+
+    async def _timer_loop(self) -> None:
+        while True:
+            due = self.pipeline.deadline()
+            with trio.CancelScope(deadline=math.inf if due is None else due) as scope:
+                self._timer_scope = scope
+                await trio.sleep_forever()
+            self._timer_scope = None
+            now = self.clock()
+            self._draining = True
+            try:
+                self._dispatch(self.pipeline.on_deadline(now))
+                while self._incoming:
+                    self._dispatch(self.pipeline.on_item(self._incoming.popleft(), self.clock()))
+            finally:
+                self._draining = False
+            self._after_pipeline_call()
+
+    # ------------------------------------------------------------------ writing
+
+    def _dispatch(self, items: list[Item]) -> None:
+        for item in items:
+            side = self.destination(item.direction)
+            if side.write_done or side.pending_end is not None:
+                continue  # nothing can be written after an end; the item is dropped
+            if isinstance(item, Chunk):
+                if item.data:
+                    side.outbox.append(item.data)
+                    side.outbox_bytes += len(item.data)
+            else:
+                side.pending_end = item
+            self._flush(side)
+
+    def _flush(self, side: Side) -> None:
+        """Write what the socket takes now, without blocking; the writer task does the rest."""
+        sock = side.sock
+        while side.outbox:
+            data = side.outbox[0]
+            try:
+                sent = sock.send(data)
+            except BlockingIOError:
+                break
+            except OSError:
+                self._write_failed(side)
+                return
+            if self.observer is not None:
+                self.observer.wrote(side.leg, side.source.opposite, data[:sent], self.clock())
+            side.outbox_bytes -= sent
+            if sent < len(data):
+                side.outbox[0] = data[sent:]
+                break
+            side.outbox.popleft()
+        if side.outbox:
+            if side.leg in self._writers:
+                side.writer_lot.unpark_all()
+            elif self._nursery is not None:
+                self._writers.add(side.leg)
+                self._nursery.start_soon(self._write_loop, side)
+        elif side.pending_end is not None:
+            self._write_end(side, side.pending_end)
+
+    def _write_end(self, side: Side, end: Eof | Reset) -> None:
+        side.write_done = True
+        now = self.clock()
+        if isinstance(end, Reset):
+            if self.observer is not None:
+                self.observer.ended(side.leg, end.direction, "sent_rst", now)
+            side.read_done = True
+            side.closed = True
+            self._leave_hub(side)
+            abort(side.sock)
+            self._check_done()
+            return
+        if self.observer is not None:
+            self.observer.ended(side.leg, end.direction, "sent_fin", now)
+        try:
+            side.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self._check_done()
+
+    def _write_failed(self, side: Side) -> None:
+        """EPIPE/ECONNRESET on a write: that peer is gone, so an RST travels away from it."""
+        side.write_done = True
+        side.outbox.clear()
+        side.outbox_bytes = 0
+        if self.observer is not None:
+            self.observer.ended(side.leg, side.source.opposite, "write_failed", self.clock())
+        if not side.read_done:
+            side.read_done = True
+            self._feed(Reset(side.source))
+        self._wake_readers()
+
+    async def _write_loop(self, side: Side) -> None:
+        while True:
+            if not side.outbox or side.closed:
+                await side.writer_lot.park()
+                continue
+            try:
+                await trio.lowlevel.wait_writable(side.sock)
+            except trio.ClosedResourceError:
+                return
+            self._flush(side)
+            self._wake_readers()
+
+    # ----------------------------------------------------------------- the end
+
+    def _check_done(self) -> None:
+        """Done when nothing more can move: both peers stopped sending to us, the
+        pipeline holds nothing it will release, and every outbox is empty."""
+        if self._done.is_set():
+            return
+        both_read = self.client.read_done and self.upstream.read_done
+        if not both_read or self.pipeline.deadline() is not None:
+            return
+        if self.client.outbox or self.upstream.outbox:
+            return
+        self._done.set()

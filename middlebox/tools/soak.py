@@ -1,0 +1,383 @@
+"""`make soak`: a bounded, mixed load through the proxy; memory, fds and tasks stay flat.
+
+It starts the vLLM emulator (its own process) and, in this process, one proxy per
+scenario of a small mix (pass-through, latency + slicer, coalescer, a cut that resets
+streams mid-response, a journalled proxy with a bounded journal), then runs streaming
+chat requests through them from `concurrency` loopback clients for `seconds`; some
+clients abandon their stream with an RST halfway. Every `interval` it samples this
+process's resident memory (RSS), open fds and live trio tasks (and the emulator's RSS,
+reported only: its request ledger grows by design).
+
+Flat means: after a warm-up (the first fifth), the second half's median RSS is within
+`max(8 MiB, 5%)` of the first half's, and its highest fd and task counts exceed the first
+half's by no more than `concurrency` requests in flight hold (3 fds, 10 tasks each); and
+once the load stops and connections close, fds and tasks are back to what they were
+before the load. docs/reliability.md has figures.
+
+    python -m middlebox.tools.soak --seconds 600          # `make soak` (SOAK_SECONDS=...)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from middlebox.compose import registry, scenario_sections
+from middlebox.observe.journal import JournalStore
+from middlebox.scenario.model import Scenario, load_scenario_text
+from middlebox.shell.server import Address, ProxyServer, listen
+
+MODEL = "middlebox/tools/soak-7b"
+EMULATOR = {
+    "model": MODEL,
+    "prefill_overhead": 0.005,
+    "prefill_per_token": 0.0,
+    "itl": 0.004,
+    "itl_jitter": 0.2,
+    "max_num_seqs": 1024,
+    "natural_length_min": 200,
+    "natural_length_max": 400,
+}
+MIX = {
+    "pass-through": "name: pass-through\n",
+    "latency-slicer": "name: latency-slicer\npath:\n  - latency: {delay: 2ms}\n  - slicer\n",
+    "coalescer": "name: coalescer\npath:\n  - coalescer\n",
+    "cut": "name: cut\npath:\n  - cut: {after: events, count: 8, end: rst}\n",
+    "journalled": "name: journalled\npath:\n  - latency: {delay: 1ms}\n",
+}
+REQUEST_TIMEOUT = 15.0
+_LINGER_ABORT = struct.pack("ii", 1, 0)
+MIB = 1024 * 1024
+
+
+@dataclass
+class Sample:
+    time: float
+    rss: int
+    fds: int
+    tasks: int
+    active: int
+    emulator_rss: int
+
+
+@dataclass
+class SoakReport:
+    seconds: float
+    concurrency: int
+    requests: int = 0
+    complete: int = 0
+    cut: int = 0
+    abandoned: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    bytes_received: int = 0
+    baseline: dict[str, int] = field(default_factory=dict)
+    after: dict[str, int] = field(default_factory=dict)
+    halves: dict[str, dict[str, float]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def flat(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        first, second = self.halves.get("first", {}), self.halves.get("second", {})
+        lines = [
+            f"soak: {self.seconds:.0f}s, {self.concurrency} clients, {self.requests} requests "
+            f"({self.complete} complete, {self.cut} cut by the fault, {self.abandoned} abandoned, "
+            f"{sum(self.errors.values())} errors {self.errors or ''}), "
+            f"{self.bytes_received / MIB:.1f} MiB received",
+            f"  rss median MiB: first half {first.get('rss', 0) / MIB:.1f}, "
+            f"second half {second.get('rss', 0) / MIB:.1f}",
+            f"  fds max: first {first.get('fds', 0):.0f}, second {second.get('fds', 0):.0f}; "
+            f"before {self.baseline.get('fds')} after {self.after.get('fds')}",
+            f"  tasks max: first {first.get('tasks', 0):.0f}, second {second.get('tasks', 0):.0f}; "
+            f"before {self.baseline.get('tasks')} after {self.after.get('tasks')}",
+            f"  emulator rss MiB: first {first.get('emulator_rss', 0) / MIB:.1f}, "
+            f"second {second.get('emulator_rss', 0) / MIB:.1f} (not checked: its ledger grows)",
+        ]
+        lines += [f"  NOT FLAT: {problem}" for problem in self.problems]
+        lines.append("  flat: yes" if self.flat else "  flat: no")
+        return "\n".join(lines)
+
+
+def rss_of(pid: int | str = "self") -> int:
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def fds_of(pid: int | str = "self") -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def tasks_now() -> int:
+    root = trio.lowlevel.current_root_task()
+    stack = [root] if root is not None else []
+    count = 0
+    while stack:
+        task = stack.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return count
+
+
+def mix() -> dict[str, Scenario]:
+    return {
+        name: load_scenario_text(text, registry(), file=name, sections=scenario_sections())
+        for name, text in MIX.items()
+    }
+
+
+async def start_emulator(workdir: Path) -> tuple[trio.Process, Address]:
+    config = workdir / "emulator.yaml"
+    config.write_text(json.dumps(EMULATOR))  # JSON is YAML
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "vllm_emulator", "--port", "0", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert process.stdout is not None
+    line = b""
+    with trio.move_on_after(30):
+        while b"\n" not in line:
+            data = await process.stdout.receive_some(4096)
+            if not data:
+                break
+            line += data
+    text = line.decode(errors="replace")
+    if "listening on http://" not in text:
+        process.kill()
+        await process.wait()
+        raise RuntimeError(f"the emulator did not start: {text!r}")
+    return process, Address.parse(text.split("listening on ", 1)[1].split()[0])
+
+
+def request_bytes(index: int, max_tokens: int) -> bytes:
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"soak request {index}"}],
+            "max_tokens": max_tokens,
+            "stream": True,
+        }
+    ).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nAuthorization: Bearer sk-soak\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def one_request(
+    report: SoakReport, port: int, scenario: str, index: int, max_tokens: int, abandon: bool
+) -> None:
+    """One streaming request; classify how it ended."""
+    report.requests += 1
+    outcome = "hang"
+    received = bytearray()
+    stream: trio.SocketStream | None = None
+    with trio.move_on_after(REQUEST_TIMEOUT):
+        try:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(request_bytes(index, max_tokens))
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    break
+                received += data
+                if abandon and len(received) > 1500:
+                    # leave mid-stream with an RST, as a killed client does
+                    stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+                    await stream.aclose()
+                    outcome = "abandoned"
+                    break
+            if outcome != "abandoned":
+                outcome = (
+                    "complete"
+                    if received.startswith(b"HTTP/1.1 200")
+                    and b"data: [DONE]" in received
+                    and received.endswith(b"0\r\n\r\n")
+                    else f"incomplete:{scenario}"
+                )
+        except (OSError, trio.BrokenResourceError) as error:
+            outcome = f"reset:{scenario}" if received else f"{type(error).__name__}:{scenario}"
+        except trio.ClosedResourceError:
+            outcome = "abandoned"
+    if stream is not None and outcome != "abandoned":
+        await stream.aclose()
+    report.bytes_received += len(received)
+    if outcome == "complete":
+        report.complete += 1
+    elif outcome == "abandoned":
+        report.abandoned += 1
+    elif scenario == "cut" and received.startswith(b"HTTP/1.1 200"):
+        report.cut += 1  # the fault reset it mid-stream, as configured
+    else:
+        report.errors[outcome] = report.errors.get(outcome, 0) + 1
+
+
+def check(report: SoakReport) -> None:
+    samples = report.samples
+    usable = samples[len(samples) // 5 :]
+    if len(usable) < 4:
+        report.problems.append(f"too few samples ({len(samples)}) to compare halves")
+        return
+    middle = len(usable) // 2
+    halves = {"first": usable[:middle], "second": usable[middle:]}
+    for name, part in halves.items():
+        report.halves[name] = {
+            "rss": statistics.median(s.rss for s in part),
+            "fds": max(s.fds for s in part),
+            "tasks": max(s.tasks for s in part),
+            "emulator_rss": statistics.median(s.emulator_rss for s in part),
+        }
+    first, second = report.halves["first"], report.halves["second"]
+    allowed_rss = max(8 * MIB, 0.05 * first["rss"])
+    if second["rss"] - first["rss"] > allowed_rss:
+        report.problems.append(
+            f"RSS grew {(second['rss'] - first['rss']) / MIB:.1f} MiB between halves "
+            f"(allowed {allowed_rss / MIB:.1f})"
+        )
+    # A request in flight holds 3 fds here (client, proxy client side, proxy upstream
+    # side) and about ten tasks, so peaks may differ by that much per client; a leak
+    # grows without bound and also shows in the after-the-load counts below.
+    for what, per_request in (("fds", 3), ("tasks", 10)):
+        slack = per_request * report.concurrency
+        if second[what] > first[what] + slack:
+            report.problems.append(
+                f"{what} peaked at {second[what]:.0f} in the second half against "
+                f"{first[what]:.0f} in the first (allowed +{slack})"
+            )
+        if report.after.get(what, 0) > report.baseline.get(what, 0):
+            report.problems.append(
+                f"{what} after the load: {report.after[what]} > {report.baseline[what]} before"
+            )
+    if report.errors:
+        report.problems.append(f"unexpected request outcomes: {report.errors}")
+    if report.complete == 0:
+        report.problems.append("no request completed")
+
+
+async def soak(
+    seconds: float, concurrency: int = 8, interval: float = 1.0, seed: int = 1
+) -> SoakReport:
+    """Run the soak for `seconds` and return its report (`report.flat` is the verdict)."""
+    report = SoakReport(seconds, concurrency)
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(prefix="middlebox-soak-") as scratch:
+        emulator, upstream = await start_emulator(Path(scratch))
+        try:
+            async with trio.open_nursery() as nursery:
+                servers: dict[str, ProxyServer] = {}
+                ports: dict[str, int] = {}
+                listeners = []
+                for name, scenario in mix().items():
+                    server = ProxyServer(upstream, scenario)
+                    if name == "journalled":
+                        journal = JournalStore(capture=True, max_connections=100)
+                        server.observer_factory = lambda cid, _s, j=journal: j.observer(
+                            cid, time.time(), "journalled"
+                        )
+                        server.report_sink_factory = journal.fault_sink
+                    listener = listen(Address("127.0.0.1", 0))
+                    listeners.append(listener)
+                    ports[name] = await nursery.start(server.serve, listener)
+                    servers[name] = server
+                names = sorted(ports)
+                await trio.sleep(0.2)
+                report.baseline = {"fds": fds_of(), "tasks": tasks_now()}
+                started = trio.current_time()
+                deadline = started + seconds
+                counter = [0]
+
+                async def client() -> None:
+                    while trio.current_time() < deadline:
+                        counter[0] += 1
+                        index = counter[0]
+                        name = names[index % len(names)]
+                        await one_request(
+                            report,
+                            ports[name],
+                            name,
+                            index,
+                            rng.randint(4, 48),
+                            abandon=rng.random() < 0.15,
+                        )
+
+                async def sampler() -> None:
+                    while True:
+                        report.samples.append(
+                            Sample(
+                                round(trio.current_time() - started, 3),
+                                rss_of(),
+                                fds_of(),
+                                tasks_now(),
+                                sum(s.active for s in servers.values()),
+                                rss_of(emulator.pid),
+                            )
+                        )
+                        await trio.sleep(interval)
+
+                async with trio.open_nursery() as load:
+                    load.start_soon(sampler)
+                    async with trio.open_nursery() as clients:
+                        for _ in range(concurrency):
+                            clients.start_soon(client)
+                    load.cancel_scope.cancel()
+                with trio.move_on_after(10):
+                    while any(s.active for s in servers.values()):
+                        await trio.sleep(0.05)
+                await trio.sleep(0.1)
+                report.after = {"fds": fds_of(), "tasks": tasks_now()}
+                nursery.cancel_scope.cancel()
+            for listener in listeners:
+                listener.close()
+        finally:
+            emulator.terminate()  # the process we started, by its handle
+            with trio.move_on_after(5) as waited:
+                await emulator.wait()
+            if waited.cancelled_caught:
+                emulator.kill()
+                await emulator.wait()
+    check(report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m middlebox.tools.soak", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=float(os.environ.get("SOAK_SECONDS", 600)))
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--json", dest="json_path", help="Write the report (samples too) here.")
+    args = parser.parse_args(argv)
+    report = trio.run(soak, args.seconds, args.concurrency, args.interval)
+    print(report.summary())
+    if args.json_path:
+        data: dict[str, Any] = asdict(report)
+        data["flat"] = report.flat
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(data, indent=1))
+    return 0 if report.flat else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
