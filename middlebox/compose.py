@@ -13,13 +13,10 @@ from typing import Any
 from faults import REGISTRY
 from faults.presets import PRESETS
 from middlebox.core.fault import Fault
-from middlebox.scenario.model import (
-    Problem,
-    Scenario,
-    ScenarioError,
-    load_scenario,
-    scenario_json_schema,
-)
+from middlebox.scenario.convert import Problem, ScenarioError
+from middlebox.scenario.load import load_scenario
+from middlebox.scenario.model import Scenario
+from middlebox.scenario.schema import scenario_json_schema
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 

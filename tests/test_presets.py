@@ -21,7 +21,8 @@ from faults.testing import TimedItem, replay
 from middlebox.core.fault import Pipeline
 from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
-from middlebox.scenario.model import FaultSpec, load_scenario_text
+from middlebox.scenario.load import load_scenario_text
+from middlebox.scenario.model import FaultSpec
 from tests.faults.httpprops import dechunked
 from tests.faults.httpstreams import down_bytes, ends, sse_response, timeline
 

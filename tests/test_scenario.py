@@ -8,13 +8,9 @@ import pytest
 
 from faults import REGISTRY
 from faults.latency import Latency
-from middlebox.scenario.model import (
-    ScenarioError,
-    load_scenario,
-    load_scenario_text,
-    parse_duration,
-    parse_size,
-)
+from middlebox.scenario.convert import ScenarioError
+from middlebox.scenario.load import load_scenario, load_scenario_text
+from middlebox.scenario.units import parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,8 @@ def _run_controlled(
     import trio
 
     from middlebox.compose import load
-    from middlebox.scenario.model import Scenario, ScenarioError
+    from middlebox.scenario.convert import ScenarioError
+    from middlebox.scenario.model import Scenario
     from middlebox.shell.control import ControlledProxy, check_control_access, run_controlled_proxy
     from middlebox.shell.server import Address
 
@@ -246,7 +247,8 @@ def proxy(
 
     from middlebox.compose import load
     from middlebox.observe.journal import JournalStore
-    from middlebox.scenario.model import Scenario, ScenarioError
+    from middlebox.scenario.convert import ScenarioError
+    from middlebox.scenario.model import Scenario
     from middlebox.shell.server import Address, ProxyServer, run_proxy
 
     try:
@@ -442,7 +444,7 @@ def run(
     """
     from middlebox.report.scorecard import scorecard
     from middlebox.run.runner import Interrupted, RunError, run_suite
-    from middlebox.scenario.model import ScenarioError
+    from middlebox.scenario.convert import ScenarioError
 
     try:
         suite = run_suite(
@@ -613,7 +615,7 @@ def drill_check(
     from middlebox.report.scorecard import scorecard
     from middlebox.run.drills import DrillError, check
     from middlebox.run.runner import RunError
-    from middlebox.scenario.model import ScenarioError
+    from middlebox.scenario.convert import ScenarioError
 
     try:
         grade = check(

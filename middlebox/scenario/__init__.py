@@ -1,5 +1,12 @@
-"""scenario: the YAML scenario format: units, the YAML-to-dataclass converter, the model,
-loading with file:line:column errors, presets, the JSON Schema, and the clients' workload.
+"""scenario: the YAML scenario format, one job per module.
+
+units     durations (`800ms`) and sizes (`4KiB`)
+convert   YAML nodes to checked dataclasses; problems at file:line:column
+model     the validated scenario (frozen dataclasses) and its warnings
+load      files and text to a Scenario: limits, top-level keys, the fault path
+presets   `- preset: NAME` (and its `set:`) expanded in a path
+schema    the JSON Schema of the format, generated from the registry
+workload  the clients' `workload:` block
 
 Rule: pure (core + pyyaml); never imports faults (the registry is passed in by the
 composition root), the shell, or anything that runs.

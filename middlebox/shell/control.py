@@ -53,7 +53,9 @@ from middlebox.compose import SCENARIO_SUFFIXES, load, registry, scenario_sectio
 from middlebox.core.fault import Pipeline
 from middlebox.observe.journal import JournalStore, facts, read_ndjson
 from middlebox.observe.metrics import CONTENT_TYPE, Metrics
-from middlebox.scenario.model import Scenario, ScenarioError, load_scenario_text
+from middlebox.scenario.convert import ScenarioError
+from middlebox.scenario.load import load_scenario_text
+from middlebox.scenario.model import Scenario
 from middlebox.shell.server import Address, ProxyServer, listen, run_proxy
 
 log = logging.getLogger("middlebox.shell.control")

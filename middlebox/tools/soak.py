@@ -38,7 +38,8 @@ import trio
 
 from middlebox.compose import registry, scenario_sections
 from middlebox.observe.journal import JournalStore
-from middlebox.scenario.model import Scenario, load_scenario_text
+from middlebox.scenario.load import load_scenario_text
+from middlebox.scenario.model import Scenario
 from middlebox.shell.server import Address, ProxyServer, listen
 
 MODEL = "middlebox/tools/soak-7b"

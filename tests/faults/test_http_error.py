@@ -17,7 +17,7 @@ from faults.http_error import HttpError, error_body
 from faults.testing import joined, replay
 from middlebox.core.fault import FaultContext
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
-from middlebox.scenario.model import load_scenario_text
+from middlebox.scenario.load import load_scenario_text
 from tests.faults.httpprops import cut_lists, exchanges, request, resplit, sse_response, timed
 from tests.faults.netprops import assert_deterministic
 

@@ -14,7 +14,7 @@ import trio
 
 from faults import REGISTRY
 from middlebox.core.http1 import Http1Framer, encode_chunk
-from middlebox.scenario.model import load_scenario_text
+from middlebox.scenario.load import load_scenario_text
 from tests.faults.httpprops import SSE_HEAD, request, sse_chunks
 from tests.harness import proxied, read_all
 

@@ -16,7 +16,7 @@ from faults._http import HttpMatched, RequestInfo, RequestMatch, request_info, r
 from middlebox.core.fault import Fault, FaultContext
 from middlebox.core.http1 import Head
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
-from middlebox.scenario.model import load_scenario_text
+from middlebox.scenario.load import load_scenario_text
 
 
 def post(path: str = "/v1/chat/completions", body: bytes = b'{"model":"qwen-7b"}') -> bytes:

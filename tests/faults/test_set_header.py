@@ -14,7 +14,7 @@ from faults._http import RequestMatch
 from faults.set_header import SetHeader
 from faults.testing import joined, replay
 from middlebox.core.stream import DOWN, UP, Chunk, Eof
-from middlebox.scenario.model import load_scenario_text
+from middlebox.scenario.load import load_scenario_text
 from tests.faults.httpprops import (
     SSE_HEAD,
     cut_lists,

@@ -15,7 +15,7 @@ from faults.sse_ids import SseIds
 from faults.testing import joined, replay
 from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
 from middlebox.core.stream import DOWN, UP, Chunk, Eof
-from middlebox.scenario.model import load_scenario_text
+from middlebox.scenario.load import load_scenario_text
 from tests.faults.httpprops import (
     SSE_HEAD,
     cut_lists,

@@ -30,13 +30,9 @@ from middlebox.compose import load, scenario_sections
 from middlebox.core.fault import Fault
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
 from middlebox.run.score import score_client
-from middlebox.scenario.model import (
-    MAX_SCENARIO_BYTES,
-    ProxyOptions,
-    Scenario,
-    ScenarioError,
-    load_scenario_text,
-)
+from middlebox.scenario.convert import ScenarioError
+from middlebox.scenario.load import MAX_SCENARIO_BYTES, load_scenario_text
+from middlebox.scenario.model import ProxyOptions, Scenario
 from middlebox.scenario.workload import Workload, workload_file
 from middlebox.shell.server import Address, ProxyServer, listen
 from tests.clients.wire_server import END_CHUNK, SSE_HEAD, chat_frame, http_chunk

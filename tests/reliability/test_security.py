@@ -15,7 +15,8 @@ from faults import REGISTRY
 from middlebox.cli.main import main
 from middlebox.compose import scenario_sections
 from middlebox.run.runner import run_suite, safe_name
-from middlebox.scenario.model import ScenarioError, load_scenario_text
+from middlebox.scenario.convert import ScenarioError
+from middlebox.scenario.load import load_scenario_text
 from middlebox.shell.control import check_control_access, is_loopback
 from middlebox.shell.server import Address
 

@@ -1,0 +1,232 @@
+"""Loading scenario files: YAML text in, a validated `Scenario` out, or every problem.
+
+Files are parsed with PyYAML's SafeLoader (no code execution) into nodes that keep their
+marks, so every error names the file, line and column. Keys are checked against the
+top-level names, the registry (with did-you-mean) and the optional sections the caller
+allows; duplicate keys are errors, not silently last-one-wins as in plain PyYAML. The
+registry and presets are passed in (the composition root owns faults/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from middlebox.core.fault import Fault
+from middlebox.scenario.convert import (
+    Converter,
+    Invalid,
+    Problem,
+    ProblemCollector,
+    ScenarioError,
+    did_you_mean,
+)
+from middlebox.scenario.model import FaultSpec, ProxyOptions, Scenario, scenario_warnings
+from middlebox.scenario.presets import expand_preset
+
+# A scenario is a page of YAML; anything this big is a mistake (or an attack), refused
+# before parsing so a stray multi-gigabyte file cannot exhaust memory.
+MAX_SCENARIO_BYTES = 1024 * 1024
+# Nodes after expanding aliases: a "billion laughs" document is tiny but expands
+# exponentially when walked as a tree, as the converters do.
+MAX_EXPANDED_NODES = 100_000
+
+
+def expanded_size(root: yaml.Node) -> int:
+    """How many nodes walking `root` as a tree visits (aliases counted each time)."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        sizes[id(node)] = 1  # a recursive alias counts once instead of looping
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(key) + size(value) for key, value in node.value)
+        sizes[id(node)] = min(total, MAX_EXPANDED_NODES + 1)
+        return sizes[id(node)]
+
+    return size(root)
+
+
+TOP_LEVEL = ("name", "description", "seed", "path", "proxy", "quiet_faults")
+
+
+def load_scenario_text(
+    text: str,
+    registry: Mapping[str, type[Fault]],
+    *,
+    file: str = "<string>",
+    sections: Mapping[str, type | None] | None = None,
+    presets: Mapping[str, str] | None = None,
+) -> Scenario:
+    """Parse and validate scenario YAML; raise ScenarioError listing every problem found.
+
+    `sections` names the optional top-level blocks allowed (e.g. `workload`) with the
+    dataclass that validates each, or None to keep the block as plain data. `presets`
+    maps a preset name to the YAML text of a `path:` list; `- preset: NAME` in a
+    scenario's path expands to those faults.
+    """
+    sections = dict(sections or {})
+    problems = ProblemCollector(file)
+    if len(text) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(
+            [Problem(file, 1, 1, f"too large: {len(text)} characters (limit {MAX_SCENARIO_BYTES})")]
+        )
+    loader: yaml.SafeLoader | None = None
+    try:
+        loader = yaml.SafeLoader(text)  # its reader refuses NUL and control characters
+        root = loader.get_single_node()
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        detail = " ".join(part for part in (error.context, error.problem) if part)
+        raise ScenarioError([Problem(file, line, column, f"YAML syntax error: {detail}")]) from None
+    except yaml.YAMLError as error:  # ReaderError: NUL and other control characters
+        position = getattr(error, "position", 0) or 0
+        line = text.count("\n", 0, position) + 1
+        column = position - (text.rfind("\n", 0, position) + 1) + 1
+        reason = getattr(error, "reason", None) or str(error).splitlines()[0]
+        raise ScenarioError(
+            [Problem(file, line, column, f"not a YAML text file: {reason}")]
+        ) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    convert = Converter(loader, problems)
+    if root is None or not isinstance(root, yaml.MappingNode):
+        problems.add(root, "a scenario must be a mapping with at least `name:` and `path:`")
+        raise ScenarioError(problems.problems)
+    if expanded_size(root) > MAX_EXPANDED_NODES:
+        problems.add(
+            root,
+            f"more than {MAX_EXPANDED_NODES} values once aliases are expanded "
+            "(a YAML alias bomb?); refused",
+        )
+        raise ScenarioError(problems.problems)
+
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    path_node: yaml.Node | None = None
+    allowed = [*TOP_LEVEL, *sections]
+    for key_node, value_node in convert.mapping_pairs(root, "scenario"):
+        key = key_node.value
+        try:
+            if key == "name":
+                values["name"] = convert.convert(value_node, str, "name")
+            elif key == "description":
+                values["description"] = convert.convert(value_node, str, "description")
+            elif key == "seed":
+                values["seed"] = convert.convert(value_node, int, "seed")
+            elif key == "path":
+                path_node = value_node
+            elif key == "quiet_faults":
+                values["quiet_faults"] = tuple(
+                    convert.convert(value_node, list[str], "quiet_faults")
+                )
+            elif key == "proxy":
+                values["proxy"] = convert.dataclass(value_node, ProxyOptions, "proxy")
+            elif key in sections:
+                schema = sections[key]
+                extra[key] = (
+                    convert.scalar(value_node)
+                    if schema is None
+                    else convert.dataclass(value_node, schema, key)
+                )
+            else:
+                problems.add(
+                    key_node, f"unknown top-level key {key!r}; valid keys: {', '.join(allowed)}"
+                )
+        except Invalid:
+            pass
+    if "name" not in values:
+        values["name"] = Path(file).stem if file != "<string>" else "unnamed"
+    specs: tuple[FaultSpec, ...] = ()
+    if path_node is not None:
+        try:
+            specs = load_path(path_node, registry, convert, presets or {})
+        except Invalid:
+            pass
+    if problems.problems:
+        raise ScenarioError(problems.problems)
+    scenario = Scenario(path=specs, sections=extra, source=file, **values)
+    return dataclasses.replace(scenario, warnings=tuple(scenario_warnings(scenario)))
+
+
+def load_path(
+    node: yaml.Node,
+    registry: Mapping[str, type[Fault]],
+    convert: Converter,
+    presets: Mapping[str, str],
+) -> tuple[FaultSpec, ...]:
+    problems = convert.problems
+    if isinstance(node, yaml.ScalarNode) and convert.scalar(node) is None:
+        return ()
+    if not isinstance(node, yaml.SequenceNode):
+        problems.add(node, "path: expected a list of faults in path order, client side first")
+        return ()
+    specs: list[FaultSpec] = []
+    for index, entry in enumerate(node.value):
+        where = f"path[{index}]"
+        if isinstance(entry, yaml.ScalarNode):
+            name_node, config_node = entry, None
+        elif isinstance(entry, yaml.MappingNode) and len(entry.value) == 1:
+            name_node, config_node = entry.value[0]
+        else:
+            problems.add(entry, f"{where}: expected `- fault_name: {{field: value}}`")
+            continue
+        name = name_node.value
+        if name == "preset":
+            preset_node = config_node or name_node
+            specs.extend(expand_preset(preset_node, registry, convert, presets, where, load_path))
+            continue
+        cls = registry.get(name)
+        if cls is None:
+            problems.add(
+                name_node,
+                f"{where}: unknown fault {name!r}"
+                + did_you_mean(name, registry)
+                + f"; valid faults: {', '.join(sorted(registry))}",
+            )
+            continue
+        try:
+            config = convert.fields_of(config_node, cls, f"{where} {name}")
+            cls(**config)  # run the fault's own checks now, not at the first connection
+            specs.append(FaultSpec(cls, config, name_node.start_mark.line + 1))
+        except Invalid:
+            pass
+        except (TypeError, ValueError) as error:
+            problems.add(config_node or name_node, f"{where} {name}: {error}")
+    return tuple(specs)
+
+
+def load_scenario(
+    path: str | Path,
+    registry: Mapping[str, type[Fault]],
+    *,
+    sections: Mapping[str, type | None] | None = None,
+    presets: Mapping[str, str] | None = None,
+) -> Scenario:
+    """Load one scenario file; raise ScenarioError naming the file on any problem."""
+    file = str(path)
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_SCENARIO_BYTES:
+            raise ScenarioError(
+                [Problem(file, 1, 1, f"too large: {size} bytes (limit {MAX_SCENARIO_BYTES})")]
+            )
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ScenarioError(
+            [Problem(file, 1, 1, f"not a UTF-8 text file (byte {error.start}): {error.reason}")]
+        ) from None
+    except OSError as error:
+        raise ScenarioError([Problem(file, 1, 1, f"cannot read: {error}")]) from None
+    return load_scenario_text(text, registry, file=file, sections=sections, presets=presets)
