@@ -1,4 +1,14 @@
-"""Architecture rules from shared/design.md, enforced on the source tree (AST only)."""
+"""The house rules (docs/architecture.md, shared/design.md "Layout: rooms"), enforced on the source.
+
+Each rule is a plain function from source text (a mapping of repository-relative path to
+source) to a list of violations, so every rule is shown twice: failing on a small violating
+example written here, and passing on the real tree. A rule that only ever passes proves
+nothing; a rule that can fail on three lines of code is one a reader can trust.
+
+The rules cover the installed product (`middlebox`, `faults`, `vllm_emulator`: pyproject's
+packages). tests/, bench/ and calibrate/ are harnesses around the house and may import
+anything.
+"""
 
 from __future__ import annotations
 
@@ -6,120 +16,845 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+
+import pytest
 
 import faults
 from faults import REGISTRY
 from middlebox.core.fault import Fault
 
 ROOT = Path(__file__).resolve().parent.parent
-PURE_CORE = [
-    "core/stream",
-    "core/fault",
-    "core/http1",
-    "core/sse",
-    "scenario/model",
-    "core/responses",
-]
-EVENT_LOOPS_AND_SOCKETS = {"trio", "aiohttp", "asyncio", "socket", "scapy", "selectors", "anyio"}
-COMPOSITION_ROOT = {"cli", "compose", "runner", "plugin"}
+PRODUCT = ("middlebox", "faults", "vllm_emulator")
+STDLIB = frozenset(sys.stdlib_module_names)
+
+Sources = Mapping[str, str]
 
 
-def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    names: set[str] = set()
-    for node in ast.walk(tree):
+# -- The rooms and their rules ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Room:
+    """One room: its job, the rooms it may import, and the libraries it may (or may not) use."""
+
+    job: str
+    may_import: frozenset[str]
+    #: third-party libraries allowed; None means any (then `forbidden` still applies)
+    libraries: frozenset[str] | None = None
+    #: modules never imported here, standard library included (dotted prefixes)
+    forbidden: frozenset[str] = frozenset()
+
+
+# Modules that do I/O or run an event loop: a pure room (core, scenario, faults) imports none of
+# them, so everything there runs on a virtual clock in microseconds and replays from its seed.
+IO_AND_EVENT_LOOPS = frozenset(
+    {
+        "trio",
+        "aiohttp",
+        "anyio",
+        "asyncio",
+        "socket",
+        "ssl",
+        "select",
+        "selectors",
+        "subprocess",
+        "threading",
+        "multiprocessing",
+        "concurrent",
+        "signal",
+        "http.client",
+        "http.server",
+        "urllib.request",
+        "scapy",
+    }
+)
+EVENT_LOOPS = frozenset({"trio", "aiohttp", "anyio", "asyncio"})
+
+
+def rooms(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+# The room of `middlebox/<room>/...` is <room>; `middlebox/compose.py` is the composition root;
+# `middlebox/__init__.py` is the package itself (its version; it imports nothing) and
+# `middlebox/__main__.py` belongs to the cli (`python -m middlebox` is the command line).
+ROOMS: dict[str, Room] = {
+    "core": Room(
+        "the pure data model and framers: stream items, the fault contract, HTTP/1.1 and SSE "
+        "framing, nginx-shaped responses",
+        rooms(),
+        libraries=frozenset(),
+        forbidden=IO_AND_EVENT_LOOPS,
+    ),
+    "scenario": Room(
+        "the YAML scenario format: units, converter, model, loading, presets, schema, workload",
+        rooms("core"),
+        libraries=frozenset({"yaml"}),
+        forbidden=IO_AND_EVENT_LOOPS,
+    ),
+    "faults": Room(
+        "one module per fault and the registry; pure state machines",
+        rooms("core"),
+        libraries=frozenset(),
+        forbidden=IO_AND_EVENT_LOOPS,
+    ),
+    "compose": Room(
+        "the composition root: the only importer of faults",
+        rooms("core", "scenario", "faults", "vllm_emulator"),
+    ),
+    "observe": Room(
+        "what happened on the wire: the journal (each leg framed once), metrics, pcap",
+        rooms("core", "scenario"),
+        forbidden=EVENT_LOOPS,
+    ),
+    "shell": Room(
+        "the thin trio I/O shell: sockets, read hub, relay, server, workers, control API",
+        rooms("core", "scenario", "observe"),
+        forbidden=frozenset({"aiohttp", "asyncio", "anyio"}),
+    ),
+    "report": Room(
+        "views of a run's plain-data verdicts: scorecard, JUnit XML, HTML, timelines, progress",
+        rooms("core", "scenario", "observe"),
+    ),
+    "clients": Room(
+        "the built-in clients under test; separate processes with one small result contract",
+        rooms("core"),
+    ),
+    "run": Room(
+        "running scenarios for a verdict: upstream processes, clients, suite, scorer, "
+        "background proxy, pytest plugin, drills",
+        rooms("core", "scenario", "shell", "observe", "report", "clients", "compose"),
+    ),
+    "tools": Room(
+        "load generation, the Locust file, the soak test, the cassette recorder",
+        rooms("core", "scenario", "shell", "observe", "run", "compose"),
+    ),
+    "cli": Room(
+        "click only: each command parses its options and calls one function",
+        rooms(
+            "core",
+            "scenario",
+            "shell",
+            "observe",
+            "report",
+            "clients",
+            "run",
+            "tools",
+            "compose",
+            "vllm_emulator",
+        ),
+    ),
+    "middlebox": Room("the package: its version", rooms()),
+    "vllm_emulator": Room("the embedded upstream, its own aiohttp process", rooms()),
+}
+# The rooms that are folders under middlebox/ (each with a docstring stating its rule).
+MIDDLEBOX_ROOMS = sorted(set(ROOMS) - {"compose", "faults", "middlebox", "vllm_emulator"})
+# Pure rooms: no wall clock, no sleep, no global random (time comes in as `now`, randomness from
+# an injected seeded random.Random), so a fault's timeline is exact and a run replays from its seed.
+PURE_ROOMS = frozenset({"core", "scenario", "faults"})
+# Everything that builds pipelines from the fault library does it through this one module.
+FAULTS_IMPORTERS = frozenset({"middlebox/compose.py"})
+# click is the command line's library: the cli room, and the emulator's own `emulate` command.
+CLICK_USERS = frozenset({"middlebox/cli/", "vllm_emulator/cli.py"})
+
+
+# -- Reading source --------------------------------------------------------------------------
+
+
+def module_name(path: str) -> str:
+    parts = list(Path(path).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_names(path: str, source: str) -> list[tuple[int, str]]:
+    """(line, dotted name) for every import anywhere in the module, lazy ones included.
+
+    `from a.b import c` gives `a.b.c` (c may be a module or a name in a.b); relative imports
+    are resolved against the module's package.
+    """
+    package = module_name(path).split(".")
+    if not path.endswith("__init__.py"):
+        package = package[:-1]
+    names: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+            names.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
     return names
 
 
-def top(name: str) -> str:
-    return name.split(".")[0]
+def room_of_path(path: str) -> str:
+    parts = Path(path).parts
+    if parts[0] != "middlebox":
+        return parts[0]
+    if len(parts) == 2:
+        return {"compose.py": "compose", "__main__.py": "cli"}.get(parts[1], "middlebox")
+    return parts[1]
 
 
-def python_files(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+def room_of_name(name: str) -> str | None:
+    """The room an imported dotted name belongs to, or None for a library."""
+    parts = name.split(".")
+    if parts[0] in ("faults", "vllm_emulator"):
+        return parts[0]
+    if parts[0] != "middlebox":
+        return None
+    if len(parts) > 1 and (parts[1] in ROOMS or parts[1] == "compose"):
+        return parts[1]
+    return "middlebox"
 
 
-def test_the_pure_core_imports_no_event_loop_socket_or_packet_library() -> None:
-    for module in PURE_CORE:
-        path = ROOT / "middlebox" / f"{module}.py"
-        if not path.exists():
+def matches(name: str, prefixes: Iterable[str]) -> str | None:
+    return next((p for p in prefixes if name == p or name.startswith(p + ".")), None)
+
+
+def read_tree(root: Path, packages: Iterable[str] = PRODUCT) -> dict[str, str]:
+    return {
+        str(path.relative_to(root)): path.read_text(encoding="utf-8")
+        for package in packages
+        for path in sorted((root / package).rglob("*.py"))
+        if "__pycache__" not in path.parts
+    }
+
+
+@cache
+def product() -> dict[str, str]:
+    return read_tree(ROOT)
+
+
+def assert_clean(violations: list[str]) -> None:
+    assert not violations, "architecture violations:\n  " + "\n  ".join(violations)
+
+
+# -- The rules -------------------------------------------------------------------------------
+
+
+def room_import_violations(sources: Sources) -> list[str]:
+    """Each module imports only the rooms and libraries its room's rule allows."""
+    found = []
+    for path, source in sources.items():
+        room_name = room_of_path(path)
+        room = ROOMS.get(room_name)
+        if room is None:
+            found.append(f"{path}: in no known room (add it to ROOMS with its rule)")
             continue
-        bad = {name for name in imported_modules(path) if top(name) in EVENT_LOOPS_AND_SOCKETS}
-        assert not bad, f"middlebox/{module}.py imports {sorted(bad)}"
-
-
-def test_faults_depend_only_on_the_pure_core() -> None:
-    allowed_core = {f"middlebox.{module}".replace("/", ".") for module in PURE_CORE}
-    for path in python_files("faults"):
-        for name in imported_modules(path):
-            if top(name) in EVENT_LOOPS_AND_SOCKETS:
-                raise AssertionError(f"{path.relative_to(ROOT)} imports {name}")
-            if top(name) == "middlebox":
-                assert name in allowed_core, f"{path.relative_to(ROOT)} imports {name}"
-            assert top(name) != "vllm_emulator", f"{path.relative_to(ROOT)} imports {name}"
-
-
-def test_the_emulator_imports_neither_middlebox_nor_faults() -> None:
-    for path in python_files("vllm_emulator"):
-        bad = {name for name in imported_modules(path) if top(name) in {"middlebox", "faults"}}
-        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
-
-
-def test_middlebox_imports_faults_only_at_the_composition_root() -> None:
-    for path in python_files("middlebox"):
-        if path.stem in COMPOSITION_ROOT:
-            continue
-        bad = {name for name in imported_modules(path) if top(name) == "faults"}
-        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
-
-
-def test_no_module_imports_both_trio_and_aiohttp() -> None:
-    for package in ("middlebox", "faults", "vllm_emulator"):
-        for path in python_files(package):
-            tops = {top(name) for name in imported_modules(path)}
-            assert not {"trio", "aiohttp"} <= tops, f"{path.relative_to(ROOT)} mixes event loops"
-
-
-def test_every_module_starts_with_a_docstring() -> None:
-    for package in ("middlebox", "faults", "vllm_emulator"):
-        for path in python_files(package):
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            if not tree.body:
-                continue  # an empty __init__.py
-            assert ast.get_docstring(tree), f"{path.relative_to(ROOT)} has no module docstring"
-
-
-def all_fault_classes() -> dict[str, type[Fault]]:
-    found: dict[str, type[Fault]] = {}
-    for info in pkgutil.iter_modules(faults.__path__):
-        module = importlib.import_module(f"faults.{info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if (
-                issubclass(cls, Fault)
-                and cls.__module__ == module.__name__
-                and not inspect.isabstract(cls)
-                and not cls.__name__.startswith("_")
-            ):
-                found[f"{module.__name__}.{cls.__name__}"] = cls
+        reported: set[tuple[int, str]] = set()
+        for line, name in imported_names(path, source):
+            target = room_of_name(name)
+            if target is not None:
+                # one violation per import statement, however many names it takes
+                if target not in room.may_import | {room_name, "middlebox"} and (
+                    (line, target) not in reported
+                ):
+                    reported.add((line, target))
+                    found.append(f"{path}:{line}: {room_name} imports {name} ({target})")
+                continue
+            if bad := matches(name, room.forbidden):
+                found.append(f"{path}:{line}: {room_name} imports {bad}")
+                continue
+            library = name.split(".")[0]
+            allowed = room.libraries
+            third_party = library != "__future__" and library not in STDLIB
+            if third_party and allowed is not None and library not in allowed:
+                found.append(f"{path}:{line}: {room_name} imports the library {library}")
     return found
 
 
-def test_every_fault_subclass_is_in_the_registry() -> None:
-    registered = set(REGISTRY.values())
-    missing = [
-        name
-        for name, cls in all_fault_classes().items()
-        if cls not in registered and "name" in cls.__dict__
+def faults_importers(sources: Sources) -> list[str]:
+    """Only the composition root imports the fault library."""
+    return [
+        f"{path}:{line}: imports {name} (only {sorted(FAULTS_IMPORTERS)} may)"
+        for path, source in sources.items()
+        if room_of_path(path) != "faults" and path not in FAULTS_IMPORTERS
+        for line, name in imported_names(path, source)
+        if room_of_name(name) == "faults"
     ]
-    assert not missing, f"faults missing from faults/__init__.py REGISTRY: {missing}"
 
 
-def test_each_fault_lives_in_the_module_of_its_yaml_name_under_its_camelcase_class() -> None:
-    for name, cls in REGISTRY.items():
-        assert cls.__module__ == f"faults.{name}", f"{name} is defined in {cls.__module__}"
-        assert cls.__name__ == "".join(part.capitalize() for part in name.split("_")), name
+def click_outside_the_cli(sources: Sources) -> list[str]:
+    """click appears only in the command lines; everything else is callable without it."""
+    return [
+        f"{path}:{line}: imports {name} (click belongs in middlebox/cli/)"
+        for path, source in sources.items()
+        if not any(path == user or path.startswith(user) for user in CLICK_USERS)
+        for line, name in imported_names(path, source)
+        if name.split(".")[0] == "click"
+    ]
+
+
+def both_event_loops(sources: Sources) -> list[str]:
+    """No module imports both trio and asyncio/aiohttp: proxy and emulator share only TCP."""
+    found = []
+    for path, source in sources.items():
+        tops = {name.split(".")[0] for _, name in imported_names(path, source)}
+        if "trio" in tops and tops & {"aiohttp", "asyncio"}:
+            found.append(f"{path}: imports trio and {sorted(tops & {'aiohttp', 'asyncio'})}")
+    return found
+
+
+WALL_CLOCKS = frozenset(
+    {
+        "time.time",
+        "time.time_ns",
+        "time.monotonic",
+        "time.monotonic_ns",
+        "time.perf_counter",
+        "time.perf_counter_ns",
+        "time.process_time",
+        "time.process_time_ns",
+        "time.thread_time",
+        "time.clock_gettime",
+        "time.clock_gettime_ns",
+        "time.sleep",
+        "datetime.datetime.now",
+        "datetime.datetime.utcnow",
+        "datetime.datetime.today",
+        "datetime.date.today",
+        "os.urandom",
+        "uuid.uuid1",
+        "uuid.uuid4",
+    }
+)
+# `random.Random` is the seeded instance faults are given; everything else in `random` is the
+# hidden global generator (or the OS's, SystemRandom), which no seed replays.
+SEEDED_RANDOM = "random.Random"
+
+
+def aliases(tree: ast.Module) -> dict[str, str]:
+    """Local name -> the dotted module or attribute it was imported as."""
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    bound[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    bound[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return bound
+
+
+def dotted(node: ast.expr, bound: Mapping[str, str]) -> str | None:
+    if isinstance(node, ast.Name):
+        return bound.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value, bound)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def clocks_and_global_random(sources: Sources) -> list[str]:
+    """Pure rooms read no clock, never sleep, and draw randomness only from a seeded Random."""
+    found = []
+    for path, source in sources.items():
+        if room_of_path(path) not in PURE_ROOMS:
+            continue
+        tree = ast.parse(source)
+        bound = aliases(tree)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and not (node.args or node.keywords)
+                and dotted(node.func, bound) == SEEDED_RANDOM
+            ):
+                found.append(f"{path}:{node.lineno}: random.Random() without a seed")
+            if not isinstance(node, ast.Name | ast.Attribute):
+                continue
+            name = dotted(node, bound)
+            if name is None:
+                continue
+            if name in WALL_CLOCKS:
+                found.append(f"{path}:{node.lineno}: uses {name} (time comes in as `now`)")
+            elif name.startswith("random.") and name != SEEDED_RANDOM:
+                found.append(f"{path}:{node.lineno}: uses the global {name} (use self.rng)")
+            elif name.startswith("secrets."):
+                found.append(f"{path}:{node.lineno}: uses {name} (use self.rng)")
+    return found
+
+
+def missing_docstrings(sources: Sources) -> list[str]:
+    """Every module, empty package files included, starts by saying what it is for."""
+    return [
+        f"{path}: no module docstring"
+        for path, source in sources.items()
+        if not ast.get_docstring(ast.parse(source))
+    ]
+
+
+def rooms_without_a_rule(sources: Sources) -> list[str]:
+    """Each folder under middlebox/ is a known room whose __init__ docstring states its rule."""
+    found = []
+    folders = {
+        parts[1]
+        for parts in (Path(path).parts for path in sources)
+        if parts[0] == "middlebox" and len(parts) > 2
+    }
+    for folder in sorted(folders):
+        if folder not in ROOMS:
+            found.append(f"middlebox/{folder}/: a folder that is no room in ROOMS")
+        init = sources.get(f"middlebox/{folder}/__init__.py")
+        docstring = ast.get_docstring(ast.parse(init)) if init is not None else None
+        if not docstring or "Rule:" not in docstring:
+            found.append(f"middlebox/{folder}/__init__.py: its docstring states no 'Rule:'")
+    return found
+
+
+def shadowed_names(sources: Sources) -> list[str]:
+    """No module or package is named after a stdlib module or a library it imports."""
+    found = []
+    for path, source in sources.items():
+        parts = Path(path).with_suffix("").parts
+        for part in parts:
+            if part in STDLIB and part not in ("__init__", "__main__"):
+                found.append(f"{path}: '{part}' shadows the standard library's {part}")
+        stem = parts[-1]
+        if any(name.split(".")[0] == stem for _, name in imported_names(path, source)):
+            found.append(f"{path}: named after the library {stem} it imports")
+    return found
+
+
+def import_cycles(sources: Sources) -> list[str]:
+    """No import circle between modules, lazy imports included (a lazy import hides a circle)."""
+    modules = {module_name(path): path for path in sources}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets = set()
+        for _, name in imported_names(path, sources[path]):
+            parts = name.split(".")
+            for end in range(len(parts), 0, -1):
+                candidate = ".".join(parts[:end])
+                if candidate in modules:
+                    if candidate != module:
+                        targets.add(candidate)
+                    break
+        graph[module] = targets
+    return [" -> ".join([*cycle, cycle[0]]) for cycle in strongly_connected(graph)]
+
+
+def strongly_connected(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm: the components with more than one module, each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(components)
+
+
+def rooms_missing_from_readme(readme: str) -> list[str]:
+    """The README's Architecture section names every room (`core/`, `compose.py`, `faults/`...)."""
+    match = re.search(r"^## Architecture\n(.*?)(?=^## )", readme, re.S | re.M)
+    if not match:
+        return ["README.md: no '## Architecture' section"]
+    section = match.group(1)
+    wanted = [f"`{room}/`" for room in MIDDLEBOX_ROOMS]
+    wanted += ["`compose.py`", "`faults/`", "`vllm_emulator/`"]
+    return [
+        f"README.md Architecture: {name} is not named" for name in wanted if name not in section
+    ]
+
+
+def camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def is_private(cls: type) -> bool:
+    """A helper: a leading underscore on the class or on any module below faults/ (faults._lib)."""
+    modules = cls.__module__.split(".")[1:]
+    return cls.__name__.startswith("_") or any(part.startswith("_") for part in modules)
+
+
+def unregistered_faults(classes: Iterable[type[Fault]], registry: Mapping[str, type]) -> list[str]:
+    """Every public Fault subclass in faults/ is a registered fault; anything else is private.
+
+    Public means: the class name and every module below `faults` lack a leading underscore.
+    A public one must be `faults.<name>.<CamelCase(name)>`, carry `name = "<name>"` and be
+    `REGISTRY["<name>"]`. A helper base or a building block lives in a private module
+    (`faults/_lib/`) or has a private name, so the rule cannot miss a forgotten fault.
+    """
+    found = []
+    for cls in classes:
+        if is_private(cls):
+            continue
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        modules = cls.__module__.split(".")
+        stem = modules[-1]
+        if len(modules) != 2:
+            found.append(f"{where}: a public fault must live in faults/<name>.py")
+        elif cls.__name__ != camel(stem):
+            found.append(f"{where}: the fault in faults/{stem}.py is named {camel(stem)}")
+        elif cls.__dict__.get("name") != stem:
+            found.append(f"{where}: sets no `name = {stem!r}` of its own")
+        elif registry.get(stem) is not cls:
+            found.append(f"{where}: not REGISTRY[{stem!r}] in faults/__init__.py")
+    return found
+
+
+def misplaced_registry_entries(registry: Mapping[str, type]) -> list[str]:
+    """REGISTRY[name] is the class CamelCase(name) from faults/<name>.py with that `name`."""
+    found = []
+    for name, cls in registry.items():
+        expected = f"faults.{name}.{camel(name)}"
+        if f"{cls.__module__}.{cls.__qualname__}" != expected or cls.__dict__.get("name") != name:
+            found.append(f"REGISTRY[{name!r}] is {cls.__module__}.{cls.__qualname__}")
+    return found
+
+
+def fault_classes_in(package_path: Iterable[str], prefix: str) -> list[type[Fault]]:
+    """Every Fault subclass defined in the package's modules (imports them all)."""
+    found: list[type[Fault]] = []
+    for info in pkgutil.walk_packages(list(package_path), prefix):
+        module = importlib.import_module(info.name)
+        found.extend(
+            cls
+            for _, cls in inspect.getmembers(module, inspect.isclass)
+            if issubclass(cls, Fault) and cls.__module__ == module.__name__
+        )
+    return found
+
+
+# -- Each rule fails on a small violation ----------------------------------------------------
+
+CLEAN = '"""A docstring."""\n'
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "expected"),
+    [
+        ("middlebox/core/x.py", "import trio\n", "core imports trio"),
+        ("middlebox/core/x.py", "import socket\n", "core imports socket"),
+        ("middlebox/core/x.py", "import yaml\n", "core imports the library yaml"),
+        ("middlebox/core/x.py", "from middlebox.scenario import model\n", "core imports"),
+        ("middlebox/scenario/x.py", "from middlebox.shell import server\n", "scenario imports"),
+        ("middlebox/scenario/x.py", "import trio\n", "scenario imports trio"),
+        ("faults/x.py", "from middlebox.scenario.model import Scenario\n", "faults imports"),
+        ("faults/x.py", "import httpx\n", "faults imports the library httpx"),
+        ("faults/x.py", "import asyncio\n", "faults imports asyncio"),
+        ("middlebox/shell/x.py", "import aiohttp\n", "shell imports aiohttp"),
+        ("middlebox/shell/x.py", "from middlebox.run import runner\n", "shell imports"),
+        ("middlebox/shell/x.py", "from middlebox.compose import f\n", "shell imports"),
+        ("middlebox/shell/x.py", "from middlebox import report\n", "shell imports"),
+        ("middlebox/observe/x.py", "import trio\n", "observe imports trio"),
+        ("middlebox/observe/x.py", "from middlebox.shell import relay\n", "observe imports"),
+        ("middlebox/report/x.py", "from middlebox.run.runner import x\n", "report imports"),
+        ("middlebox/report/x.py", "from middlebox.tools import soak\n", "report imports"),
+        ("middlebox/run/x.py", "from middlebox.cli.main import main\n", "run imports"),
+        ("middlebox/run/x.py", "from middlebox.tools import load\n", "run imports"),
+        ("middlebox/clients/x.py", "from middlebox.shell import relay\n", "clients imports"),
+        ("middlebox/tools/x.py", "from middlebox.cli import main\n", "tools imports"),
+        ("middlebox/newroom/x.py", "", "in no known room"),
+        ("vllm_emulator/x.py", "from middlebox.core import sse\n", "vllm_emulator imports"),
+        ("vllm_emulator/x.py", "import faults\n", "vllm_emulator imports faults"),
+        ("middlebox/core/x.py", "from . import y\nfrom ..shell import relay\n", "core imports"),
+    ],
+)
+def test_the_room_rule_rejects_an_import_across_it(path: str, source: str, expected: str) -> None:
+    violations = room_import_violations({path: source})
+    assert len(violations) == 1 and expected in violations[0], violations
+
+
+def test_the_room_rule_allows_what_each_room_may_import() -> None:
+    allowed = {
+        "middlebox/core/x.py": "import re\nfrom middlebox.core.stream import Chunk\n",
+        "middlebox/scenario/x.py": "import yaml\nfrom middlebox.core import http1\n",
+        "faults/x.py": "from faults._lib import timing\nfrom middlebox.core.fault import Fault\n",
+        "middlebox/shell/x.py": "import trio\nfrom middlebox.observe import journal\n",
+        "middlebox/observe/x.py": "import scapy\nfrom middlebox.scenario import model\n",
+        "middlebox/run/x.py": "import trio\nfrom middlebox import compose, report, shell\n",
+        "middlebox/cli/main.py": "import click\nfrom middlebox.tools import soak\n",
+        "middlebox/__main__.py": "from middlebox.cli.main import main\n",
+        "vllm_emulator/app.py": "import aiohttp\nfrom vllm_emulator import wire\n",
+    }
+    assert room_import_violations(allowed) == []
+
+
+def test_only_the_composition_root_imports_faults() -> None:
+    sources = {
+        "middlebox/compose.py": "from faults import REGISTRY\n",
+        "faults/cut.py": "from faults._lib import ends\n",
+        "middlebox/run/runner.py": "def f():\n    from faults.presets import PRESETS\n",
+        "middlebox/cli/main.py": "import faults.latency\n",
+    }
+    violations = faults_importers(sources)
+    assert [v.split(":")[0] for v in violations] == [
+        "middlebox/run/runner.py",
+        "middlebox/cli/main.py",
+    ]
+
+
+def test_click_appears_only_in_the_cli() -> None:
+    sources = {
+        "middlebox/cli/main.py": "import click\n",
+        "vllm_emulator/cli.py": "import click\n",
+        "middlebox/report/scorecard.py": "import click\n",
+        "vllm_emulator/app.py": "from click import echo\n",
+    }
+    violations = click_outside_the_cli(sources)
+    paths = [v.split(":")[0] for v in violations]
+    assert paths == ["middlebox/report/scorecard.py", "vllm_emulator/app.py"]
+
+
+def test_a_module_importing_both_event_loops_is_caught() -> None:
+    sources = {
+        "middlebox/shell/a.py": "import trio\ndef f():\n    import aiohttp\n",
+        "middlebox/shell/b.py": "import trio\nimport asyncio\n",
+        "middlebox/shell/c.py": "import trio\n",
+        "vllm_emulator/app.py": "import asyncio\nimport aiohttp\n",
+    }
+    paths = [v.split(":")[0] for v in both_event_loops(sources)]
+    assert paths == ["middlebox/shell/a.py", "middlebox/shell/b.py"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "import time\ndef on_item(self, item, now):\n    return time.time()\n",
+        "import time\nstarted = time.monotonic()\n",
+        "import time as clock\nx = clock.perf_counter()\n",
+        "from time import monotonic\ndef deadline(self):\n    return monotonic() + 1\n",
+        "from time import sleep\nsleep(0.1)\n",
+        "import datetime\nstamp = datetime.datetime.now()\n",
+        "from datetime import datetime\nstamp = datetime.now()\n",
+        "from datetime import date\nday = date.today()\n",
+        "import random\ndef on_item(self, item, now):\n    return random.random()\n",
+        "import random\npick = random.choice([1, 2])\n",
+        "from random import randint\nn = randint(1, 6)\n",
+        "import random\nrandom.seed(4)\n",
+        "import random\nrng = random.SystemRandom()\n",
+        "import random\nrng = random.Random()\n",
+        "import secrets\ntoken = secrets.token_hex(8)\n",
+        "import os\nnoise = os.urandom(4)\n",
+        "import uuid\nident = uuid.uuid4()\n",
+    ],
+)
+@pytest.mark.parametrize("path", ["faults/x.py", "middlebox/core/x.py", "middlebox/scenario/x.py"])
+def test_a_wall_clock_or_the_global_random_in_a_pure_room_is_caught(path: str, body: str) -> None:
+    assert len(clocks_and_global_random({path: body})) == 1
+
+
+def test_seeded_randomness_and_now_are_what_pure_rooms_use() -> None:
+    fault = (
+        "import random\n"
+        "from dataclasses import dataclass, field\n"
+        "@dataclass\n"
+        "class Jitter:\n"
+        "    rng: random.Random = field(default_factory=lambda: random.Random(7))\n"
+        "    def on_item(self, item, now: float, time: float = 0.0):\n"
+        "        self.rng.random()\n"
+        "        return [item] if self.rng.choice([True, False]) else []\n"
+    )
+    assert clocks_and_global_random({"faults/jitter.py": fault}) == []
+    # The shell and the runner live on real clocks: the rule is for pure rooms only.
+    shell = "import time\nstarted = time.monotonic()\n"
+    assert clocks_and_global_random({"middlebox/shell/server.py": shell}) == []
+
+
+def test_a_module_without_a_docstring_is_caught() -> None:
+    sources = {"faults/a.py": CLEAN, "faults/b.py": "import re\n", "middlebox/run/__init__.py": ""}
+    assert missing_docstrings(sources) == [
+        "faults/b.py: no module docstring",
+        "middlebox/run/__init__.py: no module docstring",
+    ]
+
+
+def test_a_room_folder_without_a_stated_rule_is_caught() -> None:
+    sources = {
+        "middlebox/core/__init__.py": '"""core: pure.\n\nRule: stdlib only."""\n',
+        "middlebox/core/stream.py": CLEAN,
+        "middlebox/shell/__init__.py": '"""shell: sockets."""\n',
+        "middlebox/shell/relay.py": CLEAN,
+        "middlebox/misc/thing.py": CLEAN,
+        "middlebox/compose.py": CLEAN,
+    }
+    assert rooms_without_a_rule(sources) == [
+        "middlebox/misc/: a folder that is no room in ROOMS",
+        "middlebox/misc/__init__.py: its docstring states no 'Rule:'",
+        "middlebox/shell/__init__.py: its docstring states no 'Rule:'",
+    ]
+
+
+def test_a_module_shadowing_the_stdlib_or_its_library_is_caught() -> None:
+    sources = {
+        "faults/gzip.py": CLEAN,
+        "faults/gzip_encoding.py": "import zlib\n",
+        "middlebox/clients/openai.py": "from openai import OpenAI\n",
+        "middlebox/clients/openai_sdk.py": "from openai import OpenAI\n",
+    }
+    assert shadowed_names(sources) == [
+        "faults/gzip.py: 'gzip' shadows the standard library's gzip",
+        "middlebox/clients/openai.py: named after the library openai it imports",
+    ]
+
+
+def test_an_import_circle_is_caught_even_through_a_lazy_import() -> None:
+    sources = {
+        "middlebox/run/runner.py": "from middlebox.report.scorecard import render\n",
+        "middlebox/report/scorecard.py": "def f():\n    from middlebox.run import runner\n",
+        "middlebox/report/html_page.py": "from middlebox.report import scorecard\n",
+        "middlebox/core/stream.py": CLEAN,
+    }
+    assert import_cycles(sources) == [
+        "middlebox.report.scorecard -> middlebox.run.runner -> middlebox.report.scorecard"
+    ]
+
+
+def test_a_room_missing_from_the_readme_is_caught() -> None:
+    named = " ".join(f"`{room}/`" for room in MIDDLEBOX_ROOMS if room != "observe")
+    readme = f"## Architecture\n{named} `compose.py` `faults/` `vllm_emulator/`\n## Commands\n"
+    assert rooms_missing_from_readme(readme) == ["README.md Architecture: `observe/` is not named"]
+
+
+class Nameless(Fault):
+    """Forgot `name` and the registry: the case the old test let through."""
+
+
+class Unregistered(Fault):
+    name = "unregistered"
+
+
+class _Helper(Fault):
+    """A private building block: no registration needed."""
+
+
+class Latency(Fault):
+    """Right module and name, but not the class the registry holds."""
+
+    name = "latency"
+
+
+class WrongName(Fault):
+    name = "wrong_name"
+
+
+Nameless.__module__ = "faults.nameless"
+Unregistered.__module__ = "faults.unregistered"
+_Helper.__module__ = "faults.cut"
+Latency.__module__ = "faults.latency"
+WrongName.__module__ = "faults.different"
+
+
+def test_a_public_fault_subclass_that_is_not_registered_is_caught() -> None:
+    registry = {"unregistered": Unregistered}
+    classes = [Nameless, Unregistered, _Helper, Latency, WrongName]
+    violations = unregistered_faults(classes, {**registry, "latency": REGISTRY["latency"]})
+    assert violations == [
+        "faults.nameless.Nameless: sets no `name = 'nameless'` of its own",
+        "faults.latency.Latency: not REGISTRY['latency'] in faults/__init__.py",
+        "faults.different.WrongName: the fault in faults/different.py is named Different",
+    ]
+
+
+class Timer(Fault):
+    """A building block in a private module (faults/_lib/): a helper."""
+
+
+class Hidden(Fault):
+    name = "hidden"
+
+
+Timer.__module__ = "faults._lib.timing"
+Hidden.__module__ = "faults.extra.hidden"
+
+
+def test_a_fault_in_a_private_module_is_a_helper_but_one_in_a_public_subpackage_is_caught() -> None:
+    assert unregistered_faults([Timer, Hidden], {"hidden": Hidden}) == [
+        "faults.extra.hidden.Hidden: a public fault must live in faults/<name>.py"
+    ]
+
+
+def test_a_registry_entry_under_the_wrong_name_is_caught() -> None:
+    assert misplaced_registry_entries({"unregistered": Unregistered, "slow": Latency}) == [
+        "REGISTRY['slow'] is faults.latency.Latency"
+    ]
+
+
+# -- The real tree keeps every rule ----------------------------------------------------------
+
+
+def test_every_module_imports_only_what_its_room_allows() -> None:
+    assert_clean(room_import_violations(product()))
+
+
+def test_only_middlebox_compose_imports_the_fault_library() -> None:
+    assert_clean(faults_importers(product()))
+
+
+def test_click_is_imported_only_by_the_command_lines() -> None:
+    assert_clean(click_outside_the_cli(product()))
+
+
+def test_no_module_imports_both_trio_and_aiohttp() -> None:
+    assert_clean(both_event_loops(product()))
+
+
+def test_faults_and_the_pure_rooms_read_no_clock_and_no_global_random() -> None:
+    assert_clean(clocks_and_global_random(product()))
+
+
+def test_every_module_starts_with_a_docstring() -> None:
+    assert_clean(missing_docstrings(product()))
+
+
+def test_every_folder_under_middlebox_is_a_room_with_a_stated_rule() -> None:
+    assert_clean(rooms_without_a_rule(product()))
+
+
+def test_no_module_shadows_the_stdlib_or_a_library_it_drives() -> None:
+    assert_clean(shadowed_names(product()))
+
+
+def test_there_is_no_import_circle() -> None:
+    assert_clean(import_cycles(product()))
+
+
+def test_the_readme_names_every_room() -> None:
+    assert_clean(rooms_missing_from_readme((ROOT / "README.md").read_text(encoding="utf-8")))
+
+
+def test_every_public_fault_subclass_is_registered_under_its_module_name() -> None:
+    assert_clean(unregistered_faults(fault_classes_in(faults.__path__, "faults."), REGISTRY))
+
+
+def test_each_registry_entry_is_the_camelcase_class_of_its_module() -> None:
+    assert_clean(misplaced_registry_entries(REGISTRY))
