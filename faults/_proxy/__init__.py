@@ -1,0 +1,18 @@
+"""The proxy's own nginx behaviour as pure stages: not user faults, never registered.
+
+A real proxy in front of vLLM has timeouts and error pages of its own, whatever the network
+around it does. `middlebox/compose.py` builds these stages from a scenario's `proxy:` block
+and the server puts them in every connection's pipeline, on the same virtual clock as the
+faults (the design's "the shell holds no fault logic"):
+
+- `client_header_timeout`: nginx's `client_header_timeout`, the first request head or a close;
+- `proxy_read_timeout`: nginx's `proxy_read_timeout`, the `idle_reaper` fault with the
+  proxy's own ends (an RST to a hung upstream, a lingering close after the 504);
+- `upstream_unreachable`: nginx's 502 page (or 400) after reading the request head when the
+  upstream cannot be reached, or a reset or a close.
+
+Each stage has two flags the relay reads: `connection_closed` (it ended the connection as
+nginx's `close()` does, so the relay finishes once its writes are out without waiting for the
+peers' FINs) and `finished` (it passes everything through from now on with no deadline, so the
+relay drops it and a connection with nothing else in its path takes the pass-through path).
+"""
