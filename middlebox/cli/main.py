@@ -443,7 +443,8 @@ def run(
       middlebox run scenarios/ --client-cmd 'mine=python my_client.py' --report out/
     """
     from middlebox.report.scorecard import scorecard
-    from middlebox.run.runner import Interrupted, RunError, run_suite
+    from middlebox.run.outcome import Interrupted, RunError
+    from middlebox.run.suite import run_suite
     from middlebox.scenario.convert import ScenarioError
 
     try:
@@ -461,7 +462,7 @@ def run(
         sys.exit(128 + error.signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
     except (RunError, ScenarioError) as error:
         raise click.ClickException(str(error)) from None
-    click.echo(scorecard(suite, colour=sys.stdout.isatty()))
+    click.echo(scorecard(suite.document(), colour=sys.stdout.isatty()))
     if report_dir:
         click.echo(
             f"reports: {report_dir}/report.json, {report_dir}/junit.xml, "
@@ -488,13 +489,12 @@ def replay(report_file: str, report_dir: str | None) -> None:
     """
     from pathlib import Path
 
-    from middlebox.report.scorecard import replay as replay_report
     from middlebox.report.scorecard import scorecard
+    from middlebox.run.replay import replay_report
 
-    same, differences, suite = replay_report(
-        Path(report_file), Path(report_dir) if report_dir else None
-    )
-    click.echo(scorecard(suite, colour=sys.stdout.isatty()))
+    result = replay_report(Path(report_file), Path(report_dir) if report_dir else None)
+    same, differences, suite = result.same, result.differences, result.suite
+    click.echo(scorecard(suite.document(), colour=sys.stdout.isatty()))
     if same:
         click.echo("replay: every verdict identical")
         return
@@ -614,7 +614,7 @@ def drill_check(
 
     from middlebox.report.scorecard import scorecard
     from middlebox.run.drills import DrillError, check
-    from middlebox.run.runner import RunError
+    from middlebox.run.outcome import RunError
     from middlebox.scenario.convert import ScenarioError
 
     try:
@@ -626,7 +626,7 @@ def drill_check(
         )
     except (DrillError, RunError, ScenarioError) as error:
         raise click.ClickException(str(error)) from None
-    click.echo(scorecard(grade.suite, colour=sys.stdout.isatty()))
+    click.echo(scorecard(grade.suite.document(), colour=sys.stdout.isatty()))
     if grade.passed:
         click.echo(f"drill {name}: PASS")
         return

@@ -196,14 +196,3 @@ def _labels(**labels: str) -> str:
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def parse_text(text: str) -> dict[str, float]:
-    """A tiny reader of the text format (for tests and `middlebox` itself): sample → value."""
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        samples[name] = float(value)
-    return samples

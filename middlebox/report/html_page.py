@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from middlebox.observe.journal import JournalView, read_ndjson
+from middlebox.report.layout import run_directory
 from middlebox.report.timeline import save_data, svg, timeline_data, write_png
 from middlebox.scenario.workload import request_tag
 
@@ -40,17 +41,11 @@ svg.timeline{border:1px solid #ddd;display:block;margin:.3em 0}
 """
 
 
-def run_directory(report_dir: Path, index: int, scenario: str) -> Path:
-    from middlebox.run.runner import safe_name
-
-    return report_dir / "runs" / f"{index:02d}-{safe_name(scenario)}"
-
-
 def write_timelines(document: dict[str, Any], report_dir: Path) -> dict[tuple[str, str], Any]:
     """Timeline JSON and PNG for every run whose files are there; returns the data."""
     timelines: dict[tuple[str, str], Any] = {}
     for index, scenario in enumerate(document["scenarios"]):
-        directory = run_directory(report_dir, index, scenario["name"])
+        directory = run_directory(report_dir / "runs", index, scenario["name"])
         ledger_file = directory / "ledger.json"
         ledger = json.loads(ledger_file.read_text()) if ledger_file.exists() else []
         for result in scenario["results"]:

@@ -15,7 +15,7 @@ change to the library does not change a drill's grade.
 - `middlebox drill check NAME --client-cmd CMD [--scenario FIXED.yaml]`: runs the
   drill's scenario (or the trainee's fixed copy, which must keep the drill's
   `keep_faults`: the network does not change) with the trainee's client through
-  `middlebox.run.runner.run_suite`, and passes when every check holds. That a fault no
+  `middlebox.run.suite.run_suite`, and passes when every check holds. That a fault no
   longer fires is allowed here (a fix may avoid it); that no traffic reached the
   proxy is not.
 """
@@ -163,7 +163,7 @@ def check(
     directory: Path = DRILLS_DIR,
 ) -> Grade:
     """Run the drill against the trainee's client (and fixed scenario) and grade it."""
-    from middlebox.run.runner import run_suite
+    from middlebox.run.suite import run_suite
 
     drill = get(name, directory)
     if not client_commands:
@@ -179,15 +179,9 @@ def check(
 def start(name: str, directory: Path = DRILLS_DIR) -> tuple[Drill, Any]:
     """Start the emulator and a proxy with the drill's hidden scenario (a BackgroundProxy)."""
     from middlebox.compose import load
-    from middlebox.run.runner import emulator_config
-    from middlebox.shell.control import BackgroundProxy, EmulatorProcess
+    from middlebox.run.background import start_background
 
     drill = get(name, directory)
     scratch = Path(tempfile.mkdtemp(prefix="middlebox-drill-"))
     scenario = load(write_scenario(drill, scratch))
-    emulator = EmulatorProcess(emulator_config(scenario, scenario.seed), scratch)
-    try:
-        return drill, BackgroundProxy(scenario, emulator.url, emulator)
-    except BaseException:
-        emulator.stop()
-        raise
+    return drill, start_background(scenario, scratch)

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from middlebox.run.background import BackgroundProxy
     from middlebox.scenario.model import Scenario
-    from middlebox.shell.control import BackgroundProxy
 
 
 def _load(scenario: str | Path | Scenario, root: Path) -> Scenario:
@@ -51,27 +51,17 @@ def middlebox_proxy(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[Callable[..., BackgroundProxy]]:
     """Factory: `middlebox_proxy(scenario, upstream=None)` → a started `BackgroundProxy`
-    (`middlebox.shell.control`): `.base_url`, `.model`, `.score()`, `.ledger()`,
+    (`middlebox.run.background`): `.base_url`, `.model`, `.score()`, `.ledger()`,
     `.journal_lines()`."""
     started: list[BackgroundProxy] = []
 
     def start(scenario: str | Path | Scenario, *, upstream: str | None = None) -> BackgroundProxy:
-        from middlebox.run.runner import emulator_config
-        from middlebox.shell.control import BackgroundProxy, EmulatorProcess
+        from middlebox.run.background import start_background
 
         loaded = _load(scenario, Path(str(request.config.rootpath)))
-        emulator = None
-        if upstream is None:
-            directory = tmp_path / f"middlebox-{len(started)}"
-            directory.mkdir()
-            emulator = EmulatorProcess(emulator_config(loaded, loaded.seed), directory)
-            upstream = emulator.url
-        try:
-            proxy = BackgroundProxy(loaded, upstream, emulator)
-        except BaseException:
-            if emulator is not None:
-                emulator.stop()
-            raise
+        directory = tmp_path / f"middlebox-{len(started)}"
+        directory.mkdir()
+        proxy = start_background(loaded, directory, upstream)
         started.append(proxy)
         return proxy
 

@@ -20,9 +20,8 @@ so parallel tests can each pick their faults through one proxy. The head is read
 with MSG_PEEK, so the bytes stay in the socket for the relay and the stream stays
 byte-exact. The choice is per connection (the first request decides).
 
-`BackgroundProxy` runs a `ControlledProxy` in a thread with its own trio loop (and
-`EmulatorProcess` the embedded emulator), for synchronous callers: the pytest plugin
-and `middlebox drill start`.
+`middlebox.run.background.BackgroundProxy` runs a `ControlledProxy` in a thread for
+synchronous callers (the pytest plugin, `middlebox drill start`).
 """
 
 from __future__ import annotations
@@ -34,12 +33,7 @@ import json
 import logging
 import re
 import socket
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,16 +41,15 @@ from typing import Any
 
 import h11
 import trio
-import yaml
 
 from middlebox.compose import SCENARIO_SUFFIXES, load, registry, scenario_sections
 from middlebox.core.fault import Pipeline
-from middlebox.observe.journal import JournalStore, facts, read_ndjson
+from middlebox.observe.journal import JournalStore
 from middlebox.observe.metrics import CONTENT_TYPE, Metrics
 from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import Scenario
-from middlebox.shell.server import Address, ProxyServer, listen, run_proxy
+from middlebox.shell.server import Address, ProxyServer, run_proxy
 
 log = logging.getLogger("middlebox.shell.control")
 
@@ -64,8 +57,6 @@ MAX_BODY = 1024 * 1024
 REQUEST_TIMEOUT = 10.0
 PEEK_TIMEOUT = 5.0
 PEEK_LIMIT = 64 * 1024
-START_TIMEOUT = 30.0
-SETTLE_TIMEOUT = 2.0
 SCENARIO_HEADER = "x-middlebox-scenario"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 _HEADER = re.compile(rb"(?im)^x-middlebox-scenario[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$")
@@ -473,151 +464,3 @@ async def run_controlled_proxy(
         )
         nursery.cancel_scope.cancel()
     return proxy
-
-
-# ------------------------------------------- a proxy for synchronous code
-
-
-class EmulatorProcess:
-    """`python -m vllm_emulator` on a free port; stopped by the handle that started it."""
-
-    def __init__(self, config: dict[str, Any], directory: Path) -> None:
-        config_file = directory / "emulator.yaml"
-        config_file.write_text(yaml.safe_dump(config, sort_keys=True))
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "vllm_emulator", "--host", "127.0.0.1", "--port", "0",
-             "--config", str(config_file)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        first: list[bytes] = []
-        reader = threading.Thread(target=lambda: first.append(self._readline()), daemon=True)
-        reader.start()
-        reader.join(START_TIMEOUT)
-        line = first[0].decode(errors="replace") if first else ""
-        if "listening on http://" not in line:
-            self.stop()
-            raise RuntimeError(f"the emulator did not start: {line!r}")
-        self.url = line.split("listening on ", 1)[1].strip()
-        # keep reading its log so a chatty emulator never blocks on a full pipe
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _readline(self) -> bytes:
-        assert self.process.stdout is not None
-        return self.process.stdout.readline()
-
-    def _drain(self) -> None:
-        assert self.process.stdout is not None
-        for _ in self.process.stdout:
-            pass
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-class BackgroundProxy:
-    """A running proxy (and emulator) for one test: `.base_url`, `.score()`, `.close()`."""
-
-    def __init__(self, scenario: Scenario, upstream_url: str, emulator: EmulatorProcess | None):
-        self.scenario = scenario
-        self.upstream_url = upstream_url
-        self.emulator = emulator
-        self.proxy: ControlledProxy = ControlledProxy(Address.parse(upstream_url), scenario)
-        self._port = 0
-        self._ready = threading.Event()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._cancel: trio.CancelScope | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="middlebox-proxy", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(START_TIMEOUT) or self._error is not None:
-            raise RuntimeError(f"the middlebox proxy did not start: {self._error!r}")
-        self.url = f"http://127.0.0.1:{self._port}"
-        self.base_url = f"{self.url}/v1"
-
-    def _run(self) -> None:
-        async def main() -> None:
-            listener = listen(Address("127.0.0.1", 0))
-            try:
-                async with trio.open_nursery() as nursery:
-                    self._cancel = nursery.cancel_scope
-                    self._token = trio.lowlevel.current_trio_token()
-                    self._port = await nursery.start(self.proxy.serve, listener)
-                    self._ready.set()
-            finally:
-                listener.close()
-
-        try:
-            trio.run(main)
-        except BaseException as error:  # reported to the test by __init__ or close
-            self._error = error
-            self._ready.set()
-
-    def _call(self, function: Callable[[], Any]) -> Any:
-        """Run `function` in the proxy's trio thread (its state is only touched there)."""
-        assert self._token is not None
-        return trio.from_thread.run_sync(function, trio_token=self._token)
-
-    def settle(self, timeout: float = SETTLE_TIMEOUT) -> None:
-        """Wait (bounded) until no connection is being relayed, so ends are journaled."""
-        deadline = time.monotonic() + timeout
-        while self._call(lambda: self.proxy.active) and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-    def journal_lines(self) -> list[dict[str, Any]]:
-        def collect() -> list[dict[str, Any]]:
-            store = self.proxy.store
-            return [
-                line for cid in sorted(store.journals) for line in store.journals[cid].to_lines()
-            ]
-
-        return list(self._call(collect))
-
-    def write_journal(self, path: str | Path) -> Path:
-        target = Path(path)
-        target.write_text("".join(json.dumps(line) + "\n" for line in self.journal_lines()))
-        return target
-
-    def score(self) -> dict[str, Any]:
-        """Journal-derived facts (after the live connections have ended, bounded)."""
-        self.settle()
-        with tempfile.TemporaryDirectory(prefix="middlebox-score-") as scratch:
-            views = read_ndjson(self.write_journal(Path(scratch) / "journal.ndjson"))
-        summary = facts(views)
-        summary["scenario"] = self.scenario.name
-        summary["faults_declared"] = [spec.name for spec in self.scenario.path]
-        summary["faults_never_fired"] = [
-            name for name in summary["faults_declared"] if name not in summary["faults_fired"]
-        ]
-        return summary
-
-    @property
-    def model(self) -> str:
-        """The first model the upstream lists (`GET /v1/models`, asked of the upstream
-        directly so the question is not a connection in the journal)."""
-        with urllib.request.urlopen(f"{self.upstream_url}/v1/models", timeout=10) as response:
-            return str(json.loads(response.read())["data"][0]["id"])
-
-    def ledger(self) -> list[dict[str, Any]]:
-        """The emulator's ledger of generations (empty with a real upstream)."""
-        if self.emulator is None:
-            return []
-        with urllib.request.urlopen(f"{self.upstream_url}/emulator/requests", timeout=10) as r:
-            return list(json.loads(r.read())["requests"])
-
-    def close(self) -> None:
-        if self._token is not None and self._cancel is not None and self._thread.is_alive():
-            cancel = self._cancel
-            try:
-                self._call(cancel.cancel)
-            except RuntimeError:  # the loop already ended
-                pass
-        self._thread.join(10)
-        if self.emulator is not None:
-            self.emulator.stop()

@@ -16,8 +16,9 @@ from xml.etree import ElementTree
 import pytest
 
 from middlebox.clients import chromium_path
-from middlebox.report.scorecard import report_document, verdict_sections
-from middlebox.run.runner import run_suite
+from middlebox.report.scorecard import verdict_sections
+from middlebox.run.outcome import report_document
+from middlebox.run.suite import run_suite
 from tests.harness import needs
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ import trio
 from click.testing import CliRunner
 
 from middlebox.cli.main import main
-from middlebox.observe.metrics import parse_text
+from middlebox.observe.prometheus import parse_text
 from tests.observability.support import EVENTS, http, sse_upstream
 
 SCENARIO = b"name: slow\npath:\n  - latency: {delay: 2ms}\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from middlebox.observe.metrics import parse_text
+from middlebox.observe.prometheus import parse_text
 from middlebox.shell.control import check_control_access
 from middlebox.shell.server import Address
 from tests.observability.support import EVENTS, controlled, http

@@ -17,7 +17,7 @@ from middlebox.observe.journal import (
     fault_proof,
     read_ndjson,
 )
-from middlebox.run.runner import proof_problems
+from middlebox.run.suite import proof_problems
 
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-secret\r\n"

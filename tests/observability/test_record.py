@@ -85,7 +85,7 @@ async def _record(
 
 @pytest.mark.e2e
 def test_the_emulator_replays_a_recorded_cassette(tmp_path: Path) -> None:
-    from middlebox.shell.control import EmulatorProcess
+    from middlebox.run.processes import EmulatorProcess
 
     journal = ConnectionJournal(1, 0.0, capture=True)
     one_exchange(journal)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from middlebox.observe.journal import facts, read_ndjson
-from middlebox.run.runner import SuiteOutcome, run_suite
+from middlebox.run.outcome import SuiteOutcome
+from middlebox.run.suite import run_suite
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ import pytest
 
 from middlebox.observe.journal import JournalView
 from middlebox.report.html_page import render
+from middlebox.report.progress import Progress
 from middlebox.report.timeline import svg, timeline_data, write_png
-from middlebox.run.runner import Progress
 from tests.harness import needs
 
 TAG = "[middlebox s/c/0]"

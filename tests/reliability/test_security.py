@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from faults import REGISTRY
 from middlebox.cli.main import main
 from middlebox.compose import scenario_sections
-from middlebox.run.runner import run_suite, safe_name
+from middlebox.report.layout import safe_name
+from middlebox.run.suite import run_suite
 from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.load import load_scenario_text
 from middlebox.shell.control import check_control_access, is_loopback

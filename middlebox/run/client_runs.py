@@ -1,0 +1,129 @@
+"""One client under test: its own proxy, its process, its workload file, its result.
+
+Each client gets its own proxy, so cross-connection fault state (such as "the first
+three requests get a 429") applies to each client alike. The client runs as a separate
+process under the contract in `middlebox.clients` (environment in, result file out),
+bounded by the workload's timeout; a client still running then is a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from middlebox.clients import BUILTIN_CLIENTS, available_clients
+from middlebox.observe.journal import JournalStore
+from middlebox.run.outcome import RunError
+from middlebox.run.processes import CHILDREN
+from middlebox.scenario.model import Scenario
+from middlebox.scenario.workload import Workload, request_tag, workload_file
+from middlebox.shell.server import Address, ProxyServer, listen
+
+# after the client exits, how long the proxy may carry the last closes to the upstream
+PROXY_SETTLE = 2.0
+
+
+@dataclass
+class ClientSpec:
+    name: str
+    argv: list[str]
+
+
+def default_clients() -> list[str]:
+    """Every built-in client but the browsers: starting Chromium per scenario is slow and
+    heavy, so a browser is scored when asked for (`--client browser`)."""
+    return [name for name in available_clients() if not name.startswith("browser")]
+
+
+def resolve_clients(names: Sequence[str], commands: Sequence[str]) -> list[ClientSpec]:
+    """Built-in client names plus `--client-cmd` commands (`NAME=COMMAND` or `COMMAND`)."""
+    specs = []
+    for name in names:
+        if name not in BUILTIN_CLIENTS:
+            raise RunError(
+                f"unknown client {name!r}; built-in clients: {', '.join(BUILTIN_CLIENTS)}"
+            )
+        specs.append(ClientSpec(name, list(BUILTIN_CLIENTS[name])))
+    for number, command in enumerate(commands, start=1):
+        name, sep, rest = command.partition("=")
+        if sep and name.isidentifier():
+            specs.append(ClientSpec(name, shlex.split(rest)))
+        else:
+            specs.append(
+                ClientSpec(f"custom{number if len(commands) > 1 else ''}", shlex.split(command))
+            )
+    return specs
+
+
+@dataclass
+class ClientRun:
+    spec: ClientSpec
+    tags: list[str]
+    journal: JournalStore
+    result: dict[str, Any] | None = None
+    hang: bool = False
+    stderr_tail: str = ""
+    server_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+async def run_client(
+    spec: ClientSpec,
+    scenario: Scenario,
+    workload: Workload,
+    upstream: Address,
+    model: str,
+    workdir: Path,
+) -> ClientRun:
+    """One proxy, one client process, bounded by the workload timeout."""
+    journal = JournalStore(capture=True)
+    server = ProxyServer(
+        upstream,
+        scenario,
+        observer_factory=lambda cid, s: journal.observer(cid, time.time(), s.name),
+        report_sink_factory=journal.fault_sink,
+    )
+    document = workload_file(workload, scenario.name, spec.name, model)
+    tags = [request_tag(scenario.name, spec.name, i) for i in range(workload.requests)]
+    run = ClientRun(spec, tags, journal)
+    workload_path = workdir / f"{spec.name}.workload.json"
+    result_path = workdir / f"{spec.name}.result.json"
+    stderr_path = workdir / f"{spec.name}.stderr.log"
+    workload_path.write_text(json.dumps(document, indent=1))
+    listener = listen(Address("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve, listener)
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+            "OPENAI_API_KEY": "sk-middlebox-test",
+            "MIDDLEBOX_WORKLOAD": str(workload_path),
+            "MIDDLEBOX_RESULT": str(result_path),
+        }
+        with stderr_path.open("wb") as stderr:
+            process = await CHILDREN.get().start(spec.argv, env=env, stdout=stderr, stderr=stderr)
+            with trio.move_on_after(workload.timeout) as bound:
+                await process.wait()
+            if bound.cancelled_caught:
+                run.hang = True
+                process.kill()  # the process we started, by its handle
+                await process.wait()
+        with trio.move_on_after(PROXY_SETTLE):
+            while server.active:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    listener.close()
+    if result_path.exists():
+        try:
+            run.result = json.loads(result_path.read_text())
+        except ValueError:
+            run.result = None
+    run.stderr_tail = stderr_path.read_text(errors="replace")[-2000:]
+    return run

@@ -1,0 +1,241 @@
+"""Child processes: the one upstream launcher, and the supervisor that stops what a run started.
+
+The launcher: `UpstreamProcess` starts a server process on 127.0.0.1 and a free port and
+reads its readiness from its own stdout. `EmulatorProcess` is it for the embedded
+`python -m vllm_emulator`, whose first stdout line is `listening on http://HOST:PORT`
+(written and flushed by `vllm_emulator/cli.py`; `emulator_url` is the one place that line
+is read). Everything that needs an emulator (the runner, the pytest plugin, drills, soak,
+bench, calibrate) starts it here. The launcher is synchronous (`subprocess.Popen` and a
+reader thread) so plain scripts can use it; trio code calls `start_emulator`, which runs
+it in a worker thread and registers the process with the run's `Children`.
+
+Each child starts in its own session, so it leads its own process group and a signal to
+the group reaches whatever it started in turn (a shell wrapper's client, a browser's
+helpers). A group is signalled only while its leader is unreaped, so a recycled pid is
+never hit.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import trio
+import yaml
+
+from middlebox.scenario.model import Scenario
+
+UPSTREAM_START_TIMEOUT = 30.0
+CHILD_STOP_GRACE = 5.0
+EMULATOR_BANNER = "listening on "
+
+
+class UpstreamStartError(RuntimeError):
+    """The upstream process exited or said nothing usable before it was ready."""
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class UpstreamProcess:
+    """A server process whose stdout announces where it listens.
+
+    `ready` reads one stdout line and returns the server's base URL once the line says it
+    is ready (None: keep reading). After that, stdout is copied to `log` (or discarded) by
+    a thread, so a chatty server never blocks on a full pipe. `stop()` ends the process's
+    group: SIGTERM, then SIGKILL after `grace`."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        ready: Callable[[str], str | None],
+        *,
+        log: Path | None = None,
+        cwd: Path | None = None,
+        timeout: float = UPSTREAM_START_TIMEOUT,
+        what: str = "the upstream",
+    ) -> None:
+        self.argv = list(argv)
+        self.log = log
+        self.process = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        self.url = ""
+        seen: list[bytes] = []
+        found = threading.Event()
+
+        def read_until_ready() -> None:
+            assert self.process.stdout is not None
+            for line in self.process.stdout:
+                seen.append(line)
+                url = ready(line.decode(errors="replace"))
+                if url is not None:
+                    self.url = url
+                    found.set()
+                    self._drain(self.process.stdout)
+                    return
+            found.set()  # EOF: it exited before it was ready
+
+        threading.Thread(target=read_until_ready, name="upstream-stdout", daemon=True).start()
+        found.wait(timeout)
+        if not self.url:
+            self.stop()
+            said = b"".join(seen).decode(errors="replace")
+            raise UpstreamStartError(f"{what} did not start: {said[-2000:]!r}")
+
+    def _drain(self, stdout: IO[bytes]) -> None:
+        if self.log is None:
+            for _ in stdout:
+                pass
+            return
+        with self.log.open("ab") as log:
+            for line in stdout:
+                log.write(line)
+                log.flush()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signum)
+
+    def stop(self, grace: float = CHILD_STOP_GRACE) -> None:
+        """SIGTERM the group, wait up to `grace`, then SIGKILL it; reaps the process."""
+        if self.process.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.process.wait()
+
+
+def emulator_url(line: str) -> str | None:
+    """The base URL in the emulator's readiness line, or None for any other line."""
+    if not line.startswith(EMULATOR_BANNER + "http://"):
+        return None
+    return line[len(EMULATOR_BANNER) :].split()[0]
+
+
+def emulator_config(scenario: Scenario, seed: int) -> dict[str, Any]:
+    """The emulator's settings: the scenario's `upstream:` block, seeded by the run."""
+    upstream: Any = scenario.sections.get("upstream")
+    if dataclasses.is_dataclass(upstream) and not isinstance(upstream, type):
+        config = dataclasses.asdict(upstream)
+    else:
+        config = dict(upstream or {})
+    config.setdefault("seed", seed)
+    return config
+
+
+class EmulatorProcess(UpstreamProcess):
+    """`python -m vllm_emulator` on 127.0.0.1, a free port, and `config` (the mapping of a
+    scenario's `upstream:` block) written as `directory/NAME.yaml`; its log goes to
+    `directory/NAME.log` when `keep_log`."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        directory: Path,
+        *,
+        name: str = "emulator",
+        keep_log: bool = True,
+        cwd: Path | None = None,
+        timeout: float = UPSTREAM_START_TIMEOUT,
+    ) -> None:
+        config_file = directory / f"{name}.yaml"
+        config_file.write_text(yaml.safe_dump(dict(config), sort_keys=True))
+        argv = [sys.executable, "-m", "vllm_emulator", "--host", "127.0.0.1", "--port", "0",
+                "--config", str(config_file)]  # fmt: skip
+        super().__init__(
+            argv,
+            emulator_url,
+            log=directory / f"{name}.log" if keep_log else None,
+            cwd=cwd,
+            timeout=timeout,
+            what="the emulator",
+        )
+
+
+# ------------------------------------------------------------- the supervisor
+
+
+class Children:
+    """Every process a run starts, so an interrupted run leaves none behind."""
+
+    def __init__(self) -> None:
+        self.processes: set[trio.Process] = set()
+        self.upstreams: set[UpstreamProcess] = set()
+
+    async def start(self, argv: Sequence[str], **options: Any) -> trio.Process:
+        process = await trio.lowlevel.open_process(list(argv), start_new_session=True, **options)
+        self.processes.add(process)
+        return process
+
+    def signal_all(self, signum: int) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                _signal_group(process.pid, signum)
+        for upstream in self.upstreams:
+            upstream.signal(signum)
+
+    async def stop_all(self, grace: float = CHILD_STOP_GRACE) -> None:
+        """SIGTERM every live group, wait up to `grace`, then SIGKILL; shielded, so it
+        completes even while the run is being cancelled."""
+        with trio.CancelScope(shield=True):
+            self.signal_all(signal.SIGTERM)
+            with trio.move_on_after(grace):
+                for process in list(self.processes):
+                    await process.wait()
+                for upstream in list(self.upstreams):
+                    await trio.to_thread.run_sync(upstream.process.wait)
+            self.signal_all(signal.SIGKILL)
+            for process in list(self.processes):
+                await process.wait()
+            for upstream in list(self.upstreams):
+                await trio.to_thread.run_sync(upstream.process.wait)
+            self.processes.clear()
+            self.upstreams.clear()
+
+
+_DEFAULT_CHILDREN = Children()
+CHILDREN: contextvars.ContextVar[Children] = contextvars.ContextVar(
+    "middlebox_children", default=_DEFAULT_CHILDREN
+)
+
+
+async def start_emulator(config: Mapping[str, Any], directory: Path) -> EmulatorProcess:
+    """The launcher from trio: started in a worker thread, supervised by the run's
+    `Children` (so SIGINT during a run stops it too)."""
+    emulator = await trio.to_thread.run_sync(lambda: EmulatorProcess(config, directory))
+    CHILDREN.get().upstreams.add(emulator)
+    return emulator
+
+
+async def stop_upstream(upstream: UpstreamProcess) -> None:
+    """Stop it without blocking the trio loop (shielded: this is cleanup)."""
+    with trio.CancelScope(shield=True):
+        await trio.to_thread.run_sync(upstream.stop)
+    CHILDREN.get().upstreams.discard(upstream)

@@ -1,0 +1,324 @@
+"""`middlebox run`: start the upstream, a proxy per client and the clients; then score.
+
+For each scenario: the embedded emulator is started in its own process with the
+scenario's `upstream:` block (unless `--upstream` points at a real server); each client
+under test runs with its own proxy (`middlebox.run.client_runs`); then the upstream's
+ledger, the proxy journals and the client results are scored. Everything started here is
+stopped here, by the handle it was started with. Scenarios run `jobs` at a time in one
+trio loop; the report directory gets report.json, junit.xml and report.html.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import tempfile
+import threading
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from middlebox.clients import BUILTIN_CLIENTS
+from middlebox.compose import expand_paths, load
+from middlebox.core.stream import Direction
+from middlebox.observe.journal import fault_proof
+from middlebox.report.layout import run_directory
+from middlebox.report.progress import Progress
+from middlebox.report.scorecard import write_reports
+from middlebox.run.client_runs import (
+    ClientRun,
+    ClientSpec,
+    default_clients,
+    resolve_clients,
+    run_client,
+)
+from middlebox.run.outcome import (
+    Interrupted,
+    RunError,
+    ScenarioOutcome,
+    SuiteOutcome,
+)
+from middlebox.run.processes import (
+    CHILDREN,
+    Children,
+    UpstreamStartError,
+    emulator_config,
+    start_emulator,
+)
+from middlebox.run.processes import stop_upstream as stop_emulator
+from middlebox.run.score import evaluate_expect, expect_problems, score_client
+from middlebox.run.upstream import UpstreamClient, UpstreamError, amodel, metered, settled_ledger
+from middlebox.scenario.model import Scenario
+from middlebox.scenario.workload import Workload
+from middlebox.shell.server import Address
+
+log = logging.getLogger("middlebox.run.suite")
+
+
+# ----------------------------------------------------------------- one scenario
+
+
+async def run_scenario(
+    scenario: Scenario,
+    clients: list[ClientSpec],
+    *,
+    seed: int | None,
+    upstream_url: str | None,
+    workdir: Path,
+) -> ScenarioOutcome:
+    seed = scenario.seed if seed is None else seed
+    scenario = dataclasses.replace(scenario, seed=seed)
+    outcome = ScenarioOutcome(scenario, seed)
+    workload = scenario.sections.get("workload") or Workload()
+    expect = scenario.sections.get("expect") or {}
+    chosen = [c for c in clients if workload.clients is None or c.name in workload.clients]
+    outcome.problems += [
+        f"{scenario.source}: {p}"
+        for p in expect_problems(expect, BUILTIN_CLIENTS.keys() | {c.name for c in clients})
+    ]
+    if outcome.problems:
+        return outcome
+    workdir.mkdir(parents=True, exist_ok=True)
+    runs: list[ClientRun] = []
+    ledger: list[dict[str, Any]] = []
+    emulator = None
+    try:
+        if upstream_url is None:
+            emulator = await start_emulator(emulator_config(scenario, seed), workdir)
+        base_url = emulator.url if emulator is not None else str(upstream_url)
+        upstream = UpstreamClient(base_url)
+        model = await amodel(upstream)
+        address = Address.parse(base_url)
+        one_client = partial(
+            run_client, scenario=scenario, workload=workload, upstream=address, model=model,
+            workdir=workdir,
+        )  # fmt: skip
+        if emulator is None:
+            # A real server has no ledger: run the clients one at a time so its /metrics
+            # counters can be read around each of them.
+            for spec in chosen:
+                run, measured = await metered(upstream, partial(one_client, spec))
+                run.server_metrics = measured
+                runs.append(run)
+        else:
+
+            async def one(spec: ClientSpec) -> None:
+                runs.append(await one_client(spec))
+
+            async with trio.open_nursery() as clients_nursery:
+                for spec in chosen:
+                    clients_nursery.start_soon(one, spec)
+            ledger = await settled_ledger(upstream)
+    except (RunError, UpstreamError, UpstreamStartError) as error:
+        outcome.problems.append(f"{scenario.name}: {error}")
+        ledger = []
+    finally:
+        if emulator is not None:
+            await stop_emulator(emulator)
+    # kept for the timelines and report.html (middlebox.report.html_page)
+    (workdir / "ledger.json").write_text(json.dumps(ledger))
+    score_runs(outcome, runs, chosen, clients, ledger, expect, workdir)
+    return outcome
+
+
+def score_runs(
+    outcome: ScenarioOutcome,
+    runs: list[ClientRun],
+    chosen: list[ClientSpec],
+    clients: list[ClientSpec],
+    ledger: list[dict[str, Any]],
+    expect: Any,
+    workdir: Path,
+) -> None:
+    """Score each client's run into `outcome`, write its journal, then the fault proof."""
+    scenario = outcome.scenario
+    declared = [spec.name for spec in scenario.path]
+    order = {spec.name: i for i, spec in enumerate(chosen)}
+    for run in sorted(runs, key=lambda r: order[r.spec.name]):
+        traffic = [
+            (
+                j.bytes_from("upstream", Direction.UPSTREAM),
+                j.bytes_from("upstream", Direction.DOWNSTREAM),
+            )
+            for _, j in sorted(run.journal.journals.items())
+        ]
+        reports = [(r.fault, r.action) for r in run.journal.fault_reports()]
+        score = score_client(
+            scenario.name,
+            run.spec.name,
+            run.tags,
+            None if run.hang else run.result,
+            ledger,
+            traffic,
+            reports,
+            declared,
+        )
+        score.metrics.update(run.server_metrics)
+        # Every built-in name is a client block, whether or not that client ran today.
+        score.checks = evaluate_expect(
+            expect, run.spec.name, score.metrics, [*BUILTIN_CLIENTS, *(c.name for c in clients)]
+        )
+        if run.result is None and not run.hang:
+            outcome.problems.append(
+                f"{scenario.name}/{run.spec.name}: the client wrote no "
+                f"result; its stderr ends with: {run.stderr_tail[-400:]}"
+            )
+        run.journal.write_ndjson(workdir / f"{run.spec.name}.journal.ndjson")
+        outcome.scores.append(score)
+    if runs:
+        outcome.proof = fault_proof(declared, {run.spec.name: run.journal for run in runs})
+        outcome.problems += proof_problems(scenario.name, outcome.proof, scenario.quiet_faults)
+
+
+def proof_problems(
+    scenario: str, proof: dict[str, Any], quiet_faults: tuple[str, ...] = ()
+) -> list[str]:
+    """Fail loudly when the run proves nothing: a client whose traffic never reached the
+    proxy (it bypassed it), or a declared fault that fired for no client at all. A fault
+    that fired for some clients only stays a per-client warning in the scorecard. Faults
+    the scenario lists as `quiet_faults` must fire for no client instead."""
+    problems = [
+        f"{scenario}/{client}: no connection reached the proxy (0 connections): the "
+        f"client bypassed it or never connected, so nothing was tested"
+        for client, count in proof["connections"].items()
+        if count == 0
+    ]
+    if any(proof["connections"].values()):
+        problems += [
+            f"{scenario}: declared fault {name!r} never fired for any client "
+            f"({counts['bypassed']} connections went through it untouched); the scenario "
+            f"did not test what it claims"
+            for name, counts in proof["faults"].items()
+            if counts["fired"] == 0 and name not in quiet_faults
+        ]
+        problems += [
+            f"{scenario}: fault {name!r} is listed in quiet_faults but fired "
+            f"{counts['fired']} time(s): the fix the scenario shows did not hold"
+            for name, counts in proof["faults"].items()
+            if counts["fired"] and name in quiet_faults
+        ]
+    return problems
+
+
+# --------------------------------------------------------------------- a suite
+
+
+async def run_suite_async(
+    scenarios: list[Scenario],
+    clients: list[ClientSpec],
+    *,
+    seed: int | None,
+    upstream_url: str | None,
+    workdir: Path,
+    jobs: int,
+) -> list[ScenarioOutcome]:
+    """Run the scenarios; on SIGINT/SIGTERM stop every process started and raise
+    `Interrupted` (the proxies are tasks here and stop with the run)."""
+    children = Children()
+    CHILDREN.set(children)  # tasks started below inherit it
+    caught: list[signal.Signals] = []
+
+    async def cancel_on_signal(scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                caught.append(signal.Signals(signum))
+                scope.cancel()
+                return
+
+    outcomes: list[ScenarioOutcome] = []
+    try:
+        async with trio.open_nursery() as guard:
+            if threading.current_thread() is threading.main_thread():
+                guard.start_soon(cancel_on_signal, guard.cancel_scope)
+            outcomes = await _run_all(
+                scenarios, clients, seed=seed, upstream_url=upstream_url, workdir=workdir, jobs=jobs
+            )
+            guard.cancel_scope.cancel()
+    finally:
+        started = len(children.processes) + len(children.upstreams)
+        await children.stop_all()
+    if caught:
+        raise Interrupted(
+            f"interrupted by {caught[0].name}: every process the run started ({started}) "
+            "is stopped",
+            caught[0],
+        )
+    return outcomes
+
+
+async def _run_all(
+    scenarios: list[Scenario],
+    clients: list[ClientSpec],
+    *,
+    seed: int | None,
+    upstream_url: str | None,
+    workdir: Path,
+    jobs: int,
+) -> list[ScenarioOutcome]:
+    limiter = trio.CapacityLimiter(max(jobs, 1))
+    outcomes: dict[int, ScenarioOutcome] = {}
+    progress = Progress(len(scenarios))
+
+    async def one(index: int, scenario: Scenario) -> None:
+        async with limiter:
+            progress.update(started=scenario.name)
+            outcomes[index] = await run_scenario(
+                scenario,
+                clients,
+                seed=seed,
+                upstream_url=upstream_url,
+                workdir=run_directory(workdir, index, scenario.name),
+            )
+            progress.update(finished=scenario.name, failed=not outcomes[index].passed)
+
+    async with trio.open_nursery() as nursery:
+        for index, scenario in enumerate(scenarios):
+            nursery.start_soon(one, index, scenario)
+    return [outcomes[i] for i in sorted(outcomes)]
+
+
+def run_suite(
+    paths: Sequence[str],
+    *,
+    client_names: Sequence[str] = (),
+    client_commands: Sequence[str] = (),
+    seed: int | None = None,
+    upstream_url: str | None = None,
+    report_dir: str | Path | None = None,
+    jobs: int = 2,
+) -> SuiteOutcome:
+    """Run scenarios (files or directories) and return every verdict; writes reports."""
+    files = expand_paths(paths)
+    if not files:
+        raise RunError(f"no scenario files in {', '.join(paths)}")
+    scenarios = [load(path) for path in files]
+    for scenario in scenarios:
+        for warning in scenario.warnings:
+            log.warning("%s", warning)
+    names = list(client_names) or ([] if client_commands else default_clients())
+    clients = resolve_clients(names, client_commands)
+    with tempfile.TemporaryDirectory(prefix="middlebox-run-") as scratch:
+        workdir = Path(report_dir) / "runs" if report_dir else Path(scratch)
+        outcomes = trio.run(
+            lambda: run_suite_async(
+                scenarios, clients, seed=seed, upstream_url=upstream_url, workdir=workdir, jobs=jobs
+            )
+        )
+    argv = {
+        "paths": [str(f) for f in files],
+        "clients": list(client_names),
+        "client_commands": list(client_commands),
+        "upstream": upstream_url,
+        "jobs": jobs,
+    }
+    suite = SuiteOutcome(
+        outcomes, seed, [c.name for c in clients], Path(report_dir) if report_dir else None, argv
+    )
+    if report_dir:
+        write_reports(suite.document(), Path(report_dir))
+    return suite
