@@ -483,13 +483,13 @@ def strongly_connected(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 
 def rooms_missing_from_readme(readme: str) -> list[str]:
-    """The README's Architecture section names every room (`core/`, `compose.py`, `faults/`...)."""
+    """The README's Architecture section names every room (`middlebox/core/`, `faults/`, ...)."""
     match = re.search(r"^## Architecture\n(.*?)(?=^## )", readme, re.S | re.M)
     if not match:
         return ["README.md: no '## Architecture' section"]
     section = match.group(1)
-    wanted = [f"`{room}/`" for room in MIDDLEBOX_ROOMS]
-    wanted += ["`compose.py`", "`faults/`", "`vllm_emulator/`"]
+    wanted = [f"`middlebox/{room}/`" for room in MIDDLEBOX_ROOMS]
+    wanted += ["`middlebox/compose.py`", "`faults/`", "`vllm_emulator/`"]
     return [
         f"README.md Architecture: {name} is not named" for name in wanted if name not in section
     ]
@@ -740,9 +740,12 @@ def test_an_import_circle_is_caught_even_through_a_lazy_import() -> None:
 
 
 def test_a_room_missing_from_the_readme_is_caught() -> None:
-    named = " ".join(f"`{room}/`" for room in MIDDLEBOX_ROOMS if room != "observe")
-    readme = f"## Architecture\n{named} `compose.py` `faults/` `vllm_emulator/`\n## Commands\n"
-    assert rooms_missing_from_readme(readme) == ["README.md Architecture: `observe/` is not named"]
+    named = " ".join(f"`middlebox/{room}/`" for room in MIDDLEBOX_ROOMS if room != "observe")
+    readme = f"## Architecture\n{named} `faults/` `vllm_emulator/`\n## Commands\n"
+    assert rooms_missing_from_readme(readme) == [
+        "README.md Architecture: `middlebox/observe/` is not named",
+        "README.md Architecture: `middlebox/compose.py` is not named",
+    ]
 
 
 class Nameless(Fault):
