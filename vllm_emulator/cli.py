@@ -1,15 +1,18 @@
 """`middlebox emulate` / `python -m vllm_emulator`: parse flags, call run_emulator.
 
-The first stdout line is always `listening on http://HOST:PORT` (flushed), so a
-parent process that asked for port 0 can read the port it got.
+The first stdout line is always the readiness banner `listening on http://HOST:PORT`
+(flushed; written by `serve.print_banner`), so a parent process that asked for port 0 can
+read the port it got.
 """
 
 from __future__ import annotations
 
+import typing
+
 import click
 
-from vllm_emulator.app import run_emulator
-from vllm_emulator.config import EmulatorConfig, config_from_mapping, load_config
+from vllm_emulator.config import EmulatorConfig, ProfileName, config_from_mapping, load_config
+from vllm_emulator.serve import print_banner, run_emulator
 
 
 def build_config(config_file: str | None, profile: str | None) -> EmulatorConfig:
@@ -25,7 +28,7 @@ def build_config(config_file: str | None, profile: str | None) -> EmulatorConfig
 @click.option("--port", default=0, show_default=True, type=int, help="Port; 0 picks a free one.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="YAML file of emulator settings (see docs/emulator.md).")  # fmt: skip
-@click.option("--profile", type=click.Choice(["vllm-0.33", "vllm-0.11"]), default=None,
+@click.option("--profile", type=click.Choice(typing.get_args(ProfileName)), default=None,
               help="vLLM version whose wire format to emulate (default vllm-0.33).")  # fmt: skip
 def emulate(host: str, port: int, config_file: str | None, profile: str | None) -> None:
     """Run the vLLM emulator: an OpenAI-compatible server that behaves like vLLM."""
@@ -33,10 +36,4 @@ def emulate(host: str, port: int, config_file: str | None, profile: str | None) 
         config = build_config(config_file, profile)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
-
-    shown = f"[{host}]" if ":" in host else host  # an IPv6 literal needs brackets in a URL
-
-    def ready(bound: int) -> None:
-        print(f"listening on http://{shown}:{bound}", flush=True)
-
-    run_emulator(config, host, port, ready)
+    run_emulator(config, host, port, print_banner(host))

@@ -5,7 +5,7 @@ text format (reference §4): labels `engine` and `model_name` (sorted in the
 exposition), counters named `..._total` with a `..._created` gauge family,
 histograms with `_bucket{le=...}`, `_count`, `_sum` and `_created`, values
 printed like Go floats (`1.0`, `+Inf`). `request_success_total` is pre-created
-for every finished reason. The quirks are the caller's job (see app.py): client
+for every finished reason. The quirks are the caller's job (see engine.py): client
 aborts never reach `request_success_total{finished_reason="abort"}` nor the
 per-request histograms, while tokens already produced stay counted.
 """

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from vllm_emulator.app import serve
 from vllm_emulator.config import EmulatorConfig, config_from_mapping
+from vllm_emulator.serve import serve
 
 FAST = {
     "prefill_overhead": 0.01,
