@@ -23,13 +23,14 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from middlebox.run.processes import EmulatorProcess
+from middlebox.run.upstream import UpstreamClient
 
 ROOT = Path(__file__).resolve().parent.parent
 LADDER = (50, 100, 200, 400, 800)
@@ -38,30 +39,10 @@ STREAM_ITL_S = 0.05  # 20 tokens/s
 STREAM_TOKENS = 80  # 4 s of decode per stream
 
 
-def _start(settings: dict[str, Any]) -> tuple[subprocess.Popen[str], str]:
-    config = Path(tempfile.mkstemp(suffix=".json")[1])
-    config.write_text(json.dumps(settings))  # JSON is YAML
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vllm_emulator", "--port", "0", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline().strip()
-    if not line.startswith("listening on "):
-        process.kill()
-        raise RuntimeError(f"emulator did not start: {line!r}")
-    return process, line.split(" ")[-1]
-
-
-def _stop(process: subprocess.Popen[str]) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
+def _start(settings: dict[str, Any]) -> tuple[EmulatorProcess, str]:
+    """A fresh emulator with `settings`, by middlebox's one launcher (stopped by its PID)."""
+    process = EmulatorProcess(settings, Path(tempfile.mkdtemp()), keep_log=False, cwd=ROOT)
+    return process, process.url
 
 
 def _cpu_s(pid: int) -> float:
@@ -69,11 +50,6 @@ def _cpu_s(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return json.loads(response.read())
 
 
 async def _stream(host: str, port: int, body: dict[str, Any]) -> tuple[float, list[float], bool]:
@@ -124,9 +100,9 @@ def fidelity(requests: int = 3, tokens: int = 100) -> dict[str, Any]:
             start, arrivals, _ = asyncio.run(_stream(host, int(port), body))
             ttfts.append(arrivals[0] - start)
             itls.extend(b - a for a, b in itertools.pairwise(arrivals))
-        prompt_tokens = [e["prompt_tokens"] for e in _get(url + "/emulator/requests")["requests"]]
+        prompt_tokens = [e["prompt_tokens"] for e in UpstreamClient(url).ledger()]
     finally:
-        _stop(process)
+        process.stop()
     model_ttft = statistics.mean(
         settings["prefill_overhead"] + settings["prefill_per_token"] * p for p in prompt_tokens
     )
@@ -159,9 +135,9 @@ def _step(settings: dict[str, Any], count: int) -> dict[str, Any]:
         cpu_before = _cpu_s(process.pid)
         results = asyncio.run(_many(host, int(port), count))
         cpu = _cpu_s(process.pid) - cpu_before
-        ledger = _get(url + "/emulator/requests")["requests"]
+        ledger = UpstreamClient(url).ledger()
     finally:
-        _stop(process)
+        process.stop()
     # Steady state only: gaps that end after every stream has had its first token
     # (the connect ramp is the client's doing, not the emulator's). The emulator's
     # own ITL is the gap between its dispatches of a stream's tokens (token_times).

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,6 +35,8 @@ import yaml
 
 from calibrate import compare, probe, proxies
 from faults.presets import PRESETS
+from middlebox.run.processes import EmulatorProcess
+from middlebox.run.upstream import UpstreamClient, settled
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "calibration.md"
@@ -146,16 +147,14 @@ def idle(port: int) -> dict[str, Any]:
 
 def ledger(upstream: int, prompt: str) -> dict[str, Any]:
     """The emulator's entry for `prompt`, once it finished or was aborted (bounded)."""
+    client = UpstreamClient(f"http://127.0.0.1:{upstream}")
     deadline = time.monotonic() + LEDGER_WAIT
     entry: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        url = f"http://127.0.0.1:{upstream}/emulator/requests"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            entries = json.load(response)["requests"]
-        found = [e for e in entries if e.get("prompt") == prompt]
+        found = [e for e in client.ledger() if e.get("prompt") == prompt]
         if found:
             entry = found[-1]
-            if entry.get("finished_at") or entry.get("aborted_at"):
+            if settled([entry]):
                 return entry
         time.sleep(0.1)
     return entry
@@ -209,18 +208,13 @@ def _stop(process: subprocess.Popen[str]) -> None:
 
 @contextmanager
 def emulator(root: Path, label: str, config: dict[str, Any]) -> Iterator[int]:
-    """One emulator process (it answers nginx's HTTP/1.0 requests close-delimited, as uvicorn)."""
-    file = root / f"emulator-{label}.yaml"
-    file.write_text(yaml.safe_dump(config))
-    argv = [sys.executable, "-m", "vllm_emulator", "--host", "127.0.0.1", "--port", "0",
-            "--config", str(file)]  # fmt: skip
-    process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
-    )
+    """One emulator process (it answers nginx's HTTP/1.0 requests close-delimited, as uvicorn),
+    started by middlebox's one launcher; yields its port."""
+    process = EmulatorProcess(config, root, name=f"emulator-{label}", keep_log=False, cwd=ROOT)
     try:
-        yield int(_first_line(process, "emulator").strip().rsplit(":", 1)[1])
+        yield int(process.url.rsplit(":", 1)[1])
     finally:
-        _stop(process)
+        process.stop()
 
 
 @contextmanager

@@ -26,7 +26,6 @@ import random
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ import trio
 
 from middlebox.compose import registry, scenario_sections
 from middlebox.observe.journal import JournalStore
+from middlebox.run.processes import start_emulator, stop_upstream
 from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import Scenario
 from middlebox.shell.server import Address, ProxyServer, listen
@@ -145,30 +145,6 @@ def mix() -> dict[str, Scenario]:
         name: load_scenario_text(text, registry(), file=name, sections=scenario_sections())
         for name, text in MIX.items()
     }
-
-
-async def start_emulator(workdir: Path) -> tuple[trio.Process, Address]:
-    config = workdir / "emulator.yaml"
-    config.write_text(json.dumps(EMULATOR))  # JSON is YAML
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "vllm_emulator", "--port", "0", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    assert process.stdout is not None
-    line = b""
-    with trio.move_on_after(30):
-        while b"\n" not in line:
-            data = await process.stdout.receive_some(4096)
-            if not data:
-                break
-            line += data
-    text = line.decode(errors="replace")
-    if "listening on http://" not in text:
-        process.kill()
-        await process.wait()
-        raise RuntimeError(f"the emulator did not start: {text!r}")
-    return process, Address.parse(text.split("listening on ", 1)[1].split()[0])
 
 
 def request_bytes(index: int, max_tokens: int) -> bytes:
@@ -285,7 +261,8 @@ async def soak(
     report = SoakReport(seconds, concurrency)
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="middlebox-soak-") as scratch:
-        emulator, upstream = await start_emulator(Path(scratch))
+        emulator = await start_emulator(EMULATOR, Path(scratch))
+        upstream = Address.parse(emulator.url)
         try:
             async with trio.open_nursery() as nursery:
                 servers: dict[str, ProxyServer] = {}
@@ -353,12 +330,7 @@ async def soak(
             for listener in listeners:
                 listener.close()
         finally:
-            emulator.terminate()  # the process we started, by its handle
-            with trio.move_on_after(5) as waited:
-                await emulator.wait()
-            if waited.cancelled_caught:
-                emulator.kill()
-                await emulator.wait()
+            await stop_upstream(emulator)  # the process we started, by its handle
     check(report)
     return report
 
