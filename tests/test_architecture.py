@@ -150,7 +150,7 @@ ROOMS: dict[str, Room] = {
             "vllm_emulator",
         ),
     ),
-    "middlebox": Room("the package: its version", rooms()),
+    "middlebox": Room("the package: its version", rooms(), libraries=frozenset()),
     "vllm_emulator": Room("the embedded upstream, its own aiohttp process", rooms()),
 }
 # The rooms that are folders under middlebox/ (each with a docstring stating its rule).
