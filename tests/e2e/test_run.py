@@ -18,6 +18,7 @@ import pytest
 from middlebox.clients import chromium_path
 from middlebox.report.scorecard import verdict_sections
 from middlebox.run.outcome import report_document
+from middlebox.run.processes import EmulatorProcess
 from middlebox.run.suite import run_suite
 from tests.harness import needs
 
@@ -135,26 +136,17 @@ def test_against_a_real_server_the_journal_and_its_metrics_stand_in_for_the_ledg
 ) -> None:
     """`--upstream` has no emulator ledger: the expected text comes from the upstream's own
     bytes in the journal, and the server numbers from its /metrics around each client."""
-    config = tmp_path / "server.yaml"
-    config.write_text("itl: 5ms\nprefill_overhead: 20ms\nseed: 3\n")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "vllm_emulator", "--port", "0", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server = EmulatorProcess({"itl": "5ms", "prefill_overhead": "20ms", "seed": 3}, tmp_path)
     try:
-        assert server.stdout is not None
-        url = server.stdout.readline().split("listening on ", 1)[1].strip()
         scenario = tmp_path / "cut.yaml"
         scenario.write_text(
             "name: cut\nworkload: {requests: 1, max_tokens: 20}\n"
             "path:\n  - cut: {after: tokens, count: 4, end: fin, match: {first: 1}}\n"
             "expect:\n  client.silent_truncations: 0\n  raw: {client.silent_truncations: 1}\n"
         )
-        suite = run_suite([scenario], client_names=["raw", "resilient"], upstream_url=url)
+        suite = run_suite([scenario], client_names=["raw", "resilient"], upstream_url=server.url)
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        server.stop()
     scores = {s.client: s for s in suite.outcomes[0].scores}
     assert scores["raw"].verdicts()["requests"] == ["silent_truncation"]
     assert scores["resilient"].verdicts()["requests"] == ["complete"]
