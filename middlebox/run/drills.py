@@ -23,6 +23,8 @@ change to the library does not change a drill's grade.
 from __future__ import annotations
 
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,3 +187,23 @@ def start(name: str, directory: Path = DRILLS_DIR) -> tuple[Drill, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="middlebox-drill-"))
     scenario = load(write_scenario(drill, scratch))
     return drill, start_background(scenario, scratch)
+
+
+def run_live(name: str, say: Callable[[str], None], directory: Path = DRILLS_DIR) -> str:
+    """`drill start`: the briefing, then the incident (emulator + proxy) live until Ctrl-C;
+    returns the closing line."""
+    drill, proxy = start(name, directory)
+    say(briefing(drill))
+    say(
+        f"\nThe incident is live: OPENAI_BASE_URL={proxy.base_url} (model {proxy.model}). "
+        f"Ctrl-C to stop."
+    )
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        facts = proxy.score()
+        proxy.close()
+    return f"\nstopped after {facts['connections']} connections"

@@ -22,6 +22,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -292,4 +293,37 @@ async def run_load(
                 users.start_soon(user, index)
         nursery.cancel_scope.cancel()
     report.elapsed_s = trio.current_time() - started
+    return report
+
+
+def load_test(
+    url: str,
+    streams: int,
+    duration: float,
+    *,
+    model: str = DEFAULT_MODEL,
+    prompt: str = "Tell me a story.",
+    max_tokens: int = 64,
+    ramp: float = 100.0,
+    max_requests: int = 100_000,
+    request_timeout: float = 60.0,
+    json_file: Path | None = None,
+) -> LoadReport:
+    """`middlebox load`: `run_load` in its own trio loop; the report also written as JSON to
+    `json_file` when given."""
+    report = trio.run(
+        lambda: run_load(
+            url,
+            streams,
+            duration,
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            ramp=ramp,
+            max_requests=max_requests,
+            request_timeout=request_timeout,
+        )
+    )
+    if json_file is not None:
+        json_file.write_text(json.dumps(report.to_json(), indent=2) + "\n")
     return report

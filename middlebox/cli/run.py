@@ -1,0 +1,211 @@
+"""`middlebox run`, `replay` and `drill ...`: scoring clients, each command one call into
+`middlebox.run`, its verdicts shown by `middlebox.report.scorecard`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def show_scorecard(document: dict[str, Any]) -> None:
+    from middlebox.report.scorecard import scorecard
+
+    click.echo(scorecard(document, colour=sys.stdout.isatty()))
+
+
+@click.command()
+@click.argument("targets", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--upstream", help="A real vLLM or gateway URL instead of the embedded emulator.")
+@click.option(
+    "--client",
+    "clients",
+    multiple=True,
+    help="Built-in client to score (repeatable): raw, openai, httpx-sse, resilient, "
+    "browser. Default: all but browser (Chromium is opt-in).",
+)
+@click.option(
+    "--client-cmd",
+    "client_commands",
+    multiple=True,
+    help="Your own client under the same contract (repeatable): 'COMMAND' or 'NAME=COMMAND'.",
+)
+@click.option("--seed", type=int, help="Override every scenario's seed.")
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False),
+    help="Directory for report.json, junit.xml and the connection journals.",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(1, 16),
+    default=2,
+    show_default=True,
+    help="Scenarios run at once.",
+)
+def run(
+    targets: tuple[str, ...],
+    upstream: str | None,
+    clients: tuple[str, ...],
+    client_commands: tuple[str, ...],
+    seed: int | None,
+    report_dir: str | None,
+    jobs: int,
+) -> None:
+    """Run scenarios against the emulator (or --upstream) and score clients and server.
+
+    Exits 1 when an `expect:` check fails or a scenario cannot run.
+
+    \b
+    Examples:
+      middlebox run scenarios/
+      middlebox run scenarios/nginx-default-buffering.yaml --client resilient
+      middlebox run scenarios/ --client-cmd 'mine=python my_client.py' --report out/
+    """
+    from middlebox.run.outcome import Interrupted, RunError
+    from middlebox.run.suite import run_suite
+    from middlebox.scenario.convert import ScenarioError
+
+    try:
+        suite = run_suite(
+            targets,
+            client_names=clients,
+            client_commands=client_commands,
+            seed=seed,
+            upstream_url=upstream,
+            report_dir=report_dir,
+            jobs=jobs,
+        )
+    except Interrupted as error:
+        click.echo(f"middlebox run: {error}", err=True)
+        sys.exit(128 + error.signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+    except (RunError, ScenarioError) as error:
+        raise click.ClickException(str(error)) from None
+    show_scorecard(suite.document())
+    if report_dir:
+        click.echo(
+            f"reports: {report_dir}/report.json, {report_dir}/junit.xml, "
+            f"journals under {report_dir}/runs/"
+        )
+    if not suite.passed:
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("report_file", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False),
+    help="Where to write the rerun's reports.",
+)
+def replay(report_file: str, report_dir: str | None) -> None:
+    """Rerun a report.json with the same seeds and clients; fail if any verdict differs.
+
+    \b
+    Example:
+      middlebox replay reports/latest/report.json
+    """
+    from middlebox.run.replay import replay_report
+
+    result = replay_report(Path(report_file), Path(report_dir) if report_dir else None)
+    show_scorecard(result.suite.document())
+    if result.same:
+        click.echo("replay: every verdict identical")
+        return
+    for line in result.differences:
+        click.echo(f"replay: differs: {line}", err=True)
+    sys.exit(1)
+
+
+@click.group()
+def drill() -> None:
+    """Training drills: diagnose an incident, then prove the fix.
+
+    \b
+    Examples:
+      middlebox drill list
+      middlebox drill start silent-truncation
+      middlebox drill hint silent-truncation 1
+      middlebox drill check silent-truncation --client-cmd 'python my_client.py'
+    """
+
+
+@drill.command("list")
+def drill_list() -> None:
+    """The drills, and where each one's fix goes."""
+    from middlebox.run.drills import listing
+
+    click.echo(listing())
+
+
+@drill.command("hint")
+@click.argument("name")
+@click.argument("number", type=int)
+def drill_hint(name: str, number: int) -> None:
+    """Hint NUMBER (from 1) of drill NAME; the last one reveals the fault."""
+    from middlebox.run.drills import DrillError, hint
+
+    try:
+        click.echo(hint(name, number))
+    except DrillError as error:
+        raise click.ClickException(str(error)) from None
+
+
+@drill.command("start")
+@click.argument("name")
+def drill_start(name: str) -> None:
+    """Print the symptoms and run the incident (emulator + proxy) until Ctrl-C."""
+    from middlebox.cli.proxy import say
+    from middlebox.run.drills import DrillError, run_live
+
+    try:
+        click.echo(run_live(name, say))
+    except DrillError as error:
+        raise click.ClickException(str(error)) from None
+
+
+@drill.command("check")
+@click.argument("name")
+@click.option(
+    "--client-cmd",
+    "client_commands",
+    multiple=True,
+    required=True,
+    help="Your client under the middlebox contract (see docs/clients.md).",
+)
+@click.option(
+    "--scenario",
+    "fixed",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Your fixed copy of the drill's scenario (for fixes on the server/proxy side).",
+)
+@click.option("--report", "report_dir", type=click.Path(file_okay=False), help="Report dir.")
+def drill_check(
+    name: str, client_commands: tuple[str, ...], fixed: str | None, report_dir: str | None
+) -> None:
+    """Grade a fix: run the drill with your client (and scenario); exit 1 unless it holds."""
+    from middlebox.run.drills import DrillError, check
+    from middlebox.run.outcome import RunError
+    from middlebox.scenario.convert import ScenarioError
+
+    try:
+        grade = check(
+            name,
+            list(client_commands),
+            fixed_scenario=Path(fixed) if fixed else None,
+            report_dir=Path(report_dir) if report_dir else None,
+        )
+    except (DrillError, RunError, ScenarioError) as error:
+        raise click.ClickException(str(error)) from None
+    show_scorecard(grade.suite.document())
+    if grade.passed:
+        click.echo(f"drill {name}: PASS")
+        return
+    for reason in grade.reasons:
+        click.echo(f"  {reason}", err=True)
+    click.echo(f"drill {name}: FAIL", err=True)
+    sys.exit(1)

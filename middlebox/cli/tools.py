@@ -1,0 +1,191 @@
+"""`middlebox validate`, `schema`, `pcap`, `record` and `load`: the scenario format and the
+tools around a run, each command one call into the room that does the work."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+def validate(paths: tuple[str, ...]) -> None:
+    """Check scenario files (or directories of them); print every problem with its line.
+
+    \b
+    Example:
+      middlebox validate scenarios/ my-incident.yaml
+    """
+    from middlebox.compose import validate_paths
+
+    good, problems = validate_paths(paths)
+    for scenario in good:
+        click.echo(f"ok: {scenario.source} ({scenario.name}, {len(scenario.path)} faults)")
+        for warning in scenario.warnings:
+            click.echo(f"warning: {warning}", err=True)
+    for problem in problems:
+        click.echo(f"error: {problem}", err=True)
+    if problems:
+        sys.exit(1)
+
+
+@click.command()
+def schema() -> None:
+    """Print the JSON Schema of the scenario format, generated from the fault registry.
+
+    \b
+    Example:
+      middlebox schema > scenario.schema.json
+    """
+    from middlebox.compose import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2))
+
+
+@click.command()
+@click.argument("journal", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="run.pcapng or .pcap"
+)
+@click.option("--listen-port", default=9000, show_default=True, help="Proxy port in the capture.")
+@click.option("--upstream-port", default=8000, show_default=True, help="Upstream port shown.")
+def pcap(journal: str, output: str, listen_port: int, upstream_port: int) -> None:
+    """Turn a connection journal (NDJSON) into TCP packets for Wireshark or tshark.
+
+    Both legs of each connection become TCP streams on 127.0.0.1 with sequence numbers
+    from the journal's offsets, FINs and RSTs where the journal saw them.
+
+    \b
+    Example:
+      middlebox pcap reports/latest/runs/00-x/raw.journal.ndjson -o run.pcapng
+      tshark -r run.pcapng -Y 'tcp.flags.reset == 1'
+    """
+    from middlebox.observe.pcap import write_pcap
+
+    count = write_pcap(journal, output, listen_port=listen_port, upstream_port=upstream_port)
+    click.echo(f"wrote {count} packets to {output}")
+
+
+@click.command()
+@click.option("--upstream", required=True, help="The real server, e.g. http://127.0.0.1:8000.")
+@click.option("--listen", "listen_at", default="127.0.0.1:9000", show_default=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Cassette dir.")
+def record(upstream: str, listen_at: str, out: str) -> None:
+    """Proxy to a real server and save each response as an emulator cassette.
+
+    \b
+    Example:
+      middlebox record --upstream http://127.0.0.1:8000 --listen 127.0.0.1:9000 --out tapes/
+      # replay one: upstream: {cassette: tapes/cassette-0001-0.json} in a scenario
+    """
+    import trio
+
+    from middlebox.cli.proxy import say
+    from middlebox.shell.server import Address
+    from middlebox.tools.record import record as record_responses
+
+    try:
+        listen_address, upstream_address = Address.parse(listen_at), Address.parse(upstream)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+
+    def ready(port: int) -> None:
+        say(f"recording http://{listen_address.host}:{port} -> {upstream_address}")
+
+    def saved(path: Path) -> None:
+        say(f"saved {path}")
+
+    try:
+        trio.run(
+            lambda: record_responses(
+                listen_address, upstream_address, Path(out), ready=ready, on_cassette=saved
+            )
+        )
+    except KeyboardInterrupt:
+        pass
+
+
+@click.command()
+@click.option(
+    "--url",
+    required=True,
+    help="Chat completions URL (through the proxy), e.g. http://127.0.0.1:9000; a bare "
+    "host:port URL means /v1/chat/completions.",
+)
+@click.option("--streams", type=click.IntRange(1, 20000), default=10, show_default=True)
+@click.option(
+    "--duration",
+    type=click.FloatRange(0, 3600, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds during which users start new requests.",
+)
+@click.option(
+    "--model",
+    default="middlebox/emulated-7b",
+    show_default=True,
+    help="Model name to request (the default is the bundled emulator's).",
+)
+@click.option("--prompt", default="Tell me a story.", show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option(
+    "--ramp",
+    type=click.FloatRange(0, min_open=True),
+    default=100.0,
+    show_default=True,
+    help="Users started per second.",
+)
+@click.option("--max-requests", type=click.IntRange(1), default=100_000, show_default=True)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="After --duration, how long requests in flight may take before they are cut.",
+)
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the report here.")
+def load(
+    url: str,
+    streams: int,
+    duration: float,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    ramp: float,
+    max_requests: int,
+    request_timeout: float,
+    json_file: str | None,
+) -> None:
+    """Stream many chat completions at once; report TTFT and ITL percentiles at the client.
+
+    Bounded: new requests start for --duration seconds, at most --max-requests in all.
+    For distributed load across machines use Locust with `middlebox/tools/locustfile.py`
+    (docs/performance.md).
+
+    \b
+    Example:
+      middlebox load --url http://127.0.0.1:9000 --streams 200 --duration 30
+    """
+    from middlebox.tools.load import load_test
+
+    try:
+        report = load_test(
+            url,
+            streams,
+            duration,
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            ramp=ramp,
+            max_requests=max_requests,
+            request_timeout=request_timeout,
+            json_file=Path(json_file) if json_file else None,
+        )
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(report.text())
+    if report.completed == 0:
+        sys.exit(1)

@@ -1,0 +1,199 @@
+"""`middlebox proxy`: serve the proxy (optionally N workers, or with the control API) until
+SIGTERM or SIGINT, then write the journal if asked.
+
+`ProxySettings` is the command line's options, typed once; `serve` composes the server
+(scenario, journal, control API or workers) and runs it. Problems in the settings raise
+`SettingsError` before anything listens (`OptionConflict` for options that do not go
+together), so the command line can show them as its own errors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from middlebox.compose import PROXY_STAGES, load
+from middlebox.observe.journal import JournalStore
+from middlebox.scenario.convert import ScenarioError
+from middlebox.scenario.model import Scenario
+from middlebox.shell.control import ControlledProxy, check_control_access, run_controlled_proxy
+from middlebox.shell.server import Address, ProxyServer, run_proxy
+from middlebox.shell.workers import run_workers
+
+
+class SettingsError(ValueError):
+    """A scenario or address in the settings that does not load."""
+
+
+class OptionConflict(SettingsError):
+    """Options that do not go together (a usage error)."""
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    listen: str = "127.0.0.1:9000"
+    upstream: str = ""
+    scenario_file: str | None = None
+    grace: float = 10.0
+    max_connections: int | None = None
+    backlog: int = 1024
+    journal_file: str | None = None
+    journal_secrets: bool = False
+    workers: int = 1
+    # the control API (middlebox.shell.control)
+    control: str | None = None
+    control_token: str | None = None
+    allow_scenario_header: bool = False
+    scenario_dir: str | None = None
+
+    def check(self) -> None:
+        if self.control is None and (self.allow_scenario_header or self.control_token):
+            raise OptionConflict("--allow-scenario-header and --control-token need --control")
+        if self.control is not None and self.workers > 1:
+            raise OptionConflict("--control serves one proxy process; drop --workers")
+        if self.allow_scenario_header and not self.scenario_dir:
+            raise OptionConflict("--allow-scenario-header needs --scenario-dir")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    scenario: Scenario
+    listen: Address
+    upstream: Address
+    control: Address | None
+
+
+def loaded(settings: ProxySettings) -> Loaded:
+    """The scenario and addresses of `settings`, or a SettingsError saying what is wrong."""
+    settings.check()
+    try:
+        scenario = (
+            load(settings.scenario_file)
+            if settings.scenario_file
+            else Scenario(name="pass-through")
+        )
+        control = Address.parse(settings.control) if settings.control else None
+        if control is not None:
+            check_control_access(control, settings.control_token)
+        return Loaded(
+            scenario, Address.parse(settings.listen), Address.parse(settings.upstream), control
+        )
+    except (ScenarioError, ValueError) as error:
+        raise SettingsError(str(error)) from None
+
+
+def banner(what: Loaded, port: int) -> str:
+    """The proxy's readiness line (`listening on http://HOST:PORT -> ...`), first on stdout."""
+    return (
+        f"listening on http://{what.listen.host}:{port} -> {what.upstream} "
+        f"(scenario {what.scenario.name!r}, {len(what.scenario.path)} faults)"
+    )
+
+
+def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
+    """Serve until a signal; `say` gets each line to show (flushed by the caller). Returns
+    the closing summary."""
+    what = loaded(settings)
+    if what.control is not None:
+        return _serve_controlled(settings, what, what.control, say)
+    journal = JournalStore(capture=True) if settings.journal_file else None
+    server = ProxyServer(
+        what.upstream,
+        what.scenario,
+        max_connections=settings.max_connections,
+        stages=PROXY_STAGES,
+        observer_factory=(
+            (lambda cid, _s: journal.observer(cid, time.time(), what.scenario.name))
+            if journal is not None
+            else None
+        ),
+        report_sink_factory=journal.fault_sink if journal is not None else None,
+    )
+    redact = not settings.journal_secrets
+    if settings.workers > 1:
+
+        def workers_ready(port: int, pids: list[int]) -> None:
+            say(banner(what, port))
+            say(f"workers: {' '.join(map(str, pids))}")
+
+        def finish(index: int, _server: ProxyServer) -> None:
+            if journal is not None and settings.journal_file is not None:
+                path = Path(f"{settings.journal_file}.w{index}")
+                journal.write_ndjson(path, redact_secrets=redact)
+
+        result = run_workers(
+            what.listen,
+            what.upstream,
+            what.scenario,
+            settings.workers,
+            ready=workers_ready,
+            grace=settings.grace,
+            backlog=settings.backlog,
+            finish=finish,
+            max_connections=server.max_connections,
+            observer_factory=server.observer_factory,
+            report_sink_factory=server.report_sink_factory,
+        )
+        return f"stopped: {result.summary()}"
+    try:
+        trio.run(
+            lambda: run_proxy(
+                what.listen,
+                what.upstream,
+                what.scenario,
+                ready=lambda port: say(banner(what, port)),
+                server=server,
+                grace=settings.grace,
+                backlog=settings.backlog,
+            )
+        )
+    except KeyboardInterrupt:  # a signal before the handlers were installed
+        pass
+    finally:
+        if journal is not None and settings.journal_file is not None:
+            journal.write_ndjson(Path(settings.journal_file), redact_secrets=redact)
+    return (
+        f"stopped: {server.connections_accepted} connections, "
+        f"{server.connections_refused} refused, {server.reset_at_shutdown} reset at shutdown"
+    )
+
+
+def _serve_controlled(
+    settings: ProxySettings, what: Loaded, control: Address, say: Callable[[str], None]
+) -> str:
+    proxy = ControlledProxy(
+        what.upstream,
+        what.scenario,
+        max_connections=settings.max_connections,
+        scenario_dir=Path(settings.scenario_dir) if settings.scenario_dir else None,
+        allow_scenario_header=settings.allow_scenario_header,
+        stages=PROXY_STAGES,
+    )
+
+    def ready(port: int, control_port: int) -> None:
+        say(f"{banner(what, port)}; control API on http://{control.host}:{control_port}")
+
+    try:
+        trio.run(
+            lambda: run_controlled_proxy(
+                proxy,
+                what.listen,
+                control,
+                token=settings.control_token,
+                ready=ready,
+                grace=settings.grace,
+                backlog=settings.backlog,
+            )
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if settings.journal_file:
+            proxy.store.write_ndjson(
+                Path(settings.journal_file), redact_secrets=not settings.journal_secrets
+            )
+    return f"stopped: {proxy.connections_accepted} connections"
