@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from faults import REGISTRY
+from faults._proxy.client_header_timeout import ClientHeaderTimeout
+from faults._proxy.proxy_read_timeout import ProxyReadTimeout
+from faults._proxy.upstream_unreachable import UpstreamUnreachable
 from faults.presets import PRESETS
 from middlebox.core.fault import Fault
 from middlebox.scenario.convert import Problem, ScenarioError
 from middlebox.scenario.load import load_scenario
-from middlebox.scenario.model import Scenario
+from middlebox.scenario.model import ProxyOptions, Scenario
 from middlebox.scenario.schema import scenario_json_schema
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
@@ -68,3 +71,27 @@ def validate_paths(paths: Iterable[str | Path]) -> tuple[list[Scenario], list[Pr
 
 def json_schema() -> dict[str, Any]:
     return scenario_json_schema(REGISTRY, scenario_sections(), PRESETS)
+
+
+class NginxStages:
+    """The proxy's own behaviour from a scenario's `proxy:` block, as pure stages
+    (faults/_proxy); the server takes it as `ProxyServer(stages=PROXY_STAGES)`."""
+
+    def around(self, options: ProxyOptions) -> tuple[list[Fault], list[Fault]]:
+        """The header timeout watches the client's bytes as they arrive, so it goes
+        first; the read timeout watches the upstream's, so it goes last."""
+        client_side: list[Fault] = []
+        upstream_side: list[Fault] = []
+        if options.client_header_timeout is not None:
+            client_side.append(ClientHeaderTimeout(timeout=options.client_header_timeout))
+        if options.read_timeout is not None:
+            upstream_side.append(ProxyReadTimeout(timeout=options.read_timeout))
+        return client_side, upstream_side
+
+    def unreachable(self, options: ProxyOptions) -> Fault:
+        return UpstreamUnreachable(
+            answer=options.on_upstream_unreachable, header_timeout=options.client_header_timeout
+        )
+
+
+PROXY_STAGES = NginxStages()

@@ -17,6 +17,7 @@ from functools import partial
 import pytest
 import trio
 
+from middlebox.compose import PROXY_STAGES
 from middlebox.scenario.model import Scenario
 from middlebox.shell.server import Address, ProxyServer, listen
 
@@ -37,7 +38,10 @@ class Running:
 async def proxied(
     handler: Handler, scenario: Scenario | None = None, **server_options: object
 ) -> AsyncIterator[Running]:
-    """Start `handler` as the upstream and a proxy in front of it; yield their ports."""
+    """Start `handler` as the upstream and a proxy in front of it; yield their ports.
+
+    The proxy has its own nginx behaviour (`PROXY_STAGES`) unless `stages=None` is passed."""
+    server_options.setdefault("stages", PROXY_STAGES)
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         upstream_port = listeners[0].socket.getsockname()[1]

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import trio
 
+from middlebox.compose import PROXY_STAGES
 from middlebox.core.fault import Fault
 from middlebox.core.stream import Item
 from middlebox.scenario.model import FaultSpec, ProxyOptions, Scenario
@@ -110,7 +111,9 @@ async def test_a_client_rst_reaches_the_upstream_as_an_rst() -> None:
 
 async def test_an_unreachable_upstream_answers_like_nginx_with_a_502() -> None:
     async with trio.open_nursery() as nursery:
-        server = ProxyServer(Address("127.0.0.1", free_port()), Scenario(name="down"))
+        server = ProxyServer(
+            Address("127.0.0.1", free_port()), Scenario(name="down"), stages=PROXY_STAGES
+        )
         listener = listen(Address("127.0.0.1", 0))
         port = await nursery.start(server.serve, listener)
         with trio.fail_after(10):
@@ -127,7 +130,7 @@ async def test_an_unreachable_upstream_answers_like_nginx_with_a_502() -> None:
 async def test_an_unreachable_upstream_can_be_answered_with_a_reset_instead() -> None:
     scenario = Scenario(name="down", proxy=ProxyOptions(on_upstream_unreachable="reset"))
     async with trio.open_nursery() as nursery:
-        server = ProxyServer(Address("127.0.0.1", free_port()), scenario)
+        server = ProxyServer(Address("127.0.0.1", free_port()), scenario, stages=PROXY_STAGES)
         listener = listen(Address("127.0.0.1", 0))
         port = await nursery.start(server.serve, listener)
         with trio.fail_after(10):

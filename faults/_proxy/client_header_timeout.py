@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from faults._common import check_positive
 from middlebox.core.fault import Fault, Seconds
-from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset
 
 
 @dataclass
@@ -50,7 +50,10 @@ class ClientHeaderTimeout(Fault):
     def on_item(self, item: Item, now: float) -> list[Item]:
         if self.connection_closed:
             return []  # nginx closed both sockets: nothing more goes anywhere
-        if self._due is not None and item.direction is UP:
+        if self._due is not None and isinstance(item, Reset):
+            # Either peer aborted: the connection is over, there is nothing left to time.
+            self._due, self._head_over = None, True
+        elif self._due is not None and item.direction is UP:
             if isinstance(item, Chunk):
                 self.client_bytes += len(item.data)
                 window = self._tail + item.data

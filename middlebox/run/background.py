@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from middlebox.compose import PROXY_STAGES
 from middlebox.observe.journal import ConnectionJournal, JournalView, facts
 from middlebox.run.processes import UPSTREAM_START_TIMEOUT, EmulatorProcess, emulator_config
 from middlebox.run.upstream import UpstreamClient
@@ -55,7 +56,9 @@ class BackgroundProxy:
         self.upstream_url = upstream_url
         self.upstream = UpstreamClient(upstream_url)
         self.emulator = emulator
-        self.proxy: ControlledProxy = ControlledProxy(Address.parse(upstream_url), scenario)
+        self.proxy: ControlledProxy = ControlledProxy(
+            Address.parse(upstream_url), scenario, stages=PROXY_STAGES
+        )
         self._port = 0
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None

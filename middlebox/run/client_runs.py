@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from middlebox.clients import BUILTIN_CLIENTS, available_clients
+from middlebox.compose import PROXY_STAGES
 from middlebox.observe.journal import JournalStore
 from middlebox.run.outcome import RunError
 from middlebox.run.processes import CHILDREN
@@ -89,6 +90,7 @@ async def run_client(
         scenario,
         observer_factory=lambda cid, s: journal.observer(cid, time.time(), s.name),
         report_sink_factory=journal.fault_sink,
+        stages=PROXY_STAGES,
     )
     document = workload_file(workload, scenario.name, spec.name, model)
     tags = [request_tag(scenario.name, spec.name, i) for i in range(workload.requests)]

@@ -24,6 +24,13 @@ triggered, so no re-arm per read) and, when sockets are readable, runs their rea
 synchronously in one task wake-up, the way an asyncio protocol or nginx's event loop
 handles readiness; it halved the CPU per frame of a loaded pass-through relay.
 
+The proxy's own nginx behaviour (header timeout, read timeout, faults/_proxy) is pure stages
+in the pipeline like any fault; the relay reads two flags of theirs (`ProxyStage`): a stage
+that has `finished` is dropped from the pipeline, so a connection whose path is otherwise
+empty moves to the pass-through path once its request head is in, and one that has
+`connection_closed` ends the connection once the relay's writes are out, without waiting for
+the peers' FINs (nginx's `close()` of both sockets).
+
 Ends are faithful: a FIN read is passed on as a FIN (`shutdown(SHUT_WR)`) and never
 invented; an RST is sent as `SO_LINGER(1, 0)` then close (RFC 793's abort); a peer's
 RST read on one side becomes a `Reset` item; a failed write means that peer is gone
@@ -37,7 +44,7 @@ import select
 import socket
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -134,6 +141,21 @@ def release_read_hub(hub: ReadHub) -> None:
             _HUB.set(None)
 
 
+class ProxyStage(Protocol):
+    """A stage of the proxy's own behaviour in the pipeline (faults/_proxy), as the relay
+    sees it: two flags, read after pipeline calls (never per byte on the fast path)."""
+
+    @property
+    def finished(self) -> bool:
+        """It passes everything through from now on and never wants a deadline."""
+        ...
+
+    @property
+    def connection_closed(self) -> bool:
+        """It ended the connection (FINs or RSTs both ways) and wants no more of it."""
+        ...
+
+
 class RelayObserver(Protocol):
     """What the relay tells the journal; every call is cheap and never blocks."""
 
@@ -197,6 +219,7 @@ class Relay:
         *,
         observer: RelayObserver | None = None,
         clock: Callable[[], float] = trio.current_time,
+        stages: Sequence[ProxyStage] = (),
     ) -> None:
         client.setblocking(False)
         upstream.setblocking(False)
@@ -215,6 +238,8 @@ class Relay:
         self._writers: set[str] = set()
         # The empty pipeline's fast path (module docstring): chunks skip the routing.
         self.passthrough = type(pipeline) is Pipeline and not pipeline.faults
+        # The proxy's own stages still in the pipeline (see ProxyStage).
+        self.stages = list(stages)
         self._hub: ReadHub | None = None
         self._hub_callbacks: dict[str, Callable[[], None]] = {}
         self._hub_paused: set[str] = set()
@@ -310,6 +335,9 @@ class Relay:
         reads_in_a_row = 0
         drained = False
         while not side.read_done:
+            if self._hub is not None:
+                self._join_hub(side)  # the connection went pass-through: the hub reads now
+                return
             if self._reading_paused(side):
                 await self._state_lot.park()
                 continue
@@ -360,6 +388,15 @@ class Relay:
 
         return readable
 
+    def _join_hub(self, side: Side) -> None:
+        if side.read_done or side.closed or self._hub is None:
+            return
+        callback = self._hub_callbacks[side.leg] = self._readable(side)
+        self._hub.register(side.sock, callback)
+        if self._reading_paused(side):
+            self._hub.pause(side.sock)
+            self._hub_paused.add(side.leg)
+
     def _leave_hub(self, side: Side) -> None:
         callback = self._hub_callbacks.pop(side.leg, None)
         if callback is not None and self._hub is not None:
@@ -397,6 +434,8 @@ class Relay:
         self._after_pipeline_call()
 
     def _after_pipeline_call(self) -> None:
+        if self.stages:
+            self._drop_finished_stages()
         if self._timer_scope is not None:
             due = self.pipeline.deadline()
             self._timer_scope.deadline = math.inf if due is None else due
@@ -410,6 +449,26 @@ class Relay:
             self._nursery.start_soon(self._timer_loop)
         self._wake_readers()
         self._check_done()
+
+    def _drop_finished_stages(self) -> None:
+        """Take stages that have stepped aside out of the pipeline; with nothing left in
+        it, relay the rest of the connection on the pass-through path (read hub)."""
+        finished = [stage for stage in self.stages if stage.finished]
+        if not finished or type(self.pipeline) is not Pipeline:
+            return
+        self.stages = [stage for stage in self.stages if not stage.finished]
+        pipeline = self.pipeline
+        gone = {id(stage) for stage in finished}
+        pipeline.faults = [fault for fault in pipeline.faults if id(fault) not in gone]
+        if pipeline.faults:
+            return
+        self.passthrough = True
+        try:
+            self._hub = acquire_read_hub()
+        except OSError:
+            return  # no fd for the hub's epoll: the reader tasks carry on, still fast
+        # Each reader task hands its socket to the hub when it next wakes up.
+        self._state_lot.unpark_all()
 
     async def _timer_loop(self) -> None:
         while True:
@@ -523,8 +582,19 @@ class Relay:
         if self._done.is_set():
             return
         both_read = self.client.read_done and self.upstream.read_done
-        if not both_read or self.pipeline.deadline() is not None:
+        if not both_read and not self._closed_by_a_stage():
+            return
+        if self.pipeline.deadline() is not None:
             return
         if self.client.outbox or self.upstream.outbox:
             return
         self._done.set()
+
+    def _closed_by_a_stage(self) -> bool:
+        """A stage closed the connection and both ends it sent are written."""
+        return (
+            bool(self.stages)
+            and self.client.write_done
+            and self.upstream.write_done
+            and any(stage.connection_closed for stage in self.stages)
+        )

@@ -2,19 +2,25 @@
 
 Each accepted connection gets an id, a seeded rng drawn from (scenario seed,
 connection id) so a run replays from its seed, and a new pipeline built from the
-scenario. One connection's error is logged and never stops the server. When the
-upstream cannot be reached, the client gets what a real proxy sends: nginx's
-`502 Bad Gateway` after reading the request head (nginx reads the request before it
-connects upstream), or a reset or a close if the scenario's `proxy:` block says so.
+scenario. One connection's error is logged and never stops the server.
 
-Hardening (docs/reliability.md has every case and its result), each shaped like nginx:
-- `client_header_timeout` (default 60 s, nginx's default): a client that has not sent
-  a complete first request head by then is closed without an answer, as nginx closes
-  on a header timeout (it logs 408 and sends nothing). This bounds slowloris clients.
-- `read_timeout` (off by default: middlebox is transparent unless told; nginx's
-  `proxy_read_timeout` is 60 s): with a request outstanding and no byte from the
-  upstream for that long, the client gets nginx's `504` if no response byte has come
-  yet, or a closed connection mid-response, as nginx does.
+The shell holds no fault logic: the proxy's own nginx behaviour is pure stages on the
+virtual clock (faults/_proxy), which the composition root builds from the scenario's
+`proxy:` block and hands the server as `stages` (a `ProxyStages`):
+- `client_header_timeout` (default 60 s, nginx's) closes a client whose first request head
+  is late, unanswered (slowloris); it is counted in `header_timeouts` and journaled as the
+  client side's `header_timeout` end;
+- `read_timeout` (off by default; nginx's `proxy_read_timeout`) is the `idle_reaper` fault
+  with the proxy's own ends: nginx's 504 before the response head, a close after it;
+  counted in `read_timeouts`, journaled as the upstream side's `read_timeout` end;
+- an unreachable upstream gets what a real proxy sends: nginx's `502 Bad Gateway` after
+  reading the request head, or a reset or a close if the `proxy:` block says so; the
+  stage is driven with the client alone (`answer_alone`).
+Without `stages` the server is a bare relay (a test double): no timeouts, and an
+unreachable upstream is a bare close.
+
+Hardening of the shell itself (docs/reliability.md has every case and its result):
+- `connect_timeout` bounds the dial to the upstream (nginx's proxy_connect_timeout).
 - `max_connections`: connections beyond it are accepted and closed at once and
   counted in `connections_refused` (nginx closes when `worker_connections` run out).
 - `shutdown(grace)`: stop accepting, let live connections finish within the grace
@@ -31,36 +37,34 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 import trio
 
 from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline
-from middlebox.core.http1 import Http1Exchange
-from middlebox.core.responses import error_response
-from middlebox.core.stream import Chunk, Direction, Eof, Reset
-from middlebox.scenario.model import Scenario
-from middlebox.shell.relay import Relay, RelayObserver, abort, apply_buffer_sizes, arm_reset
+from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
+from middlebox.scenario.model import ProxyOptions, Scenario
+from middlebox.shell.relay import (
+    ProxyStage,
+    Relay,
+    RelayObserver,
+    apply_buffer_sizes,
+    arm_reset,
+)
 
 log = logging.getLogger("middlebox.shell.server")
 
+# One read of a client whose upstream is down; its head is at most nginx's 32 KiB.
 MAX_REQUEST_HEAD = 64 * 1024
-# nginx's large_client_header_buffers default (4 x 8k): a request head that does not fit
-# is answered with 400 "Request Header Or Cookie Too Large" when nginx parses it.
-NGINX_MAX_HEAD = 4 * 8 * 1024
-NGINX_HEADER_LINE = 8 * 1024
-# After answering by itself (a 504), how long the proxy waits for the client to close
-# before closing for it: nginx's lingering_timeout default.
-LINGER_AFTER_ANSWER = 5.0
 ACCEPT_ERROR_PAUSE = 0.5
 
-_TOO_LARGE_BODY = (
-    b"<html>\r\n<head><title>400 Request Header Or Cookie Too Large</title></head>\r\n"
-    b"<body>\r\n<center><h1>400 Bad Request</h1></center>\r\n"
-    b"<center>Request Header Or Cookie Too Large</center>\r\n"
-    b"<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
-)
+# What the server counts and journals when one of its own stages fires: the counter, and
+# the end the journal records (docs/observability.md's end kinds).
+STAGE_EVENTS: dict[str, tuple[str, str, Direction, str]] = {
+    "client_header_timeout": ("header_timeouts", "client", Direction.UPSTREAM, "header_timeout"),
+    "proxy_read_timeout": ("read_timeouts", "upstream", Direction.DOWNSTREAM, "read_timeout"),
+}
 
 
 @dataclass(frozen=True)
@@ -127,85 +131,23 @@ ObserverFactory = Callable[[int, Scenario], RelayObserver | None]
 ReportSinkFactory = Callable[[int], Callable[[FaultReport], None] | None]
 
 
-class HeadWatch:
-    """A relay observer that watches the client's bytes until the first request head
-    ends (a blank line: CRLF CRLF, or bare LF LF as nginx also accepts), then hands the
-    relay back its own observer, so a watched connection costs nothing afterwards."""
+class ProxyStages(Protocol):
+    """The proxy's own nginx behaviour as pure stages, built from a scenario's `proxy:`
+    block by the composition root (middlebox/compose.py; the stages live in faults/_proxy)."""
 
-    def __init__(self, inner: RelayObserver | None) -> None:
-        self.inner = inner
-        self.relay: Relay | None = None
-        self.complete = False
-        self.client_bytes = 0
-        self._tail = b""
+    def around(self, options: ProxyOptions) -> tuple[list[Fault], list[Fault]]:
+        """Fresh stages for one connection: those before the path (the client side, seeing
+        the client's bytes as they arrive) and those after it (the upstream side)."""
+        ...
 
-    def read(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
-        if self.inner is not None:
-            self.inner.read(leg, direction, data, now)
-        if leg != "client" or self.complete:
-            return
-        self.client_bytes += len(data)
-        window = self._tail + data
-        if b"\n\r\n" in window or b"\n\n" in window:
-            self.complete = True
-            if self.relay is not None and self.relay.observer is self:
-                self.relay.observer = self.inner
-        self._tail = window[-2:]
-
-    def wrote(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
-        if self.inner is not None:
-            self.inner.wrote(leg, direction, data, now)
-
-    def ended(self, leg: str, direction: Direction, kind: str, now: float) -> None:
-        if self.inner is not None:
-            self.inner.ended(leg, direction, kind, now)
+    def unreachable(self, options: ProxyOptions) -> Fault:
+        """A fresh stage that answers the client alone when the upstream cannot be reached."""
+        ...
 
 
-class ReadWatch:
-    """A relay observer for `read_timeout`: frames the requests written to the upstream
-    and the responses read from it (passive framers) to know when a request is
-    outstanding, and when the upstream last sent a byte (nginx's proxy_read_timeout
-    runs between two reads, from the moment the request was sent)."""
-
-    def __init__(self, inner: RelayObserver | None, now: float) -> None:
-        self.inner = inner
-        self.exchange = Http1Exchange()
-        self.requests = 0
-        self.responses_done = 0
-        self.response_bytes = 0  # bytes of the outstanding response read so far
-        self.last_activity = now
-
-    def outstanding(self) -> bool:
-        if self.exchange.requests.degraded or self.exchange.responses.degraded:
-            return self.requests > 0 or self.exchange.requests.offset > 0
-        return self.requests > self.responses_done
-
-    def due(self) -> float | None:
-        return self.last_activity if self.outstanding() else None
-
-    def read(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
-        if self.inner is not None:
-            self.inner.read(leg, direction, data, now)
-        if leg == "upstream":
-            self.last_activity = now
-            self.response_bytes += len(data)
-            for piece in self.exchange.feed(Direction.DOWNSTREAM, data):
-                if piece.end_of_message:
-                    self.responses_done += 1
-                    self.response_bytes = 0
-
-    def wrote(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
-        if self.inner is not None:
-            self.inner.wrote(leg, direction, data, now)
-        if leg == "upstream":
-            self.last_activity = max(self.last_activity, now)
-            for piece in self.exchange.feed(Direction.UPSTREAM, data):
-                if piece.head is not None and piece.head.method is not None:
-                    self.requests += 1
-
-    def ended(self, leg: str, direction: Direction, kind: str, now: float) -> None:
-        if self.inner is not None:
-            self.inner.ended(leg, direction, kind, now)
+@runtime_checkable
+class _Stage(ProxyStage, Protocol):
+    """`ProxyStage`, checkable at run time: which faults of a pipeline are the proxy's own."""
 
 
 @dataclass(eq=False)
@@ -228,6 +170,8 @@ class ProxyServer:
     upstream: Address
     scenario: Scenario
     build_faults: Callable[[Scenario], list[Fault]] = Scenario.build_faults
+    # The proxy's own nginx behaviour (compose.PROXY_STAGES); None: a bare relay.
+    stages: ProxyStages | None = None
     observer_factory: ObserverFactory | None = None
     report_sink_factory: ReportSinkFactory | None = None
     # Overrides the scenario's `proxy.max_connections` (the CLI's --max-connections).
@@ -242,6 +186,8 @@ class ProxyServer:
     active: int = 0
     shared: list[dict[str, Any]] = field(default_factory=list)
     live: set[LiveConnection] = field(default_factory=set, init=False, repr=False)
+    _observers: dict[int, RelayObserver] = field(default_factory=dict, init=False, repr=False)
+    _stage_shared: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
     _accept_scope: trio.CancelScope | None = field(default=None, init=False, repr=False)
     _listener: socket.socket | None = field(default=None, init=False, repr=False)
     _idle: trio.lowlevel.ParkingLot = field(
@@ -359,147 +305,115 @@ class ProxyServer:
             log.info(
                 "connection %d: upstream %s unreachable: %s", connection_id, self.upstream, error
             )
-            await self.refuse(client, scenario)
+            await self.refuse(client, scenario, connection_id)
             return
         live.sockets.append(upstream)
-        pipeline = self.make_pipeline(scenario, connection_id)
-        apply_buffer_sizes(client, upstream, pipeline.socket_buffers())
         observer = self.observer_factory(connection_id, scenario) if self.observer_factory else None
-        read_watch = None
-        if options.read_timeout is not None:
-            read_watch = ReadWatch(observer, trio.current_time())
-            observer = read_watch
-        head_watch = None
-        if options.client_header_timeout is not None:
-            head_watch = HeadWatch(observer)
-            observer = head_watch
-        relay = Relay(client, upstream, pipeline, observer=observer)
-        if head_watch is not None:
-            head_watch.relay = relay
-        async with trio.open_nursery() as nursery:
-            if head_watch is not None and options.client_header_timeout is not None:
-                nursery.start_soon(
-                    self._header_watchdog, head_watch, options.client_header_timeout, nursery
-                )
-            if read_watch is not None and options.read_timeout is not None:
-                nursery.start_soon(
-                    self._read_watchdog, relay, read_watch, options.read_timeout, nursery
-                )
-            await relay.run()
-            nursery.cancel_scope.cancel()
-
-    async def _header_watchdog(
-        self, watch: HeadWatch, timeout: float, nursery: trio.Nursery
-    ) -> None:
-        await trio.sleep(timeout)
-        if not watch.complete:
-            # nginx's client_header_timeout: close without an answer; cancelling the
-            # relay closes both sockets (a FIN, as nginx's close() sends).
-            self.header_timeouts += 1
-            watch.ended("client", Direction.UPSTREAM, "header_timeout", trio.current_time())
-            nursery.cancel_scope.cancel()
-
-    async def _read_watchdog(
-        self, relay: Relay, watch: ReadWatch, timeout: float, nursery: trio.Nursery
-    ) -> None:
-        while True:
-            since = watch.due()
-            now = trio.current_time()
-            if since is None or since + timeout > now:
-                await trio.sleep_until(now + timeout if since is None else since + timeout)
-                continue
-            break
-        self.read_timeouts += 1
-        watch.ended("upstream", Direction.DOWNSTREAM, "read_timeout", trio.current_time())
-        if watch.response_bytes == 0:
-            # "upstream timed out while reading response header": nginx answers 504 and
-            # drops the upstream connection (an RST here, so a hung upstream that never
-            # closes cannot hold the connection open).
-            relay.inject(
-                [
-                    Chunk(Direction.DOWNSTREAM, error_response(504)),
-                    Eof(Direction.DOWNSTREAM),
-                    Reset(Direction.UPSTREAM),
-                ]
-            )
-            await trio.sleep(LINGER_AFTER_ANSWER)
-        # Mid-response nginx can only close the connection: the client sees a truncation.
-        nursery.cancel_scope.cancel()
+        if observer is not None:
+            self._observers[connection_id] = observer
+        try:
+            pipeline = self.make_pipeline(scenario, connection_id)
+            apply_buffer_sizes(client, upstream, pipeline.socket_buffers())
+            stages = [fault for fault in pipeline.faults if isinstance(fault, _Stage)]
+            await Relay(client, upstream, pipeline, observer=observer, stages=stages).run()
+        finally:
+            self._observers.pop(connection_id, None)
 
     def make_pipeline(self, scenario: Scenario, connection_id: int) -> Pipeline:
-        """A fresh pipeline; its faults draw their rngs from (scenario seed, connection id)."""
-        pipeline = Pipeline(self.build_faults(scenario))
+        """A fresh pipeline: the proxy's own stages around the scenario's faults. Its
+        faults draw their rngs from (scenario seed, connection id)."""
+        path = self.build_faults(scenario)
         sink = self.report_sink_factory(connection_id) if self.report_sink_factory else None
+        shared = self.shared
+        if self.stages is not None:
+            client_side, upstream_side = self.stages.around(scenario.proxy)
+            path = [*client_side, *path, *upstream_side]
+            shared = [
+                *(self._stage_shared.setdefault(s.name, {}) for s in client_side),
+                *shared,
+                *(self._stage_shared.setdefault(s.name, {}) for s in upstream_side),
+            ]
+            sink = self._counting_sink(connection_id, sink)
+        pipeline = Pipeline(path)
         rng = random.Random(f"{scenario.seed}:{connection_id}")
-        pipeline.bind(FaultContext(connection_id, rng, sink), self.shared)
+        pipeline.bind(FaultContext(connection_id, rng, sink), shared)
         return pipeline
 
-    async def refuse(self, client: socket.socket, scenario: Scenario) -> None:
-        """Answer like a proxy whose upstream is down: 502 (nginx), an RST, or a bare close.
+    def _counting_sink(
+        self, connection_id: int, inner: Callable[[FaultReport], None] | None
+    ) -> Callable[[FaultReport], None]:
+        """Reports pass on; a report of one of the proxy's own stages is also counted and
+        journaled as how that side of the connection ended."""
 
-        nginx reads and parses the request head before it connects upstream, so a head
-        it cannot parse gets its 400 instead, an oversized one its 400 "Request Header Or
-        Cookie Too Large", and a client too slow to send one is closed unanswered."""
-        how = scenario.proxy.on_upstream_unreachable
-        if how == "reset":
-            abort(client)
-            return
-        if how == "502":
-            timeout = scenario.proxy.client_header_timeout
-            head, complete = await read_request_head(
-                client, math.inf if timeout is None else timeout
-            )
-            if too_large(head):
-                await send_all(client, error_response(400, _TOO_LARGE_BODY))
-            elif complete:
-                await send_all(client, error_response(400 if malformed(head) else 502))
-            elif head and malformed(head):
-                await send_all(client, error_response(400))
-        try:
-            client.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+        def sink(report: FaultReport) -> None:
+            event = STAGE_EVENTS.get(report.fault)
+            if event is not None:
+                counter, leg, direction, kind = event
+                setattr(self, counter, getattr(self, counter) + 1)
+                observer = self._observers.get(connection_id)
+                if observer is not None:
+                    observer.ended(leg, direction, kind, report.time)
+            if inner is not None:
+                inner(report)
 
+        return sink
 
-def too_large(head: bytes) -> bool:
-    """Whether nginx's default buffers refuse the head: over 4 x 8k in all, or one line
-    (a header field, or the request line) over 8k."""
-    end = min((i for i in (head.find(b"\n\r\n"), head.find(b"\n\n")) if i >= 0), default=-1)
-    section = head if end < 0 else head[:end]
-    if len(section) >= NGINX_MAX_HEAD:
-        return True
-    return any(len(line) > NGINX_HEADER_LINE for line in section.split(b"\n"))
-
-
-def malformed(head: bytes) -> bool:
-    """Whether the request head cannot be parsed as HTTP/1.x (nginx answers 400)."""
-    from middlebox.core.http1 import Http1Framer
-
-    framer = Http1Framer("request")
-    framer.feed(head)
-    return framer.degraded is not None
-
-
-async def read_request_head(sock: socket.socket, timeout: float = 5.0) -> tuple[bytes, bool]:
-    """Read until the end of the request head, nginx's 32 KiB limit, EOF or `timeout`.
-
-    Returns the bytes and whether the head is complete."""
-    received = b""
-    with trio.move_on_after(timeout):
-        while len(received) < NGINX_MAX_HEAD:
-            if b"\n\r\n" in received or b"\n\n" in received:
-                return received, True
+    async def refuse(self, client: socket.socket, scenario: Scenario, connection_id: int) -> None:
+        """Answer like a proxy whose upstream is down: the `unreachable` stage decides
+        (nginx's 502 after the head, its 400s, an RST or a close); without stages, a close."""
+        if self.stages is None:
             try:
-                data = sock.recv(MAX_REQUEST_HEAD)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                continue
+                client.shutdown(socket.SHUT_WR)
             except OSError:
-                break
-            if not data:
-                break
-            received += data
-    return received, b"\n\r\n" in received or b"\n\n" in received
+                pass
+            return
+        stage = self.stages.unreachable(scenario.proxy)
+        rng = random.Random(f"{scenario.seed}:{connection_id}")
+        stage.bind(FaultContext(connection_id, rng))
+        await answer_alone(client, stage)
+
+
+async def answer_alone(client: socket.socket, stage: Fault) -> None:
+    """Drive `stage` with the client's side alone (there is no upstream): what it sends
+    toward the client is written, and its first end (a FIN or an RST) ends the connection
+    (the caller closes the socket; an RST is armed here)."""
+    out = stage.on_open(trio.current_time())
+    while True:
+        for item in out:
+            if item.direction is not Direction.DOWNSTREAM:
+                continue  # nothing can reach an upstream that is not there
+            if isinstance(item, Chunk):
+                await send_all(client, item.data)
+            elif isinstance(item, Eof):
+                try:
+                    client.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            else:
+                arm_reset(client)
+                return
+        due = stage.deadline()
+        received: Item | None = None
+        with trio.move_on_at(math.inf if due is None else due):
+            received = await receive_item(client)
+        now = trio.current_time()
+        out = stage.on_deadline(now) if received is None else stage.on_item(received, now)
+        if received is not None and not isinstance(received, Chunk) and not out:
+            return  # the client ended and the stage has nothing to say
+
+
+async def receive_item(sock: socket.socket) -> Item:
+    """The client's next bytes as an item: a chunk, its FIN (`Eof`) or its RST (`Reset`)."""
+    while True:
+        try:
+            data = sock.recv(MAX_REQUEST_HEAD)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+            continue
+        except OSError:
+            return Reset(Direction.UPSTREAM)
+        return Chunk(Direction.UPSTREAM, data) if data else Eof(Direction.UPSTREAM)
 
 
 async def send_all(sock: socket.socket, data: bytes) -> None:

@@ -70,6 +70,14 @@ def test_a_client_that_leaves_first_is_not_timed() -> None:
     assert stage.finished
 
 
+@pytest.mark.parametrize("direction", [UP, DOWN])
+def test_an_rst_either_way_ends_the_watch_so_the_connection_can_end(direction: object) -> None:
+    stage = ClientHeaderTimeout(timeout=5.0)
+    out = replay(stage, [(1.0, Chunk(UP, b"RST please")), (2.0, Reset(direction))], until=100.0)  # type: ignore[arg-type]
+    assert out == [(1.0, Chunk(UP, b"RST please")), (2.0, Reset(direction))]  # type: ignore[arg-type]
+    assert stage.deadline() is None and stage.finished
+
+
 def test_after_the_close_nothing_more_goes_anywhere() -> None:
     out = replay(ClientHeaderTimeout(timeout=1.0), [(2.0, Chunk(UP, b"late")), (3.0, Eof(DOWN))])
     assert out == [(1.0, Eof(DOWN)), (1.0, Eof(UP))]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import trio
 
+from middlebox.compose import PROXY_STAGES
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, serve_control
 from middlebox.shell.server import Address, listen
 from tests.harness import read_all, reset
@@ -96,6 +97,7 @@ async def controlled(
             pass_through(),
             scenario_dir=scenario_dir,
             allow_scenario_header=scenario_dir is not None,
+            stages=PROXY_STAGES,
         )
         listener = listen(Address("127.0.0.1", 0))
         proxy_port = await nursery.start(proxy.serve, listener)

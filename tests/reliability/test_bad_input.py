@@ -26,7 +26,7 @@ from faults import REGISTRY
 from faults.testing import replay
 from middlebox.cli.main import main
 from middlebox.clients import BUILTIN_CLIENTS
-from middlebox.compose import load, scenario_sections
+from middlebox.compose import PROXY_STAGES, load, scenario_sections
 from middlebox.core.fault import Fault
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
 from middlebox.run.score import score_client
@@ -312,7 +312,7 @@ def random_split(data: bytes, rng: random.Random) -> list[bytes]:
 async def refused(request_bytes: bytes, **proxy: object) -> tuple[bytes, str, ProxyServer]:
     """What a client gets from a proxy whose upstream is down (nginx parses the head)."""
     scenario = Scenario(name="down", proxy=ProxyOptions(**proxy))  # type: ignore[arg-type]
-    server = ProxyServer(Address("127.0.0.1", free_port()), scenario)
+    server = ProxyServer(Address("127.0.0.1", free_port()), scenario, stages=PROXY_STAGES)
     listener = listen(Address("127.0.0.1", 0))
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.serve, listener)

@@ -13,6 +13,7 @@ from functools import partial
 
 import trio
 
+from middlebox.compose import PROXY_STAGES
 from middlebox.scenario.model import ProxyOptions, Scenario
 from middlebox.shell.relay import HIGH_WATER
 from middlebox.shell.server import Address, ProxyServer, listen
@@ -160,7 +161,9 @@ async def test_an_upstream_that_never_accepts_gets_a_502_after_connect_timeout()
     scenario = options(connect_timeout=0.3)
     try:
         async with trio.open_nursery() as nursery:
-            server = ProxyServer(Address("127.0.0.1", listener.getsockname()[1]), scenario)
+            server = ProxyServer(
+                Address("127.0.0.1", listener.getsockname()[1]), scenario, stages=PROXY_STAGES
+            )
             proxy_listener = listen(Address("127.0.0.1", 0))
             port = await nursery.start(server.serve, proxy_listener)
             with trio.fail_after(5):
