@@ -9,12 +9,14 @@ import typing
 import urllib.request
 from pathlib import Path
 
+import click
 import pytest
 
 from vllm_emulator.cli import emulate
 from vllm_emulator.config import (
     EmulatorConfig,
     PauseConfig,
+    ProfileName,
     config_from_mapping,
     config_to_mapping,
     load_config,
@@ -109,3 +111,11 @@ def test_python_m_vllm_emulator_prints_its_port_first_and_serves(tmp_path: Path)
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_the_profile_flag_offers_every_profile_the_config_knows() -> None:
+    # One list of profiles (config.ProfileName): a new profile is on the command line at once.
+    (profile,) = [p for p in emulate.params if p.name == "profile"]
+    assert isinstance(profile.type, click.Choice)
+    assert tuple(profile.type.choices) == typing.get_args(ProfileName)
+    assert "vllm-0.32" in profile.type.choices
