@@ -55,12 +55,14 @@ async def test_the_upstream_may_finish_first_while_the_client_is_still_sending()
     rng = random.Random(7)
     request, cuts = random_payload(rng, 200_000)
     got: list[bytes] = []
+    upstream_done = trio.Event()
 
     async def upstream(stream: trio.SocketStream) -> None:
         await stream.send_all(b"early answer")
         await stream.send_eof()
         data, _ = await read_all(stream)
         got.append(data)
+        upstream_done.set()
 
     with trio.fail_after(20):
         async with proxied(upstream) as running:
@@ -68,8 +70,7 @@ async def test_the_upstream_may_finish_first_while_the_client_is_still_sending()
             answer, end = await read_all(client)
             await send_in_pieces(client, request, cuts)
             await client.send_eof()
-            while not got:
-                await trio.sleep(0.01)
+            await upstream_done.wait()
             await client.aclose()
     assert (answer, end) == (b"early answer", "fin")
     assert got == [request]
@@ -93,10 +94,12 @@ async def test_an_upstream_rst_reaches_the_client_as_an_rst_after_the_bytes_befo
 
 async def test_a_client_rst_reaches_the_upstream_as_an_rst() -> None:
     ends: list[str] = []
+    upstream_done = trio.Event()
 
     async def upstream(stream: trio.SocketStream) -> None:
         _, end = await read_all(stream)
         ends.append(end)
+        upstream_done.set()
 
     with trio.fail_after(10):
         async with proxied(upstream) as running:
@@ -104,8 +107,7 @@ async def test_a_client_rst_reaches_the_upstream_as_an_rst() -> None:
             await client.send_all(b"GET / HTTP/1.1\r\n\r\n")
             await trio.sleep(0.05)
             reset(client)
-            while not ends:
-                await trio.sleep(0.01)
+            await upstream_done.wait()
     assert ends == ["rst"]
 
 

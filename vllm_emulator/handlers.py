@@ -302,7 +302,8 @@ async def _serve_cassette(
 ) -> web.StreamResponse:
     """Replay a recorded response: its status, headers and writes at their offsets."""
     assert engine.config.cassette is not None
-    cassette = json.loads(Path(engine.config.cassette).read_text(encoding="utf-8"))
+    text = await asyncio.to_thread(Path(engine.config.cassette).read_text, encoding="utf-8")
+    cassette = json.loads(text)
     rid = request.headers.get("X-Request-Id")
     status = int(cassette.get("status", 200))
     entry = _unparsed_entry(engine, endpoint, raw, received, rid, status)

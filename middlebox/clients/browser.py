@@ -267,7 +267,8 @@ async def session(env: ClientEnv, eventsource: bool = False) -> AsyncIterator[Ha
     if main is not None:
         loop.add_signal_handler(signal.SIGTERM, main.cancel)
     with tempfile.TemporaryDirectory(prefix="middlebox-chromium-") as profile:
-        browser = subprocess.Popen(
+        # Popen returns once Chromium is forked; the loop is not held while it runs.
+        browser = subprocess.Popen(  # noqa: ASYNC220
             [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"http://127.0.0.1:{port}/"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -118,8 +118,7 @@ async def run_client(
                 process.kill()  # the process we started, by its handle
                 await process.wait()
         with trio.move_on_after(PROXY_SETTLE):
-            while server.active:
-                await trio.sleep(0.02)
+            await server.wait_idle()
         nursery.cancel_scope.cancel()
     listener.close()
     if result_path.exists():

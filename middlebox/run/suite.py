@@ -83,7 +83,7 @@ async def run_scenario(
     ]
     if outcome.problems:
         return outcome
-    workdir.mkdir(parents=True, exist_ok=True)
+    await trio.Path(workdir).mkdir(parents=True, exist_ok=True)
     runs: list[ClientRun] = []
     ledger: list[dict[str, Any]] = []
     emulator = None

@@ -322,8 +322,8 @@ async def soak(
                             clients.start_soon(client)
                     load.cancel_scope.cancel()
                 with trio.move_on_after(10):
-                    while any(s.active for s in servers.values()):
-                        await trio.sleep(0.05)
+                    for server in servers.values():
+                        await server.wait_idle()
                 await trio.sleep(0.1)
                 report.after = {"fds": fds_of(), "tasks": tasks_now()}
                 nursery.cancel_scope.cancel()

@@ -66,7 +66,7 @@ async def relay_once(
                 await client.send_all(pending_up.pop(0))
             elif pending_down:
                 await server_side.send_all(pending_down.pop(0))
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
         for data in pending_up:
             await client.send_all(data)
         for data in pending_down:

@@ -364,7 +364,7 @@ async def test_an_rst_storm_from_both_sides_leaves_the_proxy_serving_and_leak_fr
                     return
                 if kind == 1:
                     await client.send_all(b"POST /x HTTP/1.1\r\nHo")
-                    await trio.sleep(0)
+                    await trio.lowlevel.checkpoint()
                     reset(client)  # RST in the middle of a request head
                     return
                 await client.send_all(b"RST please")

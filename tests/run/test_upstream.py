@@ -120,7 +120,7 @@ async def test_the_settled_ledger_is_asked_again_until_it_settles(fake: Upstream
 
 async def test_metered_reads_tokens_generated_around_a_run(fake: UpstreamClient) -> None:
     async def run() -> str:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         return "outcome"
 
     outcome, measured = await metered(fake, run)
