@@ -8,7 +8,10 @@
   one exchange is affected. Indices count across connections through the fault
   position's scenario-lifetime `context.shared` dict, so "the first three requests get a
   429" holds however the client spreads them over keep-alive and new connections.
-- `HttpFlow`: one connection's `Http1Exchange` plus which requests are complete.
+- `HttpFlow`: one place's view of the connection's framed streams
+  (`middlebox.core.framed`: framed once for the whole path, read here through a
+  `Reader` per direction) plus which requests are complete. A fault used on its own,
+  outside a pipeline, frames what it sees itself.
 - `HeadRewriter`: mixin for faults that rewrite matched heads (strip_header, set_header).
 - `HttpMatched`: mixin (`class X(HttpMatched, Fault)`) that adds the `match` field,
   feeds the flow and decides each request once, when it is complete (or when its
@@ -23,8 +26,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from middlebox.core.fault import Fault, Seconds
-from middlebox.core.http1 import REQUEST_BODY_KEEP, Head, Http1Exchange, Piece, PieceKind
+from middlebox.core.fault import Fault, FaultContext, Seconds
+from middlebox.core.framed import Framed, FramedStream, Position, frame_new
+from middlebox.core.http1 import REQUEST_BODY_KEEP, Head, Piece, PieceKind, serialize_head
 from middlebox.core.stream import Chunk, Direction, Item
 
 __all__ = [
@@ -192,35 +196,58 @@ class RequestMatch:
 
 
 class HttpFlow:
-    """One connection's HTTP exchange, fed with pipeline items.
+    """One place's view of a connection's HTTP exchange, advanced with pipeline items.
 
-    `feed` returns the pieces an item completes (an end, FIN or RST, flushes what the
-    framer held as OPAQUE). `complete` holds the indices of requests whose last piece
-    has arrived."""
+    `feed` returns the pieces an item completes here (an end, FIN or RST, flushes what
+    was held as OPAQUE); `framed` keeps them with their SSE lines. `complete` holds the
+    indices of requests whose last piece has arrived here. With a `Position` from the
+    pipeline the streams are shared (framed once for the path); without one this flow
+    frames the items itself."""
 
-    def __init__(self) -> None:
-        self.exchange = Http1Exchange()
+    def __init__(self, position: Position | None = None) -> None:
+        self.own = position is None
+        if position is None:
+            up, down = FramedStream(Direction.UPSTREAM), FramedStream(Direction.DOWNSTREAM)
+            up.responses_to.append(down)
+            down.tunnels.append(up)
+            position = Position(up, down)
+        self.position = position
+        self.requests = position.up.reader()
+        self.responses = position.down.reader()
         self.complete: set[int] = set()
+        self.framed: list[Framed] = []
+
+    def reader(self, direction: Direction) -> Any:
+        return self.requests if direction is Direction.UPSTREAM else self.responses
 
     def feed(self, item: Item) -> list[Piece]:
+        up = item.direction is Direction.UPSTREAM
+        reader = self.requests if up else self.responses
         if isinstance(item, Chunk):
-            pieces = self.exchange.feed(item.direction, item.data)
+            if self.own:
+                reader.stream.feed(item.data)
+            framed = reader.advance(len(item.data))
         else:
-            pieces = self.exchange.feed_eof(item.direction)
-        if item.direction is Direction.UPSTREAM:
+            if self.own:
+                reader.stream.feed_eof()
+            framed = reader.end()
+        self.framed = framed
+        pieces = [entry.piece for entry in framed]
+        if up:
             for piece in pieces:
                 if piece.end_of_message:
-                    # Http1Exchange keeps the last 64 requests; so do we.
+                    # The request stream keeps the last 64 requests; so do we.
                     self.complete.add(piece.message)
                     self.complete.discard(piece.message - 64)
         return pieces
 
     def request(self, message: int) -> RequestInfo | None:
         """Request `message` as known so far, or None if its head has not arrived."""
-        head = self.exchange.request_head(message)
+        stream = self.position.up
+        head = stream.request_heads.get(message)
         if head is None:
             return None
-        body = self.exchange.request_body(message)
+        body = bytes(stream.request_bodies.get(message, b""))
         return request_info(message, head, body, message in self.complete)
 
 
@@ -243,11 +270,11 @@ class HttpMatched:
 
     match: RequestMatch = field(default_factory=RequestMatch)
 
-    _flow: HttpFlow = field(init=False, repr=False, compare=False, default_factory=HttpFlow)
+    _flow: HttpFlow = field(init=False, repr=False, compare=False)
     _decisions: dict[int, int | None] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
-    _held: list[Piece] = field(init=False, repr=False, compare=False, default_factory=list)
+    _held: list[Framed] = field(init=False, repr=False, compare=False, default_factory=list)
 
     @property
     def _fault(self) -> Fault:
@@ -257,9 +284,64 @@ class HttpMatched:
     def _key(self) -> str:
         return f"{self._fault.name}.match"
 
+    def bind(self, context: FaultContext) -> None:
+        super().bind(context)  # type: ignore[misc]
+        self._flow = HttpFlow(context.framing)
+
+    def reads_http(self) -> bool:
+        return True
+
+    def leave(self) -> None:
+        self._flow.requests.close()
+        self._flow.responses.close()
+
     def on_open(self, now: float) -> list[Item]:
         RequestMatch.start(self._fault.context.shared, now, self._key)
         return []
+
+    def publish(self, direction: Direction, framed: list[Framed]) -> None:
+        """Hand the pieces of what this fault forwards in `direction` to the faults past
+        it (for a fault that `publishes` that direction)."""
+        framing = self._fault.context.framing
+        if framing is not None and direction in framing.publish:
+            framing.publish[direction].publish(framed)
+
+    def forwarded(self, item: Item) -> Item:
+        """`item` goes on unchanged: its pieces (just observed) go to the faults past."""
+        if item.direction in self._fault.publishes():
+            self.publish(item.direction, self._flow.framed)
+            if not isinstance(item, Chunk):
+                self.publish_end(item.direction)
+        return item
+
+    def wrote(self, items: list[Item]) -> list[Item]:
+        """`items` are this fault's own writes (an answer, an end): published as such."""
+        published = self._fault.publishes()
+        for item in items:
+            if item.direction in published:
+                if isinstance(item, Chunk):
+                    self.publish_written(item.direction, item.data)
+                else:
+                    self.publish_end(item.direction)
+        return items
+
+    def publish_written(self, direction: Direction, data: bytes) -> None:
+        """Publish the pieces of bytes this fault writes itself in `direction` (its
+        reader's place: after everything it forwarded)."""
+        framing = self._fault.context.framing
+        if framing is not None and direction in framing.publish:
+            reader = self._flow.reader(direction)
+            stream = framing.publish[direction]
+            stream.publish(frame_new(direction, data, reader.message, stream.received))
+
+    def publish_end(self, direction: Direction) -> None:
+        """This fault ends `direction` itself: what its reader holds goes out as it came."""
+        framing = self._fault.context.framing
+        if framing is not None and direction in framing.publish:
+            stream = framing.publish[direction]
+            if not stream.ended:
+                stream.publish(self._flow.reader(direction).end())
+                stream.publish_end()
 
     def observe(self, item: Item, now: float) -> list[Piece]:
         """Feed `item` to the flow and decide the requests it makes decidable."""
@@ -280,18 +362,23 @@ class HttpMatched:
         if not isinstance(item, Chunk) and item.direction is Direction.UPSTREAM:
             # The client's FIN or RST: nothing more will arrive, so a half-sent request is
             # decided with what is known.
-            self.decide(self._flow.exchange.requests.message, now)
+            self.decide(self._flow.requests.message, now)
         return pieces
 
     def gate(self, pieces: list[Piece]) -> list[Piece]:
         """Request pieces in order, each held until its request is decided (call with the
         pieces `observe` returned for UPSTREAM items). A request is held from its head
         until decided, so a fault can still rewrite or swallow it."""
+        return [entry.piece for entry in self.gate_framed(self._flow.framed)]
+
+    def gate_framed(self, framed: list[Framed]) -> list[Framed]:
+        """`gate` for the framed pieces (`self._flow.framed` after `observe`)."""
         held = self._held
-        held.extend(pieces)
+        held.extend(framed)
         ready = 0
         while ready < len(held) and (
-            held[ready].kind is PieceKind.OPAQUE or held[ready].message in self._decisions
+            held[ready].piece.kind is PieceKind.OPAQUE
+            or held[ready].piece.message in self._decisions
         ):
             ready += 1
         out = held[:ready]
@@ -335,27 +422,44 @@ class HeadRewriter(HttpMatched):
     """Mixin for faults that rewrite the head of matched messages in one `direction`
     (`response`: the server's final heads, 1xx interim heads left alone; `request`: the
     client's, each held until decided). Everything else passes byte-exact.
-    Subclasses implement `rewrite(head)`: the new head bytes and report details, or
-    None when the head needs no change."""
+    Subclasses implement `rewrite(head)`: the new head and report details, or None when
+    the head needs no change. The fault knows what it wrote, so it hands the faults past
+    it the pieces of its output (the new head, the rest shifted) instead of having them
+    framed again."""
 
     direction: HeaderDirection = "response"
+
+    _shift: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         if self.direction not in ("response", "request"):
             raise ValueError(f"direction must be 'response' or 'request', got {self.direction!r}")
 
-    def rewrite(self, head: Head) -> tuple[bytes, dict[str, Any]] | None:
+    @property
+    def _target(self) -> Direction:
+        return Direction.UPSTREAM if self.direction == "request" else Direction.DOWNSTREAM
+
+    def changes(self) -> frozenset[Direction]:
+        return frozenset({self._target})
+
+    def publishes(self) -> frozenset[Direction]:
+        return frozenset({self._target})
+
+    def rewrite(self, head: Head) -> tuple[Head, dict[str, Any]] | None:
         raise NotImplementedError
 
     def on_item(self, item: Item, now: float) -> list[Item]:
-        target = Direction.UPSTREAM if self.direction == "request" else Direction.DOWNSTREAM
-        pieces = self.observe(item, now)
+        target = self._target
+        self.observe(item, now)
         if item.direction is not target:
             return [item]
+        framed = self._flow.framed
         if target is Direction.UPSTREAM:
-            pieces = self.gate(pieces)
+            framed = self.gate_framed(framed)
         parts: list[bytes] = []
-        for piece in pieces:
+        out_framed: list[Framed] = []
+        for entry in framed:
+            piece = entry.piece
             head = piece.head
             index = self.selected(piece.message)
             changed = None
@@ -363,9 +467,24 @@ class HeadRewriter(HttpMatched):
                 changed = self.rewrite(head)
             if changed is None:
                 parts.append(piece.data)
+                out_framed.append(_shifted(entry, self._shift) if self._shift else entry)
                 continue
-            data, details = changed
+            new_head, details = changed
+            data = serialize_head(new_head)
             parts.append(data)
+            out_framed.append(
+                Framed(
+                    Piece(
+                        piece.kind,
+                        data,
+                        piece.message,
+                        piece.offset + self._shift,
+                        new_head,
+                        piece.end_of_message,
+                    )
+                )
+            )
+            self._shift += len(data) - len(piece.data)
             self._fault.report(
                 now,
                 "rewrote_head",
@@ -375,5 +494,16 @@ class HeadRewriter(HttpMatched):
                 offset=piece.offset,
                 **details,
             )
+        self.publish(target, out_framed)
         out = joined_chunk(target, parts)
-        return out if isinstance(item, Chunk) else [*out, item]
+        if isinstance(item, Chunk):
+            return out
+        self.publish_end(target)
+        return [*out, item]
+
+
+def _shifted(entry: Framed, shift: int) -> Framed:
+    """`entry` at `shift` bytes further into the stream (a head before it changed size)."""
+    p = entry.piece
+    moved = Piece(p.kind, p.data, p.message, p.offset + shift, p.head, p.end_of_message)
+    return Framed(moved, entry.lines, entry.body_offset)

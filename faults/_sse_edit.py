@@ -29,6 +29,7 @@ from typing import cast
 
 from faults._http import HttpMatched, joined_chunk
 from middlebox.core.fault import Fault
+from middlebox.core.framed import Framed
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Head, Piece, PieceKind, encode_chunk
 from middlebox.core.sse import SseFramer, SsePiece
 from middlebox.core.stream import Chunk, Direction, Eof, Item
@@ -69,7 +70,8 @@ class SseBodyEditor:
             self.framing = "close"
         else:
             self.framing = "length"
-        self.sse = SseFramer()
+        self._sse: SseFramer | None = None  # only when fed bare pieces (no shared framing)
+        self._complete = 0  # body offset up to which every line is complete
         self._chunks: deque[_Chunk] = deque()
         self._current: _Chunk | None = None
         self._unframed = bytearray()  # a read-until-close body's data not yet sent
@@ -88,12 +90,17 @@ class SseBodyEditor:
     @property
     def complete_to(self) -> int:
         """Body offset up to which every line is complete (edits may only start there)."""
-        return self.sse.offset
+        return self._complete
 
-    def feed(self, piece: Piece) -> list[SsePiece]:
-        """Take one piece of the body; return the SSE lines it completes."""
+    def feed(self, piece: Piece | Framed) -> list[SsePiece]:
+        """Take one piece of the body; return the SSE lines it completes. A `Framed`
+        piece brings its lines (framed once for the path); a bare `Piece` is framed
+        here."""
         if self.ended:
             return []
+        framed = piece if isinstance(piece, Framed) else None
+        if isinstance(piece, Framed):
+            piece = piece.piece
         kind = piece.kind
         if self._raw:
             self._out += piece.data
@@ -118,17 +125,28 @@ class SseBodyEditor:
             else:
                 self._unframed += piece.data
             self._received += len(piece.data)
-            lines = self.sse.feed(piece.data)
-            if piece.end_of_message:  # the close that ends a read-until-close body
-                lines += self.sse.feed_eof()
+            if framed is not None:
+                lines = list(framed.lines)
+            else:
+                lines = self._own_sse().feed(piece.data)
+                if piece.end_of_message:  # the close that ends a read-until-close body
+                    lines += self._own_sse().feed_eof()
         elif kind is PieceKind.CHUNK_TRAILER_CRLF and self._current is not None:
             self._current.crlf = piece.data
         elif kind is PieceKind.LAST_CHUNK:
-            lines = self.sse.feed_eof()
+            lines = list(framed.lines) if framed is not None else self._own_sse().feed_eof()
             self._tail = piece.data
         elif self._tail is not None:  # TRAILERS
             self._tail += piece.data
+        if lines:
+            last = lines[-1]
+            self._complete = max(self._complete, last.offset + len(last.data))
         return lines
+
+    def _own_sse(self) -> SseFramer:
+        if self._sse is None:
+            self._sse = SseFramer()
+        return self._sse
 
     def replace(self, line: SsePiece, data: bytes) -> None:
         """Replace a completed line (terminator included) with `data` (b"" drops it)."""
@@ -301,22 +319,26 @@ class SseRewriter(HttpMatched):
             self._dropping = self._editing
         self._editor, self._editing = None, -1
 
+    def changes(self) -> frozenset[Direction]:
+        return frozenset({Direction.DOWNSTREAM})  # edited event streams are re-chunked
+
     def on_item(self, item: Item, now: float) -> list[Item]:
         if self._closed:
             return []  # this connection was closed both ways
-        pieces = self.observe(item, now)
+        self.observe(item, now)
         if item.direction is Direction.UPSTREAM:
             return [item]
         self._parts = []
-        for piece in pieces:
-            self._piece(piece, now)
+        for entry in self._flow.framed:
+            self._piece(entry, now)
             if self._closed:
                 down, up = Direction.DOWNSTREAM, Direction.UPSTREAM
                 return [*joined_chunk(down, self._parts), Eof(down), Eof(up)]
         out = joined_chunk(Direction.DOWNSTREAM, self._parts)
         return out if isinstance(item, Chunk) else [*out, item]
 
-    def _piece(self, piece: Piece, now: float) -> None:
+    def _piece(self, entry: Framed, now: float) -> None:
+        piece = entry.piece
         message = piece.message
         if message == self._dropping:
             if piece.end_of_message:
@@ -334,7 +356,7 @@ class SseRewriter(HttpMatched):
         if editor is None or message != self._editing:
             self._parts.append(piece.data)
             return
-        for line in editor.feed(piece):
+        for line in editor.feed(entry):
             self.edit(editor, line, now)
             if self._editor is not editor:
                 return  # cut

@@ -152,6 +152,11 @@ class Cut(HttpMatched, Fault):
 
     # -- items ---------------------------------------------------------------------
 
+    def changes(self) -> frozenset[Direction]:
+        return frozenset(
+            {Direction.DOWNSTREAM}
+        )  # the response stops short (and may get its last chunk)
+
     def on_item(self, item: Item, now: float) -> list[Item]:
         if self._done:
             return self._after_cut(item)

@@ -116,6 +116,9 @@ class GzipEncoding(HttpMatched, Fault):
         if not self.content_types:
             raise ValueError("content_types must name at least one type (or '*')")
 
+    def changes(self) -> frozenset[Direction]:
+        return frozenset({Direction.DOWNSTREAM})  # the body is re-encoded: a new stream
+
     def on_item(self, item: Item, now: float) -> list[Item]:
         pieces = self.observe(item, now)
         if item.direction is Direction.UPSTREAM:

@@ -189,6 +189,10 @@ class HttpError(HttpMatched, Fault):
             return response[: len(response) - len(payload)]
         return response
 
+    def changes(self) -> frozenset[Direction]:
+        # Answered requests are swallowed, and their answers written toward the client.
+        return frozenset(Direction)
+
     def on_item(self, item: Item, now: float) -> list[Item]:
         if item.direction is Direction.UPSTREAM:
             return self._from_client(item, now)

@@ -54,6 +54,12 @@ class IdleReaper(HttpMatched, Fault):
     _progress: ResponseProgress = field(init=False, repr=False, default_factory=ResponseProgress)
     _closed: bool = field(init=False, repr=False, default=False)
 
+    def changes(self) -> frozenset[Direction]:
+        return frozenset({Direction.DOWNSTREAM})  # its answer or early end, when it fires
+
+    def publishes(self) -> frozenset[Direction]:
+        return frozenset({Direction.DOWNSTREAM})  # it forwards pieces as they came
+
     def __post_init__(self) -> None:
         check_positive("timeout", self.timeout)
         check_choice("before_headers", self.before_headers, BeforeHeaders)
@@ -74,13 +80,13 @@ class IdleReaper(HttpMatched, Fault):
             return [item]
         if isinstance(item, Chunk):
             self._last = now  # any byte re-arms the read timer, heartbeats included
-            held = self._flow.exchange.responses.buffered
+            held = self._flow.responses.held
             for message in self._progress.feed(len(item.data), pieces, held):
                 if self._waiting and self._waiting[0] == message:
                     self._waiting.popleft()
         else:
             self._waiting.clear()  # the upstream ended the connection itself
-        return [item]
+        return [self.forwarded(item)]
 
     def deadline(self) -> float | None:
         if self._closed or not self._waiting:
@@ -111,4 +117,4 @@ class IdleReaper(HttpMatched, Fault):
             body_byte=progress.body,
             idle_since=self._last,
         )
-        return out
+        return self.wrote(out)

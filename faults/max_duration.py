@@ -58,6 +58,12 @@ class MaxDuration(HttpMatched, Fault):
     _progress: ResponseProgress = field(init=False, repr=False, default_factory=ResponseProgress)
     _closed: bool = field(init=False, repr=False, default=False)
 
+    def changes(self) -> frozenset[Direction]:
+        return frozenset({Direction.DOWNSTREAM})  # its answer or early end, when it fires
+
+    def publishes(self) -> frozenset[Direction]:
+        return frozenset({Direction.DOWNSTREAM})  # it forwards pieces as they came
+
     def __post_init__(self) -> None:
         check_positive("limit", self.limit)
         check_choice("end", self.end, ResponseEnd)
@@ -76,7 +82,7 @@ class MaxDuration(HttpMatched, Fault):
                 self._armed.clear()  # the client left; nothing to cap
             return [item]
         if isinstance(item, Chunk):
-            held = self._flow.exchange.responses.buffered
+            held = self._flow.responses.held
             for message in self._progress.feed(len(item.data), pieces, held):
                 self._arm_decided()  # a response head decides its request too
                 while self._armed and self._armed[0][0] <= message:
@@ -85,7 +91,7 @@ class MaxDuration(HttpMatched, Fault):
         else:
             self._armed.clear()
         self._arm_decided()
-        return [item]
+        return [self.forwarded(item)]
 
     def _arm_decided(self) -> None:
         """Arm the limit for each request decided since the last call and selected."""
@@ -122,4 +128,4 @@ class MaxDuration(HttpMatched, Fault):
             byte=progress.offset,
             body_byte=progress.body,
         )
-        return out
+        return self.wrote(out)

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from faults._http import HeadRewriter
 from faults.strip_header import check_field_names
 from middlebox.core.fault import Fault
-from middlebox.core.http1 import Head, build_head
+from middlebox.core.http1 import Head, rebuilt_head
 
 __all__ = ["SetHeader"]
 
@@ -50,10 +50,10 @@ class SetHeader(HeadRewriter, Fault):
                     f"header {name!r}: value {value!r} has control or non-latin-1 characters"
                 )
 
-    def rewrite(self, head: Head) -> tuple[bytes, dict[str, Any]] | None:
+    def rewrite(self, head: Head) -> tuple[Head, dict[str, Any]] | None:
         if all(head.header_values(name) == [value] for name, value in self._values.items()):
             return None
-        return build_head(head, set_headers=self._values), {"set": dict(self._values)}
+        return rebuilt_head(head, set_headers=self._values), {"set": dict(self._values)}
 
 
 def header_text(value: str | bool | int) -> str:

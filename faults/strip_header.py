@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from faults._http import HeadRewriter
 from middlebox.core.fault import Fault
-from middlebox.core.http1 import Head, build_head
+from middlebox.core.http1 import Head, rebuilt_head
 
 __all__ = ["StripHeader"]
 
@@ -45,9 +45,9 @@ class StripHeader(HeadRewriter, Fault):
             raise ValueError("headers must name at least one field to strip")
         check_field_names(self.headers)
 
-    def rewrite(self, head: Head) -> tuple[bytes, dict[str, Any]] | None:
+    def rewrite(self, head: Head) -> tuple[Head, dict[str, Any]] | None:
         names = {name.lower() for name in self.headers}
         present = [name for name, _ in head.headers if name.lower() in names]
         if not present:
             return None
-        return build_head(head, remove_headers=self.headers), {"stripped": present}
+        return rebuilt_head(head, remove_headers=self.headers), {"stripped": present}

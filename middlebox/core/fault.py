@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
-from middlebox.core.stream import Direction, Item
+from middlebox.core.framed import FramedStream, PathFraming, Position
+from middlebox.core.stream import Chunk, Direction, Item
 
 
 class Unit:
@@ -69,6 +70,10 @@ class FaultContext:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     report: ReportSink | None = None
     shared: dict[str, Any] = field(default_factory=dict)
+    framing: Position | None = None
+    """The framed streams at this fault's place in the path (`middlebox.core.framed`),
+    set by the `Pipeline` when a fault in it reads HTTP; None for a fault on its own,
+    which then frames what it sees itself."""
 
 
 @dataclass
@@ -112,6 +117,25 @@ class Fault:
         """
         return False
 
+    def reads_http(self) -> bool:
+        """True when this fault reads the HTTP/SSE framing of what passes (the pipeline
+        then frames each stream once for every such fault, `middlebox.core.framed`)."""
+        return False
+
+    def changes(self) -> frozenset[Direction]:
+        """The directions in which this fault may emit bytes it did not receive in that
+        order (rewrite, inject, drop mid-stream). Faults past it read a new stream."""
+        return frozenset()
+
+    def publishes(self) -> frozenset[Direction]:
+        """Of `changes()`, the directions whose output pieces this fault publishes itself
+        to `context.framing.publish[direction]` (it knows what it wrote); the pipeline
+        frames the output of the others once."""
+        return frozenset()
+
+    def leave(self) -> None:
+        """This fault was taken out of a live pipeline (a stage that stepped aside)."""
+
     def socket_buffers(self) -> dict[str, int]:
         """Socket buffer sizes to set (SO_RCVBUF/SO_SNDBUF) on this connection's sockets.
 
@@ -142,7 +166,24 @@ class Pipeline(Fault):
     name: ClassVar[str] = "pipeline"
 
     def __init__(self, faults: Iterable[Fault] = ()) -> None:
-        self.faults: list[Fault] = list(faults)
+        self._faults: list[Fault] = list(faults)
+        self.framing: PathFraming | None = None
+        # (id of a fault, direction) -> the stream its output there is framed into
+        self._fed_after: dict[tuple[int, Direction], FramedStream] = {}
+
+    @property
+    def faults(self) -> list[Fault]:
+        return self._faults
+
+    @faults.setter
+    def faults(self, faults: list[Fault]) -> None:
+        """The shell takes a stage that stepped aside out of a live pipeline; it lets go
+        of its place in the framing (its readers would hold the streams' pieces)."""
+        kept = {id(fault) for fault in faults}
+        for fault in self._faults:
+            if id(fault) not in kept:
+                fault.leave()
+        self._faults = list(faults)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.faults!r})"
@@ -156,6 +197,19 @@ class Pipeline(Fault):
         self.context = context
         self.rng = context.rng
         self.reports = []
+        framing = None
+        if any(fault.reads_http() for fault in self.faults):
+            # Frame once (issue 11): each stream of the path is framed by one pass that
+            # every HTTP-aware fault here, and the journal, reads.
+            framing = PathFraming(
+                [fault.changes() for fault in self.faults],
+                [fault.publishes() & fault.changes() for fault in self.faults],
+            )
+            self._fed_after = {
+                (id(self.faults[index]), direction): stream
+                for (index, direction), stream in framing.fed_after.items()
+            }
+        self.framing = framing
         for index, fault in enumerate(self.faults):
             fault.bind(
                 FaultContext(
@@ -163,8 +217,12 @@ class Pipeline(Fault):
                     rng=random.Random(context.rng.getrandbits(64)),
                     report=context.report,
                     shared=shared[index] if shared is not None else context.shared,
+                    framing=framing.position(index) if framing is not None else None,
                 )
             )
+        attach = getattr(context.report, "attach_framing", None)
+        if framing is not None and attach is not None:
+            attach(framing)  # the journal listens to the legs instead of re-framing them
 
     def on_open(self, now: float) -> list[Item]:
         out: list[Item] = []
@@ -177,6 +235,8 @@ class Pipeline(Fault):
         out: list[Item] = []
         if not self.faults:
             return [item]
+        if self.framing is not None:
+            _feed(self.framing.entry(item.direction), item)
         entry = 0 if item.direction is Direction.UPSTREAM else len(self.faults) - 1
         self._deliver(entry, item, now, out)
         return out
@@ -217,9 +277,20 @@ class Pipeline(Fault):
             self._route(index, emitted, now, out)
 
     def _route(self, index: int, item: Item, now: float, out: list[Item]) -> None:
+        if self._fed_after:
+            stream = self._fed_after.get((id(self.faults[index]), item.direction))
+            if stream is not None:
+                _feed(stream, item)  # this fault may have changed the bytes: a new stream
         step = 1 if item.direction is Direction.UPSTREAM else -1
         following = index + step
         if 0 <= following < len(self.faults):
             self._deliver(following, item, now, out)
         else:
             out.append(item)
+
+
+def _feed(stream: FramedStream, item: Item) -> None:
+    if isinstance(item, Chunk):
+        stream.feed(item.data)
+    else:
+        stream.feed_eof()

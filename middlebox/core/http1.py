@@ -32,7 +32,7 @@ import enum
 import re
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from middlebox.core.stream import Direction
@@ -287,6 +287,11 @@ class Http1Framer:
     def buffered(self) -> int:
         """Bytes fed but held back inside an incomplete structural piece."""
         return len(self._buf)
+
+    @property
+    def held(self) -> bytes:
+        """The bytes counted in `buffered`."""
+        return bytes(self._buf)
 
     @property
     def body_received(self) -> int:
@@ -570,6 +575,16 @@ def build_head(
     line ends. `set_headers` replaces the first field of each name in place, drops its
     other occurrences and appends names not present; `remove_headers` drops fields
     (names case-insensitive)."""
+    return serialize_head(rebuilt_head(head, set_headers, remove_headers))
+
+
+def rebuilt_head(
+    head: Head,
+    set_headers: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+    remove_headers: Iterable[str] = (),
+) -> Head:
+    """`head` with its fields changed as `build_head` describes (the parsed form of what
+    `build_head` writes, so a fault that rewrites a head knows its pieces)."""
     pairs = list(set_headers.items()) if isinstance(set_headers, Mapping) else list(set_headers)
     new = {n.lower(): (n, v) for n, v in pairs}
     removed = {n.lower() for n in remove_headers}
@@ -585,11 +600,16 @@ def build_head(
         else:
             fields.append((name, value))
     fields += [nv for key, nv in new.items() if key not in placed and key not in removed]
+    return replace(head, headers=tuple(fields))
+
+
+def serialize_head(head: Head) -> bytes:
+    """A head's start line and fields with CRLF line ends and the blank line."""
     if head.method is not None:
         start = f"{head.method} {head.target} {head.version}"
     else:
         start = f"{head.version} {head.status} {head.reason or ''}".rstrip(" ")
-    lines = [start, *(f"{n}: {v}" for n, v in fields), "", ""]
+    lines = [start, *(f"{n}: {v}" for n, v in head.headers), "", ""]
     return "\r\n".join(lines).encode("latin-1")
 
 

@@ -1,0 +1,522 @@
+"""One framing pass per byte stream of a connection, shared by every reader (pure).
+
+The framers (`middlebox.core.http1`, `middlebox.core.sse`) turn bytes into labelled
+pieces. Running them once per HTTP-aware fault, again in the journal and again in the
+scorer frames the same bytes three to five times; this module frames each stream once
+and lets everyone read the result.
+
+- `Framed`: one HTTP/1.1 `Piece` plus the SSE lines (`SsePiece`) its body bytes
+  complete, and where the piece starts in its message body. Event-stream bodies are
+  framed as SSE unless a `Content-Encoding` other than identity makes them opaque (a
+  gzip fault nearer the server hides the events from an SSE-aware fault nearer the
+  client, as in the real network).
+- `FramedStream`: one direction of one stretch of the path, framed once. It is fed
+  either bytes (`feed`/`feed_eof`: the one framing pass) or, by a fault that rewrote
+  the bytes and knows what it wrote, the `Framed` pieces of its output (`publish`): no
+  framer runs then. Faults read it through a `Reader` each; the journal listens.
+- `Reader`: a cursor in a `FramedStream` for one place in the path. A fault advances it
+  by the bytes of each chunk it receives (`advance(n)`) and gets the pieces those bytes
+  complete: whole structural pieces (heads, chunk lines) once all their bytes have
+  reached it, body bytes split at its own chunk boundaries. So a slicer or a delay
+  line in front of it changes nothing, as with its own framer.
+- `PathFraming`: the streams of one connection's pipeline. Each direction starts as
+  one stream (what enters from the client, or from the server); a fault that may
+  change the bytes of a direction (`Fault.changes`) starts a new stream after it, fed
+  by its output. The client leg and the upstream leg are the streams at the two ends,
+  so with no rewriting fault both legs share one framing pass.
+- `LegRecord`: what the journal, the scorer, `record` and the timeline need from one
+  leg (heads, SSE events and comments, message ends, request bodies, optionally every
+  piece), collected by listening to that leg's streams, or from captured bytes in one
+  pass (`LegRecord.from_bytes`) when nothing framed them live.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from middlebox.core.http1 import (
+    LAST_CHUNK_BYTES,
+    REQUEST_BODY_KEEP,
+    Head,
+    Http1Framer,
+    Piece,
+    PieceKind,
+    Role,
+)
+from middlebox.core.sse import SseEvent, SseFramer, SseKind, SsePiece
+from middlebox.core.stream import Direction
+
+__all__ = [
+    "Framed",
+    "FramedStream",
+    "LegRecord",
+    "PathFraming",
+    "Reader",
+    "frame_new",
+    "is_event_stream",
+]
+
+_NO_LINES: tuple[SsePiece, ...] = ()
+_SPLITTABLE = (PieceKind.BODY, PieceKind.OPAQUE)
+
+
+def is_event_stream(head: Head) -> bool:
+    """A `text/event-stream` body whose bytes are the events (no content coding)."""
+    if "text/event-stream" not in (head.header("content-type") or "").lower():
+        return False
+    codings = [c for c in head.tokens("content-encoding") if c != "identity"]
+    return not codings
+
+
+@dataclass(frozen=True, slots=True)
+class Framed:
+    """A piece and the SSE lines it completes (`lines`: body offsets of its message);
+    `body_offset` is where a BODY piece starts in its message's body."""
+
+    piece: Piece
+    lines: tuple[SsePiece, ...] = _NO_LINES
+    body_offset: int = 0
+
+
+Listener = Callable[[Framed], None]
+
+
+class FramedStream:
+    """One direction's bytes at one stretch of the path, framed once (see the module
+    docstring). `passes` counts the streams that ran a framer, for tests."""
+
+    passes = 0  # class-wide: framing passes started (a stream fed its first bytes)
+
+    def __init__(self, direction: Direction, *, frames: bool = True) -> None:
+        self.direction = direction
+        role: Role = "request" if direction is Direction.UPSTREAM else "response"
+        self.http: Http1Framer | None = Http1Framer(role) if frames else None
+        self.received = 0
+        self.ended = False
+        self._log: deque[Framed] = deque()
+        self._base = 0  # sequence number of _log[0]
+        self._eof_at: int | None = None  # sequence number of the first piece of the end
+        self._readers: list[Reader] = []
+        self._listeners: list[Listener] = []
+        self._sse: dict[int, SseFramer] = {}
+        self._body: dict[int, int] = {}
+        self._counted = False
+        # pairing (Http1Exchange's job across the two directions)
+        self.responses_to: list[FramedStream] = []  # request stream -> response streams
+        self.tunnels: list[FramedStream] = []  # response stream -> request streams
+        # what the requests of this stream were (a request stream keeps the last 64)
+        self.request_heads: dict[int, Head] = {}
+        self.request_bodies: dict[int, bytearray] = {}
+
+    # -- writing -------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        if self.http is None or not data:
+            return
+        if not self._counted:
+            self._counted = True
+            FramedStream.passes += 1
+        self.received += len(data)
+        self._add(self.http.feed(data))
+
+    def feed_eof(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self._eof_at = self._base + len(self._log)
+        if self.http is not None:
+            self._add(self.http.feed_eof())
+
+    def publish(self, framed: Iterable[Framed]) -> None:
+        """Pieces a fault constructed for bytes it wrote (their offsets in this stream)."""
+        for entry in framed:
+            piece = entry.piece
+            self.received = max(self.received, piece.offset + len(piece.data))
+            self._append(entry)
+
+    def publish_end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self._eof_at = self._base + len(self._log)
+
+    def held(self) -> bytes:
+        """Bytes fed but not yet out in a piece (an unfinished head or chunk line)."""
+        return self.http.held if self.http is not None else b""
+
+    # -- reading -------------------------------------------------------------------
+
+    def reader(self) -> Reader:
+        reader = Reader(self, self._base)  # readers are made before the bytes flow
+        self._readers.append(reader)
+        return reader
+
+    def listen(self, listener: Listener) -> None:
+        """Call `listener` with every piece from now on (the journal's way in)."""
+        self._listeners.append(listener)
+
+    def _add(self, pieces: list[Piece]) -> None:
+        for piece in pieces:
+            self._append(self._frame(piece))
+
+    def _frame(self, piece: Piece) -> Framed:
+        kind = piece.kind
+        message = piece.message
+        if piece.head is not None:
+            head = piece.head
+            if head.is_request:
+                self._request_head(message, head)
+                for other in self.responses_to:
+                    if other.http is not None:
+                        other.http.expect_response_to(head.method or "GET")
+            else:
+                if head.status == 101:
+                    for other in self.tunnels:
+                        if other.http is not None:
+                            other.http.start_tunnel()
+                if not head.is_interim and not piece.end_of_message and is_event_stream(head):
+                    self._sse[message] = SseFramer()
+                    self._body[message] = 0
+            return Framed(piece)
+        if kind is PieceKind.BODY:
+            body = self._body.get(message)
+            if self.direction is Direction.UPSTREAM:
+                kept = self.request_bodies.get(message)
+                if kept is not None and len(kept) < REQUEST_BODY_KEEP:
+                    kept += piece.data[: REQUEST_BODY_KEEP - len(kept)]
+            if body is None:
+                return Framed(piece)
+            self._body[message] = body + len(piece.data)
+            sse = self._sse[message]
+            lines = sse.feed(piece.data) if piece.data else []
+            if piece.end_of_message:
+                lines += sse.feed_eof()
+                self._done(message)
+            return Framed(piece, tuple(lines) if lines else _NO_LINES, body)
+        if message in self._sse and kind in (PieceKind.LAST_CHUNK, PieceKind.OPAQUE):
+            lines = self._sse[message].feed_eof()
+            self._done(message)
+            return Framed(piece, tuple(lines) if lines else _NO_LINES, 0)
+        return Framed(piece)
+
+    def _done(self, message: int) -> None:
+        self._sse.pop(message, None)
+        self._body.pop(message, None)
+
+    def _request_head(self, message: int, head: Head) -> None:
+        self.request_heads[message] = head
+        self.request_bodies[message] = bytearray()
+        self.request_heads.pop(message - 64, None)
+        self.request_bodies.pop(message - 64, None)
+
+    def _append(self, entry: Framed) -> None:
+        if self._readers:
+            self._log.append(entry)
+        else:
+            self._base += 1  # nobody reads this stream: keep nothing
+        for listener in self._listeners:
+            listener(entry)
+
+    def _trim(self) -> None:
+        low = min((reader.index for reader in self._readers), default=self._base + len(self._log))
+        while self._base < low and self._log:
+            self._log.popleft()
+            self._base += 1
+
+
+class Reader:
+    """One place's cursor in a `FramedStream` (see the module docstring)."""
+
+    def __init__(self, stream: FramedStream, index: int) -> None:
+        self.stream = stream
+        self.index = index  # sequence number of the next piece to hand out
+        self.partial = 0  # bytes of that piece already handed out (a split body)
+        self.cursor = 0  # bytes that reached this place
+        self.delivered = 0  # bytes handed out in pieces
+        self.message = 0  # the message in progress here (or the next one)
+
+    def close(self) -> None:
+        """This place reads no more (its fault left the path): keep nothing for it."""
+        if self in self.stream._readers:
+            self.stream._readers.remove(self)
+            self.stream._trim()
+
+    @property
+    def held(self) -> int:
+        """Bytes that reached this place but wait inside an unfinished structural piece."""
+        return self.cursor - self.delivered
+
+    def advance(self, size: int) -> list[Framed]:
+        """The pieces completed by `size` more bytes reaching this place."""
+        self.cursor += size
+        return self._take(self.cursor, final=False)
+
+    def end(self) -> list[Framed]:
+        """This place saw its stream end (FIN or RST): what is left up to its bytes."""
+        stream = self.stream
+        if stream.ended and stream.received == self.cursor:
+            return self._take(self.cursor, final=True)
+        out = self._take(self.cursor, final=False)
+        rest = self.cursor - self.delivered
+        if rest > 0:
+            # The stream ends early here (a fault ended it): what is held goes out as it
+            # came, as a framer does at EOF.
+            data = self._pending_bytes(rest)
+            piece = Piece(PieceKind.OPAQUE, data, self.message, self.delivered)
+            self.delivered += rest
+            out.append(Framed(piece))
+        return out
+
+    def _pending_bytes(self, size: int) -> bytes:
+        stream = self.stream
+        position = self.index - stream._base
+        if position < len(stream._log):
+            piece = stream._log[position].piece
+            return piece.data[self.partial : self.partial + size]
+        return stream.held()[:size]
+
+    def _take(self, limit: int, final: bool) -> list[Framed]:
+        stream = self.stream
+        log = stream._log
+        out: list[Framed] = []
+        stop = stream._eof_at if not final and stream._eof_at is not None else None
+        position = self.index - stream._base
+        while position < len(log):
+            if stop is not None and self.index >= stop:
+                break
+            entry = log[position]
+            piece = entry.piece
+            start = piece.offset + self.partial
+            end = piece.offset + len(piece.data)
+            if end <= limit and (end > start or self.partial == 0):
+                if self.partial:
+                    entry = _slice(entry, self.partial, len(piece.data))
+                out.append(entry)
+                self.delivered = end
+                self.partial = 0
+                self.index += 1
+                position += 1
+                self.message = piece.message + 1 if piece.end_of_message else piece.message
+                continue
+            if piece.kind in _SPLITTABLE and start < limit:
+                cut = limit - piece.offset
+                out.append(_slice(entry, self.partial, cut))
+                self.partial = cut
+                self.delivered = limit
+                self.message = piece.message
+            break
+        if out:
+            stream._trim()
+        return out
+
+
+def _slice(entry: Framed, begin: int, end: int) -> Framed:
+    """Part of a BODY/OPAQUE piece; its SSE lines go with the part in which they end."""
+    piece = entry.piece
+    last = end == len(piece.data)
+    part = Piece(
+        piece.kind,
+        piece.data[begin:end],
+        piece.message,
+        piece.offset + begin,
+        None,
+        piece.end_of_message and last,
+    )
+    low = entry.body_offset + begin
+    high = entry.body_offset + end
+    lines = tuple(
+        line
+        for line in entry.lines
+        if (begin == 0 or line.offset + len(line.data) > low)
+        and (last or line.offset + len(line.data) <= high)
+    )
+    return Framed(part, lines, low)
+
+
+def frame_new(direction: Direction, data: bytes, message: int, offset: int) -> list[Framed]:
+    """The pieces of bytes a fault writes itself (an error page it answers with),
+    numbered from `message` at stream `offset`: framing new bytes, which nobody else
+    framed. The last chunk of a chunked body it completes is built directly."""
+    if data == LAST_CHUNK_BYTES:
+        return [
+            Framed(Piece(PieceKind.LAST_CHUNK, data[:3], message, offset)),
+            Framed(Piece(PieceKind.TRAILERS, data[3:], message, offset + 3, None, True)),
+        ]
+    framer = Http1Framer("request" if direction is Direction.UPSTREAM else "response")
+    return [
+        Framed(
+            Piece(p.kind, p.data, p.message + message, p.offset + offset, p.head, p.end_of_message)
+        )
+        for p in framer.feed(data)
+    ]
+
+
+# -- one connection's path -------------------------------------------------------------
+
+
+@dataclass
+class Position:
+    """What the fault at one place in the path reads: the streams of both directions
+    there, and the streams after it that it publishes to (None unless it publishes)."""
+
+    up: FramedStream
+    down: FramedStream
+    publish: dict[Direction, FramedStream] = field(default_factory=dict)
+
+
+class PathFraming:
+    """The framed streams of one connection's pipeline of `size` faults.
+
+    `changes[i]` holds the directions in which fault i may change bytes and
+    `publishes[i]` those in which it publishes the pieces of its output itself; for
+    the others the pipeline feeds its output to `after(i, direction)`.
+    """
+
+    def __init__(
+        self,
+        changes: list[frozenset[Direction]],
+        publishes: list[frozenset[Direction]],
+    ) -> None:
+        size = len(changes)
+        self.size = size
+        up, down = Direction.UPSTREAM, Direction.DOWNSTREAM
+        # up_at[p] / down_at[p]: the stream at place p (between faults p-1 and p).
+        self.up_at: list[FramedStream] = []
+        self.down_at: list[FramedStream] = [FramedStream(down)] * (size + 1)
+        stream = FramedStream(up)
+        self.up_at.append(stream)
+        self.fed_after: dict[tuple[int, Direction], FramedStream] = {}
+        for index in range(size):
+            if up in changes[index]:
+                stream = FramedStream(up, frames=up not in publishes[index])
+                if up not in publishes[index]:
+                    self.fed_after[(index, up)] = stream
+            self.up_at.append(stream)
+        stream = FramedStream(down)
+        self.down_at[size] = stream
+        for index in reversed(range(size)):
+            if down in changes[index]:
+                stream = FramedStream(down, frames=down not in publishes[index])
+                if down not in publishes[index]:
+                    self.fed_after[(index, down)] = stream
+            self.down_at[index] = stream
+        # A response stream takes its request methods from the request stream where it
+        # enters (its server-most place); a request stream its tunnel from the response
+        # stream where it enters (its client-most place).
+        for place in range(size + 1):
+            request, response = self.up_at[place], self.down_at[place]
+            entering_down = place == size or self.down_at[place + 1] is not response
+            if entering_down and response not in request.responses_to:
+                request.responses_to.append(response)
+            entering_up = place == 0 or self.up_at[place - 1] is not request
+            if entering_up and request not in response.tunnels:
+                response.tunnels.append(request)
+        self.publishes = publishes
+
+    def entry(self, direction: Direction) -> FramedStream:
+        """The stream that what enters the path in `direction` is fed to."""
+        return self.up_at[0] if direction is Direction.UPSTREAM else self.down_at[self.size]
+
+    def position(self, index: int) -> Position:
+        """What fault `index` reads (the stream of each direction as it reaches it)."""
+        up, down = Direction.UPSTREAM, Direction.DOWNSTREAM
+        publish: dict[Direction, FramedStream] = {}
+        if up in self.publishes[index]:
+            publish[up] = self.up_at[index + 1]
+        if down in self.publishes[index]:
+            publish[down] = self.down_at[index]
+        return Position(self.up_at[index], self.down_at[index + 1], publish)
+
+    def leg(self, name: str) -> tuple[FramedStream, FramedStream]:
+        """The (request, response) streams of the `client` or `upstream` leg."""
+        if name == "client":
+            return self.up_at[0], self.down_at[0]
+        return self.up_at[self.size], self.down_at[self.size]
+
+
+# -- what the observers keep of a leg ----------------------------------------------------
+
+
+@dataclass
+class LegRecord:
+    """One leg as the journal, scorer and recorder read it: every head, SSE event,
+    comment line and message end with its stream offset, the request bodies (first
+    REQUEST_BODY_KEEP bytes), and with `keep_pieces` every piece of both directions."""
+
+    keep_pieces: bool = False
+    heads: dict[Direction, list[tuple[int, int, int, Head]]] = field(
+        default_factory=lambda: {d: [] for d in Direction}
+    )  # (message, offset, size, head)
+    events: dict[Direction, list[tuple[int, int, SseEvent]]] = field(
+        default_factory=lambda: {d: [] for d in Direction}
+    )  # (message, stream offset of the event's first byte, event)
+    comments: dict[int, int] = field(default_factory=dict)  # response message -> comments
+    ends: dict[Direction, list[tuple[int, int]]] = field(
+        default_factory=lambda: {d: [] for d in Direction}
+    )  # (message, stream offset after its last byte)
+    request_bodies: dict[int, bytearray] = field(default_factory=dict)
+    pieces: dict[Direction, list[Framed]] = field(
+        default_factory=lambda: {d: [] for d in Direction}
+    )
+    _segments: dict[int, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
+
+    def listen(self, requests: FramedStream, responses: FramedStream) -> LegRecord:
+        requests.listen(lambda framed: self.add(Direction.UPSTREAM, framed))
+        responses.listen(lambda framed: self.add(Direction.DOWNSTREAM, framed))
+        return self
+
+    @classmethod
+    def from_bytes(
+        cls, request_bytes: bytes, response_bytes: bytes, *, keep_pieces: bool = False
+    ) -> LegRecord:
+        """One framing pass over a captured leg."""
+        record = cls(keep_pieces=keep_pieces)
+        requests = FramedStream(Direction.UPSTREAM)
+        responses = FramedStream(Direction.DOWNSTREAM)
+        requests.responses_to.append(responses)
+        responses.tunnels.append(requests)
+        record.listen(requests, responses)
+        requests.feed(request_bytes)
+        responses.feed(response_bytes)
+        return record
+
+    def add(self, direction: Direction, framed: Framed) -> None:
+        piece = framed.piece
+        if self.keep_pieces:
+            self.pieces[direction].append(framed)
+        if piece.head is not None:
+            self.heads[direction].append((piece.message, piece.offset, len(piece.data), piece.head))
+            if direction is Direction.UPSTREAM:
+                self.request_bodies[piece.message] = bytearray()
+        elif piece.kind is PieceKind.BODY:
+            if direction is Direction.UPSTREAM:
+                body = self.request_bodies.get(piece.message)
+                if body is not None and len(body) < REQUEST_BODY_KEEP:
+                    body += piece.data[: REQUEST_BODY_KEEP - len(body)]
+            elif framed.lines or piece.message in self._segments:
+                self._segments.setdefault(piece.message, []).append(
+                    (framed.body_offset, piece.offset)
+                )
+        for line in framed.lines:
+            if line.kind is SseKind.COMMENT:
+                self.comments[piece.message] = self.comments.get(piece.message, 0) + 1
+            event = line.event
+            if event is not None:
+                start = line.offset + len(line.data) - len(event.raw)
+                where = _stream_offset(self._segments.get(piece.message, []), start, piece)
+                self.events[direction].append((piece.message, where, event))
+        if piece.end_of_message:
+            self.ends[direction].append((piece.message, piece.offset + len(piece.data)))
+            self._segments.pop(piece.message, None)
+
+    def request_body(self, message: int) -> bytes:
+        return bytes(self.request_bodies.get(message, b""))
+
+
+def _stream_offset(segments: list[tuple[int, int]], body_offset: int, piece: Piece) -> int:
+    """A body offset to a stream offset, through the BODY pieces' (body, stream) starts."""
+    for body_start, stream_start in reversed(segments):  # an event starts in a recent piece
+        if body_start <= body_offset:
+            return stream_start + body_offset - body_start
+    return piece.offset
