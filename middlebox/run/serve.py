@@ -16,13 +16,36 @@ from pathlib import Path
 
 import trio
 
-from middlebox.compose import PROXY_STAGES, load
+from middlebox.compose import (
+    PROXY_STAGES,
+    SCENARIO_SUFFIXES,
+    load,
+    registry,
+    scenario_sections,
+)
 from middlebox.observe.journal import JournalStore
 from middlebox.scenario.convert import ScenarioError
+from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import Scenario
 from middlebox.shell.control import ControlledProxy, check_control_access, run_controlled_proxy
 from middlebox.shell.server import Address, ProxyServer, run_proxy
 from middlebox.shell.workers import run_workers
+
+
+class LibraryScenarios:
+    """Scenarios read with the fault library (the control API's `ScenarioLoader`)."""
+
+    suffixes: tuple[str, ...] = SCENARIO_SUFFIXES
+
+    def file(self, path: Path) -> Scenario:
+        return load(path)
+
+    def text(self, text: str, name: str = "<control>") -> Scenario:
+        return load_scenario_text(text, registry(), file=name, sections=scenario_sections())
+
+
+LIBRARY_SCENARIOS = LibraryScenarios()
+load_text = LIBRARY_SCENARIOS.text
 
 
 class SettingsError(ValueError):
@@ -172,6 +195,7 @@ def _serve_controlled(
         scenario_dir=Path(settings.scenario_dir) if settings.scenario_dir else None,
         allow_scenario_header=settings.allow_scenario_header,
         stages=PROXY_STAGES,
+        loader=LIBRARY_SCENARIOS,
     )
 
     def ready(port: int, control_port: int) -> None:

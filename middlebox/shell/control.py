@@ -37,17 +37,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 import trio
 
-from middlebox.compose import SCENARIO_SUFFIXES, load, registry, scenario_sections
 from middlebox.core.fault import Pipeline
 from middlebox.observe.journal import JournalStore
 from middlebox.observe.metrics import CONTENT_TYPE, Metrics
 from middlebox.scenario.convert import ScenarioError
-from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import Scenario
 from middlebox.shell.server import Address, ProxyServer, run_proxy
 
@@ -100,8 +98,19 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
-def load_text(text: str, name: str = "<control>") -> Scenario:
-    return load_scenario_text(text, registry(), file=name, sections=scenario_sections())
+class ScenarioLoader(Protocol):
+    """How the proxy reads scenarios it is sent or may be asked for by name. The shell knows
+    no fault library: the composition (`middlebox.run.serve.LIBRARY_SCENARIOS`) passes it."""
+
+    suffixes: tuple[str, ...]
+
+    def file(self, path: Path) -> Scenario:
+        """A scenario file; raises ScenarioError with every problem."""
+        ...
+
+    def text(self, text: str, name: str) -> Scenario:
+        """A scenario from YAML text (`name` stands in for the file in problems)."""
+        ...
 
 
 # ------------------------------------------------------------------ the proxy
@@ -122,6 +131,7 @@ class ControlledProxy(ProxyServer):
     metrics: Metrics = field(default_factory=Metrics)
     scenario_dir: Path | None = None
     allow_scenario_header: bool = False
+    loader: ScenarioLoader = field(kw_only=True)
     _shared_by_scenario: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _loaded: dict[str, Scenario] = field(default_factory=dict)
 
@@ -146,18 +156,18 @@ class ControlledProxy(ProxyServer):
         return sorted(
             p.stem
             for p in self.scenario_dir.iterdir()
-            if p.suffix in SCENARIO_SUFFIXES and _NAME.match(p.stem)
+            if p.suffix in self.loader.suffixes and _NAME.match(p.stem)
         )
 
     def named_scenario(self, name: str) -> Scenario:
         """`NAME.yaml` from the scenario directory; raises LookupError when not there."""
         if self.scenario_dir is None or not _NAME.match(name) or ".." in name:
             raise LookupError(name)
-        for suffix in SCENARIO_SUFFIXES:
+        for suffix in self.loader.suffixes:
             path = self.scenario_dir / f"{name}{suffix}"
             if path.is_file():
                 if name not in self._loaded:
-                    self._loaded[name] = load(path)
+                    self._loaded[name] = self.loader.file(path)
                 return self._loaded[name]
         raise LookupError(name)
 
@@ -277,7 +287,7 @@ class ControlApi:
                 return Response.json(200, scenario_json(proxy.scenario))
             if method == "PUT":
                 try:
-                    scenario = load_text(body.decode("utf-8"), "<PUT /scenario>")
+                    scenario = proxy.loader.text(body.decode("utf-8"), "<PUT /scenario>")
                 except UnicodeDecodeError:
                     return Response.json(400, {"error": "the body must be UTF-8 YAML"})
                 except ScenarioError as error:

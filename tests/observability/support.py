@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 
 from middlebox.compose import PROXY_STAGES
+from middlebox.run.serve import LIBRARY_SCENARIOS
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, serve_control
 from middlebox.shell.server import Address, listen
 from tests.harness import read_all, reset
@@ -98,6 +99,7 @@ async def controlled(
             scenario_dir=scenario_dir,
             allow_scenario_header=scenario_dir is not None,
             stages=PROXY_STAGES,
+            loader=LIBRARY_SCENARIOS,
         )
         listener = listen(Address("127.0.0.1", 0))
         proxy_port = await nursery.start(proxy.serve, listener)

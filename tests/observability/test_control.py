@@ -119,7 +119,7 @@ async def test_a_connection_picks_its_scenario_with_the_request_header(tmp_path:
 
 
 async def test_a_header_timeout_is_journaled_as_how_the_client_side_ended() -> None:
-    from middlebox.shell.control import load_text
+    from middlebox.run.serve import load_text
     from tests.harness import read_all
 
     with trio.fail_after(10):
