@@ -31,7 +31,8 @@ SETTLE_TIMEOUT = 2.0
 
 
 def journal_view(journal: ConnectionJournal) -> JournalView:
-    """The same view `read_ndjson` gives of a written journal, taken from memory."""
+    """The view `read_ndjson` gives of a written journal, taken from memory (captured bytes
+    unredacted: they never leave this process)."""
     view = JournalView(journal.connection_id, opened_at=journal.started_at)
     for line in journal.to_lines():
         kind = line.get("type")

@@ -210,7 +210,8 @@ class Children:
                 for process in list(self.processes):
                     await process.wait()
                 for upstream in list(self.upstreams):
-                    await trio.to_thread.run_sync(upstream.process.wait)
+                    # abandoned at the deadline, so a child ignoring SIGTERM cannot hold us
+                    await trio.to_thread.run_sync(upstream.process.wait, abandon_on_cancel=True)
             self.signal_all(signal.SIGKILL)
             for process in list(self.processes):
                 await process.wait()
