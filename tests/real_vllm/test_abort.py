@@ -85,7 +85,6 @@ class Sampler(threading.Thread):
                       _total(text, "vllm:num_requests_running"))  # fmt: skip
             with self.lock:
                 self.samples.append(sample)
-            time.sleep(0.005)
         conn.close()
 
     def snapshot(self) -> list[tuple[float, float, float]]:
@@ -149,7 +148,9 @@ def request_bytes(port: int) -> bytes:
     }).encode()  # fmt: skip
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        # As a browser or an SDK (httpx) asks: it lets a gzip hop compress the stream.
+        f"Content-Type: application/json\r\nAccept-Encoding: gzip, deflate\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
@@ -201,7 +202,10 @@ def measure(path: str, port: int, sampler: Sampler, note: str = "") -> Row:
     at_leave = [s for s in samples if s[0] <= leave][-1]
     after = [s for s in samples if s[0] > leave]
     final = samples[-1][1]
-    zero = next((s for s in after if s[2] == 0), None)
+    # From the first sample after which the gauge stays 0 (it can read 0 between two steps).
+    busy = [i for i, s in enumerate(after) if s[2] != 0]
+    settled = after[busy[-1] + 1 :] if busy else after
+    zero = settled[0] if settled else None
     stopped = next((s for s in after if s[1] == final), None)
     near = [s for s in samples if leave - 1.0 <= s[0] <= leave + 1.0]
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(near)]
