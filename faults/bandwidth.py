@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from faults._common import MSS, Queued, Serializer, Shaped, check_positive
+from faults._lib.checks import check_positive
+from faults._lib.timing import MSS, Queued, Serializer, Shaped
 from middlebox.core.fault import Bytes, Fault
 from middlebox.core.stream import Direction, Item
 

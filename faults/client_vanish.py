@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._common import Triggered, check_choice
+from faults._lib.checks import check_choice
+from faults._lib.triggers import Triggered
 from middlebox.core.fault import Fault
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset, is_end
 

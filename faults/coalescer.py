@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from faults._common import MSS, DirectionChoice, Shaped, check_positive
+from faults._lib.checks import check_positive
+from faults._lib.timing import MSS, DirectionChoice, Shaped
 from middlebox.core.fault import Bytes, Fault, Seconds
 from middlebox.core.stream import Chunk, Direction, Item
 

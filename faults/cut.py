@@ -56,9 +56,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._common import check_choice, check_positive
-from faults._ends import merged, token_bearing
-from faults._http import HttpMatched
+from faults._lib.checks import check_choice, check_positive
+from faults._lib.events import token_bearing
+from faults._lib.items import merged
+from faults._lib.match import HttpMatched
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Piece, PieceKind, encode_chunk
 from middlebox.core.sse import SseFramer, SseKind, SsePiece, utf8_cut_offsets

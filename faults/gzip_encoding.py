@@ -40,8 +40,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._common import check_choice, check_positive
-from faults._http import HttpMatched
+from faults._lib.checks import check_choice, check_positive
+from faults._lib.match import HttpMatched
 from middlebox.core.fault import Bytes, Fault
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Head, Piece, PieceKind, build_head, encode_chunk
 from middlebox.core.stream import DOWN, Chunk, Direction, Item

@@ -30,7 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from faults._common import Triggered, check_choice, check_positive, item_size
+from faults._lib.checks import check_choice, check_positive
+from faults._lib.items import item_size
+from faults._lib.triggers import Triggered
 from faults.link import Link, ProfileName
 from middlebox.core.fault import Fault, FaultContext, FaultReport, Seconds
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Item, Reset

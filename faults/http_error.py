@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import ClassVar, Literal
 
-from faults._common import check_choice
-from faults._http import HttpMatched, RequestInfo, joined_chunk
+from faults._lib.checks import check_choice
+from faults._lib.items import joined_chunk
+from faults._lib.match import HttpMatched, RequestInfo
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.http1 import Http1Framer, PieceKind
 from middlebox.core.responses import error_response, nginx_error_page

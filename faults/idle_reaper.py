@@ -30,9 +30,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._common import check_choice, check_positive
-from faults._ends import BeforeHeaders, ResponseProgress, gateway_answer
-from faults._http import HttpMatched
+from faults._lib.checks import check_choice, check_positive
+from faults._lib.ends import BeforeHeaders, ResponseProgress, gateway_answer
+from faults._lib.match import HttpMatched
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._common import check_choice, check_positive
+from faults._lib.checks import check_choice, check_positive
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset, is_end
 

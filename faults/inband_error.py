@@ -34,8 +34,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from faults._common import check_choice, check_positive
-from faults._sse_edit import SseBodyEditor, SseRewriter
+from faults._lib.checks import check_choice, check_positive
+from faults._lib.sse_edit import SseBodyEditor, SseRewriter
 from middlebox.core.fault import Fault
 from middlebox.core.sse import SseKind, SsePiece
 

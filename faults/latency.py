@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from faults._common import DirectionChoice, Queued, Shaped, check_positive
+from faults._lib.checks import check_positive
+from faults._lib.timing import DirectionChoice, Queued, Shaped
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.stream import Item
 

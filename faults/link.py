@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
-from faults._common import MSS, Queued, Serializer, Shaped, check_choice, check_positive, item_size
+from faults._lib.checks import check_choice, check_positive
+from faults._lib.items import item_size
+from faults._lib.timing import MSS, Queued, Serializer, Shaped
 from middlebox.core.fault import Bytes, Fault, Seconds
 from middlebox.core.stream import Direction, Item
 

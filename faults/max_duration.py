@@ -27,15 +27,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from faults._common import check_choice, check_positive
-from faults._ends import (
+from faults._lib.checks import check_choice, check_positive
+from faults._lib.ends import (
     BeforeHeaders,
     ResponseEnd,
     ResponseProgress,
     end_response,
     gateway_answer,
 )
-from faults._http import HttpMatched
+from faults._lib.match import HttpMatched
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.http1 import PieceKind
 from middlebox.core.stream import UP, Chunk, Direction, Eof, Item, Reset

@@ -44,9 +44,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._common import check_choice, check_positive
-from faults._ends import gateway_answer, merged
-from faults._http import HttpMatched
+from faults._lib.checks import check_choice, check_positive
+from faults._lib.ends import gateway_answer
+from faults._lib.items import merged
+from faults._lib.match import HttpMatched
 from middlebox.core.fault import Bytes, Fault
 from middlebox.core.http1 import Piece, PieceKind
 from middlebox.core.stream import DOWN, Chunk, Direction, Item

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from faults._http import HeadRewriter
-from faults.strip_header import check_field_names
+from faults._lib.checks import check_field_names
+from faults._lib.heads import HeadRewriter
 from middlebox.core.fault import Fault
 from middlebox.core.http1 import Head, rebuilt_head
 

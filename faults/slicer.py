@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import ClassVar
 
-from faults._common import DirectionChoice, Queued, Shaped, check_positive
+from faults._lib.checks import check_positive
+from faults._lib.timing import DirectionChoice, Queued, Shaped
 from middlebox.core.fault import Bytes, Fault, Seconds
 from middlebox.core.sse import utf8_cut_offsets
 from middlebox.core.stream import Chunk, Direction, Item

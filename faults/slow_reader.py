@@ -28,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._common import Queued, Serializer, check_choice, check_positive
+from faults._lib.checks import check_choice, check_positive
+from faults._lib.timing import Queued, Serializer
 from middlebox.core.fault import Bytes, Fault, Seconds
 from middlebox.core.stream import DOWN, Direction, Item
 

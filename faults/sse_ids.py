@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._common import check_choice
-from faults._sse_edit import SseBodyEditor, SseRewriter
+from faults._lib.checks import check_choice
+from faults._lib.sse_edit import SseBodyEditor, SseRewriter
 from middlebox.core.fault import Fault
 from middlebox.core.sse import SseKind, SsePiece
 

@@ -11,24 +11,15 @@ came, and a head without the fields passes untouched.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from faults._http import HeadRewriter
+from faults._lib.checks import check_field_names
+from faults._lib.heads import HeadRewriter
 from middlebox.core.fault import Fault
 from middlebox.core.http1 import Head, rebuilt_head
 
 __all__ = ["StripHeader"]
-
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")  # RFC 9110 §5.1 field-name
-
-
-def check_field_names(names: list[str]) -> None:
-    """Raise a clear ValueError unless every name is a valid field name (RFC 9110 §5.1)."""
-    bad = [name for name in names if not _TOKEN.match(name)]
-    if bad:
-        raise ValueError(f"header names must be HTTP tokens, got {bad!r}")
 
 
 @dataclass

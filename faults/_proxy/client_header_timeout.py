@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from faults._common import check_positive
+from faults._lib.checks import check_positive
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from faults._common import check_positive
+from faults._lib.checks import check_positive
 from faults.idle_reaper import IdleReaper
 from middlebox.core.fault import Seconds
 from middlebox.core.stream import UP, Chunk, Eof, Item, Reset

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._common import check_choice, check_positive
+from faults._lib.checks import check_choice, check_positive
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.http1 import Http1Framer
 from middlebox.core.responses import error_response

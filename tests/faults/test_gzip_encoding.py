@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from faults._http import RequestMatch
+from faults._lib.match import RequestMatch
 from faults.gzip_encoding import NGINX_GZIP_HEADER, GzipEncoding
 from faults.testing import TimedItem, replay
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Head, Http1Framer, PieceKind, encode_chunk

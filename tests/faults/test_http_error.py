@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults import REGISTRY
-from faults._http import RequestMatch
+from faults._lib.match import RequestMatch
 from faults.http_error import HttpError, error_body
 from faults.testing import joined, replay
 from middlebox.core.fault import FaultContext

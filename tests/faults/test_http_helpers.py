@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faults._http import HttpMatched, RequestInfo, RequestMatch, request_info, request_path
+from faults._lib.match import HttpMatched, RequestInfo, RequestMatch, request_info, request_path
 from middlebox.core.fault import Fault, FaultContext
 from middlebox.core.http1 import Head
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item

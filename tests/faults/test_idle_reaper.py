@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faults._http import RequestMatch
+from faults._lib.match import RequestMatch
 from faults.idle_reaper import IdleReaper
 from faults.testing import TimedItem, replay
 from middlebox.core.http1 import LAST_CHUNK_BYTES

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from faults._http import RequestMatch
+from faults._lib.match import RequestMatch
 from faults.proxy_buffering import ProxyBuffering
 from faults.testing import TimedItem, replay
 from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults import REGISTRY
-from faults._http import RequestMatch
+from faults._lib.match import RequestMatch
 from faults.set_header import SetHeader
 from faults.testing import joined, replay
 from middlebox.core.stream import DOWN, UP, Chunk, Eof

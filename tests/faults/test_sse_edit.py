@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faults._sse_edit import SseBodyEditor
+from faults._lib.sse_edit import SseBodyEditor
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Http1Framer, Piece, encode_chunk
 from middlebox.core.sse import SseKind, SsePiece
 from tests.faults.httpprops import SSE_HEAD, dechunked, frame, rechunk

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults import REGISTRY
-from faults._http import RequestMatch
+from faults._lib.match import RequestMatch
 from faults.sse_ids import SseIds
 from faults.testing import joined, replay
 from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from faults._http import RequestMatch
+from faults._lib.match import RequestMatch
 from faults.strip_header import StripHeader
 from faults.testing import joined, replay
 from middlebox.core.stream import DOWN, UP, Chunk, Eof

@@ -1,0 +1,110 @@
+"""`HeadRewriter`: the mixin for faults that rewrite heads (strip_header, set_header) (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from faults._lib.items import joined_chunk
+from faults._lib.match import HttpMatched
+from middlebox.core.framed import Framed
+from middlebox.core.http1 import (
+    Head,
+    Piece,
+    serialize_head,
+)
+from middlebox.core.stream import Chunk, Direction, Item
+
+HeaderDirection = Literal["response", "request"]
+
+
+@dataclass
+class HeadRewriter(HttpMatched):
+    """Mixin for faults that rewrite the head of matched messages in one `direction`
+    (`response`: the server's final heads, 1xx interim heads left alone; `request`: the
+    client's, each held until decided). Everything else passes byte-exact.
+    Subclasses implement `rewrite(head)`: the new head and report details, or None when
+    the head needs no change. The fault knows what it wrote, so it hands the faults past
+    it the pieces of its output (the new head, the rest shifted) instead of having them
+    framed again."""
+
+    direction: HeaderDirection = "response"
+
+    _shift: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("response", "request"):
+            raise ValueError(f"direction must be 'response' or 'request', got {self.direction!r}")
+
+    @property
+    def _target(self) -> Direction:
+        return Direction.UPSTREAM if self.direction == "request" else Direction.DOWNSTREAM
+
+    def changes(self) -> frozenset[Direction]:
+        return frozenset({self._target})
+
+    def publishes(self) -> frozenset[Direction]:
+        return frozenset({self._target})
+
+    def rewrite(self, head: Head) -> tuple[Head, dict[str, Any]] | None:
+        raise NotImplementedError
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        target = self._target
+        self.observe(item, now)
+        if item.direction is not target:
+            return [item]
+        framed = self._flow.framed
+        if target is Direction.UPSTREAM:
+            framed = self.gate_framed(framed)
+        parts: list[bytes] = []
+        out_framed: list[Framed] = []
+        for entry in framed:
+            piece = entry.piece
+            head = piece.head
+            index = self.selected(piece.message)
+            changed = None
+            if head is not None and not head.is_interim and index is not None:
+                changed = self.rewrite(head)
+            if changed is None:
+                parts.append(piece.data)
+                out_framed.append(_shifted(entry, self._shift) if self._shift else entry)
+                continue
+            new_head, details = changed
+            data = serialize_head(new_head)
+            parts.append(data)
+            out_framed.append(
+                Framed(
+                    Piece(
+                        piece.kind,
+                        data,
+                        piece.message,
+                        piece.offset + self._shift,
+                        new_head,
+                        piece.end_of_message,
+                    )
+                )
+            )
+            self._shift += len(data) - len(piece.data)
+            self._fault.report(
+                now,
+                "rewrote_head",
+                direction=self.direction,
+                request=index,
+                message=piece.message,
+                offset=piece.offset,
+                **details,
+            )
+        self.publish(target, out_framed)
+        out = joined_chunk(target, parts)
+        if isinstance(item, Chunk):
+            return out
+        self.publish_end(target)
+        return [*out, item]
+
+
+def _shifted(entry: Framed, shift: int) -> Framed:
+    """`entry` at `shift` bytes further into the stream (a head before it changed size)."""
+    p = entry.piece
+    moved = Piece(p.kind, p.data, p.message, p.offset + shift, p.head, p.end_of_message)
+    return Framed(moved, entry.lines, entry.body_offset)
