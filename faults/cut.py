@@ -62,7 +62,7 @@ from faults._lib.items import merged
 from faults._lib.match import HttpMatched
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Piece, PieceKind, encode_chunk
-from middlebox.core.sse import SseFramer, SseKind, SsePiece, utf8_cut_offsets
+from middlebox.core.sse import SseKind, SsePiece, utf8_cut_offsets
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
 After = Literal["events", "tokens", "bytes", "time"]
@@ -90,7 +90,8 @@ class _Response:
     start: float
     head_end: int = 0
     chunked: bool = False
-    sse: SseFramer = field(default_factory=SseFramer)
+    line_end: int = 0  # body offset after the last complete SSE line
+    in_block: bool = False  # lines of an event block arrived, not yet its blank line
     segments: list[tuple[int, int, int]] = field(default_factory=list)  # body, wire, size
     chunk: _ChunkSpan | None = None
     chunks: list[_ChunkSpan] = field(default_factory=list)
@@ -169,8 +170,8 @@ class Cut(HttpMatched, Fault):
             return [item]
         if isinstance(item, Chunk):
             self._pending += item.data
-        for piece in pieces:
-            self._piece(piece, now)
+        for entry in self._flow.framed:
+            self._piece(entry.piece, entry.lines, now)
         out = self._advance(now)
         if not isinstance(item, Chunk) and not self._done:
             # The upstream ended first: what is held goes out, then its end.
@@ -191,7 +192,7 @@ class Cut(HttpMatched, Fault):
 
     # -- watching the response -----------------------------------------------------
 
-    def _piece(self, piece: Piece, now: float) -> None:
+    def _piece(self, piece: Piece, lines: tuple[SsePiece, ...], now: float) -> None:
         response = self._response
         if piece.kind is PieceKind.HEAD and piece.head is not None and not piece.head.is_interim:
             self._response = None
@@ -222,7 +223,11 @@ class Cut(HttpMatched, Fault):
         elif piece.kind is PieceKind.BODY and piece.data:
             response.segments.append((response.body, piece.offset, len(piece.data)))
             response.body += len(piece.data)
-            for line in response.sse.feed(piece.data):
+            if lines:  # framed once for the path (middlebox.core.framed)
+                last = lines[-1]
+                response.line_end = last.offset + len(last.data)
+                response.in_block = last.kind is not SseKind.BLANK
+            for line in lines:
                 self._line(response, line)
         if piece.end_of_message and response.cut_body is None:
             self._response = None  # complete before the cut point: left alone
@@ -277,8 +282,11 @@ class Cut(HttpMatched, Fault):
         response.threshold = threshold
         if self.at != "event_boundary":
             return
-        sse = response.sse
-        at_end = sse.received == threshold and not sse.in_event and not sse.mid_line
+        at_end = (
+            response.body == threshold
+            and not response.in_block
+            and response.line_end == response.body
+        )
         if boundary or (at_end and threshold == response.body):
             self._place(response, threshold)
 

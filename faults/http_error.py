@@ -34,8 +34,8 @@ from typing import ClassVar, Literal
 from faults._lib.checks import check_choice
 from faults._lib.items import joined_chunk
 from faults._lib.match import HttpMatched, RequestInfo
-from middlebox.core.fault import Fault, Seconds
-from middlebox.core.http1 import Http1Framer, PieceKind
+from middlebox.core.fault import Fault, FaultContext, Seconds
+from middlebox.core.http1 import PieceKind
 from middlebox.core.responses import error_response, nginx_error_page
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
 
@@ -153,9 +153,6 @@ class HttpError(HttpMatched, Fault):
     _queue: deque[tuple[bytes, bool] | None] = field(
         init=False, repr=False, compare=False, default_factory=deque
     )
-    _responses: Http1Framer = field(
-        init=False, repr=False, compare=False, default_factory=lambda: Http1Framer("response")
-    )
     _down_offset: int = field(init=False, repr=False, compare=False, default=0)
     _client_done: bool = field(init=False, repr=False, compare=False, default=False)
     _down_closed: bool = field(init=False, repr=False, compare=False, default=False)
@@ -194,6 +191,13 @@ class HttpError(HttpMatched, Fault):
         # Answered requests are swallowed, and their answers written toward the client.
         return frozenset(Direction)
 
+    def bind(self, context: FaultContext) -> None:
+        super().bind(context)
+        if self._flow.own:
+            # On its own the flow frames the server's responses too; they answer only the
+            # requests forwarded (below), not every request the client sent.
+            self._flow.position.up.responses_to.clear()
+
     def on_item(self, item: Item, now: float) -> list[Item]:
         if item.direction is Direction.UPSTREAM:
             return self._from_client(item, now)
@@ -212,7 +216,9 @@ class HttpError(HttpMatched, Fault):
             if piece.kind is PieceKind.OPAQUE or index is None:
                 forward.append(piece.data)
                 if piece.head is not None and piece.head.method is not None:
-                    self._responses.expect_response_to(piece.head.method)
+                    responses = self._flow.position.down.http
+                    if self._flow.own and responses is not None:
+                        responses.expect_response_to(piece.head.method)
                     self._queue.append(None)
                 continue
             if piece.head is None:
@@ -242,9 +248,18 @@ class HttpError(HttpMatched, Fault):
         data = item.data if isinstance(item, Chunk) else b""
         start = self._down_offset
         self._down_offset += len(data)
-        pieces = self._responses.feed(data) if data else []
-        if not isinstance(item, Chunk):
-            pieces += self._responses.feed_eof()
+        # The server's side of this fault is a stream of its own (it swallows requests),
+        # framed once for the path; on its own, the flow frames it here.
+        reader = self._flow.responses
+        if isinstance(item, Chunk):
+            if self._flow.own:
+                reader.stream.feed(data)
+            framed = reader.advance(len(data))
+        else:
+            if self._flow.own:
+                reader.stream.feed_eof()
+            framed = reader.end()
+        pieces = [entry.piece for entry in framed]
         out: list[Item] = []
         sent = 0
         for piece in pieces:
