@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import trio
+from trio.testing import MockClock
 
 from middlebox.compose import PROXY_STAGES
 from middlebox.core.fault import Fault
@@ -76,7 +77,9 @@ async def test_the_upstream_may_finish_first_while_the_client_is_still_sending()
     assert got == [request]
 
 
-async def test_an_upstream_rst_reaches_the_client_as_an_rst_after_the_bytes_before_it() -> None:
+async def test_an_upstream_rst_reaches_the_client_as_an_rst_after_the_bytes_before_it(
+    autojump_clock: MockClock,
+) -> None:
     async def upstream(stream: trio.SocketStream) -> None:
         await stream.receive_some(100)
         await stream.send_all(b"HTTP/1.1 200 OK\r\n\r\ndata: partial\n\n")
@@ -92,7 +95,7 @@ async def test_an_upstream_rst_reaches_the_client_as_an_rst_after_the_bytes_befo
     assert received == b"HTTP/1.1 200 OK\r\n\r\ndata: partial\n\n"
 
 
-async def test_a_client_rst_reaches_the_upstream_as_an_rst() -> None:
+async def test_a_client_rst_reaches_the_upstream_as_an_rst(autojump_clock: MockClock) -> None:
     ends: list[str] = []
     upstream_done = trio.Event()
 
