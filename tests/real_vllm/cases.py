@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-MODEL = "chat"
-MAX_MODEL_LEN = 2048
+from realvllm.serve import MAX_MODEL_LEN, SERVED_NAME
+
+MODEL = SERVED_NAME
+__all__ = ["CASES", "MAX_MODEL_LEN", "MODEL"]
 USER = [{"role": "user", "content": "Say something about streams."}]
-LONG_PROMPT = "stream " * 3000  # over 2048 tokens for vLLM's tokenizer and the emulator's
+# Over MAX_MODEL_LEN tokens for vLLM's tokenizer (" stream" is one token) and the emulator's.
+LONG_PROMPT = "stream " * (MAX_MODEL_LEN + 1000)
 
 
 def chat(**fields: Any) -> dict[str, Any]:

@@ -73,10 +73,10 @@ def _unexplained(case: str, diffs: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def emulator(middlebox_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
-    # Timing is not compared, so the emulator runs fast (not so fast that its outputs merge);
-    # model name and context as the real one.
+    # Timing is not compared, so the emulator runs fast (wirecompare does not count token frames,
+    # so merged outputs do not matter); model name and context as the real one.
     config = {"profile": "vllm-0.32", "model": MODEL, "max_model_len": MAX_MODEL_LEN,
-              "itl": 0.01, "prefill_overhead": 0.005}  # fmt: skip
+              "itl": 0.0005, "prefill_overhead": 0.005}  # fmt: skip
     emu = Emulator(middlebox_bin, config, tmp_path_factory.mktemp("emulator"))
     try:
         yield emu
