@@ -180,3 +180,21 @@ def test_reset_and_close_answer_at_once_without_reading(answer: str, end: object
 def test_a_bad_answer_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="answer"):
         UpstreamUnreachable(answer="503")  # type: ignore[arg-type]
+
+
+def test_a_head_response_has_no_body_whatever_its_length_says_so_nothing_is_timed_after_it() -> (
+    None
+):
+    stage = ProxyReadTimeout(timeout=1.0)
+    head_request = b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n"
+    response = b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n"
+    replay(stage, [(0.0, Chunk(UP, head_request)), (0.5, Chunk(DOWN, response))], until=100.0)
+    assert stage.deadline() is None and not stage.reports
+
+
+def test_traffic_that_is_not_http_is_not_timed_by_the_read_timeout() -> None:
+    """The read timeout times HTTP exchanges (requests that end, responses that start), as
+    idle_reaper does; the shell's old watch also timed silence after any non-HTTP bytes."""
+    stage = ProxyReadTimeout(timeout=1.0)
+    replay(stage, [(0.0, Chunk(UP, b"SSH-2.0-OpenSSH_9.6\r\n\r\n"))], until=100.0)
+    assert stage.deadline() is None and not stage.reports
