@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from faults._lib.checks import check_choice, check_positive
+from faults._lib.ends import gateway_answer
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.http1 import Http1Framer
 from middlebox.core.responses import error_response
@@ -115,8 +116,11 @@ class UpstreamUnreachable(Fault):
         if too_large(head):
             return self._close(now, "400", [Chunk(DOWN, error_response(400, TOO_LARGE_PAGE))])
         if head_complete(head):
-            status = 400 if malformed(head) else 502
-            return self._close(now, str(status), [Chunk(DOWN, error_response(status))])
+            if malformed(head):
+                return self._close(now, "400", [Chunk(DOWN, error_response(400))])
+            # The gateway answer every end fault gives; its upstream end has nowhere to go.
+            page = [item for item in gateway_answer("502") if item.direction is DOWN]
+            return self._close(now, "502", page)
         if head and malformed(head):
             return self._close(now, "400", [Chunk(DOWN, error_response(400))])
         return self._close(now, "close", [])

@@ -51,7 +51,8 @@ class ProxyOptions:
     client_header_timeout: Seconds | None = 60.0
     # nginx's proxy_read_timeout, off unless set (middlebox is transparent unless told):
     # no upstream byte for this long with a request outstanding -> 504, or a close
-    # mid-response.
+    # mid-response. It is the idle_reaper fault with the proxy's own ends (one read
+    # timeout: faults/_proxy/proxy_read_timeout.py), composed by compose.PROXY_STAGES.
     read_timeout: Seconds | None = None
     # Connections beyond this many at once are accepted and closed at once, and counted.
     max_connections: int | None = None
