@@ -188,11 +188,18 @@ class Children:
     def __init__(self) -> None:
         self.processes: set[trio.Process] = set()
         self.upstreams: set[UpstreamProcess] = set()
+        self.started = 0  # every process ever started or adopted, for the interrupted message
 
     async def start(self, argv: Sequence[str], **options: Any) -> trio.Process:
         process = await trio.lowlevel.open_process(list(argv), start_new_session=True, **options)
         self.processes.add(process)
+        self.started += 1
         return process
+
+    def adopt(self, upstream: UpstreamProcess) -> None:
+        """Supervise an upstream started by the launcher (outside trio)."""
+        self.upstreams.add(upstream)
+        self.started += 1
 
     def signal_all(self, signum: int) -> None:
         for process in self.processes:
@@ -231,7 +238,7 @@ async def start_emulator(config: Mapping[str, Any], directory: Path) -> Emulator
     """The launcher from trio: started in a worker thread, supervised by the run's
     `Children` (so SIGINT during a run stops it too)."""
     emulator = await trio.to_thread.run_sync(lambda: EmulatorProcess(config, directory))
-    CHILDREN.get().upstreams.add(emulator)
+    CHILDREN.get().adopt(emulator)
     return emulator
 
 

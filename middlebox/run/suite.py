@@ -240,7 +240,7 @@ async def run_suite_async(
             )
             guard.cancel_scope.cancel()
     finally:
-        started = len(children.processes) + len(children.upstreams)
+        started = children.started
         await children.stop_all()
     if caught:
         raise Interrupted(

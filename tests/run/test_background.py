@@ -37,7 +37,8 @@ def test_score_from_memory_matches_the_written_journal_and_names_what_fired(
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=10) as response:
-            assert b"data: [DONE]" in response.read()
+            received = response.read()
+        assert received.endswith(b"data: [DONE]\n\n")
         score = proxy.score()
         from_file = facts(read_ndjson(proxy.write_journal(tmp_path / "journal.ndjson")))
         assert len(proxy.ledger()) == 1
@@ -45,6 +46,7 @@ def test_score_from_memory_matches_the_written_journal_and_names_what_fired(
         proxy.close()
     assert {k: score[k] for k in from_file} == from_file
     assert score["connections"] == 1 and score["faults_fired"] == {"latency": 1}
-    assert score["sse_events_to_client"] == 5  # four tokens and [DONE]
+    # every event the client received, [DONE] included, was journaled on the client leg
+    assert score["sse_events_to_client"] == received.count(b"\n\n") >= 2
     assert score["faults_never_fired"] == []
     assert not proxy.emulator or not proxy.emulator.running()

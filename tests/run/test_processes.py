@@ -123,9 +123,10 @@ async def test_from_trio_the_emulator_is_supervised_by_the_runs_children(tmp_pat
     children = Children()
     CHILDREN.set(children)
     emulator = await start_emulator({"seed": 1}, tmp_path)
-    assert children.upstreams == {emulator}
+    assert children.upstreams == {emulator} and children.started == 1
     await stop_upstream(emulator)
     assert children.upstreams == set() and not emulator.running()
+    assert children.started == 1  # still counted: the interrupted message says how many ran
     another = await start_emulator({"seed": 2}, tmp_path)
     with trio.fail_after(15):
         await children.stop_all(grace=5)  # what an interrupted run does
