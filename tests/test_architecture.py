@@ -359,6 +359,25 @@ def dotted(node: ast.expr, bound: Mapping[str, str]) -> str | None:
     return None
 
 
+# The emulator's pure modules (vllm_emulator/__init__.py): its wire format, timing model and
+# text are plain functions, so the same bytes and timings are testable without a server.
+EMULATOR_PURE = frozenset(
+    f"vllm_emulator/{name}.py"
+    for name in ("wire", "schedule", "textgen", "validation", "metrics", "config")
+)
+
+
+def emulator_pure_modules_doing_io(sources: Sources) -> list[str]:
+    """The emulator's pure modules import no event loop, socket or other I/O module."""
+    return [
+        f"{path}:{line}: imports {bad}"
+        for path, source in sources.items()
+        if path in EMULATOR_PURE
+        for line, name in imported_names(path, source)
+        if (bad := matches(name, IO_AND_EVENT_LOOPS))
+    ]
+
+
 def clocks_and_global_random(sources: Sources) -> list[str]:
     """Pure rooms read no clock, never sleep, and draw randomness only from a seeded Random."""
     found = []
@@ -646,6 +665,17 @@ def test_a_module_importing_both_event_loops_is_caught() -> None:
     assert paths == ["middlebox/shell/a.py", "middlebox/shell/b.py"]
 
 
+def test_an_emulator_pure_module_doing_io_is_caught() -> None:
+    sources = {
+        "vllm_emulator/wire.py": "import json\n",
+        "vllm_emulator/schedule.py": "def f():\n    import asyncio\n",
+        "vllm_emulator/app.py": "import aiohttp\n",
+    }
+    assert emulator_pure_modules_doing_io(sources) == [
+        "vllm_emulator/schedule.py:2: imports asyncio"
+    ]
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -829,6 +859,10 @@ def test_click_is_imported_only_by_the_command_lines() -> None:
 
 def test_no_module_imports_both_trio_and_aiohttp() -> None:
     assert_clean(both_event_loops(product()))
+
+
+def test_the_emulators_pure_modules_do_no_io() -> None:
+    assert_clean(emulator_pure_modules_doing_io(product()))
 
 
 def test_faults_and_the_pure_rooms_read_no_clock_and_no_global_random() -> None:
