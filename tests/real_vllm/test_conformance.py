@@ -13,6 +13,7 @@ list shrinks with the code), and any difference not listed fails its case.
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from collections.abc import Iterator
 
@@ -20,7 +21,7 @@ import pytest
 
 from realvllm.serve import Server
 from tests.real_vllm import wirecompare
-from tests.real_vllm.cases import CASES, MAX_MODEL_LEN, MODEL
+from tests.real_vllm.cases import CASES, MAX_MODEL_LEN, MODEL, chat
 from tests.real_vllm.conftest import RESULTS, Emulator
 
 # (case glob, regex the difference matches, why it is not fixed in the profile)
@@ -93,6 +94,33 @@ def test_the_emulator_answers_each_request_as_vllm_does(
     real = wirecompare.fetch(vllm_server.url, method, path, body)
     emulated = wirecompare.fetch(emulator.url, method, path, body)
     assert _unexplained(case, wirecompare.compare(real, emulated, case)) == []
+
+
+def _stop_string(url: str) -> str:
+    """A piece of what greedy decoding generates for this request on this server."""
+    body = wirecompare.fetch(
+        url, "POST", "/v1/chat/completions", chat(max_tokens=12, temperature=0)
+    )
+    text: str = json.loads(body.body)["choices"][0]["message"]["content"]
+    clean = [i for i in range(1, len(text) - 1) if text[i].isalpha() and text[i] != "\ufffd"]
+    assert clean, f"no usable character in {text!r}"
+    return text[clean[len(clean) // 2]]
+
+
+def test_a_matched_stop_string_ends_both_streams_alike(
+    vllm_server: Server, emulator: Emulator
+) -> None:
+    # Each server's own text decides the stop string (greedy decoding repeats it), so both end
+    # with finish_reason "stop" and the matched string as stop_reason.
+    answers = []
+    for url in (vllm_server.url, emulator.url):
+        stop = _stop_string(url)
+        request = chat(max_tokens=12, temperature=0, stream=True, stop=[stop])
+        answers.append(wirecompare.fetch(url, "POST", "/v1/chat/completions", request))
+    assert b'"finish_reason":"stop"' in answers[0].body, answers[0].body[-600:]
+    assert (
+        _unexplained("chat-stream-stop-matched", wirecompare.compare(answers[0], answers[1])) == []
+    )
 
 
 def test_metrics_have_vllms_names_types_and_labels(vllm_server: Server, emulator: Emulator) -> None:

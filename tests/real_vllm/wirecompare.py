@@ -109,6 +109,8 @@ def skeleton(value: Any, key: str | None = None) -> Any:
         return re.sub(r"\d+", "<d>", value)
     if key == "input" and isinstance(value, (str, int)):
         return "<input>"
+    if key == "stop_reason" and isinstance(value, str):
+        return "<stop string>"  # the matched string: a piece of the generated text
     if key == "root" and isinstance(value, str):
         return "<model path>"  # /v1/models: where the weights lie, a deployment detail
     return value
