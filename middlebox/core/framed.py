@@ -445,6 +445,8 @@ class LegRecord:
     REQUEST_BODY_KEEP bytes), and with `keep_pieces` every piece of both directions."""
 
     keep_pieces: bool = False
+    limit: int | None = None  # most heads + events + ends kept; the rest are counted
+    dropped: int = 0
     heads: dict[Direction, list[tuple[int, int, int, Head]]] = field(
         default_factory=lambda: {d: [] for d in Direction}
     )  # (message, offset, size, head)
@@ -460,6 +462,7 @@ class LegRecord:
         default_factory=lambda: {d: [] for d in Direction}
     )
     _segments: dict[int, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
+    _kept: int = field(default=0, repr=False)
 
     def listen(self, requests: FramedStream, responses: FramedStream) -> LegRecord:
         requests.listen(lambda framed: self.add(Direction.UPSTREAM, framed))
@@ -468,10 +471,17 @@ class LegRecord:
 
     @classmethod
     def from_bytes(
-        cls, request_bytes: bytes, response_bytes: bytes, *, keep_pieces: bool = False
+        cls,
+        request_bytes: bytes,
+        response_bytes: bytes,
+        *,
+        keep_pieces: bool = False,
+        ended: bool = False,
+        limit: int | None = None,
     ) -> LegRecord:
-        """One framing pass over a captured leg."""
-        record = cls(keep_pieces=keep_pieces)
+        """One framing pass over a captured leg (`ended`: the response stream closed
+        after these bytes, which ends a read-until-close body or cuts one short)."""
+        record = cls(keep_pieces=keep_pieces, limit=limit)
         requests = FramedStream(Direction.UPSTREAM)
         responses = FramedStream(Direction.DOWNSTREAM)
         requests.responses_to.append(responses)
@@ -479,14 +489,26 @@ class LegRecord:
         record.listen(requests, responses)
         requests.feed(request_bytes)
         responses.feed(response_bytes)
+        if ended:
+            responses.feed_eof()
         return record
+
+    def _room(self) -> bool:
+        if self.limit is None or self._kept < self.limit:
+            self._kept += 1
+            return True
+        self.dropped += 1
+        return False
 
     def add(self, direction: Direction, framed: Framed) -> None:
         piece = framed.piece
         if self.keep_pieces:
             self.pieces[direction].append(framed)
         if piece.head is not None:
-            self.heads[direction].append((piece.message, piece.offset, len(piece.data), piece.head))
+            if self._room():
+                self.heads[direction].append(
+                    (piece.message, piece.offset, len(piece.data), piece.head)
+                )
             if direction is Direction.UPSTREAM:
                 self.request_bodies[piece.message] = bytearray()
         elif piece.kind is PieceKind.BODY:
@@ -502,12 +524,13 @@ class LegRecord:
             if line.kind is SseKind.COMMENT:
                 self.comments[piece.message] = self.comments.get(piece.message, 0) + 1
             event = line.event
-            if event is not None:
+            if event is not None and self._room():
                 start = line.offset + len(line.data) - len(event.raw)
                 where = _stream_offset(self._segments.get(piece.message, []), start, piece)
                 self.events[direction].append((piece.message, where, event))
         if piece.end_of_message:
-            self.ends[direction].append((piece.message, piece.offset + len(piece.data)))
+            if self._room():
+                self.ends[direction].append((piece.message, piece.offset + len(piece.data)))
             self._segments.pop(piece.message, None)
 
     def request_body(self, message: int) -> bytes:

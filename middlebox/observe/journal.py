@@ -5,9 +5,12 @@ direction, size, stream offset), how each side ended (FIN, RST, write failure,
 timeout) and every fault decision. It sits on the relay's hot path, so recording is
 an append of a tuple to a list, bounded per connection (drops are counted, never
 blocking); byte capture is optional and bounded too. Protocol boundaries (HTTP
-heads, SSE events) are derived later, off the hot path, by running the passive
-framers (`middlebox.core.http1`, `middlebox.core.sse`) over the captured bytes when the journal
-is written. Secrets in captured heads (Authorization, api-key, cookies) are redacted
+heads, SSE events) come from the connection's framing (`middlebox.core.framed`): when
+the pipeline frames its streams for an HTTP-aware fault, the journal listens to the two
+legs' streams (`attach_framing`) and frames nothing itself; otherwise it frames the
+captured bytes of each leg once, off the hot path, when they are first asked for
+(`leg`), and the scorer and `record` read that same `LegRecord`. Secrets in
+captured heads (Authorization, api-key, cookies) are redacted
 when the journal is written, unless the user asks otherwise.
 
 Times: the relay stamps records with its own clock (trio's monotonic one); the
@@ -28,14 +31,13 @@ import json
 import re
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from middlebox.core.fault import FaultReport
-from middlebox.core.http1 import Http1Exchange, PieceKind
-from middlebox.core.sse import SseFramer
+from middlebox.core.framed import LegRecord, PathFraming
 from middlebox.core.stream import Direction
 
 MAX_RECORDS = 200_000
@@ -93,6 +95,32 @@ class ConnectionJournal:
     _time_index: dict[tuple[str, str, int], tuple[list[int], list[float]]] = field(
         default_factory=dict, repr=False
     )
+    _live: dict[str, LegRecord] = field(default_factory=dict, repr=False)
+    _framed: dict[tuple[str, bool, bool], LegRecord] = field(default_factory=dict, repr=False)
+
+    def attach_framing(self, framing: PathFraming) -> None:
+        """Listen to the legs' streams of a pipeline that frames them (frame once)."""
+        for leg in LEGS:
+            self._live[leg] = LegRecord(limit=MAX_BOUNDARIES).listen(*framing.leg(leg))
+
+    def leg(self, leg: str, *, keep_pieces: bool = False, ended: bool = False) -> LegRecord:
+        """What was framed on `leg`: live from the pipeline's framing, or the captured
+        bytes framed once (and kept: asking again frames nothing)."""
+        live = self._live.get(leg)
+        if live is not None and not keep_pieces:
+            return live
+        key = (leg, keep_pieces, ended)
+        record = self._framed.get(key)
+        if record is None:
+            record = LegRecord.from_bytes(
+                self.bytes_from(leg, Direction.UPSTREAM),
+                self.bytes_from(leg, Direction.DOWNSTREAM),
+                keep_pieces=keep_pieces,
+                ended=ended,
+                limit=None if keep_pieces else MAX_BOUNDARIES,
+            )
+            self._framed[key] = record
+        return record
 
     def _chunk(self, op: str, leg: str, direction: Direction, data: bytes, now: float) -> None:
         key = (op, leg, direction.value)
@@ -234,89 +262,88 @@ class ConnectionJournal:
         return float(times[position]) + self.clock_offset
 
     def boundaries(self, *, redact_secrets: bool = True) -> list[dict[str, Any]]:
-        """HTTP heads, message ends and SSE events on each leg, from the captured bytes."""
+        """HTTP heads, message ends and SSE events on each leg (see `leg`)."""
         out: list[dict[str, Any]] = []
         for leg in LEGS:
-            requests = self.captured.get((leg, Direction.UPSTREAM.value), bytearray())
-            responses = self.captured.get((leg, Direction.DOWNSTREAM.value), bytearray())
-            if not requests and not responses:
-                continue
-            exchange = Http1Exchange()
-            for direction, data in (
-                (Direction.UPSTREAM, requests),
-                (Direction.DOWNSTREAM, responses),
+            if leg not in self._live and not any(
+                self.captured.get((leg, d.value)) for d in Direction
             ):
-                pieces = exchange.feed(direction, bytes(data))
-                out += self._http_boundaries(leg, direction, pieces, redact_secrets)
-                if len(out) > MAX_BOUNDARIES:
-                    self.dropped += len(out) - MAX_BOUNDARIES
-                    return out[:MAX_BOUNDARIES]
+                continue
+            record = self.leg(leg)
+            for direction in Direction:
+                out += self._leg_boundaries(leg, direction, record, redact_secrets)
+            self.dropped += record.dropped
+            record.dropped = 0
         return out
 
-    def _http_boundaries(
-        self, leg: str, direction: Direction, pieces: Iterable[Any], redact_secrets: bool
-    ) -> Iterator[dict[str, Any]]:
-        sse: dict[int, tuple[SseFramer, list[tuple[int, int]], list[int]]] = {}
-        for piece in pieces:
-            where = {"leg": leg, "direction": direction.value, "message": piece.message}
-            if piece.head is not None:
-                head = piece.head
-                headers = [
-                    [name, "[redacted]" if redact_secrets and name.lower() in SECRET_HEADERS else v]
-                    for name, v in head.headers
-                ]
-                start = (
-                    f"{head.method} {head.target} {head.version}"
-                    if head.is_request
-                    else f"{head.version} {head.status} {head.reason or ''}".rstrip()
-                )
-                yield {
-                    "type": "http_head",
-                    "time": self.time_at(leg, direction.value, piece.offset),
-                    **where,
-                    "offset": piece.offset,
-                    "size": len(piece.data),
-                    "start_line": start,
-                    "headers": headers,
-                }
-                if "text/event-stream" in (head.header("content-type") or ""):
-                    sse[piece.message] = (SseFramer(), [], [0])
-            if piece.kind is PieceKind.BODY and piece.message in sse:
-                framer, segments, body = sse[piece.message]
-                segments.append((body[0], piece.offset))
-                body[0] += len(piece.data)
-                for line in framer.feed(piece.data):
-                    event = line.event
-                    if event is None:
-                        continue
-                    start_in_body = line.offset + len(line.data) - len(event.raw)
-                    stream_offset = _map_offset(segments, start_in_body)
-                    yield {
-                        "type": "sse_event",
-                        "time": self.time_at(leg, direction.value, stream_offset),
+    def _leg_boundaries(
+        self, leg: str, direction: Direction, record: LegRecord, redact_secrets: bool
+    ) -> list[dict[str, Any]]:
+        """One direction's boundaries in stream order (an end before the next head)."""
+        found: list[tuple[int, int, dict[str, Any]]] = []
+        where = {"leg": leg, "direction": direction.value}
+        for message, offset, size, head in record.heads[direction]:
+            headers = [
+                [name, "[redacted]" if redact_secrets and name.lower() in SECRET_HEADERS else v]
+                for name, v in head.headers
+            ]
+            start = (
+                f"{head.method} {head.target} {head.version}"
+                if head.is_request
+                else f"{head.version} {head.status} {head.reason or ''}".rstrip()
+            )
+            found.append(
+                (
+                    offset,
+                    1,
+                    {
+                        "type": "http_head",
+                        "time": self.time_at(leg, direction.value, offset),
                         **where,
-                        "offset": stream_offset,
+                        "message": message,
+                        "offset": offset,
+                        "size": size,
+                        "start_line": start,
+                        "headers": headers,
+                    },
+                )
+            )
+        for message, offset, event in record.events[direction]:
+            found.append(
+                (
+                    offset,
+                    2,
+                    {
+                        "type": "sse_event",
+                        "time": self.time_at(leg, direction.value, offset),
+                        **where,
+                        "message": message,
+                        "offset": offset,
                         "size": len(event.raw),
                         "index": event.index,
                         "event": event.event,
                         "id": event.id,
                         "done": event.is_done,
                         "error": event.data.startswith('{"error"'),
-                    }
-            if piece.end_of_message:
-                yield {
-                    "type": "http_end",
-                    "time": self.time_at(leg, direction.value, piece.offset),
-                    **where,
-                    "offset": piece.offset + len(piece.data),
-                }
-
-
-def _map_offset(segments: list[tuple[int, int]], body_offset: int) -> int:
-    """A body offset to a stream offset, through the BODY pieces' (body, stream) starts."""
-    index = max(bisect.bisect_right([b for b, _ in segments], body_offset) - 1, 0)
-    body_start, stream_start = segments[index]
-    return stream_start + body_offset - body_start
+                    },
+                )
+            )
+        for message, end in record.ends[direction]:
+            found.append(
+                (
+                    end,
+                    0,
+                    {
+                        "type": "http_end",
+                        "time": self.time_at(leg, direction.value, max(end - 1, 0)),
+                        **where,
+                        "message": message,
+                        "offset": end,
+                    },
+                )
+            )
+        found.sort(key=lambda entry: (entry[0], entry[1]))
+        return [line for _, _, line in found]
 
 
 def _jsonable(details: dict[str, Any]) -> dict[str, Any]:
@@ -324,6 +351,27 @@ def _jsonable(details: dict[str, Any]) -> dict[str, Any]:
         key: value if isinstance(value, str | int | float | bool | None) else repr(value)
         for key, value in details.items()
     }
+
+
+@dataclass(frozen=True)
+class JournalSink:
+    """A connection's fault-report sink; a pipeline that frames its streams also hands
+    it its framing (`Pipeline.bind`), so the journal reads the legs from there."""
+
+    store: JournalStore
+    connection_id: int
+
+    def __call__(self, report: FaultReport) -> None:
+        journal = self.store.journals.get(self.connection_id)
+        if journal is not None:
+            journal.fault(report)
+
+    def attach_framing(self, framing: PathFraming) -> None:
+        journal = self.store.journals.get(self.connection_id)
+        if journal is not None:
+            journal.attach_framing(framing)
+        else:  # the server builds the pipeline before the journal: it takes it then
+            self.store.pending_framing[self.connection_id] = framing
 
 
 @dataclass
@@ -342,6 +390,7 @@ class JournalStore:
     evicted: int = 0
     evicted_dropped: int = 0
     _order: deque[int] = field(default_factory=deque, repr=False)
+    pending_framing: dict[int, PathFraming] = field(default_factory=dict, repr=False)
 
     def observer(
         self, connection_id: int, started_at: float, scenario: str = ""
@@ -355,6 +404,9 @@ class JournalStore:
             clock_offset=offset,
             scenario=scenario,
         )
+        framing = self.pending_framing.pop(connection_id, None)
+        if framing is not None:
+            journal.attach_framing(framing)
         self.journals[connection_id] = journal
         self._order.append(connection_id)
         if self.max_connections is not None:
@@ -365,13 +417,8 @@ class JournalStore:
                     self.evicted_dropped += old.dropped
         return journal
 
-    def fault_sink(self, connection_id: int) -> Any:
-        def sink(report: FaultReport) -> None:
-            journal = self.journals.get(connection_id)
-            if journal is not None:
-                journal.fault(report)
-
-        return sink
+    def fault_sink(self, connection_id: int) -> JournalSink:
+        return JournalSink(self, connection_id)
 
     def fault_reports(self) -> list[FaultReport]:
         return [report for journal in self.journals.values() for report in journal.faults]
@@ -382,6 +429,7 @@ class JournalStore:
 
     def clear(self) -> None:
         self.journals.clear()
+        self.pending_framing.clear()
         self._order.clear()
         self.evicted = self.evicted_dropped = 0
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from middlebox.core.http1 import Head, Http1Exchange, PieceKind
-from middlebox.core.sse import SseEvent, SseFramer, SseKind, SsePiece
+from middlebox.core.framed import LegRecord, is_event_stream
+from middlebox.core.sse import SseEvent
 from middlebox.core.stream import Direction
 
 BURST_GAP = 0.010
@@ -151,27 +151,13 @@ def request_verdict(expected: str | None, result: Mapping[str, Any] | None) -> s
     return "missing_tokens"
 
 
-def _upstream_stream(
-    exchange: Http1Exchange, request_bytes: bytes, response_bytes: bytes
-) -> Iterator[tuple[int, Head | None, SsePiece | None]]:
-    """One pass of the framers over an upstream leg: each response head (with no line),
-    then each line of that response's event-stream body (with no head)."""
-    exchange.feed(Direction.UPSTREAM, request_bytes)
-    framers: dict[int, SseFramer] = {}
-    for piece in exchange.feed(Direction.DOWNSTREAM, response_bytes):
-        if piece.head is not None:
-            if is_event_stream(piece.head):
-                framers[piece.message] = SseFramer()
-            yield piece.message, piece.head, None
-            continue
-        framer = framers.get(piece.message)
-        if piece.kind is PieceKind.BODY and framer is not None:
-            for line in framer.feed(piece.data):
-                yield piece.message, None, line
+UpstreamLeg = tuple[bytes, bytes] | LegRecord
+"""A connection's upstream leg: the journal's framed `LegRecord` (framed once), or its
+captured (request bytes, response bytes), which are then framed once here."""
 
 
-def is_event_stream(head: Head) -> bool:
-    return "text/event-stream" in (head.header("content-type") or "").lower()
+def _framed(leg: UpstreamLeg) -> LegRecord:
+    return leg if isinstance(leg, LegRecord) else LegRecord.from_bytes(*leg)
 
 
 def _json_object(event: SseEvent) -> dict[str, Any] | None:
@@ -185,23 +171,21 @@ def _json_object(event: SseEvent) -> dict[str, Any] | None:
     return payload if isinstance(payload, dict) else None
 
 
-def upstream_generations(traffic: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str, bool]]:
+def upstream_generations(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str, bool]]:
     """What a real server sent, from the upstream leg of the journal: per response, the
     request body it answered, the text it streamed (chat deltas or completion text) and
     whether it finished (a finish_reason or `[DONE]`). This is the expected text when
     there is no emulator ledger."""
     found: list[tuple[str, str, bool]] = []
-    for request_bytes, response_bytes in traffic:
+    for leg in traffic:
+        record = _framed(leg)
         texts: dict[int, list[str]] = {}
         finished: dict[int, bool] = {}
-        exchange = Http1Exchange()
-        for message, head, line in _upstream_stream(exchange, request_bytes, response_bytes):
-            if head is not None:
-                if is_event_stream(head):
-                    texts[message], finished[message] = [], False
-                continue
-            event = line.event if line is not None else None
-            if event is None:
+        for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
+            if is_event_stream(head):
+                texts[message], finished[message] = [], False
+        for message, _, event in record.events[Direction.DOWNSTREAM]:
+            if message not in texts:
                 continue
             finished[message] = finished[message] or event.is_done
             payload = _json_object(event)
@@ -217,7 +201,7 @@ def upstream_generations(traffic: Iterable[tuple[bytes, bytes]]) -> list[tuple[s
                 if choice.get("finish_reason"):
                     finished[message] = True
         for message, parts in texts.items():
-            body = exchange.request_body(message).decode("utf-8", "replace")
+            body = record.request_body(message).decode("utf-8", "replace")
             found.append((body, "".join(parts), finished[message]))
     return found
 
@@ -248,19 +232,23 @@ def display_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def analyse_upstream(request_bytes: bytes, response_bytes: bytes) -> dict[str, int]:
+    """`analyse_upstream_leg` of captured bytes (framed once here)."""
+    return analyse_upstream_leg(LegRecord.from_bytes(request_bytes, response_bytes))
+
+
+def analyse_upstream_leg(record: LegRecord) -> dict[str, int]:
     """Heartbeats, usage, in-band errors and X-Accel-Buffering in what the upstream sent."""
     counts = {"heartbeats": 0, "usage_reported": 0, "inband_errors": 0, "x_accel_buffering_no": 0}
+    streams = set()
+    for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
+        if (head.header("x-accel-buffering") or "").strip().lower() == "no":
+            counts["x_accel_buffering_no"] += 1
+        if is_event_stream(head):
+            streams.add(message)
+    counts["heartbeats"] = sum(n for message, n in record.comments.items() if message in streams)
     usage_seen: set[int] = set()
-    for message, head, line in _upstream_stream(Http1Exchange(), request_bytes, response_bytes):
-        if head is not None:
-            if (head.header("x-accel-buffering") or "").strip().lower() == "no":
-                counts["x_accel_buffering_no"] += 1
-            continue
-        if line is None:
-            continue
-        if line.kind is SseKind.COMMENT:
-            counts["heartbeats"] += 1
-        payload = _json_object(line.event) if line.event is not None else None
+    for message, _, event in record.events[Direction.DOWNSTREAM]:
+        payload = _json_object(event) if message in streams else None
         if payload is None:
             continue
         if "error" in payload:
@@ -315,7 +303,7 @@ def score_client(
     tags: list[str],
     result: Mapping[str, Any] | None,
     ledger: Sequence[Mapping[str, Any]],
-    upstream_traffic: list[tuple[bytes, bytes]],
+    upstream_traffic: Sequence[UpstreamLeg],
     fault_reports: Iterable[tuple[str, str]],
     faults_declared: list[str],
 ) -> ClientScore:
@@ -394,8 +382,8 @@ def score_client(
     tokens = metrics["server.tokens_generated"]
     metrics["client.tokens_per_burst"] = (tokens / bursts) if bursts else 0.0
     upstream = {"heartbeats": 0, "usage_reported": 0, "inband_errors": 0, "x_accel_buffering_no": 0}
-    for request_bytes, response_bytes in upstream_traffic:
-        for key, value in analyse_upstream(request_bytes, response_bytes).items():
+    for leg in upstream_traffic:
+        for key, value in analyse_upstream_leg(_framed(leg)).items():
             upstream[key] += value
     metrics.update({f"server.{key}": value for key, value in upstream.items()})
     score.metrics = metrics

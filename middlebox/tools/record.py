@@ -21,6 +21,8 @@ request and response heads.
 from __future__ import annotations
 
 import base64
+import bisect
+import itertools
 import json
 import logging
 import time
@@ -30,7 +32,7 @@ from typing import Any
 
 import trio
 
-from middlebox.core.http1 import Http1Exchange, PieceKind
+from middlebox.core.http1 import Piece, PieceKind
 from middlebox.core.stream import Direction
 from middlebox.observe.journal import SECRET_HEADERS, ConnectionJournal, JournalStore
 from middlebox.scenario.model import Scenario
@@ -54,13 +56,15 @@ def _request_body(data: bytes) -> Any:
 
 def cassettes(journal: ConnectionJournal) -> list[dict[str, Any]]:
     """One cassette per complete response on the connection's upstream leg."""
-    request_bytes = journal.bytes_from("upstream", Direction.UPSTREAM)
-    response_bytes = journal.bytes_from("upstream", Direction.DOWNSTREAM)
-    exchange = Http1Exchange()
-    requests = exchange.feed(Direction.UPSTREAM, request_bytes)
+    ended = [kind for leg, _, kind in journal.end_kinds if leg == "upstream"]
+    # The journal frames the leg once (a server that closed or reset the connection
+    # ends the response in flight there: it is recorded as far as it got).
+    leg = journal.leg("upstream", keep_pieces=True, ended=bool(ended))
+    request_heads = {message: head for message, _, _, head in leg.heads[Direction.UPSTREAM]}
     sent_at: dict[int, float] = {}
     bodies: dict[int, bytearray] = {}
-    for piece in requests:
+    for framed in leg.pieces[Direction.UPSTREAM]:
+        piece = framed.piece
         if piece.kind is PieceKind.BODY:
             bodies.setdefault(piece.message, bytearray()).extend(piece.data)
         if piece.end_of_message:
@@ -68,27 +72,15 @@ def cassettes(journal: ConnectionJournal) -> list[dict[str, Any]]:
             sent_at[piece.message] = journal.time_at("upstream", "upstream", end)
     out: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
-    # Fed read by read, so each body piece stays within the read that brought it and a
-    # write replays what the server flushed together, when it arrived.
-    reads = sorted(
-        (r[5], r[4]) for r in journal.records if r[1:4] == ("read", "upstream", "downstream")
-    )
-    pieces = []
-    for offset, size in reads:
-        pieces += exchange.feed(Direction.DOWNSTREAM, response_bytes[offset : offset + size])
-    fed = sum(size for _, size in reads)
-    if fed < len(response_bytes):  # reads the bounded journal did not record
-        pieces += exchange.feed(Direction.DOWNSTREAM, response_bytes[fed:])
-    ended = [kind for leg, _, kind in journal.end_kinds if leg == "upstream"]
-    if ended:
-        # the server closed or reset the connection: whatever response was in flight
-        # is recorded as far as it got, and says how it ended
-        pieces += exchange.feed_eof(Direction.DOWNSTREAM)
+    # Split read by read, so each body piece stays within the read that brought it and
+    # a write replays what the server flushed together, when it arrived.
+    reads = sorted(r[5] for r in journal.records if r[1:4] == ("read", "upstream", "downstream"))
+    pieces = _split_at([framed.piece for framed in leg.pieces[Direction.DOWNSTREAM]], reads)
     for piece in pieces:
         if piece.head is not None and piece.head.status is not None:
             if piece.head.is_interim:
                 continue
-            request_head = exchange.request_head(piece.message)
+            request_head = request_heads.get(piece.message)
             start = sent_at.get(piece.message, journal.started_at)
             current = {
                 "status": piece.head.status,
@@ -120,6 +112,33 @@ def cassettes(journal: ConnectionJournal) -> list[dict[str, Any]]:
             ]
             out.append(current)
             current = None
+    return out
+
+
+def _split_at(pieces: list[Piece], starts: list[int]) -> list[Piece]:
+    """BODY pieces cut where a read started (`starts`: stream offsets, sorted)."""
+    out: list[Piece] = []
+    for piece in pieces:
+        if piece.kind is not PieceKind.BODY or len(piece.data) < 2:
+            out.append(piece)
+            continue
+        begin, end = piece.offset, piece.offset + len(piece.data)
+        cuts = (
+            [c for c in starts[bisect.bisect_right(starts, begin) :] if c < end] if starts else []
+        )
+        edges = [begin, *cuts, end]
+        for low, high in itertools.pairwise(edges):
+            last = high == end
+            out.append(
+                Piece(
+                    PieceKind.BODY,
+                    piece.data[low - begin : high - begin],
+                    piece.message,
+                    low,
+                    None,
+                    piece.end_of_message and last,
+                )
+            )
     return out
 
 

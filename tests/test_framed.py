@@ -1,0 +1,176 @@
+"""Frame once: a connection's streams are framed by one pass each, which every HTTP-aware
+fault in the path, the journal and the scorer read (middlebox/core/framed.py)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from faults.idle_reaper import IdleReaper
+from faults.set_header import SetHeader
+from faults.slicer import Slicer
+from faults.sse_ids import SseIds
+from faults.testing import joined, replay
+from middlebox.core.fault import FaultContext, Pipeline
+from middlebox.core.framed import FramedStream, LegRecord
+from middlebox.core.http1 import Http1Framer, encode_chunk
+from middlebox.core.sse import SseFramer
+from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item
+from middlebox.observe.journal import JournalStore
+from middlebox.run.score import analyse_upstream_leg
+
+REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: up\r\nContent-Type: application/json\r\n"
+    b'Content-Length: 14\r\n\r\n{"model": "m"}'
+)
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def frame(index: int) -> bytes:
+    return encode_chunk(b'data: {"choices":[{"delta":{"content":"t%d"}}]}\n\n' % index)
+
+
+def timeline() -> list[tuple[float, Item]]:
+    """A request, then a chunked event stream of four events and [DONE], then FINs."""
+    downstream = [HEAD, *(frame(i) for i in range(4)), encode_chunk(b"data: [DONE]\n\n")]
+    items: list[tuple[float, Item]] = [(0.0, Chunk(UP, REQUEST))]
+    items += [(0.1 * (i + 1), Chunk(DOWN, data)) for i, data in enumerate(downstream)]
+    items += [(1.0, Chunk(DOWN, b"0\r\n\r\n")), (1.1, Eof(DOWN)), (1.2, Eof(UP))]
+    return items
+
+
+@pytest.fixture
+def framing_passes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """Counts the bytes fed to every HTTP/1.1 and SSE framer, per framer role."""
+    fed: Counter[str] = Counter()
+    http_feed, sse_feed = Http1Framer.feed, SseFramer.feed
+
+    def counting_http(self: Http1Framer, data: bytes) -> list:  # type: ignore[type-arg]
+        fed[f"http.{self.role}"] += len(data)
+        fed[f"http.{self.role}.framers.{id(self)}"] = 1
+        return http_feed(self, data)
+
+    def counting_sse(self: SseFramer, data: bytes) -> list:  # type: ignore[type-arg]
+        fed["sse"] += len(data)
+        return sse_feed(self, data)
+
+    monkeypatch.setattr(Http1Framer, "feed", counting_http)
+    monkeypatch.setattr(SseFramer, "feed", counting_sse)
+    yield fed
+
+
+def framers(fed: Counter[str], role: str) -> int:
+    return sum(1 for key in fed if key.startswith(f"http.{role}.framers."))
+
+
+def three_http_faults() -> Pipeline:
+    """set_header nearest the client, sse_ids, idle_reaper nearest the server."""
+    return Pipeline([SetHeader(), SseIds(mode="add"), IdleReaper(timeout=30)])
+
+
+def run_with_journal(pipeline: Pipeline) -> tuple[JournalStore, list[tuple[float, Item]]]:
+    """Replay through `pipeline` with a journal attached as the proxy attaches it, and
+    record each leg's bytes in the journal as the relay would (read in, written out)."""
+    store = JournalStore(capture=True, clock_offset=0.0)
+    journal = store.observer(1, 0.0, "frame-once")
+    pipeline.bind(FaultContext(1, random.Random(0), store.fault_sink(1)))
+    out = replay(pipeline, timeline(), bind=False)
+    for at, item in timeline():
+        if isinstance(item, Chunk):
+            leg = "client" if item.direction is UP else "upstream"
+            journal.read(leg, item.direction, item.data, at)
+    for at, item in out:
+        if isinstance(item, Chunk):
+            leg = "upstream" if item.direction is UP else "client"
+            journal.wrote(leg, item.direction, item.data, at)
+    return store, out
+
+
+def test_three_http_faults_frame_each_leg_once_and_the_journal_and_scorer_frame_nothing(
+    framing_passes: Counter[str],
+) -> None:
+    store, out = run_with_journal(three_http_faults())
+    journal = store.journals[1]
+    # The request stream: no fault changes it, so both legs share one pass over its bytes.
+    assert framers(framing_passes, "request") == 1
+    assert framing_passes["http.request"] == len(REQUEST)
+    # The response stream: one pass over the upstream leg (what the server sent) and one
+    # over sse_ids' new bytes; set_header knows what it wrote and hands its pieces on,
+    # so the client leg is not framed again.
+    upstream_bytes = len(joined(timeline(), DOWN))
+    client_bytes = len(joined(out, DOWN))
+    assert framers(framing_passes, "response") == 2
+    head_growth = len(b"X-Accel-Buffering: no\r\n")
+    assert framing_passes["http.response"] == upstream_bytes + client_bytes - head_growth
+    before = framing_passes.copy()
+    lines = journal.to_lines()
+    counts = analyse_upstream_leg(journal.leg("upstream"))
+    assert framing_passes == before  # the journal and the scorer read, they do not frame
+    events = [line for line in lines if line["type"] == "sse_event"]
+    assert Counter(e["leg"] for e in events) == {"upstream": 5, "client": 5}
+    assert [e["id"] for e in events if e["leg"] == "client"] == ["1", "2", "3", "4", "5"]
+    heads = [line for line in lines if line["type"] == "http_head" and line["leg"] == "client"]
+    assert ["X-Accel-Buffering", "no"] in heads[1]["headers"]
+    assert counts == {
+        "heartbeats": 0,
+        "usage_reported": 0,
+        "inband_errors": 0,
+        "x_accel_buffering_no": 0,
+    }
+
+
+def test_the_live_boundaries_equal_those_of_the_captured_bytes_framed_afresh() -> None:
+    store, _ = run_with_journal(three_http_faults())
+    live = store.journals[1]
+    fresh = JournalStore(capture=True, clock_offset=0.0).observer(1, 0.0)
+    fresh.records, fresh.captured, fresh.offsets = live.records, live.captured, live.offsets
+    assert live.boundaries() == fresh.boundaries()
+
+
+def test_pass_through_frames_nothing_until_the_journal_is_read(
+    framing_passes: Counter[str],
+) -> None:
+    store, _ = run_with_journal(Pipeline([Slicer(size=7)]))
+    assert not framing_passes  # no HTTP-aware fault: the hot path frames nothing
+    journal = store.journals[1]
+    journal.to_lines()
+    passes = framing_passes.copy()
+    assert framers(passes, "request") == framers(passes, "response") == 2  # once per leg
+    journal.to_lines()
+    analyse_upstream_leg(journal.leg("upstream"))
+    assert framing_passes == passes  # framed once and kept
+
+
+def test_a_slicer_in_front_splits_bodies_but_not_heads_for_the_faults_past_it() -> None:
+    pipeline = Pipeline([SetHeader(), Slicer(size=5), SseIds(mode="add")])
+    whole = Pipeline([SetHeader(), SseIds(mode="add")])
+    assert joined(replay(pipeline, timeline()), DOWN) == joined(replay(whole, timeline()), DOWN)
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=12))
+def test_readers_get_the_pieces_a_framer_of_their_own_would_give(sizes: list[int]) -> None:
+    data = HEAD + b"".join(frame(i) for i in range(3)) + b"0\r\n\r\n"
+    stream = FramedStream(Direction.DOWNSTREAM)
+    shared = stream.reader()
+    stream.feed(data)  # framed once, ahead of the reader
+    own = Http1Framer("response")
+    position = 0
+    for size in [*sizes, len(data)]:
+        piece_bytes = data[position : position + size]
+        position += len(piece_bytes)
+        got = [f.piece for f in shared.advance(len(piece_bytes))]
+        assert got == own.feed(piece_bytes)
+
+
+def test_a_leg_record_from_bytes_is_one_pass_that_keeps_heads_events_and_ends() -> None:
+    body = b"".join(frame(i) for i in range(2)) + b"0\r\n\r\n"
+    record = LegRecord.from_bytes(REQUEST, HEAD + body)
+    assert [h[3].status for h in record.heads[DOWN]] == [200]
+    assert [event.index for _, _, event in record.events[DOWN]] == [0, 1]
+    assert record.ends[DOWN] == [(0, len(HEAD + body))]
+    assert record.request_body(0) == b'{"model": "m"}'
