@@ -19,7 +19,7 @@ from typing import Any
 from middlebox.core.fault import FaultReport
 from middlebox.core.stream import Direction
 from middlebox.observe.journal import JournalStore
-from middlebox.shell.relay import RelayObserver
+from middlebox.observe.observer import RelayObserver
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -52,6 +52,7 @@ import trio
 
 from middlebox.core.fault import Fault, Pipeline
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
+from middlebox.observe.observer import RelayObserver
 
 READ_SIZE = 64 * 1024
 # Bytes queued toward one peer before we stop reading from the other: bounded memory
@@ -154,16 +155,6 @@ class ProxyStage(Protocol):
     def connection_closed(self) -> bool:
         """It ended the connection (FINs or RSTs both ways) and wants no more of it."""
         ...
-
-
-class RelayObserver(Protocol):
-    """What the relay tells the journal; every call is cheap and never blocks."""
-
-    def read(self, leg: str, direction: Direction, data: bytes, now: float) -> None: ...
-
-    def wrote(self, leg: str, direction: Direction, data: bytes, now: float) -> None: ...
-
-    def ended(self, leg: str, direction: Direction, kind: str, now: float) -> None: ...
 
 
 @dataclass(eq=False)

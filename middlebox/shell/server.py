@@ -44,14 +44,9 @@ import trio
 
 from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
+from middlebox.observe.observer import RelayObserver
 from middlebox.scenario.model import ProxyOptions, Scenario
-from middlebox.shell.relay import (
-    ProxyStage,
-    Relay,
-    RelayObserver,
-    apply_buffer_sizes,
-    arm_reset,
-)
+from middlebox.shell.relay import ProxyStage, Relay, apply_buffer_sizes, arm_reset
 
 log = logging.getLogger("middlebox.shell.server")
 
