@@ -48,8 +48,8 @@ clean:
 # (stamped, then instant). `make vllm` prints the URL on its first line; Ctrl-C stops it.
 # docs/real-vllm.md.
 vllm: $(STAMP)
-	$(BIN)/python -m realvllm.install
-	$(BIN)/python -m realvllm.serve
+	@$(BIN)/python -m realvllm.install
+	@$(BIN)/python -m realvllm.serve
 
 # The real-vLLM tier: conformance of the emulator's vllm-0.32 profile and abort-on-disconnect
 # measured directly, through every preset and through a real nginx. Starts its own vLLM.
