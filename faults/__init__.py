@@ -24,6 +24,7 @@ from faults.set_header import SetHeader
 from faults.slicer import Slicer
 from faults.slow_reader import SlowReader
 from faults.sse_ids import SseIds
+from faults.sse_retry import SseRetry
 from faults.strip_header import StripHeader
 from middlebox.core.fault import Fault
 
@@ -47,6 +48,7 @@ REGISTRY: dict[str, type[Fault]] = {
         HttpError,
         InbandError,
         SseIds,
+        SseRetry,
         ClientVanish,
         IgnoreClientClose,
     )
