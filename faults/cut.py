@@ -154,6 +154,9 @@ class Cut(HttpMatched, Fault):
 
     # -- items ---------------------------------------------------------------------
 
+    def reads_sse(self) -> bool:
+        return True
+
     def changes(self) -> frozenset[Direction]:
         return frozenset(
             {Direction.DOWNSTREAM}

@@ -32,7 +32,7 @@ from typing import ClassVar, Literal
 
 from faults._lib.checks import check_choice, check_positive
 from faults._lib.ends import BeforeHeaders, ResponseProgress, gateway_answer
-from faults._lib.match import HttpMatched
+from faults._lib.match import RESPONSES, HttpMatched
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
@@ -55,10 +55,10 @@ class IdleReaper(HttpMatched, Fault):
     _closed: bool = field(init=False, repr=False, default=False)
 
     def changes(self) -> frozenset[Direction]:
-        return frozenset({Direction.DOWNSTREAM})  # its answer or early end, when it fires
+        return RESPONSES  # its answer or early end, when it fires
 
     def publishes(self) -> frozenset[Direction]:
-        return frozenset({Direction.DOWNSTREAM})  # it forwards pieces as they came
+        return RESPONSES  # it forwards pieces as they came
 
     def __post_init__(self) -> None:
         check_positive("timeout", self.timeout)

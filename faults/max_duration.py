@@ -35,7 +35,7 @@ from faults._lib.ends import (
     end_response,
     gateway_answer,
 )
-from faults._lib.match import HttpMatched
+from faults._lib.match import RESPONSES, HttpMatched
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.http1 import PieceKind
 from middlebox.core.stream import UP, Chunk, Direction, Eof, Item, Reset
@@ -59,10 +59,10 @@ class MaxDuration(HttpMatched, Fault):
     _closed: bool = field(init=False, repr=False, default=False)
 
     def changes(self) -> frozenset[Direction]:
-        return frozenset({Direction.DOWNSTREAM})  # its answer or early end, when it fires
+        return RESPONSES  # its answer or early end, when it fires
 
     def publishes(self) -> frozenset[Direction]:
-        return frozenset({Direction.DOWNSTREAM})  # it forwards pieces as they came
+        return RESPONSES  # it forwards pieces as they came
 
     def __post_init__(self) -> None:
         check_positive("limit", self.limit)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from faults._lib.items import joined_chunk
-from faults._lib.match import HttpMatched
+from faults._lib.match import REQUESTS, RESPONSES, HttpMatched
 from middlebox.core.framed import Framed
 from middlebox.core.http1 import (
     Head,
@@ -41,10 +41,10 @@ class HeadRewriter(HttpMatched):
         return Direction.UPSTREAM if self.direction == "request" else Direction.DOWNSTREAM
 
     def changes(self) -> frozenset[Direction]:
-        return frozenset({self._target})
+        return REQUESTS if self.direction == "request" else RESPONSES
 
     def publishes(self) -> frozenset[Direction]:
-        return frozenset({self._target})
+        return self.changes()
 
     def rewrite(self, head: Head) -> tuple[Head, dict[str, Any]] | None:
         raise NotImplementedError
@@ -57,6 +57,16 @@ class HeadRewriter(HttpMatched):
         framed = self._flow.framed
         if target is Direction.UPSTREAM:
             framed = self.gate_framed(framed)
+        elif (
+            not self._shift
+            and isinstance(item, Chunk)
+            and all(entry.piece.head is None for entry in framed)
+            and sum(len(entry.piece.data) for entry in framed) == len(item.data)
+        ):
+            # Body bytes with nothing shifted: they go on as they came, pieces and all
+            # (no head is held, so the bytes are exactly the pieces').
+            self.publish(target, framed)
+            return [item]
         parts: list[bytes] = []
         out_framed: list[Framed] = []
         for entry in framed:

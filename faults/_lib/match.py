@@ -190,6 +190,13 @@ class RequestMatch:
         return index if self.chooses(index, rng) else None
 
 
+RESPONSES = frozenset({Direction.DOWNSTREAM})
+"""`changes()`/`publishes()` of a fault that changes only what the server sends."""
+
+REQUESTS = frozenset({Direction.UPSTREAM})
+"""... only what the client sends."""
+
+
 class HttpFlow:
     """One place's view of a connection's HTTP exchange, advanced with pipeline items.
 
@@ -303,10 +310,13 @@ class HttpMatched:
 
     def forwarded(self, item: Item) -> Item:
         """`item` goes on unchanged: its pieces (just observed) go to the faults past."""
-        if item.direction in self._fault.publishes():
-            self.publish(item.direction, self._flow.framed)
-            if not isinstance(item, Chunk):
-                self.publish_end(item.direction)
+        framing = self._fault.context.framing
+        if framing is not None and framing.publish:
+            stream = framing.publish.get(item.direction)
+            if stream is not None:
+                stream.publish(self._flow.framed)
+                if not isinstance(item, Chunk):
+                    self.publish_end(item.direction)
         return item
 
     def wrote(self, items: list[Item]) -> list[Item]:

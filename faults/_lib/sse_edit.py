@@ -320,6 +320,9 @@ class SseRewriter(HttpMatched):
             self._dropping = self._editing
         self._editor, self._editing = None, -1
 
+    def reads_sse(self) -> bool:
+        return True
+
     def changes(self) -> frozenset[Direction]:
         return frozenset({Direction.DOWNSTREAM})  # edited event streams are re-chunked
 

@@ -50,6 +50,9 @@ class Triggered:
     def reads_http(self) -> bool:
         return self.after_events is not None
 
+    def reads_sse(self) -> bool:
+        return self.after_events is not None
+
     def leave(self) -> None:
         if self._event_counter is not None:
             self._event_counter.close()

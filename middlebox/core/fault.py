@@ -122,6 +122,11 @@ class Fault:
         then frames each stream once for every such fault, `middlebox.core.framed`)."""
         return False
 
+    def reads_sse(self) -> bool:
+        """True when this fault also reads the SSE lines of event-stream bodies (framed
+        only when some fault or the journal reads them)."""
+        return False
+
     def changes(self) -> frozenset[Direction]:
         """The directions in which this fault may emit bytes it did not receive in that
         order (rewrite, inject, drop mid-stream). Faults past it read a new stream."""
@@ -204,6 +209,7 @@ class Pipeline(Fault):
             framing = PathFraming(
                 [fault.changes() for fault in self.faults],
                 [fault.publishes() & fault.changes() for fault in self.faults],
+                sse=any(fault.reads_sse() for fault in self.faults),
             )
             self._fed_after = {
                 (id(self.faults[index]), direction): stream

@@ -33,8 +33,9 @@ and lets everyone read the result.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from middlebox.core.http1 import (
     LAST_CHUNK_BYTES,
@@ -70,7 +71,7 @@ def is_event_stream(head: Head) -> bool:
     return not codings
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Framed:
     """A piece and the SSE lines it completes (`lines`: body offsets of its message);
     `body_offset` is where a BODY piece starts in its message's body."""
@@ -89,8 +90,10 @@ class FramedStream:
 
     passes = 0  # class-wide: framing passes started (a stream fed its first bytes)
 
-    def __init__(self, direction: Direction, *, frames: bool = True) -> None:
+    def __init__(self, direction: Direction, *, frames: bool = True, sse: bool = True) -> None:
         self.direction = direction
+        self.sse = sse  # frame event-stream bodies as SSE (someone reads their lines)
+        self.emitted = 0  # stream offset after the last piece out
         role: Role = "request" if direction is Direction.UPSTREAM else "response"
         self.http: Http1Framer | None = Http1Framer(role) if frames else None
         self.received = 0
@@ -129,12 +132,21 @@ class FramedStream:
         if self.http is not None:
             self._add(self.http.feed_eof())
 
-    def publish(self, framed: Iterable[Framed]) -> None:
+    def publish(self, framed: list[Framed]) -> None:
         """Pieces a fault constructed for bytes it wrote (their offsets in this stream)."""
-        for entry in framed:
-            piece = entry.piece
-            self.received = max(self.received, piece.offset + len(piece.data))
-            self._append(entry)
+        if not framed:
+            return
+        if self._listeners:
+            for entry in framed:
+                self._append(entry)
+        else:
+            if self._readers:
+                self._log.extend(framed)
+            else:
+                self._base += len(framed)
+            last = framed[-1].piece
+            self.emitted = last.offset + len(last.data)
+        self.received = max(self.received, self.emitted)
 
     def publish_end(self) -> None:
         if not self.ended:
@@ -157,12 +169,26 @@ class FramedStream:
         self._listeners.append(listener)
 
     def _add(self, pieces: list[Piece]) -> None:
-        for piece in pieces:
-            self._append(self._frame(piece))
+        frame = self._frame
+        if self._listeners:
+            for piece in pieces:
+                self._append(frame(piece))
+            return
+        if not pieces:
+            return
+        framed = [frame(piece) for piece in pieces]
+        if self._readers:
+            self._log.extend(framed)
+        else:
+            self._base += len(framed)
+        last = pieces[-1]
+        self.emitted = last.offset + len(last.data)
 
     def _frame(self, piece: Piece) -> Framed:
         kind = piece.kind
         message = piece.message
+        if piece.head is None and not self._sse and self.direction is Direction.DOWNSTREAM:
+            return Framed(piece)  # no event stream open: nothing to add to the piece
         if piece.head is not None:
             head = piece.head
             if head.is_request:
@@ -175,7 +201,12 @@ class FramedStream:
                     for other in self.tunnels:
                         if other.http is not None:
                             other.http.start_tunnel()
-                if not head.is_interim and not piece.end_of_message and is_event_stream(head):
+                if (
+                    self.sse
+                    and not head.is_interim
+                    and not piece.end_of_message
+                    and is_event_stream(head)
+                ):
                     self._sse[message] = SseFramer()
                     self._body[message] = 0
             return Framed(piece)
@@ -211,6 +242,8 @@ class FramedStream:
         self.request_bodies.pop(message - 64, None)
 
     def _append(self, entry: Framed) -> None:
+        piece = entry.piece
+        self.emitted = piece.offset + len(piece.data)
         if self._readers:
             self._log.append(entry)
         else:
@@ -279,9 +312,28 @@ class Reader:
     def _take(self, limit: int, final: bool) -> list[Framed]:
         stream = self.stream
         log = stream._log
-        out: list[Framed] = []
-        stop = stream._eof_at if not final and stream._eof_at is not None else None
         position = self.index - stream._base
+        if (
+            not self.partial
+            and limit >= stream.emitted
+            and (final or stream._eof_at is None)
+            and position < len(log)
+        ):
+            # In step with the stream (the usual case: this place got the bytes just
+            # framed): everything logged since is this place's, whole.
+            out = list(log) if not position else list(islice(log, position, None))
+            last = out[-1].piece
+            self.index = stream._base + len(log)
+            self.delivered = last.offset + len(last.data)
+            self.message = last.message + 1 if last.end_of_message else last.message
+            if len(stream._readers) == 1:
+                stream._base = self.index  # the only reader is past everything kept
+                log.clear()
+            elif len(log) > 16:
+                stream._trim()
+            return out
+        out = []
+        stop = stream._eof_at if not final and stream._eof_at is not None else None
         while position < len(log):
             if stop is not None and self.index >= stop:
                 break
@@ -306,7 +358,7 @@ class Reader:
                 self.delivered = limit
                 self.message = piece.message
             break
-        if out:
+        if len(log) > 64:
             stream._trim()
         return out
 
@@ -377,6 +429,7 @@ class PathFraming:
         self,
         changes: list[frozenset[Direction]],
         publishes: list[frozenset[Direction]],
+        sse: bool = True,
     ) -> None:
         size = len(changes)
         self.size = size
@@ -413,6 +466,14 @@ class PathFraming:
             if entering_up and request not in response.tunnels:
                 response.tunnels.append(request)
         self.publishes = publishes
+        self.streams = list(dict.fromkeys([*self.up_at, *self.down_at]))
+        for stream in self.streams:
+            stream.sse = sse
+
+    def want_sse(self) -> None:
+        """Someone (the journal) reads SSE events too: frame them (before any byte)."""
+        for stream in self.streams:
+            stream.sse = True
 
     def entry(self, direction: Direction) -> FramedStream:
         """The stream that what enters the path in `direction` is fed to."""

@@ -100,6 +100,7 @@ class ConnectionJournal:
 
     def attach_framing(self, framing: PathFraming) -> None:
         """Listen to the legs' streams of a pipeline that frames them (frame once)."""
+        framing.want_sse()
         for leg in LEGS:
             self._live[leg] = LegRecord(limit=MAX_BOUNDARIES).listen(*framing.leg(leg))
 
