@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from middlebox.observe.journal import JournalView, read_ndjson
+from middlebox.report.diagnosis import FIGURE_LEGEND, diagnose, figures, symptoms, why_and_fix
 from middlebox.report.layout import run_directory
 from middlebox.report.timeline import save_data, svg, timeline_data, write_png
 from middlebox.scenario.workload import request_tag
@@ -119,12 +120,15 @@ def render(document: dict[str, Any], timelines: dict[tuple[str, str], Any]) -> s
                 row += "<td>-</td>"
         out.append(row + "</tr>")
     out.append("</table>")
+    out += symptom_rows(document)
     for index, scenario in enumerate(document["scenarios"]):
         directory = f"runs/{run_directory(Path('.'), index, scenario['name']).name}"
         out.append(f'<h2 id="s{index}">{e(scenario["name"])}</h2>')
         out.append(
             f'<p class="small">{e(str(scenario.get("file", "")))}, seed {scenario["seed"]}</p>'
         )
+        if scenario.get("description"):
+            out.append(f'<p class="description">{e(str(scenario["description"]))}</p>')
         if scenario.get("problems"):
             out.append('<ul class="problems">')
             out += [f"<li>{e(problem)}</li>" for problem in scenario["problems"]]
@@ -148,18 +152,26 @@ def render(document: dict[str, Any], timelines: dict[tuple[str, str], Any]) -> s
                 f'<a href="{directory}/{e(client)}.timeline.png">timeline PNG</a> · '
                 f'<a href="{directory}/{e(client)}.result.json">client result</a></p>'
             )
+            out.append(f'<p class="diagnosis">diagnosis: {e(diagnose(result))}</p>')
             if result["checks"]:
-                out.append("<table><tr><th>check</th><th>expected</th><th>got</th><th></th></tr>")
+                out.append(
+                    "<table><tr><th>check</th><th>expected</th><th>got</th><th></th>"
+                    "<th>why / what to do</th></tr>"
+                )
                 for check in result["checks"]:
                     mark = (
                         '<span class="pass">ok</span>'
                         if check["passed"]
                         else '<span class="fail">failed</span>'
                     )
+                    advice = ""
+                    if not check["passed"]:
+                        why, fix = why_and_fix(scenario, client, check)
+                        advice = f"<b>why:</b> {e(why)}<br><b>fix:</b> {e(fix)}"
                     out.append(
                         f"<tr><td>{e(check['name'])} {e(check['condition'])}</td>"
                         f"<td>{e(str(check['expected']))}</td><td>{e(str(check['actual']))}</td>"
-                        f"<td>{mark}</td></tr>"
+                        f'<td>{mark}</td><td class="advice">{advice}</td></tr>'
                     )
                 out.append("</table>")
             data = timelines.get((scenario["name"], client))
@@ -181,6 +193,29 @@ def render(document: dict[str, Any], timelines: dict[tuple[str, str], Any]) -> s
             )
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def symptom_rows(document: dict[str, Any]) -> list[str]:
+    """The symptom table: per scenario and client the numbers that name the symptom and
+    the diagnosis, as in the terminal scorecard."""
+    e = html.escape
+    keys = list(figures(symptoms({})))
+    out = [
+        '<h2>Symptoms</h2><table id="symptoms"><tr><th>scenario / client</th>'
+        + "".join(f"<th>{e(key)}</th>" for key in keys)
+        + "<th>diagnosis</th></tr>"
+    ]
+    for index, scenario in enumerate(document["scenarios"]):
+        for result in scenario["results"]:
+            numbers = figures(symptoms(result))
+            out.append(
+                f'<tr><td><a href="#s{index}">{e(scenario["name"])}</a> / {e(result["client"])}'
+                "</td>"
+                + "".join(f"<td>{e(numbers[key])}</td>" for key in keys)
+                + f"<td>{e(diagnose(result))}</td></tr>"
+            )
+    out.append(f'</table><p class="small">{e(FIGURE_LEGEND)}</p>')
+    return out
 
 
 def _fmt(value: Any) -> str:

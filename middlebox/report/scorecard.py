@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
+from middlebox.report.diagnosis import FIGURE_LEGEND, diagnose, failure_message, figures, symptoms
 from middlebox.report.html_page import write_html
 
 SEVERITY = [
@@ -19,6 +20,7 @@ SEVERITY = [
     "silent_truncation",
     "mojibake",
     "duplicated",
+    "contradicted",
     "missing_tokens",
     "truncation_detected",
     "error_reported",
@@ -31,6 +33,7 @@ COLOURS = {
     "silent_truncation": "red",
     "mojibake": "red",
     "duplicated": "red",
+    "contradicted": "red",
     "missing_tokens": "red",
     "truncation_detected": "yellow",
     "error_reported": "yellow",
@@ -42,6 +45,7 @@ SHORT = {
     "silent_truncation": "SILENT",
     "mojibake": "MOJIBAKE",
     "duplicated": "DUP",
+    "contradicted": "REDRAWN",
     "missing_tokens": "MISSING",
     "truncation_detected": "detected",
     "error_reported": "error",
@@ -76,13 +80,51 @@ def describe(check: dict[str, Any]) -> str:
     return f"{check['name']} {check['condition']} {check['expected']}: got {check['actual']}"
 
 
+def status_of(scenario: dict[str, Any], result: dict[str, Any] | None = None) -> str | None:
+    """A run that did not produce verdicts says why (e.g. "needs the emulator: <reason>"),
+    in the document's `status` field of the scenario or result; None when it ran."""
+    for holder in (result or {}, scenario):
+        status = holder.get("status")
+        if isinstance(status, str) and status not in ("", "ran", "ok"):
+            return status
+    return None
+
+
+def symptom_table(document: dict[str, Any]) -> list[str]:
+    """Per scenario and client, next to the verdict, the numbers that name the symptom and
+    a one-line diagnosis (Locust's stats table is the model: one dense row per run)."""
+    rows: list[list[str]] = []
+    for scenario in document["scenarios"]:
+        for result in scenario["results"]:
+            status = status_of(scenario, result)
+            verdict = status or cell(result)[0]
+            numbers = figures(symptoms(result))
+            rows.append(
+                [f"{scenario['name']}/{result['client']}", verdict, *numbers.values(),
+                 "-" if status else diagnose(result)]
+            )  # fmt: skip
+        if not scenario["results"] and status_of(scenario):
+            rows.append([scenario["name"], str(status_of(scenario)), *["-"] * 6, "-"])
+    if not rows:
+        return []
+    header = ["scenario/client", "verdict", *figures(symptoms({})).keys(), "diagnosis"]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    return [
+        "  ".join(text.ljust(width) for text, width in zip(row, widths, strict=False))
+        + "  "
+        + row[-1]
+        for row in [header, *rows]
+    ]
+
+
 def scorecard(document: dict[str, Any], *, colour: bool | None = None) -> str:
-    """The scenario x client matrix, then every failed check and problem."""
+    """The scenario x client matrix, the symptom table (numbers and a diagnosis per run),
+    then every failed check (what, why, what to do) and problem."""
     clients: list[str] = document["clients"]
     scenarios: list[dict[str, Any]] = document["scenarios"]
     width = max([len(s["name"]) for s in scenarios] + [8])
     cells = [
-        [cell(result) if result else ("-", "white") for result in
+        [cell(result) if result else (status_of(scenario) or "-", "yellow") for result in
          ({r["client"]: r for r in scenario["results"]}.get(client) for client in clients)]
         for scenario in scenarios
     ]  # fmt: skip
@@ -100,13 +142,18 @@ def scorecard(document: dict[str, Any], *, colour: bool | None = None) -> str:
         "truncation surfaced; DUP/MISSING/MOJIBAKE = corrupted text; wN = tokens "
         "wasted upstream; ✗ = an expect: check failed"
     )
+    table = symptom_table(document)
+    if table:
+        lines += ["", "Symptoms:", *table, "", FIGURE_LEGEND]
     failures = []
     for scenario in scenarios:
         name = scenario["name"]
         failures += [f"  {problem}" for problem in scenario["problems"]]
+        if scenario.get("needs_emulator"):
+            lines.append(f"{name}: needs the emulator: {scenario['needs_emulator']}")
         for result in scenario["results"]:
             failures += [
-                f"  {name}/{result['client']}: {describe(check)}"
+                f"  {name}/{result['client']}: {failure_message(scenario, result['client'], check)}"
                 for check in result["checks"]
                 if not check["passed"]
             ]
@@ -121,7 +168,7 @@ def scorecard(document: dict[str, Any], *, colour: bool | None = None) -> str:
                     f"fault(s) never fired: {', '.join(never)}"
                 )
     if failures:
-        lines += ["Failed checks and problems:", *failures]
+        lines += ["", "Failed checks and problems:", *failures]
     total = sum(len(s["results"]) for s in scenarios)
     passed = sum(1 for s in scenarios for r in s["results"] if r["passed"])
     lines.append(
@@ -156,6 +203,10 @@ def junit_xml(document: dict[str, Any]) -> bytes:
         for problem in scenario["problems"]:
             case = ElementTree.SubElement(suite_el, "testcase", name="scenario", classname=name)
             ElementTree.SubElement(case, "failure", message=problem)
+        if scenario.get("needs_emulator"):
+            case = ElementTree.SubElement(suite_el, "testcase", name="scenario", classname=name)
+            reason = f"needs the emulator: {scenario['needs_emulator']}"
+            ElementTree.SubElement(case, "skipped", message=reason)
         for result, check in cases:
             case = ElementTree.SubElement(
                 suite_el,
@@ -165,7 +216,10 @@ def junit_xml(document: dict[str, Any]) -> bytes:
                 classname=f"{name}.{result['client']}",
             )
             if not check["passed"]:
-                ElementTree.SubElement(case, "failure", message=describe(check))
+                failure = ElementTree.SubElement(
+                    case, "failure", message=failure_message(scenario, result["client"], check)
+                )
+                failure.text = f"diagnosis: {diagnose(result)}"
     xml: bytes = ElementTree.tostring(root, encoding="utf-8", xml_declaration=True)
     return xml
 

@@ -38,6 +38,9 @@ class ScenarioOutcome:
     scores: list[ClientScore] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     proof: dict[str, Any] = field(default_factory=dict)
+    # why the scenario was not run against a real server (`--upstream`): it asks for
+    # behaviour only the emulator has; such a scenario neither passes nor fails
+    needs_emulator: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -75,10 +78,15 @@ def report_document(suite: SuiteOutcome, argv: dict[str, Any]) -> dict[str, Any]
             {
                 "name": outcome.scenario.name,
                 "file": outcome.scenario.source,
+                # what the scenario is about and its expect: hints: the scorecard's "why"
+                # and "fix" next to a failed check (middlebox.report.diagnosis)
+                "description": outcome.scenario.description,
+                "hints": dict(outcome.scenario.sections.get("expect_hints") or {}),
                 "seed": outcome.seed,
                 "quiet_faults": list(outcome.scenario.quiet_faults),
                 "problems": outcome.problems,
                 "proof": outcome.proof,
+                "needs_emulator": outcome.needs_emulator,
                 "results": [
                     {**score.to_json(), "passed": score.passed} for score in outcome.scores
                 ],

@@ -58,6 +58,45 @@ def expanded_size(root: yaml.Node) -> int:
 
 TOP_LEVEL = ("name", "description", "seed", "path", "proxy", "quiet_faults")
 
+EXPECT_HINTS = "expect_hints"
+"""The `sections` key holding the `hint:` texts of `expect:` rules, by metric name (and
+`CLIENT/metric` for a client's own block): why a check matters and what fixes it, shown
+next to a failed check by the scorecard, junit.xml and report.html."""
+
+
+def split_hints(
+    expect: Any, node: yaml.Node, problems: ProblemCollector
+) -> tuple[Any, dict[str, str]]:
+    """`expect:` without its `hint:` entries, and the hints by metric (`CLIENT/metric` in a
+    client's block). A rule keeps its conditions: `{equals: 0, hint: "..."}` checks equals."""
+    hints: dict[str, str] = {}
+    if not isinstance(expect, dict):
+        return expect, hints
+
+    def strip(rules: dict[str, Any], prefix: str) -> dict[str, Any]:
+        kept: dict[str, Any] = {}
+        for name, rule in rules.items():
+            if isinstance(rule, dict) and "hint" in rule:
+                hint = rule["hint"]
+                if not isinstance(hint, str) or not hint.strip():
+                    problems.add(node, f"expect: {prefix}{name}: hint must be a non-empty string")
+                else:
+                    hints[f"{prefix}{name}"] = " ".join(hint.split())
+                rule = {k: v for k, v in rule.items() if k != "hint"}
+                if not rule:
+                    problems.add(
+                        node,
+                        f"expect: {prefix}{name}: a hint needs a condition beside it "
+                        "(equals, max, min, ...)",
+                    )
+            # a client's own block ({raw: {client.x: ...}}) holds rules, not conditions
+            elif isinstance(rule, dict) and any("." in str(k) for k in rule):
+                rule = strip(rule, f"{name}/")
+            kept[name] = rule
+        return kept
+
+    return strip(expect, ""), hints
+
 
 def load_scenario_text(
     text: str,
@@ -140,6 +179,8 @@ def load_scenario_text(
                     if schema is None
                     else convert.dataclass(value_node, schema, key)
                 )
+                if key == "expect":
+                    extra[key], extra[EXPECT_HINTS] = split_hints(extra[key], value_node, problems)
             else:
                 problems.add(
                     key_node, f"unknown top-level key {key!r}; valid keys: {', '.join(allowed)}"

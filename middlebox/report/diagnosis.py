@@ -1,0 +1,340 @@
+"""What a run's numbers say: the symptom figures, a one-line diagnosis and, per failed
+check, why it failed and what to do (pure; reads one result of the report document).
+
+The scorecard, junit.xml and report.html all take their words from here, so a failure
+reads the same wherever it is seen. A diagnosis is drawn from the verdicts and metrics
+first (what the user saw), then from the faults that fired (what the path did); the fix
+it names is the usual one for that symptom (nginx's `proxy_buffering off`, vLLM's
+`X-Accel-Buffering: no`, a client that checks `finish_reason`), and a scenario's own
+`hint:` or description overrides it for a failed check.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+# A stream that arrives this many upstream tokens per burst (the scorer's 10 ms groups)
+# was held by a hop: vLLM flushes every token, so a direct stream shows about 1.
+LUMPY_TOKENS_PER_BURST = 4.0
+# Perceived TTFT this much later than the upstream's own, and at least this ratio: a hop
+# held the head of the stream (a buffer, a slow path), not the model.
+LATE_FIRST_TOKEN_MS = 100.0
+LATE_FIRST_TOKEN_RATIO = 2.0
+# Bytes of one chat.completion.chunk SSE event on the wire (id, created, model, choices:
+# about 270 in vLLM's and the emulator's streams), to turn tokens per burst into the size
+# of the buffer that held them: nginx's 4 KiB proxy_buffer_size holds ~15 tokens.
+BYTES_PER_TOKEN_EVENT = 270
+
+# A few tokens generated after the client's close are normal: the abort lands about one
+# inter-token interval later (vLLM checks for a disconnect between decoding steps).
+WASTE_WORTH_NAMING = 3
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a check on one metric fails, and the usual fix."""
+
+    why: str
+    fix: str
+
+
+# Per metric: what a failed check on it means and what usually fixes it. Metric names are
+# run/score.py's METRICS (the report room reads them as plain names, never imports run).
+EXPLAIN: dict[str, Explanation] = {
+    "client.silent_truncations": Explanation(
+        "the stream ended without finish_reason or [DONE] and the client reported success "
+        "with text missing",
+        "treat a stream that ends without finish_reason or data: [DONE] as an error "
+        "(then retry or resume)",
+    ),
+    "client.complete": Explanation(
+        "fewer requests showed exactly the text the upstream generated",
+        "see the request verdicts: what was missing, duplicated or garbled",
+    ),
+    "client.truncations_detected": Explanation(
+        "streams were cut short (the client surfaced an error)",
+        "retry or resume a cut stream (Last-Event-ID) instead of giving up",
+    ),
+    "client.errors_reported": Explanation(
+        "requests produced no text and surfaced an error",
+        "retry with backoff when the error is transient (429, 502, 503)",
+    ),
+    "client.duplicated": Explanation(
+        "the shown text repeats tokens: a retry or resume replayed text already shown",
+        "on a restart discard what was shown, or resume with Last-Event-ID",
+    ),
+    "client.missing_tokens": Explanation(
+        "the shown text lacks tokens in the middle: events were dropped or a resume skipped ahead",
+        "resume from the last event id the client really showed",
+    ),
+    "client.mojibake": Explanation(
+        "U+FFFD in the shown text: bytes were decoded per read and a multi-byte "
+        "character split across reads",
+        "decode with an incremental UTF-8 decoder over the whole stream",
+    ),
+    "client.hangs": Explanation(
+        "no result within the workload timeout: the client waited on a silent stream",
+        "give the client a read timeout (stall detection) and surface it",
+    ),
+    "client.abandoned": Explanation(
+        "the client did not abandon the requests it was told to",
+        "close the connection when the user gives up",
+    ),
+    "client.resumed": Explanation(
+        "the client did not reconnect with Last-Event-ID as expected",
+        "keep the last SSE id and send it as Last-Event-ID on reconnect",
+    ),
+    "client.retries": Explanation(
+        "the client made a different number of HTTP attempts than expected",
+        "retry with capped exponential backoff and honour Retry-After",
+    ),
+    "client.amplification": Explanation(
+        "one logical request ran several generations upstream (retries re-ran the model)",
+        "resume instead of restarting, back off, and cap retries",
+    ),
+    "client.perceived_ttft_ms": Explanation(
+        "the first text reached the user late",
+        "find the hop that holds the head of the stream (buffering, slow path)",
+    ),
+    "client.itl_ms": Explanation(
+        "gaps between shown pieces are long", "look for a buffering or slow hop"
+    ),
+    "client.largest_gap_ms": Explanation(
+        "the user waited a long time between two pieces of text",
+        "look for a buffering hop or a stall upstream",
+    ),
+    "client.bursts": Explanation(
+        "the text arrived in a different number of lumps than expected",
+        "X-Accel-Buffering: no from the server, or proxy_buffering off in nginx",
+    ),
+    "client.tokens_per_burst": Explanation(
+        "the text arrived at a different lumpiness than expected (1 = one token per flush)",
+        "X-Accel-Buffering: no from the server, or proxy_buffering off in nginx",
+    ),
+    "client.stall_detect_ms": Explanation(
+        "the client took long to notice a stalled stream",
+        "a shorter read timeout between events (heartbeats keep it quiet)",
+    ),
+    "server.generations": Explanation(
+        "the upstream ran a different number of generations than expected",
+        "retries and resumes re-run the model: check the client's retry policy",
+    ),
+    "server.tokens_generated": Explanation(
+        "the upstream generated a different number of tokens than expected",
+        "check max_tokens and whether generation stopped when the client left",
+    ),
+    "server.tokens_wasted": Explanation(
+        "tokens were generated after the client had gone: its close never reached the model",
+        "propagate the client's close to the upstream (nginx: proxy_ignore_client_abort "
+        "off; vLLM aborts on disconnect)",
+    ),
+    "server.aborted": Explanation(
+        "the upstream did not abort the generations whose client left",
+        "the proxy must close the upstream connection when the client goes",
+    ),
+    "server.abort_latency_ms": Explanation(
+        "the abort reached the upstream late after the client left",
+        "a hop noticed the client's close late: check its broken-connection detection",
+    ),
+    "server.heartbeats": Explanation(
+        "the upstream sent a different number of SSE keep-alive comments than expected",
+        "send `: ping` comments while idle so intermediaries' idle timeouts stay quiet",
+    ),
+    "server.usage_reported": Explanation(
+        "responses lacked a usage object", "ask with stream_options: {include_usage: true}"
+    ),
+    "server.inband_errors": Explanation(
+        'a different number of data: {"error": ...} frames than expected',
+        "surface in-band error frames to the user",
+    ),
+    "server.x_accel_buffering_no": Explanation(
+        "responses did not send X-Accel-Buffering: no",
+        "send X-Accel-Buffering: no on event streams (nginx then streams them)",
+    ),
+    "server.upstream_ttft_ms": Explanation(
+        "the upstream itself was slow to its first token", "look at the model server's queue"
+    ),
+}
+
+UNKNOWN = Explanation("the metric did not meet the expectation", "see the scenario's description")
+
+
+def _median(values: Any) -> float | None:
+    if isinstance(values, list):
+        numbers = [float(v) for v in values if isinstance(v, int | float)]
+        return statistics.median(numbers) if numbers else None
+    return float(values) if isinstance(values, int | float) else None
+
+
+def _largest(values: Any) -> float | None:
+    if isinstance(values, list):
+        numbers = [float(v) for v in values if isinstance(v, int | float)]
+        return max(numbers) if numbers else None
+    return float(values) if isinstance(values, int | float) else None
+
+
+@dataclass(frozen=True)
+class Symptoms:
+    """The numbers that name a symptom, for one scenario-client run (None = not measured)."""
+
+    perceived_ttft_ms: float | None
+    upstream_ttft_ms: float | None
+    tokens_per_burst: float | None
+    largest_gap_ms: float | None
+    attempts: int
+    requests: int
+    tokens_wasted: int
+    abort_latency_ms: float | None
+
+
+def symptoms(result: dict[str, Any]) -> Symptoms:
+    metrics: dict[str, Any] = result.get("metrics") or {}
+    requests = result.get("requests") or []
+    bursts = metrics.get("client.bursts") or 0
+    return Symptoms(
+        perceived_ttft_ms=_median(metrics.get("client.perceived_ttft_ms")),
+        upstream_ttft_ms=_median(metrics.get("server.upstream_ttft_ms")),
+        tokens_per_burst=float(metrics["client.tokens_per_burst"])
+        if bursts and isinstance(metrics.get("client.tokens_per_burst"), int | float)
+        else None,
+        largest_gap_ms=float(metrics["client.largest_gap_ms"])
+        if bursts and isinstance(metrics.get("client.largest_gap_ms"), int | float)
+        else None,
+        attempts=sum(int(request.get("attempts") or 0) for request in requests),
+        requests=len(requests),
+        tokens_wasted=int(metrics.get("server.tokens_wasted") or 0),
+        abort_latency_ms=_largest(metrics.get("server.abort_latency_ms")),
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def figures(found: Symptoms) -> dict[str, str]:
+    """The symptom numbers as short table cells, in the scorecard's column order."""
+    return {
+        "ttft ms": f"{_ms(found.perceived_ttft_ms)}/{_ms(found.upstream_ttft_ms)}",
+        "tok/burst": "-" if found.tokens_per_burst is None else f"{found.tokens_per_burst:.1f}",
+        "gap ms": _ms(found.largest_gap_ms),
+        "attempts": f"{found.attempts}/{found.requests}",
+        "wasted": str(found.tokens_wasted),
+        "abort ms": _ms(found.abort_latency_ms),
+    }
+
+
+FIGURE_LEGEND = (
+    "ttft ms = the user's first text (median) / the upstream's own first token; tok/burst = "
+    "upstream tokens per flush the client saw (1 = smooth); gap ms = largest wait between "
+    "pieces; attempts = HTTP attempts / logical requests; wasted = tokens generated after "
+    "the client left; abort ms = client gone -> upstream aborted"
+)
+
+
+def _fired(result: dict[str, Any]) -> set[str]:
+    fired = (result.get("verdicts") or {}).get("faults_fired") or []
+    return {str(entry).split(":")[0] for entry in fired}
+
+
+def diagnose(result: dict[str, Any]) -> str:
+    """One line: the worst symptom in this run, its likely cause and the usual fix."""
+    verdicts: list[str] = (result.get("verdicts") or {}).get("requests") or [
+        request.get("verdict", "") for request in result.get("requests") or []
+    ]
+    found = symptoms(result)
+    fired = _fired(result)
+    metrics: dict[str, Any] = result.get("metrics") or {}
+    lines: list[str] = []
+    if "hang" in verdicts:
+        lines.append("hung: " + _said("client.hangs"))
+    if "silent_truncation" in verdicts:
+        lines.append("silent truncation: " + _said("client.silent_truncations"))
+    if "mojibake" in verdicts:
+        lines.append("mojibake: " + _said("client.mojibake"))
+    if "duplicated" in verdicts:
+        lines.append("duplicated text: " + _said("client.duplicated"))
+    if "missing_tokens" in verdicts:
+        lines.append("tokens missing: " + _said("client.missing_tokens"))
+    amplification = int(metrics.get("client.amplification") or 0)
+    if amplification > 1:
+        lines.append(
+            f"{amplification} generations for one request: retries re-ran the model; fix: "
+            + EXPLAIN["client.amplification"].fix
+        )
+    if found.tokens_per_burst is not None and found.tokens_per_burst >= LUMPY_TOKENS_PER_BURST:
+        lump = found.tokens_per_burst * BYTES_PER_TOKEN_EVENT / 1024
+        hop = next((f for f in ("proxy_buffering", "coalescer", "gzip_encoding") if f in fired), "")
+        lines.append(
+            f"arrived in ~{found.tokens_per_burst:.0f}-token (~{lump:.0f} KiB) lumps: a "
+            f"buffering hop{f' ({hop})' if hop else ''}; fix: X-Accel-Buffering: no or "
+            "proxy_buffering off"
+        )
+    elif (
+        found.attempts <= found.requests  # a retry's TTFT counts from the first attempt
+        and found.perceived_ttft_ms is not None
+        and found.upstream_ttft_ms is not None
+        and found.perceived_ttft_ms - found.upstream_ttft_ms > LATE_FIRST_TOKEN_MS
+        and found.perceived_ttft_ms > LATE_FIRST_TOKEN_RATIO * found.upstream_ttft_ms
+    ):
+        lines.append(
+            f"first text {found.perceived_ttft_ms - found.upstream_ttft_ms:.0f} ms after the "
+            "upstream's first token: a hop holds the head of the stream"
+        )
+    if found.tokens_wasted > WASTE_WORTH_NAMING:
+        lines.append(
+            f"{found.tokens_wasted} tokens generated for nobody: " + _said("server.tokens_wasted")
+        )
+    if not lines and "truncation_detected" in verdicts:
+        lines.append(
+            "cut short, and the client said so: " + EXPLAIN["client.truncations_detected"].fix
+        )
+    if not lines and "error_reported" in verdicts:
+        lines.append("failed, and the client said so (no text shown)")
+    if not lines and verdicts and set(verdicts) <= {"complete", "abandoned"}:
+        lines.append(
+            "healthy: complete" + (", abandoned on purpose" if "abandoned" in verdicts else "")
+        )
+    return "; ".join(lines[:2]) if lines else "-"
+
+
+def _said(metric: str) -> str:
+    explanation = EXPLAIN[metric]
+    return f"{explanation.why}; fix: {explanation.fix}"
+
+
+_FIX_SENTENCE = re.compile(r"[^.]*\b(?:fix|fixes|fixed)\b[^.]*\.?", re.IGNORECASE)
+
+
+def description_fix(description: str) -> str | None:
+    """The sentence of a scenario's description that names the fix, if it has one."""
+    text = " ".join(description.split())
+    match = _FIX_SENTENCE.search(text)
+    return match.group(0).strip() if match else None
+
+
+def hint_for(scenario: dict[str, Any], client: str, metric: str) -> str | None:
+    """The scenario's `hint:` for this check: the client's own block first."""
+    hints: dict[str, str] = scenario.get("hints") or {}
+    return hints.get(f"{client}/{metric}") or hints.get(metric)
+
+
+def why_and_fix(scenario: dict[str, Any], client: str, check: dict[str, Any]) -> tuple[str, str]:
+    """Why a failed check failed and what to do: the scenario's hint, else the sentence of
+    its description that names a fix, else the usual fix for that metric."""
+    explanation = EXPLAIN.get(str(check.get("name")), UNKNOWN)
+    fix = (
+        hint_for(scenario, client, str(check.get("name")))
+        or description_fix(str(scenario.get("description") or ""))
+        or explanation.fix
+    )
+    return explanation.why, fix
+
+
+def failure_message(scenario: dict[str, Any], client: str, check: dict[str, Any]) -> str:
+    """A failed check in one line: what, why and what to do."""
+    why, fix = why_and_fix(scenario, client, check)
+    what = f"{check['name']} {check['condition']} {check['expected']}: got {check['actual']}"
+    return f"{what}; why: {why}; fix: {fix}"
