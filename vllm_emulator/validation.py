@@ -2,13 +2,22 @@
 
 Mirrors the order vLLM rejects things before the stream starts (reference §2):
 content type and JSON body (FastAPI/pydantic `RequestValidationError`: 400 with
-type "Bad Request" in 0.33, its message "N validation error(s):\\n  {...}" and
+type "Bad Request" from 0.32 on, its message "N validation error(s):\\n  {...}" and
 `param` the dotted location), field types with pydantic's lax coercion, the
 `stream_options`-without-`stream` validator, the model name (404), then the
-token limits, which differ most between versions: 0.33 clamps `max_tokens` to
-the room left and only rejects `max_tokens > max_model_len` or a prompt that
+token limits, which differ most between versions: 0.32 and 0.33 clamp `max_tokens`
+to the room left and only reject `max_tokens > max_model_len` or a prompt that
 fills the context; 0.11 rejects `prompt + max_tokens > max_model_len`, and its
 chat handler appends `" None"` (`f"{e} {e.__cause__}"`) to preprocessing errors.
+
+vLLM 0.32.0 (checked against the running server, tests/real_vllm/): its validation
+handler (`serve/exception_handling/handlers/validation.py`) writes each pydantic
+error with `loc` joined into the dotted param ('body.max_tokens', union-branch
+markers dropped) and `input` summarised (`'<dict of N items>'`, `str()` of scalars);
+a wrong Content-Type is a one-error validation message; `stream_options` with a
+falsy `stream` is checked on the raw body before any field (BadRequestError,
+`param: "stream_options"`); a prompt over the context is reported as "at least
+max_model_len + 1" tokens (it stops tokenizing there).
 """
 
 from __future__ import annotations
@@ -52,16 +61,60 @@ def _bad_request(profile: Profile, message: str, param: str | None = None) -> Ap
     return ApiError(400, wire.error_body(profile, message, "BadRequestError", 400, param))
 
 
-def _validation_error(profile: Profile, errors: list[dict[str, Any]]) -> ApiError:
+MAX_REPORTED_ERRORS = 10  # vLLM lists at most this many validation errors
+_MAX_ERROR_INPUT_CHARS = 200  # 0.32's bounds on one error's echoed input and its text
+_MAX_ERROR_CHARS = 1000
+# pydantic-core's schema-kind names that show up in a `loc` for union branches; 0.32's
+# clean_loc_for_param drops them (and anything bracketed, such as "list[str]").
+_INTERNAL_LOC_MARKERS = frozenset({"str", "int", "float", "bool", "list", "dict", "nullable",
+                                   "union", "tagged-union", "function-wrap", "function-after",
+                                   "function-before", "function-plain", "none"})  # fmt: skip
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> str:
+    """0.32's `clean_loc_for_param`: the dotted loc without pydantic's internal markers."""
+    parts = [str(part) for part in loc]
+    kept = [p for p in parts if not any(c in p for c in "[]{}()") and
+            p.lower() not in _INTERNAL_LOC_MARKERS]  # fmt: skip
+    return ".".join(kept or parts)
+
+
+def _summarised_input(value: Any) -> str:
+    """0.32's `_summarize_error_input`: containers described, scalars as `str()`, bounded."""
+    if isinstance(value, (list, tuple, dict)):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = str(value)
+    if len(text) > _MAX_ERROR_INPUT_CHARS:
+        return text[:_MAX_ERROR_INPUT_CHARS] + "...[truncated]"
+    return text
+
+
+def _format_error(profile: Profile, error: dict[str, Any] | str) -> str:
+    """One listed error: pydantic's dict (type, loc, msg, input[, ctx]) as `str()` gives it."""
+    if isinstance(error, str) or profile != "vllm-0.32":
+        return str(error)
+    shown = dict(error)
+    shown["loc"] = _clean_loc(tuple(error["loc"]))
+    shown["input"] = _summarised_input(error["input"])
+    text = str(shown)
+    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "...[truncated]"
+
+
+def _validation_error(profile: Profile, errors: list[dict[str, Any] | str]) -> ApiError:
     """FastAPI's RequestValidationError as vLLM's handler reports it (at most 10 listed)."""
     count = len(errors)
-    message = f"{count} validation error{'s' if count != 1 else ''}:\n" + "\n".join(
-        f"  {error}" for error in errors[:10]
-    )
+    label = "error" if count == 1 else "errors"
+    lines = [f"  {_format_error(profile, error)}" for error in errors[:MAX_REPORTED_ERRORS]]
+    if profile == "vllm-0.32" and count > MAX_REPORTED_ERRORS:
+        lines.append(f"  ...and {count - MAX_REPORTED_ERRORS} more {label}")
+    message = f"{count} validation {label}:\n" + "\n".join(lines)
     if profile == "vllm-0.11":  # str(exc) into create_error_response defaults
         return ApiError(400, wire.error_body(profile, message + "\n", "BadRequestError", 400))
-    loc = errors[0]["loc"]
-    param = ".".join(str(part) for part in loc)
+    first = errors[0]
+    param = None
+    if isinstance(first, dict):
+        loc = tuple(first["loc"])
+        param = _clean_loc(loc) if profile == "vllm-0.32" else ".".join(str(p) for p in loc)
     return ApiError(400, wire.error_body(profile, message, "Bad Request", 400, param))
 
 
@@ -113,15 +166,22 @@ def parse(
     header_request_id: str | None,
 ) -> ParsedRequest:
     """Validate a generation request or raise ApiError with vLLM's status and body."""
+    media_error = "Unsupported Media Type: Only 'application/json' is allowed"
     if content_type.split(";")[0].strip().lower() != "application/json":
+        if profile == "vllm-0.32":  # validate_json_request: RequestValidationError(errors=[str])
+            raise _validation_error(profile, [media_error])
         raise ApiError(
             400,
             wire.error_body(
                 profile,
-                "Unsupported Media Type: Only 'application/json' is allowed",
+                media_error,
                 "Bad Request" if profile == "vllm-0.33" else "BadRequestError",
                 400,
             ),
+        )
+    if not raw and profile == "vllm-0.32":  # FastAPI: no body at all is a missing one
+        raise _validation_error(
+            profile, [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
         )
     try:
         body = json.loads(raw)
@@ -141,10 +201,19 @@ def parse(
               "input": body}],
         )  # fmt: skip
 
-    errors: list[dict[str, Any]] = []
+    if profile == "vllm-0.32" and body.get("stream_options") and not body.get("stream"):
+        # 0.32 checks the raw body (truthiness, so `{}` and `"false"` pass) before any field.
+        message = (
+            "Stream options can only be defined when `stream=True`. (parameter=stream_options)"
+        )
+        raise _bad_request(profile, message, "stream_options")
 
-    def field_error(name: str, problem: dict[str, str]) -> None:
-        errors.append({**problem, "loc": ("body", name), "input": body.get(name)})
+    errors: list[dict[str, Any] | str] = []
+
+    def field_error(name: str, problem: dict[str, str], *branch: str) -> None:
+        # pydantic's ErrorDetails order: type, loc, msg, input.
+        errors.append({"type": problem["type"], "loc": ("body", name, *branch),
+                       "msg": problem["msg"], "input": body.get(name)})  # fmt: skip
 
     prompt_field = "messages" if endpoint == "chat" else "prompt"
     if prompt_field not in body:
@@ -173,14 +242,22 @@ def parse(
     elif isinstance(stop_value, list) and all(isinstance(s, str) for s in stop_value):
         stop = tuple(stop_value)
     elif stop_value is not None:
-        field_error("stop", {"type": "string_type", "msg": "Input should be a valid string"})
+        # `stop: str | list[str] | None`: pydantic reports one error per union branch (seen
+        # on 0.32, whose handler drops the branch names from loc; other profiles: one error).
+        string_error = {"type": "string_type", "msg": "Input should be a valid string"}
+        if profile == "vllm-0.32":
+            field_error("stop", string_error, "str")
+            field_error("stop", {"type": "list_type", "msg": "Input should be a valid list"},
+                        "list[str]")  # fmt: skip
+        else:
+            field_error("stop", string_error)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         message = "Input should be a valid dictionary or instance of StreamOptions"
         field_error("stream_options", {"type": "model_type", "msg": message})
     if errors:
         raise _validation_error(profile, errors)
-    if options is not None and not stream:
+    if options is not None and not stream and profile != "vllm-0.32":  # 0.32: checked above
         raise _validation_error(
             profile,
             [{"type": "value_error", "loc": ("body",),
@@ -191,7 +268,7 @@ def parse(
 
     model = body.get("model") or served_model
     if model != served_model:
-        if profile == "vllm-0.33":
+        if wire.modern(profile):
             message = f"The model `{model}` does not exist. Valid aliases: {served_model}."
             raise ApiError(404, wire.error_body(profile, message, "NotFoundError", 404, "model"))
         message = f"The model `{model}` does not exist."
@@ -200,11 +277,12 @@ def parse(
     prompt = body[prompt_field]
     prompt_tokens = textgen.count_prompt_tokens(prompt, chat=endpoint == "chat")
     requested = ints.get("max_completion_tokens") if endpoint == "chat" else None
+    requested_field = "max_completion_tokens"
     if requested is None:
-        requested = ints.get("max_tokens")
+        requested, requested_field = ints.get("max_tokens"), "max_tokens"
     suffix = " None" if endpoint == "chat" and profile == "vllm-0.11" else ""
     if requested is not None and requested < 1:
-        if profile == "vllm-0.33":
+        if wire.modern(profile):  # both name max_tokens, even for max_completion_tokens
             message = (
                 f"max_tokens must be at least 1, got {requested}. "
                 f"(parameter=max_tokens, value={requested})"
@@ -212,6 +290,16 @@ def parse(
             raise _bad_request(profile, message, "max_tokens")
         raise _bad_request(profile, f"max_tokens must be at least 1, got {requested}.")
     if prompt_tokens >= max_model_len:
+        if profile == "vllm-0.32":
+            # 0.32 tokenizes with truncation at max_model_len + 1, so it only knows "at least".
+            counted = max_model_len + 1
+            message = (
+                f"This model's maximum context length is {max_model_len} tokens. However, your "
+                f"prompt contains at least {counted} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={counted})"
+            )
+            raise _bad_request(profile, message, "input_tokens")
         if profile == "vllm-0.33":
             message = (
                 f"This model's maximum context length is {max_model_len} tokens. However, your "
@@ -230,12 +318,15 @@ def parse(
     if n is not None and n < 1:  # SamplingParams._verify_args
         raise _bad_request(profile, f"n must be at least 1, got {n}.")
     room = max_model_len - prompt_tokens
-    if requested is not None and profile == "vllm-0.33" and requested > max_model_len:
+    if requested is not None and wire.modern(profile) and requested > max_model_len:
+        # 0.32 names the field the request used (max_completion_tokens too); 0.33's literal
+        # in the reference shows max_tokens only.
+        name = requested_field if profile == "vllm-0.32" else "max_tokens"
         message = (
-            f"max_tokens={requested} cannot be greater than max_model_len={max_model_len}. "
-            f"Please request fewer output tokens. (parameter=max_tokens, value={requested})"
+            f"{name}={requested} cannot be greater than max_model_len={max_model_len}. "
+            f"Please request fewer output tokens. (parameter={name}, value={requested})"
         )
-        raise _bad_request(profile, message, "max_tokens")
+        raise _bad_request(profile, message, name)
     if requested is not None and profile == "vllm-0.11" and requested > room:
         message = (
             f"'max_tokens' or 'max_completion_tokens' is too large: {requested}. This model's "
@@ -244,7 +335,7 @@ def parse(
         )
         raise _bad_request(profile, message + suffix)
     limit = room if default_max_tokens is None else min(room, default_max_tokens)
-    max_tokens = None if requested is None else min(requested, room)  # 0.33 clamps
+    max_tokens = None if requested is None else min(requested, room)  # 0.32+ clamp
 
     include_usage = bool(options and options.get("include_usage"))
     continuous = bool(options and options.get("continuous_usage_stats"))
