@@ -1,14 +1,33 @@
-"""The progress line of a suite: one self-rewriting line on stderr while scenarios run."""
+"""The progress of a suite on stderr: on a terminal one self-rewriting line while scenarios
+run; anywhere else (CI logs, `make run | cat`) one plain line per scenario-client as it
+finishes, so a long run is never minutes of silence before the scorecard."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
+
+from middlebox.report.diagnosis import diagnose, figures, symptoms
+from middlebox.report.scorecard import cell
+
+
+def finished_line(position: str, scenario: str, result: dict[str, Any]) -> str:
+    """One finished scenario-client in a line: verdict, the symptom numbers, diagnosis.
+
+    `result` is one entry of the report document's `results` (a client score's JSON)."""
+    verdict, _ = cell(result)
+    numbers = figures(symptoms(result))
+    return (
+        f"{position} {scenario}/{result.get('client')}: {verdict}; ttft {numbers['ttft ms']} ms, "
+        f"{numbers['tok/burst']} tok/burst, gap {numbers['gap ms']} ms, attempts "
+        f"{numbers['attempts']}, wasted {numbers['wasted']}; {diagnose(result)}"
+    )
 
 
 class Progress:
-    """Only when the stream is a TTY (CI logs and pipes stay clean): a bar, done/total,
-    failures, what is running."""
+    """On a TTY: a bar, done/total, failures, what is running. Elsewhere: a line per
+    finished scenario-client (or per scenario when the runner gives no results)."""
 
     def __init__(self, total: int, stream: Any = None) -> None:
         self.total = total
@@ -18,7 +37,16 @@ class Progress:
         self.failed = 0
         self.running: list[str] = []
 
-    def update(self, *, started: str = "", finished: str = "", failed: bool = False) -> str:
+    def update(
+        self,
+        *,
+        started: str = "",
+        finished: str = "",
+        failed: bool = False,
+        results: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
+        """`results`: the finished scenario's client results as the report document holds
+        them (`{**score.to_json(), "passed": ...}`), for the per-client lines."""
         if started:
             self.running.append(started)
         if finished:
@@ -36,4 +64,15 @@ class Progress:
             end = "\n" if self.done == self.total and not self.running else ""
             self.stream.write("\r\033[K" + line + end)
             self.stream.flush()
+        elif finished:
+            self.stream.write("\n".join(self.plain_lines(finished, failed, results)) + "\n")
+            self.stream.flush()
         return line
+
+    def plain_lines(
+        self, scenario: str, failed: bool, results: Sequence[dict[str, Any]] | None
+    ) -> list[str]:
+        position = f"[{self.done}/{self.total}]"
+        if not results:
+            return [f"{position} {scenario}: {'FAIL' if failed else 'ok'}"]
+        return [finished_line(position, scenario, result) for result in results]

@@ -169,7 +169,43 @@ def test_the_progress_line_is_drawn_only_on_a_terminal() -> None:
         progress.update(finished="a", failed=True)
         line = progress.update(started="b")
     assert line.endswith("1/2 scenarios, 1 failed; running b")
-    assert terminal.getvalue().count("\r") == 3 and pipe.getvalue() == ""
+    assert terminal.getvalue().count("\r") == 3
+    # a pipe (CI logs, `make run | cat`) gets no bar, a plain line per finished scenario
+    assert pipe.getvalue() == "[1/2] a: FAIL\n"
+
+
+def test_off_a_terminal_each_finished_scenario_client_is_one_line_with_its_symptoms() -> None:
+    pipe = io.StringIO()
+    progress = Progress(3, pipe)
+    lumpy = {
+        "client": "raw",
+        "passed": True,
+        "requests": [{"verdict": "complete", "attempts": 1}] * 2,
+        "verdicts": {"requests": ["complete"] * 2, "faults_fired": ["proxy_buffering:released"]},
+        "metrics": {
+            "client.bursts": 8,
+            "client.tokens_per_burst": 15.0,
+            "client.perceived_ttft_ms": [390.0, 267.0],
+            "server.upstream_ttft_ms": [67.0, 61.0],
+            "client.largest_gap_ms": 240.0,
+        },
+    }
+    silent = {
+        **lumpy,
+        "client": "openai",
+        "passed": False,
+        "requests": [{"verdict": "silent_truncation", "attempts": 1}],
+        "verdicts": {"requests": ["silent_truncation"], "faults_fired": []},
+        "metrics": {"client.bursts": 3, "client.tokens_per_burst": 1.0},
+    }
+    progress.update(started="nginx-default-buffering")
+    assert pipe.getvalue() == ""  # a start draws nothing off a terminal
+    progress.update(finished="nginx-default-buffering", results=[lumpy, silent])
+    first, second = pipe.getvalue().splitlines()
+    assert first.startswith("[1/3] nginx-default-buffering/raw: ok 2/2; ttft 328/64 ms, 15.0 ")
+    assert "a buffering hop" in first
+    assert second.startswith("[1/3] nginx-default-buffering/openai: SILENT 1/1 ✗;")
+    assert "silent truncation" in second
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
