@@ -379,9 +379,21 @@ async def reset(request: web.Request) -> web.Response:
     return json_response(200, b'{"reset":true}')
 
 
+async def _middleware_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """vLLM's middleware headers (wire.middleware_headers), after the handler's own.
+
+    Runs once the response's headers are prepared; SseResponse then moves
+    `transfer-encoding` last, as uvicorn writes it. A cassette's recorded ones stay.
+    """
+    for name, value in wire.middleware_headers(_engine(request).config.profile):
+        if name not in response.headers:
+            response.headers[name] = value
+
+
 def make_app(config: EmulatorConfig) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[ENGINE_KEY] = Engine(config)
+    app.on_response_prepare.append(_middleware_headers)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/streams/{stream_id}", resume_stream)

@@ -54,6 +54,19 @@ def stream_kv_transfer_params(profile: Profile) -> bool:
     return profile == "vllm-0.33"
 
 
+def middleware_headers(profile: Profile) -> tuple[tuple[str, str], ...]:
+    """Headers vLLM's ASGI middleware adds to every response, after the handler's own.
+
+    vLLM always installs Starlette's CORSMiddleware (`serve/middleware/register.py`); from
+    starlette#3516 (Sep 2026, in starlette 1.10.0) it writes `vary: Origin` on every plain
+    response, Origin or not, so it lands after `content-type` and before uvicorn's
+    `transfer-encoding`. Seen on every answer of the real 0.32.0 (tests/real_vllm/). The
+    0.33 profile follows the reference's §5 literal, a bare Starlette app without it; a real
+    0.33 with a current Starlette likely sends it too (it depends on Starlette, not vLLM).
+    """
+    return (("vary", "Origin"),) if profile == "vllm-0.32" else ()
+
+
 DONE = b"data: [DONE]\n\n"
 # vLLM 0.33's `--sse-keep-alive-interval` comment (serve/utils/sse_keep_alive.py).
 KEEP_ALIVE = b": keep-alive\n\n"
