@@ -7,8 +7,12 @@ takes effect when its line is parsed, whether or not its block dispatches an eve
 never sends `retry:`, so an EventSource client falls back to its default (about 3 s in
 browsers). Real hops that touch it:
 - `set`: an SSE gateway or a resumable relay (Mercure, a CDN's SSE feature) that announces
-  its own reconnect delay: `retry: N` goes at the start of the stream, in a block of its
-  own, and every `retry:` line the server sends says N too;
+  its own reconnect delay: `retry: N` goes into the first event's block (just before the
+  blank line that dispatches it, with the same line ending), and every `retry:` line the
+  server sends says N too. Not in a block of its own: the spec dispatches nothing for a
+  block without data, but the OpenAI Python SDK and httpx-sse then yield an empty event
+  and fail to parse it (seen with scenarios/sse-retry-set.yaml), which no real gateway
+  that serves those clients can afford;
 - `change`: a hop that rewrites the server's own `retry:` lines to N (and adds none);
 - `strip`: a normaliser that drops `retry:` lines, so the client keeps its default.
 
@@ -42,6 +46,7 @@ class SseRetry(SseRewriter, Fault):
     delay: Seconds = 3.0
 
     _changed: int = field(init=False, repr=False, compare=False, default=0)
+    _announced: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, Mode)
@@ -54,18 +59,23 @@ class SseRetry(SseRewriter, Fault):
 
     def begin(self, editor: SseBodyEditor, now: float) -> None:
         self._changed = 0
-        if self.mode == "set":
-            # A block with no data line dispatches nothing, but its retry field counts.
-            editor.insert(0, b"retry: %d\n\n" % self.retry_ms)
+        self._announced = self.mode != "set"
+
+    def edit(self, editor: SseBodyEditor, line: SsePiece, now: float) -> None:
+        if not self._announced and line.kind is SseKind.BLANK and line.event is not None:
+            # The blank line is the line ending; the retry line takes the same one.
+            editor.replace(line, b"retry: %d" % self.retry_ms + line.data + line.data)
+            self._announced = True
             self.report(
                 now,
                 "set_retry",
                 request=self.request_index,
                 message=self.response_index,
+                event=line.event.index,
+                body_offset=line.offset,
                 retry_ms=self.retry_ms,
             )
-
-    def edit(self, editor: SseBodyEditor, line: SsePiece, now: float) -> None:
+            return
         if line.kind is not SseKind.FIELD or line.field != "retry":
             return
         if self.mode == "strip":

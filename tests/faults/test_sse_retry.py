@@ -35,7 +35,7 @@ def stream_retry(wire: bytes) -> int | None:
     return framer.retry
 
 
-def test_set_announces_the_delay_in_a_block_of_its_own_before_the_first_event() -> None:
+def test_set_announces_the_delay_in_the_first_events_block_and_leaves_the_rest() -> None:
     body = sse_chunks(2)
     fault = SseRetry(mode="set", delay=0.25)
     out = replay(
@@ -51,14 +51,15 @@ def test_set_announces_the_delay_in_a_block_of_its_own_before_the_first_event() 
     )
     assert out == [
         (0.0, Chunk(UP, request())),
-        (0.02, Chunk(DOWN, SSE_HEAD + encode_chunk(b"retry: 250\n\n"))),
-        (1.0, Chunk(DOWN, body[0])),  # chunks without a retry line go out byte for byte
+        (0.02, Chunk(DOWN, SSE_HEAD)),
+        (1.0, Chunk(DOWN, encode_chunk(frame(0)[:-1] + b"retry: 250\n\n"))),
+        # chunks without a changed line go out byte for byte
         (1.25, Chunk(DOWN, body[1])),
         (1.5, Chunk(DOWN, body[2] + LAST_CHUNK_BYTES)),
         (1.5, Eof(DOWN)),
     ]
     assert [(r.time, r.action, r.details["retry_ms"]) for r in fault.reports] == [
-        (0.02, "set_retry", 250)
+        (1.0, "set_retry", 250)
     ]
 
 
