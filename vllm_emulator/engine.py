@@ -28,8 +28,11 @@ from vllm_emulator.metrics import (
     ITL_BUCKETS,
     LATENCY_BUCKETS,
     TTFT_BUCKETS,
+    WAITING_BY_REASON_HELP,
     Registry,
+    declare_profile_families,
     token_buckets,
+    waiting_by_reason,
 )
 from vllm_emulator.schedule import Admitted, Pause, Scheduler, TimingModel, Token
 from vllm_emulator.validation import ParsedRequest
@@ -178,13 +181,8 @@ class Engine:
         m = self.metrics
         self._gauges()  # registered first, as vLLM's logger creates them first
         config = self.config
-        m.gauge(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            1.0,
-            block_size=str(config.kv_block_size),
-            num_gpu_blocks=str(config.kv_num_blocks),
-        )
+        declare_profile_families(m, config.profile, config.kv_block_size, config.kv_num_blocks,
+                                 config.max_model_len)  # fmt: skip
         for reason in FINISH_REASONS:
             m.counter("vllm:request_success", "Count of successfully processed requests.", 0.0,
                       finished_reason=reason)  # fmt: skip
@@ -245,8 +243,8 @@ class Engine:
                 running)  # fmt: skip
         m.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
                 waiting)  # fmt: skip
-        if self.config.profile == "vllm-0.33":
-            help = "Number of requests waiting to be processed, by reason."
+        if waiting_by_reason(self.config.profile):
+            help = WAITING_BY_REASON_HELP
             m.gauge("vllm:num_requests_waiting_by_reason", help, waiting, reason="capacity")
             m.gauge("vllm:num_requests_waiting_by_reason", help, 0, reason="deferred")
         m.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv)
