@@ -31,10 +31,10 @@ import json
 import re
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from middlebox.core.fault import FaultReport
 from middlebox.core.framed import LegRecord, PathFraming
@@ -45,10 +45,96 @@ MAX_CAPTURE_BYTES = 8 * 1024 * 1024
 MAX_BOUNDARIES = 20_000
 LEGS = ("client", "upstream")
 
-_SECRET_HEADER = re.compile(
-    rb"(?im)^(authorization|proxy-authorization|api-key|x-api-key|cookie|set-cookie)"
-    rb"[ \t]*:[^\r\n]*"
-)
+# A name "says" a secret when one of its words (split on - _ . and spaces) ends in one of
+# these, or begins with "auth": Authorization, X-Api-Key, api_key, access_token,
+# client_secret, Set-Cookie, X-Auth-Token ... but not max_tokens or
+# x-ratelimit-remaining-tokens (plural counts, not credentials).
+SECRET_WORD_ENDINGS = ("key", "token", "secret", "password", "passwd", "cookie", "credential")
+# Named outright: they identify the account without saying so (OpenAI's headers).
+SECRET_NAMES = frozenset({"openai-organization", "openai-project"})
+REDACTED = "[redacted]"
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """Which header, query parameter and JSON field names carry secrets; `extra_names`
+    adds names of your own (matched case-insensitively, whole name)."""
+
+    word_endings: tuple[str, ...] = SECRET_WORD_ENDINGS
+    names: frozenset[str] = SECRET_NAMES
+    extra_names: frozenset[str] = frozenset()
+
+    def with_names(self, *names: str) -> Redaction:
+        return Redaction(
+            self.word_endings,
+            self.names,
+            self.extra_names | {name.lower() for name in names if name},
+        )
+
+    def is_secret(self, name: str | bytes) -> bool:
+        text = (name.decode("latin-1") if isinstance(name, bytes) else name).strip().lower()
+        if not text:
+            return False
+        if text in self.names or text in self.extra_names:
+            return True
+        return any(
+            word.startswith("auth") or word.endswith(self.word_endings)
+            for word in re.split(r"[-_.\s]+", text)
+            if word
+        )
+
+    def target(self, target: str) -> str:
+        """A request target with the values of its secret query parameters blanked."""
+        if "?" not in target:
+            return target
+        path, _, query = target.partition("?")
+        return path + "?" + self._query(query.encode("latin-1")).decode("latin-1")
+
+    def _query(self, text: bytes) -> bytes:
+        return _QUERY_PARAMETER.sub(
+            lambda m: (
+                m.group(1) + m.group(2) + b"=" + REDACTED.encode()
+                if self.is_secret(_unquote(m.group(2)))
+                else m.group(0)
+            ),
+            text,
+        )
+
+    def data(self, data: bytes, *, request: bool = True) -> bytes:
+        """Captured bytes with secrets blanked: credential header values (any header
+        line), query parameter values (request targets and form bodies) and, in
+        requests, JSON string fields whose name says a secret. Responses keep their JSON
+        fields: a logprobs `"token": "Hello"` is generated text, not a credential."""
+        data = _HEADER_LINE.sub(
+            lambda m: (
+                m.group(1) + b": " + REDACTED.encode() if self.is_secret(m.group(1)) else m.group(0)
+            ),
+            data,
+        )
+        data = self._query(data)
+        if request:
+            data = _JSON_STRING_FIELD.sub(
+                lambda m: (
+                    m.group(1) + b'"' + REDACTED.encode() + b'"'
+                    if self.is_secret(m.group(2))
+                    else m.group(0)
+                ),
+                data,
+            )
+        return data
+
+    def headers(self, headers: Iterable[tuple[str, str]]) -> list[list[str]]:
+        return [[name, REDACTED if self.is_secret(name) else value] for name, value in headers]
+
+
+DEFAULT_REDACTION = Redaction()
+# A header line: a token name at a line start, a colon, the value to the line end.
+_HEADER_LINE = re.compile(rb"(?m)^([!#$%&'*+.^_`|~0-9A-Za-z-]+)[ \t]*:[^\r\n]*")
+# name=value after ? or & (or a line start, for a form body): the value up to the next
+# separator; the name's percent-escapes are decoded before it is judged.
+_QUERY_PARAMETER = re.compile(rb"(?m)([?&]|^)([^=&?\s\"#/]+)=([^&\s\"#]*)")
+# "name": "string value" anywhere in a JSON text (escapes inside the value kept whole).
+_JSON_STRING_FIELD = re.compile(rb'("((?:[^"\\]|\\.){1,200})"\s*:\s*)"(?:[^"\\]|\\.)*"')
 SECRET_HEADERS = {
     "authorization",
     "proxy-authorization",
@@ -59,9 +145,15 @@ SECRET_HEADERS = {
 }
 
 
-def redact(data: bytes) -> bytes:
-    """Blank the values of credential headers, keeping the header names visible."""
-    return _SECRET_HEADER.sub(lambda m: m.group(1) + b": [redacted]", data)
+def _unquote(name: bytes) -> str:
+    from urllib.parse import unquote_to_bytes
+
+    return unquote_to_bytes(name.replace(b"+", b" ")).decode("latin-1")
+
+
+def redact(data: bytes, redaction: Redaction = DEFAULT_REDACTION, *, request: bool = True) -> bytes:
+    """Blank secret values (see `Redaction.data`), keeping the names visible."""
+    return redaction.data(data, request=request)
 
 
 def _wall_clock_offset() -> float:
@@ -85,6 +177,7 @@ class ConnectionJournal:
     max_capture_bytes: int = MAX_CAPTURE_BYTES
     clock_offset: float = 0.0
     scenario: str = ""
+    redaction: Redaction = DEFAULT_REDACTION
     records: list[tuple[Any, ...]] = field(default_factory=list)
     faults: list[FaultReport] = field(default_factory=list)
     dropped: int = 0
@@ -97,6 +190,10 @@ class ConnectionJournal:
     )
     _live: dict[str, LegRecord] = field(default_factory=dict, repr=False)
     _framed: dict[tuple[str, bool, bool], LegRecord] = field(default_factory=dict, repr=False)
+    # How much `new_lines` has handed out already (the on-disk writer's progress).
+    _written_records: int = field(default=0, repr=False)
+    _written_faults: int = field(default=0, repr=False)
+    _opened_written: bool = field(default=False, repr=False)
 
     def attach_framing(self, framing: PathFraming) -> None:
         """Listen to the legs' streams of a pipeline that frames them (frame once)."""
@@ -190,49 +287,47 @@ class ConnectionJournal:
             "faults_fired": sorted({report.fault for report in self.faults}),
         }
 
-    def to_lines(self, *, redact_secrets: bool = True) -> list[dict[str, Any]]:
-        """NDJSON-ready records in time order: open, chunks, ends, faults and protocol
-        boundaries, then the captured bytes and a summary."""
+    def _record_line(self, record: tuple[Any, ...]) -> dict[str, Any]:
+        at, op, leg, direction, size, offset = record
+        at += self.clock_offset
+        if op == "end":
+            return {"type": "end", "time": at, "leg": leg, "direction": direction, "kind": size}
+        return {
+            "type": op,
+            "time": at,
+            "leg": leg,
+            "direction": direction,
+            "size": size,
+            "offset": offset,
+        }
+
+    def _fault_line(self, report: FaultReport) -> dict[str, Any]:
+        return {
+            "type": "fault",
+            "time": report.time + self.clock_offset,
+            "fault": report.fault,
+            "action": report.action,
+            **_jsonable(report.details),
+        }
+
+    def _open_line(self) -> dict[str, Any]:
+        return {
+            "type": "open",
+            "connection": self.connection_id,
+            "time": self.started_at,
+            "scenario": self.scenario,
+        }
+
+    def _closing_lines(self, redact_secrets: bool) -> list[dict[str, Any]]:
+        """The captured bytes of each leg and direction, then the summary."""
         cid = self.connection_id
-        shift = self.clock_offset
-        timed: list[tuple[float, int, dict[str, Any]]] = []
-        for seq, (at, op, leg, direction, size, offset) in enumerate(self.records):
-            if op == "end":
-                line = {"type": "end", "leg": leg, "direction": direction, "kind": size}
-            else:
-                line = {"type": op, "leg": leg, "direction": direction, "size": size}
-                line["offset"] = offset
-            timed.append((at + shift, seq, {"type": line.pop("type"), "time": at + shift, **line}))
-        base = len(self.records)
-        for seq, report in enumerate(self.faults, start=base):
-            timed.append(
-                (
-                    report.time + shift,
-                    seq,
-                    {
-                        "type": "fault",
-                        "time": report.time + shift,
-                        "fault": report.fault,
-                        "action": report.action,
-                        **_jsonable(report.details),
-                    },
-                )
-            )
-        base += len(self.faults)
-        for seq, boundary in enumerate(self.boundaries(redact_secrets=redact_secrets), start=base):
-            timed.append((boundary["time"], seq, boundary))
-        timed.sort(key=lambda entry: (entry[0], entry[1]))
-        lines: list[dict[str, Any]] = [
-            {
-                "type": "open",
-                "connection": cid,
-                "time": self.started_at,
-                "scenario": self.scenario,
-            }
-        ]
-        lines += [{**line, "connection": cid} for _, _, line in timed]
+        lines: list[dict[str, Any]] = []
         for (leg, direction), data in self.captured.items():
-            payload = redact(bytes(data)) if redact_secrets else bytes(data)
+            payload = bytes(data)
+            if redact_secrets:
+                payload = self.redaction.data(
+                    payload, request=direction == Direction.UPSTREAM.value
+                )
             lines.append(
                 {
                     "type": "bytes",
@@ -243,6 +338,48 @@ class ConnectionJournal:
                 }
             )
         lines.append(self.summary())
+        return lines
+
+    def to_lines(self, *, redact_secrets: bool = True) -> list[dict[str, Any]]:
+        """NDJSON-ready records in time order: open, chunks, ends, faults and protocol
+        boundaries, then the captured bytes and a summary."""
+        cid = self.connection_id
+        timed: list[tuple[float, int, dict[str, Any]]] = []
+        for seq, record in enumerate(self.records):
+            line = self._record_line(record)
+            timed.append((line["time"], seq, line))
+        base = len(self.records)
+        for seq, report in enumerate(self.faults, start=base):
+            line = self._fault_line(report)
+            timed.append((line["time"], seq, line))
+        base += len(self.faults)
+        for seq, boundary in enumerate(self.boundaries(redact_secrets=redact_secrets), start=base):
+            timed.append((boundary["time"], seq, boundary))
+        timed.sort(key=lambda entry: (entry[0], entry[1]))
+        lines: list[dict[str, Any]] = [self._open_line()]
+        lines += [{**line, "connection": cid} for _, _, line in timed]
+        return lines + self._closing_lines(redact_secrets)
+
+    def new_lines(self, *, final: bool, redact_secrets: bool = True) -> list[dict[str, Any]]:
+        """The lines not handed out yet, for a journal written as it goes: the open line
+        once, then the chunks, ends and faults recorded since the last call; with
+        `final` (the connection ended) also its boundaries, captured bytes and summary.
+        Read back with `read_ndjson`, the pieces make the same journal as `to_lines`."""
+        cid = self.connection_id
+        lines: list[dict[str, Any]] = []
+        if not self._opened_written:
+            lines.append(self._open_line())
+            self._opened_written = True
+        fresh = [self._record_line(r) for r in self.records[self._written_records :]]
+        fresh += [self._fault_line(r) for r in self.faults[self._written_faults :]]
+        self._written_records = len(self.records)
+        self._written_faults = len(self.faults)
+        if final:
+            fresh += self.boundaries(redact_secrets=redact_secrets)
+        fresh.sort(key=lambda line: float(line["time"]))
+        lines += [{**line, "connection": cid} for line in fresh]
+        if final:
+            lines += self._closing_lines(redact_secrets)
         return lines
 
     # ------------------------------------------------------ protocol boundaries
@@ -284,12 +421,14 @@ class ConnectionJournal:
         found: list[tuple[int, int, dict[str, Any]]] = []
         where = {"leg": leg, "direction": direction.value}
         for message, offset, size, head in record.heads[direction]:
-            headers = [
-                [name, "[redacted]" if redact_secrets and name.lower() in SECRET_HEADERS else v]
-                for name, v in head.headers
-            ]
+            headers = (
+                self.redaction.headers(head.headers)
+                if redact_secrets
+                else [[name, value] for name, value in head.headers]
+            )
+            target = self.redaction.target(head.target or "") if redact_secrets else head.target
             start = (
-                f"{head.method} {head.target} {head.version}"
+                f"{head.method} {target} {head.version}"
                 if head.is_request
                 else f"{head.version} {head.status} {head.reason or ''}".rstrip()
             )
@@ -359,7 +498,7 @@ class JournalSink:
     """A connection's fault-report sink; a pipeline that frames its streams also hands
     it its framing (`Pipeline.bind`), so the journal reads the legs from there."""
 
-    store: JournalStore
+    store: JournalStore | JournalWriter
     connection_id: int
 
     def __call__(self, report: FaultReport) -> None:
@@ -387,6 +526,7 @@ class JournalStore:
     clock_offset: float | None = None
     max_connections: int | None = None
     max_capture_bytes: int = MAX_CAPTURE_BYTES
+    redaction: Redaction = DEFAULT_REDACTION
     journals: dict[int, ConnectionJournal] = field(default_factory=dict)
     evicted: int = 0
     evicted_dropped: int = 0
@@ -404,6 +544,7 @@ class JournalStore:
             max_capture_bytes=self.max_capture_bytes,
             clock_offset=offset,
             scenario=scenario,
+            redaction=self.redaction,
         )
         framing = self.pending_framing.pop(connection_id, None)
         if framing is not None:
@@ -442,6 +583,124 @@ class JournalStore:
                     out.write(json.dumps(line, separators=(",", ":")) + "\n")
 
 
+# Default total size of an on-disk journal (`proxy --journal-max-bytes`).
+MAX_JOURNAL_BYTES = 1024 * 1024 * 1024
+FLUSH_INTERVAL = 1.0
+
+
+@dataclass
+class JournalWriter:
+    """`proxy --journal FILE`: every connection's lines appended to FILE as it goes.
+
+    The relay records into a `ConnectionJournal` as before; what it recorded is written
+    (and the file flushed) when the connection ends (`connection_ended`, then the
+    journal is forgotten, so memory holds only the open connections) and by `tick`,
+    which the server calls at least every second, for the open ones' chunks, ends and
+    faults so far. A SIGKILL therefore loses at most the open connections' last second,
+    their boundaries and captured bytes (written when they end). The file is bounded by
+    `max_bytes`: past it, lines are dropped and counted, never blocking the relay, and a
+    last `journal` line (no `connection`) says how many, when the proxy stops.
+    `path_for(connection_id)` names the file (one per `--workers` worker); it is opened
+    on the first write, so a forked worker opens its own."""
+
+    path_for: Callable[[int], Path]
+    capture: bool = True
+    redact_secrets: bool = True
+    redaction: Redaction = DEFAULT_REDACTION
+    max_bytes: int = MAX_JOURNAL_BYTES
+    max_capture_bytes: int = MAX_CAPTURE_BYTES
+    clock_offset: float | None = None
+    journals: dict[int, ConnectionJournal] = field(default_factory=dict)
+    pending_framing: dict[int, PathFraming] = field(default_factory=dict, repr=False)
+    written_bytes: int = 0
+    connections_written: int = 0
+    dropped_lines: int = 0
+    dropped_connections: int = 0
+    _file: IO[str] | None = field(default=None, repr=False)
+    _dirty: bool = field(default=False, repr=False)
+    _dropped_ids: set[int] = field(default_factory=set, repr=False)
+
+    def observer(
+        self, connection_id: int, started_at: float, scenario: str = ""
+    ) -> ConnectionJournal:
+        offset = _wall_clock_offset() if self.clock_offset is None else self.clock_offset
+        journal = ConnectionJournal(
+            connection_id,
+            started_at,
+            capture=self.capture,
+            max_capture_bytes=self.max_capture_bytes,
+            clock_offset=offset,
+            scenario=scenario,
+            redaction=self.redaction,
+        )
+        framing = self.pending_framing.pop(connection_id, None)
+        if framing is not None:
+            journal.attach_framing(framing)
+        self.journals[connection_id] = journal
+        return journal
+
+    def fault_sink(self, connection_id: int) -> JournalSink:
+        return JournalSink(self, connection_id)
+
+    def connection_ended(self, connection_id: int) -> None:
+        """Write the rest of a finished connection, flush, and forget it."""
+        self.pending_framing.pop(connection_id, None)
+        journal = self.journals.pop(connection_id, None)
+        if journal is None:
+            return
+        self._write(journal, journal.new_lines(final=True, redact_secrets=self.redact_secrets))
+        self._dropped_ids.discard(connection_id)
+        self.connections_written += 1
+        self.flush()
+
+    def tick(self) -> None:
+        """The open connections' new records, then a flush (the server's 1 s timer)."""
+        for journal in list(self.journals.values()):
+            lines = journal.new_lines(final=False, redact_secrets=self.redact_secrets)
+            if lines:
+                self._write(journal, lines)
+        self.flush()
+
+    def _write(self, journal: ConnectionJournal, lines: list[dict[str, Any]]) -> None:
+        text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+        size = len(text.encode("utf-8"))
+        if self.written_bytes + size > self.max_bytes:
+            self.dropped_lines += len(lines)
+            if journal.connection_id not in self._dropped_ids:
+                self._dropped_ids.add(journal.connection_id)
+                self.dropped_connections += 1
+            return
+        if self._file is None:
+            path = self.path_for(journal.connection_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", encoding="utf-8")
+        self._file.write(text)
+        self.written_bytes += size
+        self._dirty = True
+
+    def flush(self) -> None:
+        if self._file is not None and self._dirty:
+            self._file.flush()
+            self._dirty = False
+
+    def close(self) -> None:
+        """At shutdown: finish the connections still open, write the totals, close."""
+        for connection_id in list(self.journals):
+            self.connection_ended(connection_id)
+        if self._file is not None:
+            totals = {
+                "type": "journal",
+                "connections": self.connections_written,
+                "bytes": self.written_bytes,
+                "dropped_lines": self.dropped_lines,
+                "dropped_connections": self.dropped_connections,
+                "max_bytes": self.max_bytes,
+            }
+            self._file.write(json.dumps(totals, separators=(",", ":")) + "\n")
+            self._file.close()
+            self._file = None
+
+
 # --------------------------------------------------------------------- reading
 
 
@@ -460,14 +719,22 @@ class JournalView:
 
 
 def read_ndjson(path: str | Path) -> list[JournalView]:
-    """Every connection of a journal file, in connection order."""
+    """Every connection of a journal file, in connection order. A journal written as it
+    went (`JournalWriter`) has each connection's lines in pieces, read as one view."""
     views: dict[int, JournalView] = {}
     with Path(path).open(encoding="utf-8") as lines:
         for text in lines:
             if not text.strip():
                 continue
-            line = json.loads(text)
-            cid = int(line.get("connection", 0))
+            try:
+                line = json.loads(text)
+            except json.JSONDecodeError:
+                if text.endswith("\n"):
+                    raise
+                break  # a last line cut by a SIGKILL mid-write: everything before it holds
+            if "connection" not in line:
+                continue  # the writer's closing `journal` totals
+            cid = int(line["connection"])
             view = views.setdefault(cid, JournalView(cid))
             kind = line.get("type")
             if kind == "open":

@@ -23,7 +23,13 @@ from middlebox.compose import (
     registry,
     scenario_sections,
 )
-from middlebox.observe.journal import JournalStore
+from middlebox.observe.journal import (
+    DEFAULT_REDACTION,
+    MAX_JOURNAL_BYTES,
+    JournalStore,
+    JournalWriter,
+    Redaction,
+)
 from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import Scenario
@@ -66,12 +72,20 @@ class ProxySettings:
     backlog: int = 1024
     journal_file: str | None = None
     journal_secrets: bool = False
+    journal_max_bytes: int = MAX_JOURNAL_BYTES
+    # Header, query parameter and JSON field names redacted besides the built-in rule
+    # (observe.journal.Redaction), in the journal and the control API alike.
+    redact_names: tuple[str, ...] = ()
     workers: int = 1
     # the control API (middlebox.shell.control)
     control: str | None = None
     control_token: str | None = None
     allow_scenario_header: bool = False
     scenario_dir: str | None = None
+
+    @property
+    def redaction(self) -> Redaction:
+        return DEFAULT_REDACTION.with_names(*self.redact_names)
 
     def check(self) -> None:
         if self.control is None and (self.allow_scenario_header or self.control_token):
@@ -123,7 +137,7 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
     what = loaded(settings)
     if what.control is not None:
         return _serve_controlled(settings, what, what.control, say)
-    journal = JournalStore(capture=True) if settings.journal_file else None
+    journal = _journal_writer(settings)
     server = ProxyServer(
         what.upstream,
         what.scenario,
@@ -135,8 +149,9 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
             else None
         ),
         report_sink_factory=journal.fault_sink if journal is not None else None,
+        connection_ended=journal.connection_ended if journal is not None else None,
+        tick=journal.tick if journal is not None else None,
     )
-    redact = not settings.journal_secrets
     if settings.workers > 1:
 
         def workers_ready(port: int, pids: list[int]) -> None:
@@ -144,9 +159,8 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
             say(f"workers: {' '.join(map(str, pids))}")
 
         def finish(index: int, _server: ProxyServer) -> None:
-            if journal is not None and settings.journal_file is not None:
-                path = Path(f"{settings.journal_file}.w{index}")
-                journal.write_ndjson(path, redact_secrets=redact)
+            if journal is not None:  # this worker's copy, forked with it
+                journal.close()
 
         result = run_workers(
             what.listen,
@@ -160,6 +174,8 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
             max_connections=server.max_connections,
             observer_factory=server.observer_factory,
             report_sink_factory=server.report_sink_factory,
+            connection_ended=server.connection_ended,
+            tick=server.tick,
         )
         return f"stopped: {result.summary()}"
     try:
@@ -177,11 +193,29 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
     except KeyboardInterrupt:  # a signal before the handlers were installed
         pass
     finally:
-        if journal is not None and settings.journal_file is not None:
-            journal.write_ndjson(Path(settings.journal_file), redact_secrets=redact)
+        if journal is not None:
+            journal.close()
     return (
         f"stopped: {server.connections_accepted} connections, "
         f"{server.connections_refused} refused, {server.reset_at_shutdown} reset at shutdown"
+    )
+
+
+def _journal_writer(settings: ProxySettings) -> JournalWriter | None:
+    """`--journal FILE`: written as the proxy goes (one `FILE.wN` per worker)."""
+    if not settings.journal_file:
+        return None
+    file, workers = settings.journal_file, settings.workers
+
+    def path_for(connection_id: int) -> Path:
+        # Worker i numbers its connections i+1, i+1+n, ... (shell/workers.py).
+        return Path(f"{file}.w{(connection_id - 1) % workers}") if workers > 1 else Path(file)
+
+    return JournalWriter(
+        path_for,
+        redact_secrets=not settings.journal_secrets,
+        redaction=settings.redaction,
+        max_bytes=settings.journal_max_bytes,
     )
 
 
@@ -196,6 +230,13 @@ def _serve_controlled(
         allow_scenario_header=settings.allow_scenario_header,
         stages=PROXY_STAGES,
         loader=LIBRARY_SCENARIOS,
+        # the control API's default store (latest 256 connections), with the redaction asked
+        store=JournalStore(
+            capture=True,
+            max_connections=256,
+            max_capture_bytes=256 * 1024,
+            redaction=settings.redaction,
+        ),
     )
 
     def ready(port: int, control_port: int) -> None:

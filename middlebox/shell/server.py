@@ -53,6 +53,8 @@ log = logging.getLogger("middlebox.shell.server")
 # One read of a client whose upstream is down; its head is at most nginx's 32 KiB.
 MAX_REQUEST_HEAD = 64 * 1024
 ACCEPT_ERROR_PAUSE = 0.5
+# How often run_proxy calls `ProxyServer.tick` (an on-disk journal flushes at least this often).
+TICK_INTERVAL = 1.0
 
 # What the server counts and journals when one of its own stages fires: the counter, and
 # the end the journal records (docs/observability.md's end kinds).
@@ -169,6 +171,10 @@ class ProxyServer:
     stages: ProxyStages | None = None
     observer_factory: ObserverFactory | None = None
     report_sink_factory: ReportSinkFactory | None = None
+    # Told each connection's id once its relay has ended (an on-disk journal writes it
+    # out and forgets it), and ticked every `TICK_INTERVAL` by `run_proxy` (it flushes).
+    connection_ended: Callable[[int], None] | None = None
+    tick: Callable[[], None] | None = None
     # Overrides the scenario's `proxy.max_connections` (the CLI's --max-connections).
     max_connections: int | None = None
     connections_accepted: int = 0
@@ -313,6 +319,8 @@ class ProxyServer:
             await Relay(client, upstream, pipeline, observer=observer, stages=stages).run()
         finally:
             self._observers.pop(connection_id, None)
+            if self.connection_ended is not None and observer is not None:
+                self.connection_ended(connection_id)
 
     def make_pipeline(self, scenario: Scenario, connection_id: int) -> Pipeline:
         """A fresh pipeline: the proxy's own stages around the scenario's faults. Its
@@ -424,6 +432,12 @@ async def send_all(sock: socket.socket, data: bytes) -> None:
         view = view[sent:]
 
 
+async def _ticking(tick: Callable[[], None]) -> None:
+    while True:
+        await trio.sleep(TICK_INTERVAL)
+        tick()
+
+
 async def run_proxy(
     listen_address: Address,
     upstream: Address,
@@ -447,6 +461,8 @@ async def run_proxy(
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 port = await nursery.start(server.serve, listener)
+                if server.tick is not None:
+                    nursery.start_soon(_ticking, server.tick)
                 if ready is not None:
                     ready(port)
                 async for signum in signals:
