@@ -15,11 +15,9 @@ from middlebox.scenario.units import parse_duration, parse_size
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("800ms", 0.8), ("2s", 2.0), ("1.5min", 90.0), (3, 3.0), (0.25, 0.25), ("250us", 0.00025)],
+    [("800ms", 0.8), ("2s", 2.0), ("1.5min", 90.0), (0, 0.0), ("250us", 0.00025)],
 )
-def test_durations_accept_numbers_of_seconds_and_unit_suffixes(
-    text: object, seconds: float
-) -> None:
+def test_durations_accept_unit_suffixes_and_a_bare_zero(text: object, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 

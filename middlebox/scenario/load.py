@@ -181,6 +181,7 @@ def load_scenario_text(
                 )
                 if key == "expect":
                     extra[key], extra[EXPECT_HINTS] = split_hints(extra[key], value_node, problems)
+                extra[key] = resolve_paths(extra[key], key, value_node, file, problems)
             else:
                 problems.add(
                     key_node, f"unknown top-level key {key!r}; valid keys: {', '.join(allowed)}"
@@ -199,6 +200,47 @@ def load_scenario_text(
         raise ScenarioError(problems.problems)
     scenario = Scenario(path=specs, sections=extra, source=file, **values)
     return dataclasses.replace(scenario, warnings=tuple(scenario_warnings(scenario)))
+
+
+PATH_FIELDS = ("cassette",)
+"""Fields of a scenario's sections that name a file: relative to the scenario file."""
+
+
+def resolve_paths(
+    value: Any, section: str, node: yaml.Node, file: str, problems: ProblemCollector
+) -> Any:
+    """A section with its file fields made absolute against the scenario file's folder (so
+    `cassette: tapes/x.json` means the same from any current directory), each checked to
+    exist now: a missing file is a scenario problem here, not a failure in the upstream's
+    log later. A scenario from a string (`<string>`, the control API) keeps its paths."""
+    for name in PATH_FIELDS:
+        written = value.get(name) if isinstance(value, dict) else getattr(value, name, None)
+        if not isinstance(written, str) or not written:
+            continue
+        path = Path(written).expanduser()
+        if not path.is_absolute() and file != "<string>":
+            path = Path(file).resolve().parent / path
+        if not path.is_file():
+            problems.add(
+                _field_node(node, name),
+                f"{section}: {name}: no such file: {path} (paths in a scenario are "
+                "relative to the scenario file)",
+            )
+            continue
+        if isinstance(value, dict):
+            value = {**value, name: str(path)}
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.replace(value, **{name: str(path)})
+    return value
+
+
+def _field_node(node: yaml.Node, name: str) -> yaml.Node:
+    """The value node of `name` inside a mapping node (for its line), or the mapping."""
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if getattr(key, "value", None) == name:
+                return value  # type: ignore[no-any-return]
+    return node
 
 
 def load_path(

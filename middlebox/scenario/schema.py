@@ -1,7 +1,14 @@
 """The JSON Schema (draft 2020-12) of the scenario format, generated from the registry.
 
-Editors use it for completion and checking; it accepts what `load.py` accepts (units as
-numbers or the patterns of `units.py`, Literal choices as enums, presets by name).
+Editors use it for completion and checking; it accepts what `load.py` accepts (durations
+with their unit as `units.py` parses them, sizes as bytes or with a unit, Literal choices as
+enums, presets and fault names by name). The committed copy is `schema/scenario.schema.json`
+(kept current by a test); a scenario file points an editor at it with a first line
+
+    # yaml-language-server: $schema=../schema/scenario.schema.json
+
+A typo in a fault name is reported against the list of fault names (`propertyNames`), not
+only as "matches none of the entries".
 """
 
 from __future__ import annotations
@@ -15,7 +22,15 @@ from typing import Any, Literal
 from middlebox.core.fault import Fault, Unit
 from middlebox.scenario.convert import config_fields
 from middlebox.scenario.model import ProxyOptions
-from middlebox.scenario.units import DURATION_PATTERN, SIZE_PATTERN
+from middlebox.scenario.units import DURATION_PATTERN, SIZE_PATTERN, format_duration
+
+SCHEMA_ID = "urn:middlebox:scenario:1"
+"""The schema's `$id`: a name, not a download address (editors are pointed at the
+committed file); the number changes when a valid scenario stops being valid."""
+
+# The conditions an `expect:` rule may use (run/score.py's CONDITIONS, repeated here
+# because this room never imports run; a test keeps the two equal) and its `hint:`.
+EXPECT_CONDITIONS = ("max", "min", "equals", "mean_max", "p50_max", "p95_max", "p99_max")
 
 
 def json_schema_for_type(tp: Any) -> dict[str, Any]:
@@ -26,10 +41,11 @@ def json_schema_for_type(tp: Any) -> dict[str, Any]:
         if unit == Unit.SECONDS:
             return {
                 "anyOf": [
-                    {"type": "number", "minimum": 0},
+                    {"const": 0},
                     {"type": "string", "pattern": DURATION_PATTERN.pattern},
                 ],
-                "description": "duration: seconds, or 250ms / 2s / 1.5min",
+                "description": "duration with its unit: 250ms, 2s, 1.5min (units us, ms, "
+                "s, min, h); a bare number other than 0 is an error: write 300ms or 300s",
             }
         if unit == Unit.BYTES:
             return {
@@ -66,7 +82,13 @@ def json_schema_for_dataclass(cls: type) -> dict[str, Any]:
     for name, (f, tp) in config_fields(cls).items():
         prop = json_schema_for_type(tp)
         if f.default is not dataclasses.MISSING and isinstance(f.default, str | int | float | bool):
-            prop["default"] = f.default
+            default = f.default
+            is_duration = (
+                typing.get_origin(tp) is typing.Annotated and typing.get_args(tp)[1] == Unit.SECONDS
+            )
+            if is_duration and isinstance(default, int | float) and not isinstance(default, bool):
+                default = format_duration(float(default))  # as a scenario must write it
+            prop["default"] = default
         properties[name] = prop
     schema: dict[str, Any] = {
         "type": "object",
@@ -128,12 +150,70 @@ def scenario_json_schema(
             "description": "faults in path order, client side first",
         },
     }
+    properties["quiet_faults"] = {
+        "type": "array",
+        "items": {"enum": sorted(registry)},
+        "uniqueItems": True,
+        "description": "faults of the path expected NOT to fire (a fix keeps them quiet); "
+        "the run fails if one fires, and no 'never fired' warning is given for them",
+    }
+    names = [*sorted(registry), "preset"]
+    path = properties["path"]["items"]
+    # Where an entry is a mapping, its one key must be a fault (or preset) name: a typo is
+    # then one error against the names instead of a failure under each of the entries.
+    path.update(
+        {
+            "if": {"type": "object"},
+            "then": {"propertyNames": {"enum": names}, "minProperties": 1, "maxProperties": 1},
+            "else": {"enum": sorted(registry)},
+        }
+    )
     for key, schema in (sections or {}).items():
-        properties[key] = json_schema_for_dataclass(schema) if schema else {"type": "object"}
+        if key == "expect" and schema is None:
+            properties[key] = expect_schema()
+        else:
+            properties[key] = json_schema_for_dataclass(schema) if schema else {"type": "object"}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
         "title": "middlebox scenario",
         "type": "object",
         "properties": properties,
         "additionalProperties": False,
+    }
+
+
+def expect_schema() -> dict[str, Any]:
+    """`expect:`: metric -> a value (equals) or conditions with an optional `hint:`; a
+    client's name -> its own block of the same."""
+    value: dict[str, Any] = {"type": ["number", "boolean"]}
+    conditions: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            **{condition: {"type": ["number", "boolean"]} for condition in EXPECT_CONDITIONS},
+            "hint": {
+                "type": "string",
+                "minLength": 1,
+                "description": "why this check matters and what fixes it when it fails "
+                "(shown beside the failed check)",
+            },
+        },
+        "additionalProperties": False,
+    }
+    rule = {"anyOf": [value, conditions]}
+    return {
+        "type": "object",
+        "description": "checks on the run's metrics (docs/scenarios.md): `metric: value`, "
+        "`metric: {max: N, hint: ...}`, or `CLIENT: {metric: ...}` for one client",
+        "additionalProperties": {
+            "anyOf": [
+                rule,
+                # a client's block holds metrics (`client.x`, `server.y`), never conditions
+                {
+                    "type": "object",
+                    "propertyNames": {"pattern": "\\."},
+                    "additionalProperties": rule,
+                },
+            ],
+        },
     }

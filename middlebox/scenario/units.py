@@ -1,6 +1,9 @@
 """Units in scenario YAML: durations (`800ms`, `2s`, `1.5min`) and sizes (`512B`, `4KiB`).
 
-A bare number is seconds, a bare integer is bytes. Binary prefixes (KiB, MiB, GiB) are
+A duration needs its unit: a bare number is an error ("write 300ms or 300s"), because a
+bare 300 means seconds to one reader and milliseconds to another (Toxiproxy's latency is in
+ms), and five minutes is not a silent default. Only 0 may be bare: it is zero in every
+unit. A bare integer is bytes. Binary prefixes (KiB, MiB, GiB) are
 powers of 1024 and decimal ones (KB, MB, GB) powers of 1000, as IEC 80000-13 writes them,
 so `4KiB` is nginx's `4k` buffer. Pure: no YAML, no I/O.
 """
@@ -9,9 +12,12 @@ from __future__ import annotations
 
 import re
 
-DURATION_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s|min|h)?\s*$")
+DURATION_PATTERN = re.compile(
+    r"^\s*(?:([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s|min|h)|(0+(?:\.0*)?))\s*$"
+)
+_NUMBER = re.compile(r"^\s*[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*$")
 SIZE_PATTERN = re.compile(r"^\s*([0-9]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
-SECONDS_PER_UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, None: 1.0}
+SECONDS_PER_UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
 BYTES_PER_UNIT = {
     "B": 1,
     "KiB": 1024,
@@ -24,23 +30,47 @@ BYTES_PER_UNIT = {
 }
 
 
+def bare_number_problem(value: object) -> str:
+    """The error for a duration written without its unit, with the two likely meanings."""
+    shown = f"{value:g}" if isinstance(value, int | float) else str(value).strip()
+    return (
+        f"a duration needs a unit: write {shown}ms or {shown}s (units us, ms, s, min, h), "
+        f"got the bare number {value!r}"
+    )
+
+
 def parse_duration(value: object) -> float:
-    """`250ms` → 0.25; a bare number is seconds. Raises ValueError with the valid units."""
+    """`250ms` → 0.25. A bare number other than 0 is an error naming both readings.
+    Raises ValueError with the valid units."""
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as 250ms, 2s or 1.5min, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        match = DURATION_PATTERN.match(str(value))
-        if not match:
-            raise ValueError(
-                f"expected a duration such as 250ms, 2s or 1.5min (units us, ms, s, min, h), "
-                f"got {value!r}"
-            )
-        seconds = float(match.group(1)) * SECONDS_PER_UNIT[match.group(2)]
-    if seconds < 0:
-        raise ValueError(f"a duration cannot be negative, got {value!r}")
-    return seconds
+    if isinstance(value, int | float) or _NUMBER.match(str(value)):
+        number = float(value) if isinstance(value, int | float) else float(str(value))
+        if number == 0:
+            return 0.0
+        if number < 0:
+            raise ValueError(f"a duration cannot be negative, got {value!r}")
+        raise ValueError(bare_number_problem(value))
+    match = DURATION_PATTERN.match(str(value))
+    if not match:
+        raise ValueError(
+            f"expected a duration such as 250ms, 2s or 1.5min (units us, ms, s, min, h), "
+            f"got {value!r}"
+        )
+    if match.group(3) is not None:
+        return 0.0
+    return float(match.group(1)) * SECONDS_PER_UNIT[match.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact way to write `seconds` with a unit: 0.03 → `30ms`, 60.0 → `60s`."""
+    if seconds == 0:
+        return "0"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:g}us"
+    if seconds < 1:
+        return f"{seconds * 1e3:g}ms"
+    return f"{seconds:g}s"
 
 
 def parse_size(value: object) -> int:

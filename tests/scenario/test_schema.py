@@ -27,7 +27,9 @@ def test_the_schema_is_draft_2020_12_and_refuses_unknown_top_level_keys() -> Non
     schema = scenario_json_schema(REGISTRY)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["additionalProperties"] is False
-    assert set(schema["properties"]) == {"name", "description", "seed", "proxy", "path"}
+    assert set(schema["properties"]) == {
+        *("name", "description", "seed", "proxy", "path", "quiet_faults")
+    }
 
 
 def test_every_registered_fault_may_be_written_bare_or_with_its_config() -> None:
@@ -39,15 +41,16 @@ def test_every_registered_fault_may_be_written_bare_or_with_its_config() -> None
     assert delay["description"] == "Holds every item for `delay`."
 
 
-def test_a_duration_is_a_non_negative_number_or_a_string_of_the_loader_s_pattern() -> None:
+def test_a_duration_is_zero_or_a_string_with_a_unit_of_the_loader_s_pattern() -> None:
     delay = entry_for(scenario_json_schema(REGISTRY), "delay")["properties"]["delay"]
-    number, text = delay["anyOf"]
-    assert number == {"type": "number", "minimum": 0}
+    zero, text = delay["anyOf"]
+    assert zero == {"const": 0}  # a bare number is an error, except 0 (zero in every unit)
     assert text["pattern"] == DURATION_PATTERN.pattern
     # The pattern a schema-aware editor checks is the one the loader parses with.
-    for written in ("250ms", "1.5min", "2"):
+    for written in ("250ms", "1.5min", "2s"):
         assert re.match(text["pattern"], written) and parse_duration(written) >= 0
-    assert delay["default"] == 0.0
+    assert not re.match(text["pattern"], "2")
+    assert delay["default"] == "0"
 
 
 def test_a_size_is_an_integer_or_a_string_of_the_loader_s_pattern() -> None:
@@ -93,6 +96,6 @@ def test_preset_names_are_an_enum_when_presets_are_given_and_any_string_otherwis
 
 
 def test_sections_appear_with_their_dataclass_schema_or_as_free_objects() -> None:
-    schema = scenario_json_schema(REGISTRY, sections={"workload": Workload, "expect": None})
+    schema = scenario_json_schema(REGISTRY, sections={"workload": Workload, "notes": None})
     assert schema["properties"]["workload"] == json_schema_for_dataclass(Workload)
-    assert schema["properties"]["expect"] == {"type": "object"}
+    assert schema["properties"]["notes"] == {"type": "object"}

@@ -7,6 +7,7 @@ import pytest
 from middlebox.scenario.units import (
     DURATION_PATTERN,
     SIZE_PATTERN,
+    format_duration,
     parse_duration,
     parse_size,
 )
@@ -19,19 +20,33 @@ from middlebox.scenario.units import (
         (".5s", 0.5),
         ("1e3ms", 1.0),
         (" 30 s ", 30.0),  # spaces around and between, as YAML authors write them
-        ("0", 0.0),
+        ("0", 0.0),  # zero is zero in every unit: the one bare number allowed
         (0, 0.0),
-        ("1.5", 1.5),  # a bare number in a string is still seconds
+        (0.0, 0.0),
     ],
 )
-def test_a_duration_reads_exponents_spaces_and_bare_numbers(
-    written: object, seconds: float
-) -> None:
+def test_a_duration_reads_exponents_spaces_and_a_bare_zero(written: object, seconds: float) -> None:
     assert parse_duration(written) == pytest.approx(seconds)
 
 
-def test_a_bare_integer_duration_comes_back_as_a_float() -> None:
-    assert type(parse_duration(3)) is float
+def test_a_bare_zero_comes_back_as_a_float() -> None:
+    assert type(parse_duration(0)) is float
+
+
+@pytest.mark.parametrize("written", [300, "300", 1.5, " 2 ", 1e3])
+def test_a_bare_number_is_an_error_that_names_both_readings(written: object) -> None:
+    # Toxiproxy's latency is in ms, a bare 300 here used to be five minutes: say both.
+    shown = f"{written:g}" if isinstance(written, int | float) else str(written).strip()
+    with pytest.raises(ValueError, match=rf"write {shown}ms or {shown}s"):
+        parse_duration(written)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "written"), [(0.0, "0"), (0.03, "30ms"), (60.0, "60s"), (2e-5, "20us")]
+)
+def test_a_duration_is_written_back_with_its_unit(seconds: float, written: str) -> None:
+    assert format_duration(seconds) == written
+    assert parse_duration(written) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("written", [False, -0.5, "2 S", "1m", "1.5.2s", "", None])
@@ -74,9 +89,14 @@ def test_a_refused_size_lists_the_units_it_accepts() -> None:
         parse_size("4 pages")
 
 
-@pytest.mark.parametrize("written", ["250ms", "2s", "1.5min", "3", "1e-3s"])
+@pytest.mark.parametrize("written", ["250ms", "2s", "1.5min", "0", "1e-3s"])
 def test_every_written_duration_matches_the_pattern_the_schema_publishes(written: str) -> None:
     assert DURATION_PATTERN.match(written) and parse_duration(written) >= 0
+
+
+@pytest.mark.parametrize("written", ["3", "1.5", "-2s"])
+def test_durations_the_parser_refuses_do_not_match_the_published_pattern(written: str) -> None:
+    assert DURATION_PATTERN.match(written) is None
 
 
 @pytest.mark.parametrize("written", ["4k", "1.5MiB", "-1B"])
