@@ -70,6 +70,9 @@ class EmulatorConfig:
     # uvicorn closes an idle keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s).
     http_keep_alive_timeout: Seconds = 5.0
     abort_on_disconnect: bool = True
+    # A retry draws anew, as vLLM's sampler does: a request repeated without `seed` at
+    # temperature > 0 (vLLM's default is 1.0) continues differently (textgen.samples).
+    retries_resample: bool = True
     enable_request_id_headers: bool = False
     stale_gauges: bool = False
     log_requests: bool = False

@@ -19,6 +19,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm_emulator import textgen, wire
 from vllm_emulator.config import EmulatorConfig
@@ -169,6 +170,8 @@ class Engine:
         self.by_seq: dict[str, tuple[Job, int]] = {}
         self.streams: dict[str, Job] = {}
         self.sequence = 0
+        # identical requests seen so far (textgen.request_key -> count), for resampling
+        self.draws: dict[str, int] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.timer_when = 0.0
         self.metrics = Registry(self.config.model, time.time())
@@ -279,15 +282,28 @@ class Engine:
         bits = wire.id_hex_length(self.config.profile) * 4
         return f"{self.ids.getrandbits(bits):0{bits // 4}x}"
 
+    def draw(self, body: dict[str, Any]) -> int:
+        """How many identical requests a sampling server has answered before this one: a
+        retry continues differently from the first attempt, as with vLLM at
+        temperature > 0, unless the request pins `seed` (or `retries_resample` is off,
+        or the emulator's own `script` pins the text)."""
+        if not self.config.retries_resample or not textgen.samples(body):
+            return 0
+        key = textgen.request_key(body)
+        count = self.draws.get(key, 0)
+        self.draws[key] = count + 1
+        return count
+
     def start(self, request: ParsedRequest, received_at: float) -> Job:
         """Plan a valid request's text and queue its sequences."""
         config = self.config
         loop_now = asyncio.get_running_loop().time()
         base = request.request_id or self.new_id()
         natural = (config.natural_length_min, config.natural_length_max)
+        draw = self.draw(request.body)
         plans = [
             textgen.plan_choice(
-                textgen.request_seed(config.seed, request.body, index),
+                textgen.request_seed(config.seed, request.body, index, draw),
                 request.max_tokens,
                 request.limit,
                 natural,

@@ -157,10 +157,22 @@ def request_key(body: Mapping[str, Any]) -> str:
     return json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def request_seed(seed: int, body: Mapping[str, Any], index: int = 0) -> int:
-    """A 64-bit seed for choice `index` of this request, stable across processes."""
-    digest = hashlib.sha256(f"{seed}\x00{index}\x00{request_key(body)}".encode()).digest()
+def request_seed(seed: int, body: Mapping[str, Any], index: int = 0, draw: int = 0) -> int:
+    """A 64-bit seed for choice `index` of this request, stable across processes; `draw`
+    counts earlier identical requests that a sampling server answered (0: the first)."""
+    again = f"\x00draw{draw}" if draw else ""
+    digest = hashlib.sha256(f"{seed}\x00{index}\x00{request_key(body)}{again}".encode()).digest()
     return int.from_bytes(digest[:8], "big")
+
+
+def samples(body: Mapping[str, Any]) -> bool:
+    """Whether vLLM would draw this request's tokens afresh each time it is sent: sampling
+    (temperature > 0; absent, vLLM's default is 1.0) without a per-request `seed`, which
+    makes vLLM's sampler reproducible (SamplingParams.seed)."""
+    temperature = body.get("temperature", 1.0)
+    if temperature is None:
+        temperature = 1.0
+    return isinstance(temperature, int | float) and temperature > 0 and body.get("seed") is None
 
 
 def _word_tokens(word: str, lead: str) -> list[bytes]:

@@ -73,6 +73,8 @@ class ClientRun:
     hang: bool = False
     stderr_tail: str = ""
     server_metrics: dict[str, Any] = field(default_factory=dict)
+    # a real server's /metrics around this client: (wall time, running, generation tokens)
+    samples: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 async def run_client(
@@ -82,8 +84,10 @@ async def run_client(
     upstream: Address,
     model: str,
     workdir: Path,
+    body_extra: dict[str, Any] | None = None,
 ) -> ClientRun:
-    """One proxy, one client process, bounded by the workload timeout."""
+    """One proxy, one client process, bounded by the workload timeout. `body_extra` is
+    added to every request body (against a real vLLM: `ignore_eos`, see suite.py)."""
     journal = JournalStore(capture=True)
     server = ProxyServer(
         upstream,
@@ -93,6 +97,8 @@ async def run_client(
         stages=PROXY_STAGES,
     )
     document = workload_file(workload, scenario.name, spec.name, model)
+    for request in document["requests"]:
+        request["body"].update(body_extra or {})
     tags = [request_tag(scenario.name, spec.name, i) for i in range(workload.requests)]
     run = ClientRun(spec, tags, journal)
     workload_path = workdir / f"{spec.name}.workload.json"

@@ -41,6 +41,9 @@ class ScenarioOutcome:
     # why the scenario was not run against a real server (`--upstream`): it asks for
     # behaviour only the emulator has; such a scenario neither passes nor fails
     needs_emulator: str | None = None
+    # against a real server: its measured speed and the workload's max_tokens sized to
+    # last as long as the scenario's timing models (middlebox.run.suite.paced)
+    paced: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -87,6 +90,9 @@ def report_document(suite: SuiteOutcome, argv: dict[str, Any]) -> dict[str, Any]
                 "problems": outcome.problems,
                 "proof": outcome.proof,
                 "needs_emulator": outcome.needs_emulator,
+                # what the scorecard shows instead of verdicts (report/scorecard.status_of)
+                "status": "needs the emulator" if outcome.needs_emulator else "ran",
+                "paced": outcome.paced,
                 "results": [
                     {**score.to_json(), "passed": score.passed} for score in outcome.scores
                 ],

@@ -16,9 +16,10 @@ Client verdicts per request, worst first: `hang` (no result in bound), `silent_t
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -39,6 +40,8 @@ METRICS: dict[str, str] = {
     "client.duplicated": "requests whose shown text repeats tokens (a bad resume or retry)",
     "client.missing_tokens": "requests whose shown text lacks tokens in the middle",
     "client.mojibake": "requests whose shown text has U+FFFD the upstream never sent",
+    "client.contradicted": "requests whose answer contradicts text already shown (a retry "
+    "redrew or spliced a differently sampled answer)",
     "client.hangs": "requests with no result within the workload timeout",
     "client.abandoned": "requests the client abandoned on purpose",
     "client.resumed": "reconnects with Last-Event-ID",
@@ -294,6 +297,255 @@ def server_metrics(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _compatible(a: str, b: str) -> bool:
+    """One text is a prefix of the other: they tell the same answer so far."""
+    return a.startswith(b) or b.startswith(a)
+
+
+def expected_text(
+    entries: Sequence[Mapping[str, Any]],
+    generations: Sequence[tuple[str, bool]],
+    shown: str,
+    from_ledger: bool,
+) -> tuple[str | None, bool]:
+    """What the client should have shown, and whether the upstream finished it.
+
+    From the emulator's ledger: the planned text; when a sampling upstream drew
+    different texts for the attempts of one request, the last one the shown text agrees
+    with (else the last), since a restarted client ends on its last attempt. From a real
+    server's bytes: the last finished generation; when none finished (abandoned, or cut
+    by a fault), what the upstream had sent up to that point."""
+    if from_ledger:
+        planned = [str(e["planned_text"]) for e in entries if e.get("planned_text") is not None]
+        if not planned:
+            return None, True
+        if len(set(planned)) == 1:
+            return planned[0], True
+        agreeing = [text for text in planned if _compatible(text, shown)]
+        return (agreeing or planned)[-1], True
+    done = [text for text, finished in generations if finished]
+    if done:
+        agreeing = [text for text in done if _compatible(text, shown)]
+        return (agreeing or done)[-1], True
+    if generations:
+        return generations[-1][0], False
+    return None, True
+
+
+def judge_drawn(
+    verdict: str,
+    attempts: Sequence[str],
+    finished: bool,
+    shown: str,
+    result: Mapping[str, Any] | None,
+) -> str:
+    """Refine a verdict with the text each attempt of the request got from the upstream
+    (generated, by the ledger, or sent, by a real server's bytes), in order.
+
+    `contradicted`: a sampling server (vLLM at temperature > 0 without a `seed`) draws
+    a new answer for each retry. When two attempts disagree and an attempt's text
+    disagrees with what the client ends on, the client showed one answer and then
+    another: redrawn by a restart, or spliced by a resume at an offset. This is not
+    `missing_tokens`: nothing was lost, what the user read was taken back (the seed
+    article: "a naive retry can contradict what the user already read"). A real
+    server's generation that never finished is not `complete` even when the client
+    showed all it sent."""
+    if verdict in ("hang", "abandoned") or result is None:
+        return verdict
+    if not finished and verdict == "complete":
+        return "truncation_detected" if result.get("error") else "silent_truncation"
+    disagree = any(not _compatible(a, b) for a, b in itertools.combinations(attempts, 2))
+    if disagree and any(not _compatible(text, shown) for text in attempts):
+        return "contradicted"
+    return verdict
+
+
+# ------------------------------------------------- server side, a real server
+
+
+@dataclass(frozen=True)
+class UpstreamExchange:
+    """One request the proxy sent a real server, read from the journal's upstream leg:
+    its body, when its first byte went up (wall clock), what came back (status, text,
+    whether a finish_reason or `[DONE]` arrived), when each token's chunk arrived, and
+    when the proxy closed the connection toward the server before the response ended:
+    the moment the server could learn that its client had left (None when the response
+    ended first)."""
+
+    body: str
+    sent_at: float
+    status: int | None
+    text: str
+    finished: bool
+    closed_at: float | None = None
+    token_times: tuple[float, ...] = ()
+
+
+Sample = tuple[float, float, float]
+"""One read of vLLM's /metrics: (wall time, `vllm:num_requests_running`,
+`vllm:generation_tokens_total`)."""
+
+
+def _is_token_chunk(event: SseEvent) -> bool:
+    """A chunk that carries one generated token: vLLM streams one chunk per token (an
+    empty `content` when the detokenizer holds bytes back), after a role chunk
+    (`delta.role`) that carries none, and before a usage chunk with no choices."""
+    payload = _json_object(event)
+    choices = payload.get("choices") if payload is not None else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return False
+    delta = choices[0].get("delta")
+    if isinstance(delta, dict):
+        return "role" not in delta and ("content" in delta or "tool_calls" in delta)
+    return "text" in choices[0]
+
+
+def exchanges_of(
+    record: LegRecord, time_at: Callable[[Direction, int], float], closed_at: float | None
+) -> list[UpstreamExchange]:
+    """One connection's requests to a real server, from its framed upstream leg.
+    `time_at(direction, offset)` is the wall time the byte at that stream offset crossed
+    the leg (the journal's `time_at`); `closed_at` the proxy's first close toward the
+    server (a FIN, an RST or a failed write), which only the connection's last request
+    can meet before its response ended."""
+    requests = [(m, offset) for m, offset, _, head in record.heads[Direction.UPSTREAM]]
+    statuses: dict[int, int | None] = {}
+    streams: list[int] = []
+    for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
+        if not head.is_interim:
+            statuses.setdefault(message, head.status)
+            if is_event_stream(head):
+                streams.append(message)
+    streamed = {
+        message: (text, done)
+        for message, (_, text, done) in zip(streams, upstream_generations([record]), strict=False)
+    }
+    tokens: dict[int, list[float]] = {}
+    for message, offset, event in record.events[Direction.DOWNSTREAM]:
+        if _is_token_chunk(event):
+            tokens.setdefault(message, []).append(time_at(Direction.DOWNSTREAM, offset))
+    ended = {message for message, _ in record.ends[Direction.DOWNSTREAM]}
+    last = requests[-1][0] if requests else None
+    exchanges = []
+    for message, offset in requests:
+        text, done = streamed.get(message, ("", message in ended))
+        exchanges.append(
+            UpstreamExchange(
+                body=record.request_body(message).decode("utf-8", "replace"),
+                sent_at=time_at(Direction.UPSTREAM, offset),
+                status=statuses.get(message),
+                text=text,
+                finished=done,
+                closed_at=closed_at if message == last and message not in ended else None,
+                token_times=tuple(tokens.get(message, ())),
+            )
+        )
+    return exchanges
+
+
+def counter_at(samples: Sequence[Sample], when: float) -> float:
+    """The generation-token counter at `when`, interpolated between the samples around it."""
+    if not samples:
+        return 0.0
+    if when <= samples[0][0]:
+        return samples[0][2]
+    for (t0, _, c0), (t1, _, c1) in pairwise(samples):
+        if t0 <= when <= t1:
+            return c0 if t1 == t0 else c0 + (c1 - c0) * (when - t0) / (t1 - t0)
+    return samples[-1][2]
+
+
+def _max_tokens(body: str) -> int | None:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    value = parsed.get("max_tokens") if isinstance(parsed, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def real_server_metrics(
+    exchanges: Sequence[UpstreamExchange],
+    samples: Sequence[Sample],
+    client_left: Mapping[str, float],
+) -> dict[str, Any]:
+    """`server.*` of a real vLLM, which keeps no ledger, from two sources that each
+    see what the other cannot. The journal's upstream leg has the exact time each
+    token's chunk reached the proxy and when the proxy let go of the server; vLLM's
+    /metrics, sampled around the client, count every token generated, sent or not
+    (vLLM answers /metrics slowly while it streams on a busy machine, hundreds of ms
+    here, so the samples fix counts, not times). Clients run one at a time against a
+    real server and a client's requests one after another, so the tokens counted
+    between one request and the next are that request's (under concurrency only the
+    totals stay exact).
+
+    - generations: requests the server accepted (2xx, or no answer yet when cut).
+    - tokens_generated: the counter's rise over each request's window.
+    - aborted: a generation whose response had not ended when the proxy closed the
+      connection and that stopped short of its `max_tokens`: vLLM stopped because the
+      connection closed (vLLM 0.32 counts no `finished_reason="abort"`;
+      docs/real-vllm.md). A natural end (EOS) would have sent its finish chunk.
+    - abort_latency_ms: from that close to the last token: the last chunk read, or,
+      when tokens were generated that never reached the proxy, the first sample that
+      counted them all (then to within one sample).
+    - tokens_wasted: tokens generated more than WASTE_SLACK after the client left (its
+      `ended_at`, or the proxy's close when that came first): all it generated, less
+      what had been generated by then (the chunks read by then, or the counter
+      interpolated there when it says more), as `tokens_after` does with the emulator's
+      token times.
+
+    `client_left` maps a request tag to when its client left (the result's `ended_at`).
+    """
+    ours = sorted(
+        (e for e in exchanges if e.status is None or 200 <= e.status < 300),
+        key=lambda e: e.sent_at,
+    )
+    out: dict[str, Any] = {
+        "server.generations": len(ours),
+        "server.tokens_generated": 0,
+        "server.tokens_wasted": 0,
+        "server.aborted": 0,
+        "server.abort_latency_ms": [],
+        "server.upstream_ttft_ms": [
+            (e.token_times[0] - e.sent_at) * 1000 for e in ours if e.token_times
+        ],
+    }
+    if not samples:
+        return out
+    last = samples[-1][0]
+    for number, exchange in enumerate(ours):
+        end = ours[number + 1].sent_at if number + 1 < len(ours) else last
+        final = counter_at(samples, end)
+        base = counter_at(samples, exchange.sent_at)
+        tokens = round(max(final - base, 0.0))
+        out["server.tokens_generated"] += tokens
+        unread = max(tokens - len(exchange.token_times), 0)
+        quiet_at_end = [s for s in samples if s[0] <= end][-1][1] == 0
+        left = [t for tag, t in client_left.items() if tag in exchange.body]
+        if exchange.closed_at is not None and not exchange.finished:
+            left.append(exchange.closed_at)
+        gone = min((t for t in left if t < end), default=None)
+        if gone is not None:
+            # counted by then: the chunks read by then, or the counter if it says more
+            cutoff = gone + WASTE_SLACK
+            read = sum(1 for t in exchange.token_times if t <= cutoff)
+            counted = max(counter_at(samples, cutoff) - base, read)
+            out["server.tokens_wasted"] += max(tokens - round(counted), 0)
+        closed = exchange.closed_at
+        limit = _max_tokens(exchange.body)
+        if closed is None or exchange.finished or (limit is not None and tokens >= limit):
+            continue  # ended first, or ran to its end: generated for nobody, not aborted
+        if not quiet_at_end:
+            continue  # still generating when sampling gave up: no abort seen
+        stopped = max(exchange.token_times, default=closed)
+        if unread:
+            all_counted = [t for t, _, c in samples if t >= closed and c >= final]
+            stopped = max(stopped, min(all_counted, default=stopped))
+        out["server.aborted"] += 1
+        out["server.abort_latency_ms"].append(max(stopped - closed, 0.0) * 1000)
+    return out
+
+
 # ----------------------------------------------------------------------- all
 
 
@@ -330,13 +582,14 @@ def score_client(
         if left_at is not None:
             by_ledger = sum(int(e.get("wasted_tokens") or 0) for e in entries)
             unseen_waste += max(tokens_after(entries, float(left_at)) - by_ledger, 0)
-        expected = next(
-            (str(e["planned_text"]) for e in entries if e.get("planned_text") is not None), None
-        )
-        if not ledger:
-            expected = next((text for text, done in reversed(generations) if done), None)
         request_result = results.get(index)
+        shown_text = str((request_result or {}).get("text") or "")
+        drawn = [str((e.get("texts") or [""])[0]) for e in entries]
+        if not ledger:
+            drawn = [text for text, _ in generations]
+        expected, finished = expected_text(entries, generations, shown_text, bool(ledger))
         verdict = request_verdict(expected, request_result)
+        verdict = judge_drawn(verdict, drawn, finished, shown_text, request_result)
         score.requests.append(
             RequestScore(
                 index=index,
@@ -368,6 +621,7 @@ def score_client(
         "client.duplicated": verdicts.count("duplicated"),
         "client.missing_tokens": verdicts.count("missing_tokens"),
         "client.mojibake": verdicts.count("mojibake"),
+        "client.contradicted": verdicts.count("contradicted"),
         "client.hangs": verdicts.count("hang"),
         "client.abandoned": verdicts.count("abandoned"),
         "client.resumed": sum(int(r.get("resumes") or 0) for r in results.values()),

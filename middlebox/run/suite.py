@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import signal
 import tempfile
 import threading
@@ -26,7 +27,7 @@ import trio
 from middlebox.clients import BUILTIN_CLIENTS
 from middlebox.compose import expand_paths, load
 from middlebox.core.stream import Direction
-from middlebox.observe.journal import fault_proof
+from middlebox.observe.journal import ConnectionJournal, fault_proof
 from middlebox.report.layout import run_directory
 from middlebox.report.progress import Progress
 from middlebox.report.scorecard import write_reports
@@ -51,13 +52,100 @@ from middlebox.run.processes import (
     start_emulator,
 )
 from middlebox.run.processes import stop_upstream as stop_emulator
-from middlebox.run.score import evaluate_expect, expect_problems, score_client
-from middlebox.run.upstream import UpstreamClient, UpstreamError, amodel, metered, settled_ledger
+from middlebox.run.score import (
+    UpstreamExchange,
+    evaluate_expect,
+    exchanges_of,
+    expect_problems,
+    real_server_metrics,
+    score_client,
+)
+from middlebox.run.upstream import (
+    UpstreamClient,
+    UpstreamError,
+    amodel,
+    aseconds_per_token,
+    sampled,
+    settled_ledger,
+)
 from middlebox.scenario.model import Scenario
 from middlebox.scenario.workload import Workload
 from middlebox.shell.server import Address
 
 log = logging.getLogger("middlebox.run.suite")
+
+# ------------------------------------------------- what only the emulator can do
+
+IMITATION_FIELDS = frozenset(
+    {
+        "profile", "model", "seed", "prefill_overhead", "prefill_per_token", "itl",
+        "itl_jitter", "batch_slowdown", "natural_length_min", "natural_length_max",
+        "default_max_tokens", "created", "system_fingerprint", "log_requests",
+        "http_keep_alive_timeout", "resume_buffer_size", "resume_ttl", "fail_kind",
+    }
+)  # fmt: skip
+"""`EmulatorConfig` fields that tune how the emulator imitates a server (its speed, its
+wire profile, its ids, the details of a behaviour switched on elsewhere): a real server
+has its own, so against one they are not in play. Every other field, set away from its
+default (the defaults are what vLLM does), asks for behaviour that only the emulator
+has, so the list of what needs the emulator is derived from the config's fields: a
+field added to `EmulatorConfig` needs the emulator until it is named here."""
+
+WHY_EMULATOR = {
+    "pauses": "a stall after N tokens (a real vLLM cannot be told to pause)",
+    "sse_keep_alive_interval": "SSE heartbeats (vLLM sends no keep-alive comments)",
+    "fail_after_tokens": "an in-band error after N tokens (a real vLLM fails on its own)",
+    "resumable": "resumable streams (a gateway pattern vLLM lacks)",
+    "cassette": "a recorded response replayed",
+    "max_num_queued_reqs": "a queue bound the real server was not started with",
+    "abort_on_disconnect": "a server that does not abort on disconnect (vLLM always aborts)",
+    "script": "pinned output text",
+}
+
+
+REAL_BODY_EXTRA = {"ignore_eos": True}
+"""Added to every request a real server gets: the emulator's answer to a `max_tokens`
+request is exactly that long (the scenario's stream length), while a model stops at
+its own EOS (the tier's random-weight model anywhere, often within 20 tokens, so an
+abandoning client would see a complete answer instead). `ignore_eos` is vLLM's
+sampling parameter for exactly `max_tokens` tokens."""
+
+MAX_PACED_TOKENS = 4000
+"""The most tokens a paced workload asks for (the real tier's model serves 8192)."""
+
+
+def paced(workload: Workload, scenario: Scenario, seconds_per_token: float | None) -> Workload:
+    """The workload against a real server, sized in time rather than tokens.
+
+    A scenario's stream is as long as its `upstream:` timing makes it (`max_tokens`
+    tokens at `itl` each): how long a proxy buffers it, when a client gives up, whether
+    the server is still generating when the client leaves. A real server runs at its own
+    speed (the tier's tiny model: ~2-5 ms a token, against the library's 10-15 ms), so
+    the same token count would be over before a client that leaves after 20 tokens has
+    left, and no abort could be seen. So `max_tokens` grows by the ratio of the two
+    speeds, never shrinks; every token count scored is still the real server's."""
+    block: Any = scenario.sections.get("upstream")
+    itl = float(getattr(block, "itl", 0.0) or 0.0)
+    if not seconds_per_token or itl <= seconds_per_token:
+        return workload
+    scaled = min(math.ceil(workload.max_tokens * itl / seconds_per_token), MAX_PACED_TOKENS)
+    return dataclasses.replace(workload, max_tokens=max(scaled, workload.max_tokens))
+
+
+def needs_emulator(scenario: Scenario) -> str | None:
+    """Why the scenario cannot run against a real server (`--upstream`), or None: every
+    `upstream:` field outside IMITATION_FIELDS that differs from its default (the block
+    is the loader's `EmulatorConfig`, whose class gives the fields and the defaults)."""
+    block: Any = scenario.sections.get("upstream")
+    if not (dataclasses.is_dataclass(block) and not isinstance(block, type)):
+        return None
+    default = type(block)()
+    reasons = [
+        f"upstream.{f.name}: {WHY_EMULATOR.get(f.name, 'emulator behaviour')}"
+        for f in dataclasses.fields(block)
+        if f.name not in IMITATION_FIELDS and getattr(block, f.name) != getattr(default, f.name)
+    ]
+    return "; ".join(reasons) or None
 
 
 # ----------------------------------------------------------------- one scenario
@@ -83,6 +171,10 @@ async def run_scenario(
     ]
     if outcome.problems:
         return outcome
+    if upstream_url is not None:
+        outcome.needs_emulator = needs_emulator(scenario)
+        if outcome.needs_emulator:
+            return outcome  # neither failed nor run as if it tested something
     await trio.Path(workdir).mkdir(parents=True, exist_ok=True)
     runs: list[ClientRun] = []
     ledger: list[dict[str, Any]] = []
@@ -93,17 +185,24 @@ async def run_scenario(
         base_url = emulator.url if emulator is not None else str(upstream_url)
         upstream = UpstreamClient(base_url)
         model = await amodel(upstream)
+        if emulator is None:
+            pace = await aseconds_per_token(upstream, model)
+            workload = paced(workload, scenario, pace)
+            outcome.paced = {
+                "server_ms_per_token": None if pace is None else round(pace * 1000, 2),
+                "max_tokens": workload.max_tokens,
+            }
         address = Address.parse(base_url)
         one_client = partial(
             run_client, scenario=scenario, workload=workload, upstream=address, model=model,
-            workdir=workdir,
+            workdir=workdir, body_extra=REAL_BODY_EXTRA if emulator is None else None,
         )  # fmt: skip
         if emulator is None:
             # A real server has no ledger: run the clients one at a time so its /metrics
-            # counters can be read around each of them.
+            # counters, sampled around each of them, are that client's.
             for spec in chosen:
-                run, measured = await metered(upstream, partial(one_client, spec))
-                run.server_metrics = measured
+                run, samples = await sampled(upstream, partial(one_client, spec))
+                run.samples = [(s.at, s.running, s.generated) for s in samples]
                 runs.append(run)
         else:
 
@@ -159,6 +258,8 @@ def score_runs(
             declared,
         )
         score.metrics.update(run.server_metrics)
+        if not ledger and run.samples:
+            score.metrics.update(real_server_score(run, score.metrics))
         # Every built-in name is a client block, whether or not that client ran today.
         score.checks = evaluate_expect(
             expect, run.spec.name, score.metrics, [*BUILTIN_CLIENTS, *(c.name for c in clients)]
@@ -169,10 +270,52 @@ def score_runs(
                 f"result; its stderr ends with: {run.stderr_tail[-400:]}"
             )
         run.journal.write_ndjson(workdir / f"{run.spec.name}.journal.ndjson")
+        if run.samples:  # a real server's /metrics as sampled: what server.* came from
+            (workdir / f"{run.spec.name}.metrics.json").write_text(json.dumps(run.samples))
         outcome.scores.append(score)
     if runs:
         outcome.proof = fault_proof(declared, {run.spec.name: run.journal for run in runs})
         outcome.problems += proof_problems(scenario.name, outcome.proof, scenario.quiet_faults)
+
+
+def leg_time(journal: ConnectionJournal, direction: Direction, offset: int) -> float:
+    """When the byte at `offset` crossed the upstream leg `direction`-wards (wall clock)."""
+    return journal.time_at("upstream", direction.value, offset)
+
+
+def upstream_exchanges(run: ClientRun) -> list[UpstreamExchange]:
+    """Every request the client's proxy sent the real server, with the journal's times."""
+    found: list[UpstreamExchange] = []
+    for _, journal in sorted(run.journal.journals.items()):
+        closes = [
+            at + journal.clock_offset
+            for at, op, leg, direction, kind, _ in journal.records
+            if op == "end" and leg == "upstream" and direction == Direction.UPSTREAM.value
+            and kind in ("sent_fin", "sent_rst", "write_failed")
+        ]  # fmt: skip
+        found += exchanges_of(
+            journal.leg("upstream"),
+            partial(leg_time, journal),
+            min(closes, default=None),
+        )
+    return found
+
+
+def real_server_score(run: ClientRun, metrics: dict[str, Any]) -> dict[str, Any]:
+    """`server.*` of a real server from its sampled /metrics and the journal, and the
+    tokens per burst the client saw, which needs the tokens generated."""
+    results = (run.result or {}).get("results", [])
+    left = {
+        run.tags[int(r["index"])]: float(r["ended_at"])
+        for r in results
+        if r.get("ended_at") and int(r["index"]) < len(run.tags)
+    }
+    measured = real_server_metrics(upstream_exchanges(run), run.samples, left)
+    bursts = metrics.get("client.bursts") or 0
+    measured["client.tokens_per_burst"] = (
+        measured["server.tokens_generated"] / bursts if bursts else 0.0
+    )
+    return measured
 
 
 def proof_problems(
@@ -260,6 +403,10 @@ async def _run_all(
     workdir: Path,
     jobs: int,
 ) -> list[ScenarioOutcome]:
+    if upstream_url is not None:
+        # A real server's /metrics are sampled around each client and count every
+        # request it serves: one scenario at a time, or a neighbour's tokens are ours.
+        jobs = 1
     limiter = trio.CapacityLimiter(max(jobs, 1))
     outcomes: dict[int, ScenarioOutcome] = {}
     progress = Progress(len(scenarios))

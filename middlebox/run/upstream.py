@@ -11,9 +11,11 @@ journal: the first model (`GET /v1/models`), the emulator's ledger of generation
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -24,6 +26,12 @@ LEDGER_SETTLE_TIMEOUT = 15.0
 # vLLM's counters (vllm/v1/metrics/loggers.py) that scoring a real server reads
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"
+# /metrics is read back to back with this pause between reads: a read of vLLM's /metrics
+# takes ~8 ms here, so samples land every ~10-20 ms, finer than the tens of milliseconds
+# an abort takes (docs/real-vllm.md).
+SAMPLE_INTERVAL = 0.002
+
+T = TypeVar("T")
 
 
 class UpstreamError(Exception):
@@ -110,3 +118,108 @@ async def metered(upstream: UpstreamClient, run: Any) -> tuple[Any, dict[str, An
         "server.tokens_generated": int(after[GENERATION_TOKENS] - before[GENERATION_TOKENS]),
         "server.tokens_wasted": int(max(after[GENERATION_TOKENS] - ended[GENERATION_TOKENS], 0)),
     }
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One read of a real vLLM's /metrics: when (wall clock, midway through the read, so
+    it lines up with the journal and the clients' result files), the requests running
+    and the generation tokens counted so far."""
+
+    at: float
+    running: float
+    generated: float
+
+
+def sample_of(metrics: dict[str, float] | None, began: float, ended: float) -> MetricsSample | None:
+    if metrics is None or GENERATION_TOKENS not in metrics:
+        return None
+    return MetricsSample((began + ended) / 2, metrics.get(RUNNING, 0.0), metrics[GENERATION_TOKENS])
+
+
+def quiet(samples: list[MetricsSample]) -> bool:
+    """Nothing runs and the token counter stood still over the last two samples."""
+    return (
+        len(samples) >= 2
+        and samples[-1].running == 0
+        and samples[-1].generated == samples[-2].generated
+    )
+
+
+async def sampled(
+    upstream: UpstreamClient,
+    run: Callable[[], Awaitable[T]],
+    interval: float = SAMPLE_INTERVAL,
+    settle: float = LEDGER_SETTLE_TIMEOUT,
+) -> tuple[T, list[MetricsSample]]:
+    """Await `run()` while reading vLLM's /metrics back to back, and go on reading after it
+    until nothing runs and the counter stands still (bounded by `settle`): the samples
+    a real server's side is scored from (`middlebox.run.score.real_server_metrics`).
+    An upstream without vLLM's counters gives no samples."""
+    samples: list[MetricsSample] = []
+
+    async def read_one() -> MetricsSample | None:
+        began = time.time()
+        metrics = await ametrics(upstream)
+        found = sample_of(metrics, began, time.time())
+        if found is not None:
+            samples.append(found)
+        return found
+
+    if await read_one() is None:
+        return await run(), []
+
+    async def keep_reading() -> None:
+        while True:
+            await read_one()
+            await trio.sleep(interval)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keep_reading)
+        outcome = await run()
+        with trio.move_on_after(settle):
+            while True:
+                if quiet(samples):
+                    break
+                await trio.sleep(interval)
+        nursery.cancel_scope.cancel()
+    return outcome, samples
+
+
+PACE_TOKENS = 48
+
+
+def seconds_per_token(
+    upstream: UpstreamClient, model: str, tokens: int = PACE_TOKENS
+) -> float | None:
+    """How fast the server generates now: one streamed chat completion of `tokens` tokens
+    (`ignore_eos`, a vLLM sampling parameter, so it is that long), timed from asking to
+    its end. None when the server does not stream so."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "pace"}],
+        "max_tokens": tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    request = urllib.request.Request(
+        upstream.base_url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    began = time.time()
+    count = 0
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT * 3) as response:
+            for line in response:
+                if line.startswith(b"data: {") and b'"content"' in line and b'"role"' not in line:
+                    count += 1
+    except (OSError, ValueError):
+        return None
+    # the whole request over its tokens: chunks arrive in bursts (several per read), so
+    # gaps between arrivals say nothing; a short prompt's prefill is a token's worth
+    return (time.time() - began) / count if count >= tokens // 2 else None
+
+
+async def aseconds_per_token(upstream: UpstreamClient, model: str) -> float | None:
+    return await trio.to_thread.run_sync(seconds_per_token, upstream, model)

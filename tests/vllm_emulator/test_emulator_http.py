@@ -56,10 +56,11 @@ def test_a_chat_stream_has_vllms_headers_one_chunk_per_frame_and_the_ledger_text
 
 
 def test_the_same_request_gives_the_same_text_streamed_or_not(emulator: Any) -> None:
+    # `seed` pins vLLM's sampler per request; without it the second request draws anew
     server = emulator(seed=42)
-    status, _, body = server.request("POST", "/v1/chat/completions", chat(12))
+    status, _, body = server.request("POST", "/v1/chat/completions", chat(12, seed=5))
     assert status == 200
-    streamed = server.raw("/v1/chat/completions", chat(12, stream=True))
+    streamed = server.raw("/v1/chat/completions", chat(12, stream=True, seed=5))
     text = "".join(
         json.loads(f)["choices"][0]["delta"]["content"] for f in streamed.data_frames()[:-1]
     )
@@ -151,12 +152,12 @@ def test_without_max_tokens_a_request_ends_at_a_seeded_eos(emulator: Any) -> Non
 def test_stop_strings_trim_the_text_and_are_reported(emulator: Any) -> None:
     server = emulator()
     planned = json.loads(
-        server.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 80})[2]
+        server.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 80, "seed": 1})[2]
     )
     full = planned["choices"][0]["text"]
     stop = full[40:43]
     _, _, body = server.request(
-        "POST", "/v1/completions", {"prompt": "x", "max_tokens": 80, "stop": [stop]}
+        "POST", "/v1/completions", {"prompt": "x", "max_tokens": 80, "stop": [stop], "seed": 1}
     )
     choice = json.loads(body)["choices"][0]
     assert choice["text"] == full[: full.find(stop)]

@@ -54,9 +54,14 @@ def test_openai_streams_and_non_streams_completions_in_both_profiles(
 ) -> None:
     server = emulator(profile=profile)
     api = client(server)
-    stream = api.completions.create(model=MODEL, prompt="The capital", max_tokens=25, stream=True)
+    # the same `seed` (vLLM's per-request sampler seed) makes the two requests draw alike
+    stream = api.completions.create(
+        model=MODEL, prompt="The capital", max_tokens=25, stream=True, seed=3
+    )
     pieces = [(c.choices[0].text, c.choices[0].finish_reason) for c in stream if c.choices]
-    full = api.completions.create(model=MODEL, prompt="The capital", max_tokens=25, stop=["."])
+    full = api.completions.create(
+        model=MODEL, prompt="The capital", max_tokens=25, stop=["."], seed=3
+    )
     streamed, plain = server.ledger()
     assert "".join(p[0] for p in pieces) == streamed["text"]
     assert pieces[-1][1] == "length"
