@@ -200,3 +200,142 @@ def test_junk_from_an_upstream_never_crashes_the_scorer() -> None:
         "s", "raw", [tag], {"results": [shown("7")]}, [], [(chat_request(tag), junk)], [], []
     )
     assert score.requests[0].verdict == "complete"
+
+
+# ------------------------------------------------ issue 13: verdicts from the wire
+
+
+def client_request(tag: str, retry: int = 0) -> bytes:
+    """One attempt as it arrived on the client leg (the SDK's retry count header)."""
+    body = json.dumps({"messages": [{"role": "user", "content": f"{tag} hi"}], "stream": True})
+    data = body.encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nx-stainless-retry-count: %d\r\n"
+        b"Content-Length: %d\r\n\r\n" % (retry, len(data))
+    ) + data
+
+
+TOO_MANY = (
+    b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 2\r\n\r\n{}"
+)
+
+
+def test_the_whole_answer_then_an_error_is_its_own_verdict_counted_and_checkable() -> None:
+    from middlebox.report.scorecard import SEVERITY
+    from middlebox.run.score import METRICS
+
+    result = shown("héllo wörld", error="APIConnectionError: Connection error.")
+    assert request_verdict("héllo wörld", result) == "complete_then_error"
+    tag = "[middlebox s/openai/0]"
+    score = score_client(
+        "s", "openai", [tag], {"results": [result]}, [ledger_entry(tag, "héllo wörld")], [], [], []
+    )
+    assert score.verdicts()["requests"] == ["complete_then_error"]
+    assert score.metrics["client.complete_then_error"] == 1
+    assert score.metrics["client.complete"] == 0
+    assert "client.complete_then_error" in METRICS
+    assert expect_problems({"client.complete_then_error": 0}, ()) == []
+    checks = evaluate_expect({"client.complete_then_error": 0}, "openai", score.metrics, [])
+    assert [check.passed for check in checks] == [False]
+    ranked = SEVERITY.index
+    assert ranked("truncation_detected") < ranked("complete_then_error") < ranked("complete")
+
+
+def test_nothing_shown_plus_an_error_is_error_reported_whether_or_not_generation_began() -> None:
+    error = "APIConnectionError: reset"
+    assert request_verdict("héllo", shown("", error=error)) == "error_reported"
+    assert request_verdict(None, shown("", error=error)) == "error_reported"
+
+
+def test_attempts_come_from_the_client_leg_not_from_what_the_client_says() -> None:
+    """A user's own SDK client reports attempts: 1 against a 429-always gateway: the wire
+    shows three requests, two of them retries, none of which reached the upstream."""
+    tag = "[middlebox s/own-openai/0]"
+    legs = [(client_request(tag, retry), TOO_MANY) for retry in range(3)]
+    result = {"results": [shown("", error="RateLimitError: 429", attempts=1)]}
+    score = score_client("s", "own-openai", [tag], result, [], [], [], [], client_traffic=legs)
+    assert score.requests[0].verdict == "error_reported"
+    assert score.requests[0].attempts == 3
+    assert score.requests[0].reported_attempts == 1
+    assert score.metrics["client.retries"] == 2
+    assert score.metrics["client.amplification"] == 3
+    assert score.metrics["server.generations_per_request"] == 0
+    assert score.metrics["client.attempts_mismatch"] == 1
+    assert score.notes == ["request 0: the client reported 1 attempt(s), the wire shows 3"]
+    assert score.to_json()["notes"] == score.notes
+
+
+def test_attempts_of_other_requests_on_the_same_connection_are_not_counted() -> None:
+    tags = ["[middlebox s/raw/0]", "[middlebox s/raw/1]"]
+    keep_alive = (client_request(tags[0]) + client_request(tags[1]), b"")
+    results = {"results": [shown("a", attempts=1), {**shown("b", attempts=1), "index": 1}]}
+    score = score_client("s", "raw", tags, results, [], [], [], [], client_traffic=[keep_alive])
+    assert [request.attempts for request in score.requests] == [1, 1]
+    assert score.metrics["client.retries"] == 0
+    assert score.metrics["client.attempts_mismatch"] == 0
+
+
+DELTA = b'{"choices":[{"index":0,"delta":{"content":"%s"},"finish_reason":%s}]}'
+
+
+def test_a_real_servers_inband_error_frame_then_done_is_a_failed_generation() -> None:
+    """vLLM's `data: {"error": ...}` then `[DONE]`: a client that ignores the frame and
+    shows what came is silent_truncation, as emulator mode says of the same scenario."""
+    tag = "[middlebox s/httpx-sse/0]"
+    failed = sse_response(
+        DELTA % (b"h\\u00e9", b"null"), b'{"error":{"message":"boom"}}', b"[DONE]"
+    )
+    result = {"results": [shown("hé")]}
+    score = score_client("s", "httpx-sse", [tag], result, [], [(chat_request(tag), failed)], [], [])
+    assert score.requests[0].verdict == "silent_truncation"
+    assert score.requests[0].upstream_finish_reason == "error"
+
+
+def test_a_stream_cut_before_finish_reason_expects_what_it_had_sent_and_is_not_complete() -> None:
+    tag = "[middlebox s/raw/0]"
+    cut = sse_response(DELTA % (b"h\\u00e9", b"null"), DELTA % (b"llo", b"null"))
+    for result, verdict in [
+        (shown("héllo"), "silent_truncation"),
+        (shown("héllo", error="TruncatedStream: no finish_reason"), "truncation_detected"),
+    ]:
+        score = score_client(
+            "s", "raw", [tag], {"results": [result]}, [], [(chat_request(tag), cut)], [], []
+        )
+        assert score.requests[0].expected_chars == len("héllo")
+        assert score.requests[0].verdict == verdict
+
+
+@pytest.mark.parametrize(
+    ("reported", "upstream", "error", "flag"),
+    [
+        ("length", "length", None, None),
+        (None, "length", None, "length_hidden"),  # showed a cut answer as if whole
+        ("stop", "length", None, "stop_invented"),
+        ("stop", "abort", None, "stop_invented"),
+        ("stop", "stop", None, None),
+        (None, "length", "TruncatedStream: cut", None),  # it said something was wrong
+    ],
+)
+def test_the_clients_finish_reason_is_compared_with_the_upstreams(
+    reported: str | None, upstream: str, error: str | None, flag: str | None
+) -> None:
+    tag = "[middlebox s/openai/0]"
+    ledger = [ledger_entry(tag, "abc", finish_reason=upstream)]
+    result = {"results": [shown("abc", error=error, finish_reason=reported)]}
+    score = score_client("s", "openai", [tag], result, ledger, [], [], [])
+    request = score.requests[0]
+    assert (request.finish_reason, request.upstream_finish_reason) == (reported, upstream)
+    assert request.finish_flag == flag
+    assert score.verdicts()["finish_flags"] == [flag]
+    assert score.metrics["client.length_hidden"] == (flag == "length_hidden")
+    assert score.metrics["client.stop_invented"] == (flag == "stop_invented")
+
+
+def test_a_real_servers_length_reaches_the_finish_reason_comparison() -> None:
+    tag = "[middlebox s/raw/0]"
+    cut_by_max_tokens = sse_response(DELTA % (b"abc", b'"length"'), b"[DONE]")
+    traffic = [(chat_request(tag), cut_by_max_tokens)]
+    score = score_client("s", "raw", [tag], {"results": [shown("abc")]}, [], traffic, [], [])
+    assert score.requests[0].verdict == "complete"
+    assert score.requests[0].finish_flag == "length_hidden"

@@ -25,6 +25,7 @@ SEVERITY = [
     "truncation_detected",
     "error_reported",
     "abandoned",
+    "complete_then_error",
     "complete",
 ]
 GOOD = {"complete", "abandoned"}
@@ -38,6 +39,7 @@ COLOURS = {
     "truncation_detected": "yellow",
     "error_reported": "yellow",
     "abandoned": "cyan",
+    "complete_then_error": "yellow",
     "complete": "green",
 }
 SHORT = {
@@ -50,6 +52,7 @@ SHORT = {
     "truncation_detected": "detected",
     "error_reported": "error",
     "abandoned": "abandoned",
+    "complete_then_error": "ok+error",
     "complete": "ok",
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,13 +56,29 @@ def resolve_clients(names: Sequence[str], commands: Sequence[str]) -> list[Clien
         specs.append(ClientSpec(name, list(BUILTIN_CLIENTS[name])))
     for number, command in enumerate(commands, start=1):
         name, sep, rest = command.partition("=")
-        if sep and name.isidentifier():
-            specs.append(ClientSpec(name, shlex.split(rest)))
-        else:
-            specs.append(
-                ClientSpec(f"custom{number if len(commands) > 1 else ''}", shlex.split(command))
-            )
+        # NAME=COMMAND for any NAME without whitespace (`own-openai=python x.py`), else
+        # the whole text is the command
+        if not (sep and name and not any(c.isspace() for c in name)):
+            name, rest = f"custom{number if len(commands) > 1 else ''}", command
+        specs.append(ClientSpec(name, _client_argv(command, rest)))
     return specs
+
+
+def _client_argv(command: str, text: str) -> list[str]:
+    """A `--client-cmd` command as argv, or a RunError (one clear line) when it is empty,
+    cannot be split or names a program that cannot be found."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as error:
+        raise RunError(f"--client-cmd {command!r}: {error}") from None
+    if not argv:
+        raise RunError(f"--client-cmd {command!r}: no command to run (NAME=COMMAND or COMMAND)")
+    if shutil.which(argv[0]) is None and not os.access(argv[0], os.X_OK):
+        raise RunError(
+            f"--client-cmd {command!r}: {argv[0]!r} is not an executable program "
+            f"(give NAME=COMMAND or COMMAND, e.g. 'mine=python my_client.py')"
+        )
+    return argv
 
 
 @dataclass

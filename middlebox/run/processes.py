@@ -140,13 +140,18 @@ def emulator_url(line: str) -> str | None:
 
 
 def emulator_config(scenario: Scenario, seed: int) -> dict[str, Any]:
-    """The emulator's settings: the scenario's `upstream:` block, seeded by the run."""
+    """The emulator's settings: the scenario's `upstream:` block, seeded by the run.
+
+    The run's seed (the scenario's `seed:`, or `--seed`) is the emulator's seed: the
+    loaded block is an `EmulatorConfig` that always holds a `seed` (0 by default), so a
+    `setdefault` would never let the run's seed through and every run would generate
+    the same text whatever its seed."""
     upstream: Any = scenario.sections.get("upstream")
     if dataclasses.is_dataclass(upstream) and not isinstance(upstream, type):
         config = dataclasses.asdict(upstream)
     else:
         config = dict(upstream or {})
-    config.setdefault("seed", seed)
+    config["seed"] = seed
     return config
 
 

@@ -10,12 +10,21 @@ timing `metrics` (which vary with the machine), then the `expect:` checks.
 Client verdicts per request, worst first: `hang` (no result in bound), `silent_truncation`
 (reported success with less text than generated: the worst outcome a user can get),
 `mojibake`, `duplicated`, `missing_tokens`, `truncation_detected`, `error_reported`
-(the request never produced text and the client said so), `abandoned` (on purpose),
+(the client showed no text and surfaced an error: one rule, whether or not the upstream
+had begun generating), `abandoned` (on purpose), `complete_then_error` (the whole answer
+shown, then an error surfaced: a real app may discard it or retry the whole generation),
 `complete`.
+
+Attempts come from the wire: each request on the client leg of the journal whose body
+carries the logical request's tag is one attempt, answered by the upstream or by a fault
+(a gateway's 429); the client's own `attempts` is only a cross-check. A client's
+`finish_reason` is compared with the upstream's: `length` hidden or `stop` invented is
+flagged per request (`finish_flag`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import statistics
@@ -34,6 +43,8 @@ BURST_GAP = 0.010
 METRICS: dict[str, str] = {
     "client.requests": "logical requests the client was asked to make",
     "client.complete": "requests whose shown text equals what the upstream generated",
+    "client.complete_then_error": "requests whose whole answer was shown, then an error "
+    "surfaced (a real app may discard or retry it)",
     "client.silent_truncations": "requests reported as successful with text missing",
     "client.truncations_detected": "requests cut short where the client surfaced an error",
     "client.errors_reported": "requests that produced no text and surfaced an error",
@@ -45,8 +56,14 @@ METRICS: dict[str, str] = {
     "client.hangs": "requests with no result within the workload timeout",
     "client.abandoned": "requests the client abandoned on purpose",
     "client.resumed": "reconnects with Last-Event-ID",
-    "client.retries": "HTTP attempts beyond the first, summed",
-    "client.amplification": "upstream generations per logical request (largest)",
+    "client.retries": "HTTP attempts beyond the first, summed (counted on the wire)",
+    "client.amplification": "HTTP attempts per logical request, counted on the wire, "
+    "those a fault answered included (largest)",
+    "client.attempts_mismatch": "requests whose self-reported attempts differ from the wire",
+    "client.length_hidden": "requests cut by max_tokens (finish_reason length) the client "
+    "did not report as length",
+    "client.stop_invented": "requests the client reported as finish_reason stop where the "
+    "upstream sent no stop",
     "client.perceived_ttft_ms": "time from request start to the first shown text (list)",
     "client.itl_ms": "gaps between shown pieces (list)",
     "client.largest_gap_ms": "the longest wait between two shown pieces",
@@ -54,6 +71,7 @@ METRICS: dict[str, str] = {
     "client.tokens_per_burst": "upstream tokens per burst the client saw (1 = smooth)",
     "client.stall_detect_ms": "time from the last shown piece to a surfaced error (list)",
     "server.generations": "generations the upstream ran",
+    "server.generations_per_request": "upstream generations per logical request (largest)",
     "server.tokens_generated": "tokens the upstream generated",
     "server.tokens_wasted": "tokens generated after the client had gone (ledger, or token "
     "times after the client stopped reading)",
@@ -78,6 +96,15 @@ class RequestScore:
     attempts: int
     generations: int
     error: str | None = None
+    # what the client said about itself, kept as a cross-check of the wire's `attempts`
+    reported_attempts: int | None = None
+    finish_reason: str | None = None  # the client's
+    upstream_finish_reason: str | None = None
+    finish_flag: str | None = None  # "length_hidden", "stop_invented" or None
+    # digests of the expected and shown text: `replay` proves the same text, not only
+    # the same verdicts
+    expected_digest: str = ""
+    shown_digest: str = ""
 
 
 @dataclass
@@ -101,6 +128,9 @@ class ClientScore:
     faults_fired: list[str] = field(default_factory=list)
     faults_declared: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
+    # cross-checks that do not fail the run: a client's self-reported attempts that
+    # differ from what the wire shows
+    notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -110,6 +140,7 @@ class ClientScore:
         """The categorical, seed-deterministic part of the score."""
         return {
             "requests": [request.verdict for request in self.requests],
+            "finish_flags": [request.finish_flag for request in self.requests],
             "faults_fired": self.faults_fired,
             "checks": {check.name: check.passed for check in self.checks},
         }
@@ -123,6 +154,7 @@ class ClientScore:
             "metrics": self.metrics,
             "faults_declared": self.faults_declared,
             "checks": [vars(check) for check in self.checks],
+            "notes": self.notes,
         }
 
 
@@ -137,6 +169,10 @@ def request_verdict(expected: str | None, result: Mapping[str, Any] | None) -> s
         return "abandoned"
     shown: str = result.get("text") or ""
     error = result.get("error")
+    if error and not shown:
+        # One rule for "nothing shown, an error surfaced", whether or not the upstream
+        # had begun generating: the user saw no answer and was told so.
+        return "error_reported"
     if expected is None:
         # Nothing finished upstream to compare with: the request never reached the
         # server (a 429 from a hop), or a real server's stream never finished.
@@ -144,7 +180,10 @@ def request_verdict(expected: str | None, result: Mapping[str, Any] | None) -> s
             return "truncation_detected" if shown else "error_reported"
         return "silent_truncation"
     if shown == expected:
-        return "complete"
+        # The whole answer, then an error (an RST after the last token: openai-python
+        # raises APIConnectionError, httpx-sse, aiohttp and fetch raise too): the user
+        # saw it all, but the app was told it failed and may discard or retry it.
+        return "complete_then_error" if error else "complete"
     if "\ufffd" in shown and "\ufffd" not in expected:
         return "mojibake"
     if expected.startswith(shown):
@@ -177,13 +216,16 @@ def _json_object(event: SseEvent) -> dict[str, Any] | None:
 def upstream_generations(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str, bool]]:
     """What a real server sent, from the upstream leg of the journal: per response, the
     request body it answered, the text it streamed (chat deltas or completion text) and
-    whether it finished (a finish_reason or `[DONE]`). This is the expected text when
+    whether it finished (a finish_reason or `[DONE]`, and no in-band error: vLLM's
+    `data: {"error": ...}` frame followed by `[DONE]` is a failed generation, as the
+    emulator's ledger says `finish_reason: error`). This is the expected text when
     there is no emulator ledger."""
     found: list[tuple[str, str, bool]] = []
     for leg in traffic:
         record = _framed(leg)
         texts: dict[int, list[str]] = {}
         finished: dict[int, bool] = {}
+        failed: set[int] = set()
         for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
             if is_event_stream(head):
                 texts[message], finished[message] = [], False
@@ -192,6 +234,8 @@ def upstream_generations(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str,
                 continue
             finished[message] = finished[message] or event.is_done
             payload = _json_object(event)
+            if payload is not None and "error" in payload:
+                failed.add(message)
             choices = payload.get("choices") if payload is not None else None
             for choice in choices if isinstance(choices, list) else []:
                 # A hostile or broken upstream may send anything: judge only the
@@ -205,8 +249,71 @@ def upstream_generations(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str,
                     finished[message] = True
         for message, parts in texts.items():
             body = record.request_body(message).decode("utf-8", "replace")
-            found.append((body, "".join(parts), finished[message]))
+            found.append((body, "".join(parts), finished[message] and message not in failed))
     return found
+
+
+def upstream_finish_reasons(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str | None]]:
+    """Per event-stream response on the upstream leg, its request body and the last
+    `finish_reason` of choice 0 it carried (None: the stream never said why it ended;
+    "error" when an in-band error frame came instead)."""
+    found: list[tuple[str, str | None]] = []
+    for leg in traffic:
+        record = _framed(leg)
+        reasons: dict[int, str | None] = {}
+        for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
+            if is_event_stream(head):
+                reasons[message] = None
+        for message, _, event in record.events[Direction.DOWNSTREAM]:
+            payload = _json_object(event) if message in reasons else None
+            if payload is None:
+                continue
+            if "error" in payload:
+                reasons[message] = "error"
+            choices = payload.get("choices")
+            for choice in choices if isinstance(choices, list) else []:
+                if (
+                    isinstance(choice, dict)
+                    and choice.get("index", 0) == 0
+                    and isinstance(choice.get("finish_reason"), str)
+                ):
+                    reasons[message] = choice["finish_reason"]
+        for message, reason in reasons.items():
+            found.append((record.request_body(message).decode("utf-8", "replace"), reason))
+    return found
+
+
+def wire_attempts(client_traffic: Iterable[UpstreamLeg], tag: str) -> int:
+    """HTTP requests the client sent for one logical request: those on the client leg
+    whose body carries its tag, whoever answered them (the upstream, or a fault such as
+    a gateway's 429 that never let them through)."""
+    count = 0
+    for leg in client_traffic:
+        record = _framed(leg)
+        for message, _, _, _ in record.heads[Direction.UPSTREAM]:
+            if tag in record.request_body(message).decode("utf-8", "replace"):
+                count += 1
+    return count
+
+
+def finish_flag(
+    reported: str | None, upstream: str | None, result: Mapping[str, Any] | None
+) -> str | None:
+    """`length_hidden`: the upstream stopped at max_tokens and the client, reporting
+    success, did not say `length` (the seed article: "a completed stream is not a
+    complete answer"). `stop_invented`: the client says `stop` where the upstream sent
+    no stop (cut, aborted, failed or cut at max_tokens)."""
+    if result is None or result.get("abandoned"):
+        return None
+    if reported == "stop" and upstream != "stop":
+        return "stop_invented"
+    if upstream == "length" and reported != "length" and not result.get("error"):
+        return "length_hidden"
+    return None
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def ledger_for(ledger: Iterable[Mapping[str, Any]], tag: str) -> list[Mapping[str, Any]]:
@@ -558,9 +665,12 @@ def score_client(
     upstream_traffic: Sequence[UpstreamLeg],
     fault_reports: Iterable[tuple[str, str]],
     faults_declared: list[str],
+    client_traffic: Sequence[UpstreamLeg] | None = None,
 ) -> ClientScore:
     """Score one client's run of one scenario. `upstream_traffic` holds, per connection,
-    the (request bytes, response bytes) seen on the upstream leg."""
+    the (request bytes, response bytes) seen on the upstream leg; `client_traffic` the
+    same for the client leg, where attempts are counted (None: no journal of the client
+    leg, so the client's own `attempts` is all there is)."""
     score = ClientScore(scenario, client, faults_declared=faults_declared)
     results = {int(r["index"]): r for r in (result or {}).get("results", [])}
     all_entries: list[Mapping[str, Any]] = []
@@ -574,6 +684,7 @@ def score_client(
     unseen_waste = 0
     # With no emulator ledger (a real server), the upstream's own bytes say what it sent.
     sent = [] if ledger else upstream_generations(upstream_traffic)
+    reasons_sent = [] if ledger else upstream_finish_reasons(upstream_traffic)
     for index, tag in enumerate(tags):
         entries = ledger_for(ledger, tag)
         all_entries.extend(entries)
@@ -590,15 +701,35 @@ def score_client(
         expected, finished = expected_text(entries, generations, shown_text, bool(ledger))
         verdict = request_verdict(expected, request_result)
         verdict = judge_drawn(verdict, drawn, finished, shown_text, request_result)
+        if verdict == "complete_then_error" and not finished:
+            verdict = "truncation_detected"  # all it had sent, but it was cut
+        reported = (request_result or {}).get("attempts")
+        reported_attempts = int(reported) if reported is not None else None
+        if client_traffic is not None:
+            attempts = wire_attempts(client_traffic, tag)
+        else:
+            attempts = reported_attempts or 0
+        if ledger:
+            upstream_reason = entries[-1].get("finish_reason") if entries else None
+        else:
+            ours = [reason for body, reason in reasons_sent if tag in body]
+            upstream_reason = ours[-1] if ours else None
+        client_reason = (request_result or {}).get("finish_reason")
         score.requests.append(
             RequestScore(
                 index=index,
                 verdict=verdict,
                 expected_chars=len(expected or ""),
                 shown_chars=len((request_result or {}).get("text") or ""),
-                attempts=int((request_result or {}).get("attempts") or 0),
+                attempts=attempts,
                 generations=len(entries) if ledger else len(generations),
                 error=(request_result or {}).get("error"),
+                reported_attempts=reported_attempts,
+                finish_reason=client_reason,
+                upstream_finish_reason=upstream_reason,
+                finish_flag=finish_flag(client_reason, upstream_reason, request_result),
+                expected_digest=_digest(expected or ""),
+                shown_digest=_digest(shown_text),
             )
         )
         if request_result is not None:
@@ -612,9 +743,23 @@ def score_client(
             largest_gap = max(largest_gap, shown["largest_gap_ms"])
 
     verdicts = [request.verdict for request in score.requests]
+    flags = [request.finish_flag for request in score.requests]
+    mismatched = [
+        request
+        for request in score.requests
+        if client_traffic is not None
+        and request.reported_attempts is not None
+        and request.reported_attempts != request.attempts
+    ]
+    score.notes = [
+        f"request {request.index}: the client reported {request.reported_attempts} "
+        f"attempt(s), the wire shows {request.attempts}"
+        for request in mismatched
+    ]
     metrics: dict[str, Any] = {
         "client.requests": len(tags),
         "client.complete": verdicts.count("complete"),
+        "client.complete_then_error": verdicts.count("complete_then_error"),
         "client.silent_truncations": verdicts.count("silent_truncation"),
         "client.truncations_detected": verdicts.count("truncation_detected"),
         "client.errors_reported": verdicts.count("error_reported"),
@@ -625,8 +770,14 @@ def score_client(
         "client.hangs": verdicts.count("hang"),
         "client.abandoned": verdicts.count("abandoned"),
         "client.resumed": sum(int(r.get("resumes") or 0) for r in results.values()),
-        "client.retries": sum(max(int(r.get("attempts") or 1) - 1, 0) for r in results.values()),
-        "client.amplification": max((request.generations for request in score.requests), default=0),
+        "client.retries": sum(max(request.attempts - 1, 0) for request in score.requests),
+        "client.amplification": max((request.attempts for request in score.requests), default=0),
+        "client.attempts_mismatch": len(mismatched),
+        "client.length_hidden": flags.count("length_hidden"),
+        "client.stop_invented": flags.count("stop_invented"),
+        "server.generations_per_request": max(
+            (request.generations for request in score.requests), default=0
+        ),
         "client.largest_gap_ms": largest_gap,
         "client.bursts": bursts,
         **timings,

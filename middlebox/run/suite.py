@@ -247,6 +247,8 @@ def score_runs(
             for _, j in sorted(run.journal.journals.items())
         ]
         reports = [(r.fault, r.action) for r in run.journal.fault_reports()]
+        # attempts are counted where the client sent them: its leg of the journal
+        client_traffic = [j.leg("client") for _, j in sorted(run.journal.journals.items())]
         score = score_client(
             scenario.name,
             run.spec.name,
@@ -256,6 +258,7 @@ def score_runs(
             traffic,
             reports,
             declared,
+            client_traffic=client_traffic,
         )
         score.metrics.update(run.server_metrics)
         if not ledger and run.samples:
@@ -322,9 +325,11 @@ def proof_problems(
     scenario: str, proof: dict[str, Any], quiet_faults: tuple[str, ...] = ()
 ) -> list[str]:
     """Fail loudly when the run proves nothing: a client whose traffic never reached the
-    proxy (it bypassed it), or a declared fault that fired for no client at all. A fault
-    that fired for some clients only stays a per-client warning in the scorecard. Faults
-    the scenario lists as `quiet_faults` must fire for no client instead."""
+    proxy (it bypassed it), a declared fault that fired for no client at all, or one that
+    fired for some clients but never for one that reached the proxy (that client's
+    verdict proves nothing about the fault: its requests did not match, e.g. an
+    EventSource `GET` past a `match:` on the POST). Faults the scenario lists as
+    `quiet_faults` must fire for no client instead."""
     problems = [
         f"{scenario}/{client}: no connection reached the proxy (0 connections): the "
         f"client bypassed it or never connected, so nothing was tested"
@@ -338,6 +343,15 @@ def proof_problems(
             f"did not test what it claims"
             for name, counts in proof["faults"].items()
             if counts["fired"] == 0 and name not in quiet_faults
+        ]
+        problems += [
+            f"{scenario}/{client}: declared fault {name!r} fired for "
+            f"{', '.join(counts['clients_fired'])} but never for {client}: its verdict "
+            f"does not test the fault"
+            for name, counts in proof["faults"].items()
+            if counts["fired"] and name not in quiet_faults
+            for client in counts.get("clients_bypassed", [])
+            if proof["connections"].get(client)
         ]
         problems += [
             f"{scenario}: fault {name!r} is listed in quiet_faults but fired "

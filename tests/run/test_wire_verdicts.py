@@ -1,0 +1,122 @@
+"""Issue 13 in the runner: per-client fault proof, `--client-cmd` names, seeds that reach
+the emulator, and `replay` comparing the generated text as well as the verdicts."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from middlebox.cli.main import main
+from middlebox.compose import load
+from middlebox.run.client_runs import resolve_clients
+from middlebox.run.outcome import RunError
+from middlebox.run.processes import EmulatorProcess, emulator_config
+from middlebox.run.replay import text_differences
+from middlebox.run.suite import proof_problems
+
+LIBRARY = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+def test_a_fault_that_fired_for_some_clients_but_never_for_one_is_that_ones_problem() -> None:
+    proof = {
+        "connections": {"openai": 1, "browser-eventsource": 2},
+        "faults": {
+            "cut": {
+                "fired": 1,
+                "bypassed": 2,
+                "clients_fired": ["openai"],
+                "clients_bypassed": ["browser-eventsource"],
+            }
+        },
+    }
+    problems = proof_problems("s", proof)
+    assert problems == [
+        "s/browser-eventsource: declared fault 'cut' fired for openai but never for "
+        "browser-eventsource: its verdict does not test the fault"
+    ]
+    quiet = proof_problems("s", proof, quiet_faults=("cut",))
+    assert not any("never for" in problem for problem in quiet)
+
+
+def test_a_client_cmd_name_is_anything_without_an_equals_sign() -> None:
+    (spec,) = resolve_clients([], ["own-openai=python x.py"])
+    assert (spec.name, spec.argv) == ("own-openai", ["python", "x.py"])
+    (plain,) = resolve_clients([], ["python -c 'a=1'"])
+    assert (plain.name, plain.argv) == ("custom", ["python", "-c", "a=1"])
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        ("mine=no-such-program-xyz x.py", "'no-such-program-xyz' is not an executable program"),
+        ("mine=", "no command to run"),
+        ("mine=python 'x.py", "No closing quotation"),
+    ],
+)
+def test_a_bad_client_cmd_is_one_clear_error(command: str, says: str) -> None:
+    with pytest.raises(RunError, match=says):
+        resolve_clients([], [command])
+
+
+def test_the_cli_reports_a_bad_client_cmd_in_one_line_without_a_traceback() -> None:
+    scenario = str(LIBRARY / "healthy-baseline.yaml")
+    result = CliRunner().invoke(
+        main, ["run", scenario, "--client-cmd", "own-openai=no-such-program-xyz x.py"]
+    )
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no-such-program-xyz" in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_the_runs_seed_reaches_the_emulator_config() -> None:
+    scenario = load(LIBRARY / "healthy-baseline.yaml")
+    assert emulator_config(scenario, 12345)["seed"] == 12345
+    assert emulator_config(scenario, scenario.seed)["seed"] == scenario.seed
+
+
+def _completion(url: str) -> str:
+    body = json.dumps({"prompt": "[middlebox seed/raw/0] hi", "max_tokens": 24}).encode()
+    request = urllib.request.Request(
+        f"{url}/v1/completions", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(json.load(response)["choices"][0]["text"])
+
+
+@pytest.mark.e2e
+def test_two_seeds_give_different_text_and_the_same_seed_the_same(tmp_path: Path) -> None:
+    scenario = load(LIBRARY / "healthy-baseline.yaml")
+    texts = []
+    for number, seed in enumerate([1, 2, 1]):
+        emulator = EmulatorProcess(
+            emulator_config(scenario, seed), tmp_path, name=f"emulator{number}"
+        )
+        try:
+            texts.append(_completion(emulator.url))
+        finally:
+            emulator.stop()
+    assert texts[0] == texts[2]
+    assert texts[0] != texts[1]
+
+
+def _report(expected: str, shown: str) -> dict[str, object]:
+    request = {"index": 0, "verdict": "complete", "expected_digest": expected,
+               "shown_digest": shown}  # fmt: skip
+    return {"scenarios": [{"name": "s", "results": [{"client": "raw", "requests": [request]}]}]}
+
+
+def test_replay_compares_the_generated_and_shown_text_not_only_the_verdicts() -> None:
+    assert text_differences(_report("a1", "b1"), _report("a1", "b1")) == []
+    assert text_differences(_report("a1", "b1"), _report("a2", "b1")) == [
+        "s/raw: request 0: generated text differs"
+    ]
+    assert text_differences(_report("a1", "b1"), _report("a1", "b2")) == [
+        "s/raw: request 0: shown text differs"
+    ]
+    # a report from before the digests has nothing to compare
+    assert text_differences(_report("", ""), _report("a1", "b1")) == []
