@@ -212,3 +212,47 @@ async def test_a_key_in_the_query_body_and_a_custom_header_leaves_no_trace(
     request_bytes = view.captured[("client", "upstream")]
     assert b"?key=[redacted]" in request_bytes and b"X-Internal-Token: [redacted]" in request_bytes
     assert b'"api_key":"[redacted]"' in request_bytes
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+async def test_workers_die_with_a_sigkilled_supervisor_and_journal_what_they_finished(
+    tmp_path: Path,
+) -> None:
+    journal = tmp_path / "journal.ndjson"
+    async with trio.open_nursery() as nursery:
+        process, port = await start_proxy(nursery, journal, "--workers", "2")
+        try:
+            with trio.fail_after(30):
+                pids = children_of(process.pid)
+                assert len(pids) == 2
+                await exchanges(port, 20)
+                os.kill(process.pid, signal.SIGKILL)
+                await process.wait()
+                # each worker got SIGTERM from the kernel (PR_SET_PDEATHSIG) and drained
+                assert await settle(lambda: not any(alive(pid) for pid in pids), 10), pids
+        finally:
+            await stop(process)
+            for pid in pids if "pids" in locals() else []:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)  # the workers we started, by PID
+        nursery.cancel_scope.cancel()
+    finished = [
+        view
+        for worker in (0, 1)
+        for view in read_ndjson(Path(f"{journal}.w{worker}"))
+        if view.summary
+    ]
+    # worker i numbers its k-th connection (k - 1) * 2 + i + 1: unique over both files
+    ids = [view.connection for view in finished]
+    assert len(ids) == len(set(ids)) == 20
