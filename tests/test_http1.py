@@ -244,10 +244,23 @@ def test_a_2xx_answer_to_connect_starts_a_tunnel_but_a_407_does_not() -> None:
     assert kinds(no) == [H, B] and not framer.tunnel
 
 
-def test_a_connect_request_is_followed_by_tunnel_bytes() -> None:
-    pieces, framer = frame("request", [b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n\x16\x03"])
-    assert kinds(pieces) == [H, OP] and framer.tunnel
+def test_a_connect_request_is_refused_405_and_what_follows_is_framed_not_tunnelled() -> None:
+    # A reverse proxy opens no tunnel before a 2xx (nginx answers CONNECT 405): bytes
+    # after the head are, as far as the proxy knows, the next request (issue 14).
+    chat = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+    pieces, framer = frame("request", [b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n" + chat])
+    assert kinds(pieces) == [H, H] and not framer.tunnel
     assert pieces[0].head is not None and pieces[0].head.method == "CONNECT"
+    assert framer.refusal is not None and framer.refusal.status == 405
+    assert framer.refusal.message == 0 and framer.refusal.offset == 0
+
+
+def test_a_2xx_to_connect_turns_the_request_stream_into_a_tunnel() -> None:
+    exchange = Http1Exchange()
+    exchange.feed(UP, b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n")
+    exchange.feed(DOWN, b"HTTP/1.1 200 Established\r\n\r\n")
+    tls = exchange.feed(UP, b"\x16\x03\x01")
+    assert [p.kind for p in tls] == [OP] and exchange.requests.tunnel
 
 
 @pytest.mark.parametrize(

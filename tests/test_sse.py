@@ -310,3 +310,21 @@ def test_random_splits_of_a_long_vllm_stream_give_the_same_events(data: st.DataO
     assert joined(pieces) == stream
     assert [e.raw for e in events(pieces)] == VLLM_FRAMES[:-1] * 20 + [VLLM_FRAMES[-1]]
     assert framer.done and not framer.truncated
+
+
+def test_an_id_takes_effect_only_when_its_block_is_dispatched() -> None:
+    # WPT eventsource/format-data-before-final-empty-line: the last block has no blank
+    # line, so it is never dispatched and its id never becomes the last event ID.
+    framer = SseFramer()
+    framer.feed(b"id: 1\ndata: a\n\nid: 2\ndata: b")
+    assert framer.last_event_id == "1"
+    framer.feed_eof()
+    assert framer.last_event_id == "1" and framer.truncated
+
+
+def test_an_id_in_a_block_without_data_still_sets_the_last_event_id_at_dispatch() -> None:
+    # WHATWG 9.2.6 dispatch step 1 runs before the empty-data check; the buffer persists.
+    framer = SseFramer()
+    pieces = framer.feed(b"id: 7\n\ndata: x\n\n")
+    events = [p.event for p in pieces if p.event is not None]
+    assert framer.last_event_id == "7" and [e.last_event_id for e in events] == ["7"]

@@ -197,7 +197,7 @@ class FramedStream:
                     if other.http is not None:
                         other.http.expect_response_to(head.method or "GET")
             else:
-                if head.status == 101:
+                if self.http is not None and self.http.tunnel:  # a 101, a 2xx to CONNECT
                     for other in self.tunnels:
                         if other.http is not None:
                             other.http.start_tunnel()

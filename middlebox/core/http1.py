@@ -51,10 +51,18 @@ _CR = 0x0D
 
 # RFC 9112 §7.1: chunk-size [chunk-ext] CRLF. Extensions are kept verbatim and only
 # checked for line-breaking bytes; a bare LF line end is accepted as RFC 9112 §2.2
-# allows. 16 hex digits is the most a 64-bit size needs.
-_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n\Z")
+# allows. Leading zeros are allowed (an 18-digit zero-padded size is valid); the value
+# must fit nginx's off_t (ngx_http_parse_chunked: "invalid chunked body" past it), so
+# `ffffffffffffffff` is refused at once instead of waited for.
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]+)[ \t]*(?:;[^\r\n]*)?\r?\n\Z")
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _VERSION = re.compile(r"HTTP/1\.[0-9]\Z")
+# Control bytes (NUL, CTLs but HTAB, DEL) that h11 and llhttp's strict mode refuse in a
+# request target, a reason phrase and field values (RFC 9110 §5.5, RFC 9112 §3.2, §4).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+MAX_BODY_SIZE = 2**63 - 1
+"""The largest Content-Length or chunk size accepted: nginx's NGX_MAX_OFF_T_VALUE (a
+20-digit length is "client sent invalid Content-Length header", 400)."""
 
 
 class PieceKind(enum.Enum):
@@ -145,6 +153,21 @@ class Piece:
     end_of_message: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The first message on a stream that an intermediary must not pass on as it is
+    (RFC 9112 §6.1, §6.3, §7; nginx 1.22's answers): where it starts (`message`,
+    `offset`), where the unframeable bytes start (`at`), why, and the status nginx
+    answers it with (`status` None: bytes after `Connection: close`, which nginx reads
+    and discards without an answer)."""
+
+    message: int
+    offset: int
+    at: int
+    reason: str
+    status: int | None = 400
+
+
 _MERGEABLE = (PieceKind.BODY, PieceKind.OPAQUE)
 
 
@@ -170,7 +193,9 @@ def coalesce(pieces: Iterable[Piece]) -> list[Piece]:
 
 
 class _Malformed(ValueError):
-    pass
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.status = status
 
 
 class _State(enum.Enum):
@@ -182,6 +207,7 @@ class _State(enum.Enum):
     CHUNK_CRLF = "chunk_crlf"
     TRAILERS = "trailers"
     OPAQUE = "opaque"
+    CLOSED = "closed"  # after a Connection: close message: nothing more should come
 
 
 _BODY_STATES = frozenset(
@@ -226,6 +252,9 @@ class Http1Framer:
         self._body_received = 0
         self._tunnel = False
         self._degraded: str | None = None
+        self._refusal: Refusal | None = None
+        self._message_start = 0  # stream offset where the current message began
+        self._closed = False  # the last message had Connection: close (RFC 9112 §9.6)
         self._truncated = False
         self._eof = False
 
@@ -261,6 +290,8 @@ class Http1Framer:
         """Between messages: the last one ended and no byte of the next has arrived
         (blank lines between messages, which RFC 9112 §2.2 lets a recipient skip, aside).
         False in a tunnel or after degrading."""
+        if self._state is _State.CLOSED:
+            return True
         return self._state is _State.HEAD and not self._interim and self._start == len(self._buf)
 
     @property
@@ -272,6 +303,12 @@ class Http1Framer:
     def degraded(self) -> str | None:
         """Why the framer gave up on malformed input (the rest is OPAQUE), or None."""
         return self._degraded
+
+    @property
+    def refusal(self) -> Refusal | None:
+        """The first message an intermediary must refuse (malformed framing, a CONNECT,
+        bytes after `Connection: close`), or None: what fail-closed answers with."""
+        return self._refusal
 
     @property
     def truncated(self) -> bool:
@@ -306,8 +343,9 @@ class Http1Framer:
         self._methods.append(method.upper())
 
     def start_tunnel(self) -> None:
-        """From here on everything is OPAQUE (e.g. a request stream after the server's 101).
-        Held bytes go out as OPAQUE with the next feed (`feed(b"")` releases them now)."""
+        """From here on everything is OPAQUE (e.g. a request stream after the server's 101,
+        or the 2xx to a CONNECT). Held bytes go out as OPAQUE with the next feed
+        (`feed(b"")` releases them now)."""
         if self._state is not _State.OPAQUE:
             self._tunnel = True
             self._state = _State.OPAQUE
@@ -363,10 +401,19 @@ class Http1Framer:
         self._message += 1
         self._interim = False
         self._body_received = 0
-        self._state = _State.HEAD
+        self._message_start = self._offset
+        # RFC 9112 §9.6: after a Connection: close message the sender sends no more.
+        self._state = _State.CLOSED if self._closed else _State.HEAD
 
-    def _degrade(self, reason: str) -> bool:
+    def _refuse(self, reason: str, status: int | None) -> None:
+        if self._refusal is None:
+            self._refusal = Refusal(
+                self._message, self._message_start, self._offset, reason, status
+            )
+
+    def _degrade(self, reason: str, status: int = 400) -> bool:
         self._degraded = reason
+        self._refuse(reason, status)
         self._state = _State.OPAQUE
         return True
 
@@ -397,6 +444,14 @@ class Http1Framer:
         buf = self._buf
         if state is _State.OPAQUE:
             self._emit(out, PieceKind.OPAQUE, len(buf))
+            return True
+        if state is _State.CLOSED:
+            # What follows a Connection: close message is not a second message (nginx
+            # reads and discards it, answering nothing).
+            reason = "data after Connection: close"
+            self._refuse(reason, None)
+            self._degraded = reason
+            self._state = _State.OPAQUE
             return True
         if state is _State.HEAD:
             try:
@@ -429,6 +484,8 @@ class Http1Framer:
             if match is None:
                 return self._degrade(f"malformed chunk-size line {bytes(buf[: nl + 1])!r}")
             size = int(match.group(1), 16)
+            if size > MAX_BODY_SIZE:
+                return self._degrade(f"chunk size {match.group(1)!r} too large")
             if size == 0:
                 self._emit(out, PieceKind.LAST_CHUNK, nl + 1)
                 self._state = _State.TRAILERS
@@ -466,8 +523,14 @@ class Http1Framer:
             head = _parse_head(bytes(self._buf[self._start : end]), self.role)
             mode, length = self._body_mode(head)
         except _Malformed as exc:
-            return self._degrade(str(exc))
+            return self._degrade(str(exc), exc.status)
         self._head = head
+        if not head.is_interim and not head.keep_alive and mode is not _State.OPAQUE:
+            self._closed = True
+        if head.method == "CONNECT":
+            # nginx answers CONNECT 405 and closes (ngx_http_process_request_header): a
+            # reverse proxy opens no tunnel. The framer still frames what follows.
+            self._refuse("CONNECT method", 405)
         if self.role == "response" and not head.is_interim:
             self._method = self._methods.popleft() if self._methods else "GET"
         elif self.role == "request":
@@ -495,13 +558,27 @@ class Http1Framer:
             if head.is_interim or head.status in (204, 304) or method == "HEAD":
                 return _State.HEAD, 0
         elif head.method == "CONNECT":
-            # The client may start the tunnel before the 2xx arrives.
-            return _State.OPAQUE, 0
-        if head.header_values("transfer-encoding"):
+            # A CONNECT has no body (RFC 9110 §9.3.6); the request stream turns into a
+            # tunnel only when a 2xx answers it (`start_tunnel`), never before: bytes
+            # sent ahead of the answer are the next request as far as a proxy knows.
+            return _State.HEAD, 0
+        codings = head.header_values("transfer-encoding")
+        if codings:
+            if head.header_values("content-length"):
+                # RFC 9112 §6.1: an intermediary must not forward both; nginx: 400 for a
+                # request, 502 ("upstream sent both") for a response.
+                raise _Malformed("Content-Length and Transfer-Encoding together")
+            if head.is_request and head.version == "HTTP/1.0":
+                # RFC 9112 §6.1: TE in a 1.0 message is faulty framing; nginx: 400.
+                raise _Malformed("Transfer-Encoding in an HTTP/1.0 request")
+            if len(codings) > 1 or head.tokens("transfer-encoding").count("chunked") > 1:
+                # RFC 9112 §7: chunked at most once; nginx refuses a repeated header line.
+                raise _Malformed("Transfer-Encoding repeated")
             if head.is_chunked:
                 return _State.CHUNK_SIZE, 0
             if head.is_request:
-                raise _Malformed("request Transfer-Encoding does not end in chunked")
+                # nginx: "client sent unknown Transfer-Encoding", 501 Not Implemented.
+                raise _Malformed("request Transfer-Encoding does not end in chunked", 501)
             return _State.UNTIL_CLOSE, 0
         length = _content_length(head)
         if length is not None:
@@ -519,6 +596,8 @@ def _content_length(head: Head) -> int | None:
     (value,) = values
     if not value.isascii() or not value.isdigit():
         raise _Malformed(f"invalid Content-Length {value!r}")
+    if len(value.lstrip("0")) > 19 or int(value) > MAX_BODY_SIZE:
+        raise _Malformed(f"invalid Content-Length {value!r} (too large)")
     return int(value)
 
 
@@ -529,11 +608,17 @@ def _parse_fields(lines: Sequence[str]) -> tuple[tuple[str, str], ...]:
         line = raw[:-1] if raw.endswith("\r") else raw
         if "\r" in line:
             raise _Malformed(f"bare CR in field line {line!r}")
+        if _CONTROL.search(line):
+            raise _Malformed(f"control byte in field line {line!r}")
         if line[:1] in (" ", "\t"):
-            # obs-fold (RFC 9112 §5.2): a recipient may replace it with a space.
+            # obs-fold (RFC 9112 §5.2): a recipient may replace it with a space, but a
+            # folded framing field would be forwarded folded and read otherwise further
+            # on (nginx refuses it): refused.
             if not fields:
                 raise _Malformed("folded line before any field")
             name, value = fields[-1]
+            if name.lower() in ("transfer-encoding", "content-length"):
+                raise _Malformed(f"folded {name} line")
             fields[-1] = (name, (value + " " + line.strip(" \t")).strip())
             continue
         name, colon, value = line.partition(":")
@@ -546,6 +631,8 @@ def _parse_fields(lines: Sequence[str]) -> tuple[tuple[str, str], ...]:
 def _parse_head(raw: bytes, role: Role) -> Head:
     lines = raw.decode("latin-1").split("\n")[:-2]  # drop the blank line and what follows
     start = lines[0].removesuffix("\r")
+    if _CONTROL.search(start) or "\r" in start:
+        raise _Malformed(f"control byte in start line {start!r}")
     fields = _parse_fields(lines[1:])
     if role == "request":
         parts = start.split(" ")
@@ -674,5 +761,5 @@ class Http1Exchange:
                 elif p.kind is PieceKind.BODY and p.message in self._bodies:
                     body = self._bodies[p.message]
                     body += p.data[: REQUEST_BODY_KEEP - len(body)]
-            elif p.head is not None and p.head.status == 101:
-                self.requests.start_tunnel()
+            elif p.head is not None and self.responses.tunnel:
+                self.requests.start_tunnel()  # a 101, or a 2xx to a CONNECT

@@ -115,6 +115,7 @@ class SseFramer:
         self._events = 0
         self._done = False
         self._last_id = ""
+        self._id_buffer = ""
         self._stream_retry: int | None = None
         # the block (lines since the last blank line)
         self._block = bytearray()
@@ -260,11 +261,18 @@ class SseFramer:
             self._type = value
         elif field == "id":
             if "\0" not in value:
-                self._id = self._last_id = value
+                # WHATWG 9.2.6: the id goes to the last event ID *buffer*; the event
+                # source's last event ID takes it only when the block is dispatched
+                # (WPT format-data-before-final-empty-line), so a truncated block's id
+                # never becomes the Last-Event-ID a client resumes from.
+                self._id = self._id_buffer = value
         elif field == "retry" and value.isascii() and value.isdigit():
             self._retry = self._stream_retry = int(value)
 
     def _dispatch(self, blank: bytes) -> SseEvent | None:
+        # WHATWG 9.2.6 "dispatch the event" step 1: set the last event ID from the buffer,
+        # even for a block without data (the buffer is not reset between blocks).
+        self._last_id = self._id_buffer
         event = None
         if self._data:
             event = SseEvent(
