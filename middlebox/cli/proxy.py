@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -18,6 +24,80 @@ def say(line: str) -> None:
     """One line on stdout, flushed: the first is the readiness banner a parent waits for."""
     click.echo(line)
     sys.stdout.flush()
+
+
+# How long the start-up probe of the upstream waits: long enough for a loopback or LAN
+# server to accept, short enough not to delay the proxy noticeably.
+UPSTREAM_PROBE_TIMEOUT = 1.0
+
+# What a failed listen usually means and what to do, by errno (bind(2), listen(2)).
+LISTEN_ADVICE = {
+    errno.EADDRINUSE: "address already in use (another proxy or server has it: stop it, or "
+    "pick another --listen port; port 0 picks a free one)",
+    errno.EACCES: "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE)",
+    errno.EADDRNOTAVAIL: "address not available on this machine (check the --listen host)",
+}
+
+
+def startup_error(error: BaseException, listen_at: str) -> str | None:
+    """A start-up failure in one line (a busy port, a bad address), or None when the
+    error is not one (then the traceback is the useful report). Trio may wrap the
+    OSError in an exception group."""
+    found: list[OSError] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, OSError):
+            found.append(exc)
+        for inner in getattr(exc, "exceptions", ()):
+            walk(inner)
+
+    walk(error)
+    if not found:
+        return None
+    first = found[0]
+    reason = LISTEN_ADVICE.get(first.errno or 0, first.strerror or str(first))
+    return f"cannot listen on {listen_at}: {reason}"
+
+
+def upstream_problem(upstream: str, timeout: float = UPSTREAM_PROBE_TIMEOUT) -> str | None:
+    """Why the upstream cannot be reached now (a TCP connect to its host and port), or
+    None. Only a warning: the proxy still starts, as nginx does, and answers 502 meanwhile."""
+    parts = urlsplit(upstream)
+    host = parts.hostname or "127.0.0.1"
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as error:
+        return f"upstream {upstream}: {error}"
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        return (
+            f"upstream {upstream} is not reachable now ({reason.lower()}): clients get "
+            "the scenario's on_upstream_unreachable answer (nginx's 502) until it is"
+        )
+
+
+def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[[str], None]:
+    """`say` that also writes the readiness line (`listening on http://...`) to `path`
+    once, atomically (written aside, then renamed), so a script can wait for the file
+    instead of guessing how long start-up takes."""
+    if path is None:
+        return say
+    target = Path(path)
+    written = False
+
+    def say_and_mark(line: str) -> None:
+        nonlocal written
+        say(line)
+        if not written and line.startswith("listening on "):
+            aside = target.with_name(f".{target.name}.{os.getpid()}")
+            aside.write_text(line + "\n", encoding="utf-8")
+            aside.replace(target)
+            written = True
+
+    return say_and_mark
 
 
 @click.command(epilog=EPILOG_PROXY)
@@ -65,6 +145,12 @@ def say(line: str) -> None:
     help="Write the connection journal (NDJSON) here on shutdown; secrets redacted.",
 )
 @click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False),
+    help="Write the 'listening on http://HOST:PORT ...' line to this file once the proxy "
+    "accepts connections (scripts wait for it).",
+)
+@click.option(
     "--journal-secrets",
     is_flag=True,
     help="Keep Authorization/API-key/cookie values in the journal (redacted by default).",
@@ -108,6 +194,7 @@ def proxy(
     max_connections: int | None,
     backlog: int,
     journal_file: str | None,
+    ready_file: str | None,
     journal_secrets: bool,
     workers: int,
     control: str | None,
@@ -137,9 +224,24 @@ def proxy(
         allow_scenario_header=allow_scenario_header,
         scenario_dir=scenario_dir,
     )
+    problem = upstream_problem(upstream)
+    if problem:
+        click.echo(f"warning: {problem}", err=True)
+    shown: list[str] = []  # lines said so far: none yet means it failed starting up
+    say_ready = ready_file_writer(ready_file, say)
+
+    def show(line: str) -> None:
+        shown.append(line)
+        say_ready(line)
+
     try:
-        click.echo(serve(settings, say))
+        click.echo(serve(settings, show))
     except OptionConflict as error:
         raise click.UsageError(str(error)) from None
     except SettingsError as error:
         raise click.ClickException(str(error)) from None
+    except (OSError, BaseExceptionGroup) as error:
+        line = None if shown else startup_error(error, listen_at)
+        if line is None:
+            raise
+        raise click.ClickException(line) from None

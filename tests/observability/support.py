@@ -45,7 +45,8 @@ async def read_head(stream: trio.SocketStream) -> bytes:
 async def sse_upstream(stream: trio.SocketStream, *, end: str = "complete") -> None:
     """Answer one request with a chunked event stream; `end`: complete, fin (no terminal
     chunk) or rst (an abort after the first event)."""
-    await read_head(stream)
+    if not await read_head(stream):
+        return  # a peer that left without a request (`middlebox proxy`'s start-up probe)
     await stream.send_all(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
         b"transfer-encoding: chunked\r\n\r\n" + chunk(EVENTS[0])
