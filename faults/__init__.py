@@ -12,6 +12,7 @@ from faults.coalescer import Coalescer
 from faults.cut import Cut
 from faults.gzip_encoding import GzipEncoding
 from faults.handoff import Handoff
+from faults.http10_upstream import Http10Upstream
 from faults.http_error import HttpError
 from faults.idle_reaper import IdleReaper
 from faults.ignore_client_close import IgnoreClientClose
@@ -46,6 +47,7 @@ REGISTRY: dict[str, type[Fault]] = {
         StripHeader,
         SetHeader,
         HttpError,
+        Http10Upstream,
         InbandError,
         SseIds,
         SseRetry,

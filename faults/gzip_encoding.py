@@ -28,8 +28,12 @@ head). The head and the gzip header wait in the write filter until the first out
 as `postpone_output` makes them.
 
 The body is de-chunked by the passive framer and re-framed with `encode_chunk`;
-upstream trailers are dropped. An upstream that dies mid-response loses what zlib
-held: the connection ends without the terminal chunk, as nginx's does. Other
+upstream trailers are dropped. A FIN that cuts the response short (idle_reaper's read
+timeout, or an upstream that dies mid-response) makes nginx finalize with
+NGX_HTTP_FLUSH: zlib sync-flushes and the client gets the head (if still held), the
+gzip header and the compressed data, then the close without the terminal chunk
+(measured on nginx 1.22 with `gzip on` and buffering: a 200 with
+`Content-Encoding: gzip` and the compressed slab). An RST loses what zlib held. Other
 responses (and those `match` does not select) pass through byte for byte.
 """
 
@@ -41,10 +45,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from faults._lib.checks import check_choice, check_positive
+from faults._lib.items import merged
 from faults._lib.match import HttpMatched
 from middlebox.core.fault import Bytes, Fault
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Head, Piece, PieceKind, build_head, encode_chunk
-from middlebox.core.stream import DOWN, Chunk, Direction, Item
+from middlebox.core.stream import DOWN, Chunk, Direction, Eof, Item
 
 FlushPolicy = Literal["none", "sync"]
 
@@ -136,12 +141,24 @@ class GzipEncoding(HttpMatched, Fault):
                 out += self._output(state, everything=False)
         items: list[Item] = [Chunk(DOWN, bytes(out))] if out else []
         if not isinstance(item, Chunk):
-            if self._deflating is not None:
-                # Cut short: what zlib held is lost, and there is no terminal chunk.
-                self.report(now, "truncated", response=self._deflating.message)
+            state = self._deflating
+            if state is not None:
                 self._deflating = None
+                if isinstance(item, Eof):
+                    # Cut short by a FIN (a hop's read timeout, or the upstream dying):
+                    # ngx_http_upstream_finalize_request sends NGX_HTTP_FLUSH, so zlib
+                    # sync-flushes and the head and compressed data go out; no terminal
+                    # chunk and no gzip trailer follow.
+                    state.pending += state.compressor.flush(zlib.Z_SYNC_FLUSH)
+                    flushed = self._output(state, everything=True)
+                    if flushed:
+                        items.append(Chunk(DOWN, flushed))
+                    self.report(now, "flushed_on_close", response=state.message, size=len(flushed))
+                else:
+                    # An RST: the connection is gone, what zlib held with it.
+                    self.report(now, "truncated", response=state.message)
             items.append(item)
-        return items
+        return merged(items)
 
     def _piece(self, piece: Piece, now: float) -> bytes:
         state = self._deflating

@@ -17,7 +17,15 @@ When it fires:
 - after the head went out, nginx can only close: `ngx_http_upstream_finalize_request`
   turns the timeout into `NGX_ERROR` because `u->header_sent`, so a chunked body ends
   without its terminal chunk (`after_headers: close`), or `reset` for a box that
-  aborts. The upstream connection is closed (or reset) as well.
+  aborts. The upstream connection is closed (or reset) as well. The FIN toward the
+  client is a `HopClose`, so the faults on the client side (proxy_buffering,
+  gzip_encoding, http10_upstream) end the response as nginx's timeout path does and
+  not as the upstream's own end would;
+- Caddy 2.6's `reverse_proxy` with a transport `read_timeout` ends a started chunked
+  response cleanly instead: Go's http server writes the terminal chunk when the
+  handler returns, so the client sees a complete HTTP message without the SSE
+  `[DONE]` (`after_headers: finish`, measured by `make calibrate`); mid-chunk it can
+  only close.
 
 Each HTTP exchange on a keep-alive connection is timed on its own: the clock runs from
 the moment the request is complete until its response is, and only for requests that
@@ -31,12 +39,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from faults._lib.checks import check_choice, check_positive
-from faults._lib.ends import BeforeHeaders, ResponseProgress, gateway_answer
+from faults._lib.ends import BeforeHeaders, ResponseProgress, end_response, gateway_answer
+from faults._lib.hop_close import HopClose
 from faults._lib.match import RESPONSES, HttpMatched
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
-AfterHeaders = Literal["close", "reset"]
+AfterHeaders = Literal["close", "reset", "finish"]
 
 
 @dataclass
@@ -104,8 +113,12 @@ class IdleReaper(HttpMatched, Fault):
         elif self.after_headers == "reset":
             out = [Reset(DOWN), Reset(UP)]
             end = "reset"
+        elif self.after_headers == "finish":
+            out = [*end_response("fin", progress), Eof(UP)]
+            end = "finish" if len(out) == 3 else "close"
+            out[-2] = HopClose(DOWN)
         else:
-            out = [Eof(DOWN), Eof(UP)]
+            out = [HopClose(DOWN), Eof(UP)]
             end = "close"
         self.report(
             now,

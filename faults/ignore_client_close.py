@@ -17,6 +17,12 @@ the server keeps generating (and billing) tokens nobody reads:
   2.6 by `make calibrate`: the upstream learned 224 ms after the client's FIN, not
   two token writes later). Writes before then still succeed; the first one at or
   after it fails. 0 (default) makes the second write fail, whatever its time.
+  `cork` models HAProxy's cancellation as measured on a stream shape grid: the first
+  write after the client's FIN is corked (MSG_MORE) and leaves when the cork releases,
+  `cork` seconds later; writes up to that moment join the corked segment and succeed,
+  and the first write after it fails, since the client's RST is back by then. Unlike
+  `rst_delay`, a write that falls exactly on the release (a frame period that divides
+  200 ms) still succeeds: "the write after the first corked write fails".
 - `until: never`: a proxy that drains the upstream to its end (a cache filling an
   entry, `proxy_ignore_client_abort on` with buffering); when the upstream ends, its
   end is passed on and only then is the client's close passed to the upstream.
@@ -47,6 +53,7 @@ class IgnoreClientClose(Fault):
     until: Until = "write_fails"
     close_with: CloseWith = "rst"
     rst_delay: Seconds = 0.0
+    cork: Seconds = 0.0
 
     _client_end: Item | None = field(init=False, repr=False, default=None)
     _delivered: int = field(init=False, repr=False, default=0)
@@ -60,6 +67,9 @@ class IgnoreClientClose(Fault):
         check_choice("until", self.until, Until)
         check_choice("close_with", self.close_with, CloseWith)
         check_positive("rst_delay", self.rst_delay, allow_zero=True)
+        check_positive("cork", self.cork, allow_zero=True)
+        if self.cork and self.rst_delay:
+            raise ValueError("set rst_delay or cork, not both")
 
     def on_item(self, item: Item, now: float) -> list[Item]:
         if item.direction is UP:
@@ -99,6 +109,8 @@ class IgnoreClientClose(Fault):
             return []
         if failing_write == 2 and now < self._first_write_at + self.rst_delay:
             return []  # the RST drawn by the first write is not back yet
+        if failing_write == 2 and now <= self._first_write_at + self.cork:
+            return []  # still corked with the first write: it leaves with it
         self._upstream_closed = True
         self.report(now, "write_failed", drained=self._drained, writes=self._writes)
         closing: list[Item] = [Reset(UP) if self.close_with == "rst" else Eof(UP)]

@@ -29,13 +29,23 @@ from __future__ import annotations
 # 1.0` (so the upstream body is close-delimited and p->length is -1: only full buffers or
 # the upstream's end release data). nginx hides X-Accel-Buffering from the client
 # (`proxy_hide_header` defaults) after honouring it, so strip_header sits client-side.
-_NGINX_BUFFERING = """
+# http10_upstream sends the request as HTTP/1.0 with `Connection: close`, so the
+# upstream answers close-delimited and the buffers count body bytes only, as nginx's do;
+# it re-chunks toward the client, client-side of the buffering and upstream-side of gzip.
+_NGINX_HTTP10 = """
+  - http10_upstream: {}
+"""
+
+_NGINX_BUFFERING = (
+    _NGINX_HTTP10
+    + """
   - proxy_buffering:
       buffer_size: 4KiB
       buffers_size: 4KiB
       proxy_http_version: "1.0"
       postpone_output: 1460
 """
+)
 
 # `proxy_read_timeout 60s` between two reads from the upstream: 504 before the head, a
 # close without the terminal chunk after it. Server-side of the buffering, because nginx
@@ -74,12 +84,13 @@ PRESETS: dict[str, str] = {
     # TCP_CORK: held until a full MSS (1448 bytes on Ethernet;
     # calibration on loopback uses its 65483-byte MSS) or 200 ms from the first held
     # byte. Without `option abortonclose` a client's FIN after its request is not an
-    # abort: HAProxy learns when a write to the client fails, which the cork delays.
+    # abort: HAProxy learns when a write to the client fails, which the cork delays:
+    # the first write after the FIN is corked 200 ms, and the write after it fails.
     # `timeout server` is an idle timeout on the server side: 504 before the head,
     # a close without the terminal chunk after it.
     "haproxy-default": """
   - coalescer: {direction: downstream, window: 200ms, size: 1448}
-  - ignore_client_close: {until: write_fails, rst_delay: 200ms}
+  - ignore_client_close: {until: write_fails, cork: 200ms}
   - idle_reaper: {timeout: 50s, before_headers: "504", after_headers: close}
 """,
     # Apache httpd 2.4 mod_proxy_http with `ProxyPass` and nothing else: it flushes
@@ -87,13 +98,17 @@ PRESETS: dict[str, str] = {
     # ready), does not watch the client while relaying, so it learns the client left
     # when a write fails; `ProxyTimeout` defaults to `Timeout`, 300 s in Debian's
     # apache2.conf (60 s compiled in): a close without the terminal chunk after the head.
+    # A timeout before the head is a 502 (AH01102 "error reading status line from
+    # remote server", then ap_proxyerror's Bad Gateway), not nginx's 504.
     "apache-default": """
   - ignore_client_close: {until: write_fails}
-  - idle_reaper: {timeout: 300s, before_headers: "504", after_headers: close}
+  - idle_reaper: {timeout: 300s, before_headers: "502", after_headers: close}
 """,
     # Caddy 2.6 `reverse_proxy`: flush_interval -1 for text/event-stream (every write
     # goes out at once), the upstream request is cancelled with the client's, and the
     # http transport sets no read timeout by default. Nothing to inject: a hop that is
-    # indistinguishable from none on these measures.
+    # indistinguishable from none on these measures. With a transport `read_timeout`,
+    # Caddy ends a started stream with a clean terminal chunk and no [DONE]: write
+    # `idle_reaper: {timeout: ..., after_headers: finish}` after this preset.
     "caddy-default": "[]",
 }

@@ -26,8 +26,19 @@ What nginx does (ngx_http_proxy_module docs; src/event/ngx_event_pipe.c):
   response (`ngx_http_upstream_process_buffering`) unless the config has
   `proxy_ignore_headers X-Accel-Buffering` (`honour_x_accel_buffering: false`).
 
+A hop's read timeout is not the upstream's end (`HopClose` from idle_reaper): on
+`proxy_read_timeout` ngx_http_upstream_process_upstream sets `p->upstream_error`
+without another ngx_event_pipe_read_upstream, so the partly filled raw buffer never
+reaches the input filter and is lost; ngx_http_upstream_finalize_request then sends
+only `NGX_HTTP_FLUSH` (`u->header_sent`), which makes the write filter send what
+postpone_output held, and closes. The client gets the full buffers and not the partial
+one. The upstream's own FIN (the end of a close-delimited body) releases everything.
+
 The fault counts the upstream's wire bytes (head, chunk framing and data) as what
-fills the buffers and forwards them unchanged; nginx would re-frame the body, and it
+fills the buffers and forwards them unchanged. With nginx's default HTTP/1.0 upstream
+leg (`http10_upstream` on the client side of this fault) the body is close-delimited,
+so only body bytes count, as in nginx; with a chunked upstream the chunk framing counts
+too (nginx's 1.1 leg parses it in the input filter). nginx re-frames the body, and it
 hides `X-Accel-*` headers from the client (`ngx_http_proxy_hide_headers`), which
 `strip_header` can add. A head larger than `buffer_size` gets nginx's `502` ("upstream
 sent too big header"). Not modelled: a slow client's backlog spilling into
@@ -46,6 +57,7 @@ from typing import ClassVar, Literal
 
 from faults._lib.checks import check_choice, check_positive
 from faults._lib.ends import gateway_answer
+from faults._lib.hop_close import is_hop_close
 from faults._lib.items import merged
 from faults._lib.match import HttpMatched
 from middlebox.core.fault import Bytes, Fault
@@ -96,6 +108,8 @@ class ProxyBuffering(HttpMatched, Fault):
         pieces = self.observe(item, now)
         if item.direction is Direction.UPSTREAM:
             return [item]
+        if is_hop_close(item) and self._response is not None:
+            return self._timed_out(self._response, item, now)
         out: list[Item] = []
         for piece in pieces:
             out += self._piece(piece, now)
@@ -183,6 +197,19 @@ class ProxyBuffering(HttpMatched, Fault):
         if unparsed >= minimal:
             self._pass_buffer(response)
             self._write(response, now, out, last=False, reason="chunk_complete")
+
+    def _timed_out(self, response: _Response, item: Item, now: float) -> list[Item]:
+        """A hop gave up: the partial buffer is dropped, NGX_HTTP_FLUSH sends the rest."""
+        self._response = None
+        dropped = len(response.partial) - response.pos
+        self.report(now, "dropped_partial", response=response.message, size=max(dropped, 0))
+        out: list[Item] = []
+        if response.pos:
+            # The head is still in the first buffer: the client has had nothing.
+            response.postponed += response.partial[: response.pos]
+        response.partial = bytearray()
+        self._write(response, now, out, last=True, reason="flush")
+        return [*out, item]
 
     def _release(self, response: _Response, now: float, out: list[Item], reason: str) -> None:
         """The upstream is done: every buffer goes out, the write filter flushes."""

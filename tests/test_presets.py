@@ -60,9 +60,15 @@ def test_the_presets_expand_to_the_faults_docs_calibration_names() -> None:
     expanded = {name: [spec.name for spec in pipeline_specs(name)] for name in PRESETS}
     assert expanded == {
         "passthrough": [],
-        "nginx-default": ["strip_header", "proxy_buffering", "idle_reaper"],
+        "nginx-default": ["strip_header", "http10_upstream", "proxy_buffering", "idle_reaper"],
         "nginx-streaming": ["strip_header", "idle_reaper"],
-        "nginx-gzip": ["strip_header", "gzip_encoding", "proxy_buffering", "idle_reaper"],
+        "nginx-gzip": [
+            "strip_header",
+            "gzip_encoding",
+            "http10_upstream",
+            "proxy_buffering",
+            "idle_reaper",
+        ],
         "haproxy-default": ["coalescer", "ignore_client_close", "idle_reaper"],
         "apache-default": ["ignore_client_close", "idle_reaper"],
         "caddy-default": [],
@@ -239,6 +245,61 @@ def test_calibration_overrides_only_the_idle_timeout_and_the_segment_size() -> N
     path = preset_path("haproxy-default", mss=65483, idle_timeout=1.0)
     assert path == [
         {"coalescer": {"direction": "downstream", "window": "200ms", "size": 65483}},
-        {"ignore_client_close": {"until": "write_fails", "rst_delay": "200ms"}},
+        {"ignore_client_close": {"until": "write_fails", "cork": "200ms"}},
         {"idle_reaper": {"timeout": "1000ms", "before_headers": "504", "after_headers": "close"}},
     ]
+
+
+CLOSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+SMALL = b"data: " + b"y" * 22 + b"\n\n"  # a 30-byte frame: single-character completions
+
+
+def close_delimited(frames: int, *, step: float = ITL) -> list[TimedItem]:
+    """What vLLM answers nginx's HTTP/1.0 request: no chunking, the end is the FIN."""
+    return timeline([CLOSE_HEAD, *[SMALL] * frames], step=step)
+
+
+def test_nginx_default_asks_the_upstream_in_http_1_0_with_connection_close() -> None:
+    out = replay(pipeline("nginx-default"), stream()[:1])
+    sent = b"".join(i.data for _, i in out if isinstance(i, Chunk) and i.direction is UP)
+    assert sent.startswith(b"POST /v1/chat/completions HTTP/1.0\r\n")
+    assert b"Connection: close\r\n" in sent
+
+
+def test_nginx_default_counts_body_bytes_so_30_byte_frames_fill_4k_at_the_136th() -> None:
+    out = replay(pipeline("nginx-default"), [*close_delimited(200), (5.0, Eof(DOWN))])
+    # 71 + 134 x 30 = 4091 < 4096 <= 71 + 135 x 30: the 135th frame (at 2.72 s) fills it.
+    # Counting 6 bytes of chunk framing per frame would have filled it at the 113th.
+    first = next(t for t, i in out if isinstance(i, Chunk) and i.direction is DOWN)
+    assert first == pytest.approx(ITL * 136)
+    assert dechunked(down_bytes(out)) == [(SMALL * 200, True)]
+
+
+def test_nginx_default_read_timeout_drops_the_partial_buffer() -> None:
+    out = replay(pipeline("nginx-default"), close_delimited(200), until=200.0)
+    wire = down_bytes(out)
+    assert not wire.endswith(LAST_CHUNK_BYTES)
+    # The client got the full 4 KiB slab only (head + 4025 body bytes), and the FIN at
+    # the last frame + 60 s.
+    [(body, complete)] = dechunked(wire)
+    assert (len(body), complete) == (4096 - len(CLOSE_HEAD), False)
+    ((end_time, end),) = [(t, i) for t, i in out if isinstance(i, Eof) and i.direction is DOWN]
+    assert end == Eof(DOWN) and end_time == pytest.approx(ITL * 201 + 60.0)
+
+
+def test_nginx_gzip_read_timeout_flushes_a_gzip_200_without_the_terminal_chunk() -> None:
+    out = replay(pipeline("nginx-gzip"), close_delimited(200), until=200.0)
+    wire = down_bytes(out)
+    assert wire.startswith(b"HTTP/1.1 200 OK\r\n") and b"Content-Encoding: gzip" in wire
+    assert not wire.endswith(LAST_CHUNK_BYTES)
+    [(body, complete)] = dechunked(wire)
+    text = zlib.decompressobj(wbits=31).decompress(body)
+    # The full slab's body bytes, decodable, and not the dropped partial buffer.
+    assert (text, complete) == ((SMALL * 200)[: 4096 - len(CLOSE_HEAD)], False)
+
+
+def test_apache_answers_a_timeout_before_the_head_with_502() -> None:
+    out = replay(pipeline("apache-default"), stream()[:1], until=400.0)
+    page = b"".join(i.data for _, i in out if isinstance(i, Chunk) and i.direction is DOWN)
+    assert page.startswith(b"HTTP/1.1 502 ")
+    assert [t for t, i in out if isinstance(i, Eof) and i.direction is DOWN] == [300.0]

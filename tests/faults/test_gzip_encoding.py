@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from faults._lib.hop_close import HopClose
 from faults._lib.match import RequestMatch
 from faults.gzip_encoding import NGINX_GZIP_HEADER, GzipEncoding
 from faults.testing import TimedItem, replay
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Head, Http1Framer, PieceKind, encode_chunk
-from middlebox.core.stream import DOWN, UP, Chunk, Eof
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
 from tests.faults.httpstreams import (
     DONE,
     REQUEST,
@@ -171,7 +172,8 @@ def test_an_upstream_that_dies_mid_response_leaves_no_terminal_chunk() -> None:
     out = replay(fault, [*timeline(writes), (9.0, Eof(DOWN))])
     assert out[-1] == (9.0, Eof(DOWN))
     assert not down_bytes(out).endswith(LAST_CHUNK_BYTES)
-    assert fault.reports[-1].action == "truncated"
+    # Sync mode already sent every block; the close's flush has nothing left to add.
+    assert (fault.reports[-1].action, fault.reports[-1].details["size"]) == ("flushed_on_close", 0)
 
 
 def test_requests_the_match_does_not_select_are_not_compressed() -> None:
@@ -224,3 +226,32 @@ def test_the_same_seed_gives_the_same_decisions(seed: int) -> None:
 def test_requests_are_passed_through_untouched() -> None:
     out = replay(GzipEncoding(), [(0.0, Chunk(UP, REQUEST))])
     assert out == [(0.0, Chunk(UP, REQUEST))]
+
+
+def test_a_read_timeout_after_the_head_flushes_the_head_and_the_compressed_data() -> None:
+    # nginx with buffering: the timeout's NGX_HTTP_FLUSH makes zlib sync-flush, so the
+    # client gets a 200 with Content-Encoding: gzip and every event so far, decodable,
+    # and then the close without the terminal chunk.
+    writes = sse_response("a", "b", done=False)
+    fault = GzipEncoding()
+    out = replay(fault, [*timeline(writes), (63.0, HopClose(DOWN))])
+    assert [(t, type(i).__name__) for t, i in out if i.direction is DOWN] == [
+        (63.0, "Chunk"),
+        (63.0, "HopClose"),
+    ]
+    wire = down_bytes(out)
+    assert wire.startswith(GZ_HEAD + encode_chunk(NGINX_GZIP_HEADER))
+    assert not wire.endswith(LAST_CHUNK_BYTES)
+    head, text, complete = decoded(wire)
+    assert head is not None and head.status == 200
+    assert (text, complete) == (event("a") + event("b"), False)
+    assert fault.reports[-1].action == "flushed_on_close"
+    assert fault.reports[-1].details["size"] == len(wire)
+
+
+def test_an_rst_loses_what_zlib_held() -> None:
+    writes = sse_response("a", "b", done=False)
+    fault = GzipEncoding()
+    out = replay(fault, [*timeline(writes), (9.0, Reset(DOWN))])
+    assert out[-1] == (9.0, Reset(DOWN)) and down_bytes(out) == b""
+    assert fault.reports[-1].action == "truncated"

@@ -194,3 +194,35 @@ def test_the_same_seed_gives_the_same_decisions(seed: int) -> None:
         return replay(fault, [(0.0, Chunk(UP, REQUEST))], seed=seed, until=10.0)
 
     assert run() == run()
+
+
+def test_its_close_after_headers_is_a_hop_close_not_the_upstreams_end() -> None:
+    out = replay(
+        IdleReaper(timeout=10.0), [(0.0, Chunk(UP, REQUEST)), (1.0, Chunk(DOWN, SSE_HEAD))]
+    )
+    assert [(t, type(i).__name__, i.direction) for t, i in ends(out)] == [
+        (11.0, "HopClose", DOWN),
+        (11.0, "Eof", UP),
+    ]
+
+
+def test_finish_ends_a_started_response_with_a_clean_terminal_chunk_as_caddy_does() -> None:
+    first = chunked(event("Hi"))[0]
+    fault = IdleReaper(timeout=10.0, after_headers="finish")
+    out = replay(
+        fault, [(0.0, Chunk(UP, REQUEST)), (1.0, Chunk(DOWN, SSE_HEAD)), (2.0, Chunk(DOWN, first))]
+    )
+    assert out[3:] == [(12.0, Chunk(DOWN, LAST_CHUNK_BYTES)), (12.0, Eof(DOWN)), (12.0, Eof(UP))]
+    assert b"[DONE]" not in down_bytes(out)
+    assert fault.reports[0].details["end"] == "finish"
+
+
+def test_finish_mid_chunk_can_only_close() -> None:
+    first = chunked(event("Hi"))[0]
+    fault = IdleReaper(timeout=10.0, after_headers="finish")
+    out = replay(
+        fault,
+        [(0.0, Chunk(UP, REQUEST)), (1.0, Chunk(DOWN, SSE_HEAD)), (2.0, Chunk(DOWN, first[:7]))],
+    )
+    assert out[3:] == [(12.0, Eof(DOWN)), (12.0, Eof(UP))]
+    assert fault.reports[0].details["end"] == "close"

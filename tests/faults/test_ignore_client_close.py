@@ -146,3 +146,28 @@ def test_the_client_gets_the_bytes_before_its_close_and_the_upstream_learns_late
 @given(timelines(), st.integers(0, 2**32))
 def test_the_same_input_gives_the_same_decisions(timeline: list[TimedItem], seed: int) -> None:
     assert_deterministic(lambda: IgnoreClientClose(), timeline, seed)
+
+
+def test_with_a_cork_the_write_after_the_first_corked_write_fails() -> None:
+    # HAProxy: frames every 50 ms, FIN at 0.50; the first write (0.55) is corked until
+    # 0.75; the write at 0.75 joins the released segment, so the one at 0.80 fails
+    # (rst_delay would fail the 0.75 one, a frame early).
+    fault = IgnoreClientClose(cork=0.2)
+    timeline: list[TimedItem] = [(0.50, Eof(UP))]
+    timeline += [(0.55 + 0.05 * i, Chunk(DOWN, b"frame")) for i in range(8)]
+    out = replay(fault, timeline)
+    assert out == [(0.80, Reset(UP)), (0.80, Eof(DOWN))]
+    assert fault.reports[-1].details == {"drained": 30, "writes": 6}
+
+
+def test_a_cork_does_not_delay_a_client_rst() -> None:
+    out = replay(
+        IgnoreClientClose(cork=0.2),
+        [(0.5, Reset(UP)), (0.52, Chunk(DOWN, b"fails at once"))],
+    )
+    assert out == [(0.52, Reset(UP))]
+
+
+def test_rst_delay_and_cork_are_not_both_set() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        IgnoreClientClose(rst_delay=0.2, cork=0.2)

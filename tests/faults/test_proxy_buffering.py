@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from faults._lib.hop_close import HopClose
 from faults._lib.match import RequestMatch
 from faults.proxy_buffering import ProxyBuffering
 from faults.testing import TimedItem, replay
@@ -24,6 +25,7 @@ from tests.faults.httpstreams import (
     SSE_HEAD,
     chunked,
     down_bytes,
+    ends,
     event,
     resliced,
     timeline,
@@ -191,3 +193,42 @@ def test_the_same_seed_gives_the_same_decisions(seed: int) -> None:
         return replay(fault, timeline(stream(3)), seed=seed)
 
     assert run() == run()
+
+
+CLOSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+BARE_TOKEN = event("x" * 144)  # a close-delimited body has no chunk framing to count
+assert (len(CLOSE_HEAD), len(BARE_TOKEN)) == (71, 200)
+
+
+def close_delimited(tokens: int) -> list[TimedItem]:
+    """An HTTP/1.0 upstream leg: the head at 1 s, one 200-byte event a second after."""
+    return timeline([CLOSE_HEAD, *[BARE_TOKEN] * tokens])
+
+
+def test_a_close_delimited_body_fills_the_buffer_with_body_bytes_only() -> None:
+    out = replay(ProxyBuffering(), [*close_delimited(30), (40.0, Eof(DOWN))])
+    # 71 + 21 x 200 = 4271 bytes fill the first 4096 bytes at the 21st event (22 s).
+    assert releases(out) == [(22.0, 4096), (40.0, 71 + 30 * 200 - 4096)]
+    assert ends(out) == [(40.0, Eof(DOWN))]
+
+
+def test_a_read_timeout_drops_the_partial_buffer_and_sends_only_the_full_ones() -> None:
+    fault = ProxyBuffering()
+    out = replay(fault, [*close_delimited(30), (91.0, HopClose(DOWN))])
+    # The first buffer went out at 22 s; the next 4096 would have been 175 + 20 x 200:
+    # it holds 175 + 9 x 200 = 1975 bytes when nginx's proxy_read_timeout fires, lost.
+    assert releases(out) == [(22.0, 4096)]
+    assert ends(out) == [(91.0, HopClose(DOWN))] and isinstance(out[-1][1], HopClose)
+    dropped = [r for r in fault.reports if r.action == "dropped_partial"]
+    assert [(r.time, r.details["size"]) for r in dropped] == [(91.0, 1975)]
+
+
+def test_a_read_timeout_before_any_buffer_filled_sends_the_head_alone() -> None:
+    # ngx_http_send_header had put the head in the write filter; NGX_HTTP_FLUSH sends it.
+    out = replay(ProxyBuffering(), [*close_delimited(3), (65.0, HopClose(DOWN))])
+    assert out[1:] == [(65.0, Chunk(DOWN, CLOSE_HEAD)), (65.0, HopClose(DOWN))]
+
+
+def test_the_upstreams_own_fin_still_releases_the_partial_buffer() -> None:
+    out = replay(ProxyBuffering(), [*close_delimited(3), (65.0, Eof(DOWN))])
+    assert out[1:] == [(65.0, Chunk(DOWN, CLOSE_HEAD + BARE_TOKEN * 3)), (65.0, Eof(DOWN))]
