@@ -13,6 +13,7 @@ from typing import Any
 from faults import REGISTRY
 from faults._proxy.client_header_timeout import ClientHeaderTimeout
 from faults._proxy.proxy_read_timeout import ProxyReadTimeout
+from faults._proxy.request_timeouts import RequestTimeouts
 from faults._proxy.upstream_unreachable import UpstreamUnreachable
 from faults.presets import PRESETS
 from middlebox.core.fault import Fault
@@ -82,7 +83,17 @@ class NginxStages:
         first; the read timeout watches the upstream's, so it goes last."""
         client_side: list[Fault] = []
         upstream_side: list[Fault] = []
-        if options.client_header_timeout is not None:
+        if options.keepalive_timeout is not None or options.client_body_timeout is not None:
+            # nginx's timers for every request of a kept-alive connection (the header
+            # timeout then times each head, not only the first)
+            client_side.append(
+                RequestTimeouts(
+                    header_timeout=options.client_header_timeout,
+                    keepalive_timeout=options.keepalive_timeout,
+                    body_timeout=options.client_body_timeout,
+                )
+            )
+        elif options.client_header_timeout is not None:
             client_side.append(ClientHeaderTimeout(timeout=options.client_header_timeout))
         if options.read_timeout is not None:
             upstream_side.append(ProxyReadTimeout(timeout=options.read_timeout))

@@ -29,6 +29,7 @@ import base64
 import bisect
 import json
 import re
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -157,12 +158,14 @@ def redact(data: bytes, redaction: Redaction = DEFAULT_REDACTION, *, request: bo
 
 
 def _wall_clock_offset() -> float:
-    """Wall clock minus the relay's clock (trio's), or 0 outside a trio run."""
+    """Wall clock minus the relay's clock (trio's), or 0 outside a trio run. observe
+    depends on no event loop: trio is asked only if the running program loaded it."""
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return 0.0
     try:
-        import trio
-
-        return time.time() - trio.current_time()
-    except (ImportError, RuntimeError):
+        return time.time() - float(trio.current_time())
+    except RuntimeError:
         return 0.0
 
 

@@ -54,13 +54,23 @@ class ProxyOptions:
     # mid-response. It is the idle_reaper fault with the proxy's own ends (one read
     # timeout: faults/_proxy/proxy_read_timeout.py), composed by compose.PROXY_STAGES.
     read_timeout: Seconds | None = None
+    # nginx's keepalive_timeout (75 s there) and client_body_timeout (60 s there, answered
+    # 408), off unless set; either one also makes client_header_timeout time every request
+    # head of a kept-alive connection, not only the first (faults/_proxy/request_timeouts.py).
+    keepalive_timeout: Seconds | None = None
+    client_body_timeout: Seconds | None = None
     # Connections beyond this many at once are accepted and closed at once, and counted.
     max_connections: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError("max_connections must be at least 1 (or null for no limit)")
-        for name in ("client_header_timeout", "read_timeout"):
+        for name in (
+            "client_header_timeout",
+            "read_timeout",
+            "keepalive_timeout",
+            "client_body_timeout",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive (or null to turn it off)")

@@ -60,6 +60,7 @@ TICK_INTERVAL = 1.0
 # the end the journal records (docs/observability.md's end kinds).
 STAGE_EVENTS: dict[str, tuple[str, str, Direction, str]] = {
     "client_header_timeout": ("header_timeouts", "client", Direction.UPSTREAM, "header_timeout"),
+    "request_timeouts": ("header_timeouts", "client", Direction.UPSTREAM, "request_timeout"),
     "proxy_read_timeout": ("read_timeouts", "upstream", Direction.DOWNSTREAM, "read_timeout"),
 }
 
