@@ -120,3 +120,36 @@ def test_replay_compares_the_generated_and_shown_text_not_only_the_verdicts() ->
     ]
     # a report from before the digests has nothing to compare
     assert text_differences(_report("", ""), _report("a1", "b1")) == []
+
+
+def _storm_checks(attempts: int, error: str | None) -> list[bool]:
+    """rate-limit-always's expectations for one client whose single request made
+    `attempts` requests on the wire, each answered 429 by the gateway."""
+    from middlebox.run.score import evaluate_expect, score_client
+
+    scenario = load(LIBRARY / "rate-limit-always.yaml")
+    tag = "[middlebox rate-limit-always/mine/0]"
+    body = json.dumps({"messages": [{"role": "user", "content": f"{tag} hi"}]}).encode()
+    request = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body)
+    legs = [(request + body, b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n")]
+    result = {"results": [{"index": 0, "text": "", "error": error, "chunks": [], "attempts": 1}]}
+    score = score_client(
+        scenario.name, "mine", [tag], result, [], [], [], [], client_traffic=legs * attempts
+    )
+    expect = scenario.sections["expect"]
+    return [
+        check.passed for check in evaluate_expect(expect, "mine", score.metrics, ["mine", "raw"])
+    ]
+
+
+def test_rate_limit_always_fails_an_unbounded_retrier_and_passes_one_that_gives_up() -> None:
+    assert all(_storm_checks(3, "RateLimitError: Error code: 429"))  # openai: 2 retries
+    assert all(_storm_checks(4, "RateLimitError: 429"))  # resilient: 3 retries
+    assert not all(_storm_checks(40, "RateLimitError: 429"))  # retries without bound
+
+
+def test_the_max_tokens_library_scenario_pins_every_client_reporting_length() -> None:
+    scenario = load(LIBRARY / "max-tokens-cut.yaml")
+    expect = scenario.sections["expect"]
+    assert expect["client.length_hidden"] == 0 and expect["client.stop_invented"] == 0
+    assert scenario.sections["workload"].max_tokens == 12
