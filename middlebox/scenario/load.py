@@ -10,6 +10,7 @@ registry and presets are passed in (the composition root owns faults/).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,58 @@ def split_hints(
     return strip(expect, ""), hints
 
 
+# Deeper nesting than any scenario needs: PyYAML composes nodes recursively, so 5000
+# nested `[` would end in a RecursionError traceback instead of a located problem.
+MAX_NESTING = 64
+# A number written with more digits than this is refused where it stands (Python refuses
+# int() of 4300+ digits with a ValueError; no setting needs more than a few dozen).
+MAX_NUMBER_DIGITS = 100
+_NUMBER = re.compile(r"[-+]?[0-9_.]+(?:[eE][-+]?[0-9]+)?")
+
+
+def _check_shape(text: str, file: str) -> None:
+    """Nesting depth and number size, from PyYAML's event stream (its parser keeps an
+    explicit state stack, so this cannot recurse): a located problem, not a traceback."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            mark = event.start_mark
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise ScenarioError(
+                        [
+                            Problem(
+                                file,
+                                mark.line + 1,
+                                mark.column + 1,
+                                f"nested more than {MAX_NESTING} deep; refused",
+                            )
+                        ]
+                    )
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+            elif (
+                isinstance(event, yaml.ScalarEvent)
+                and event.style is None
+                and len(event.value) > MAX_NUMBER_DIGITS
+                and _NUMBER.fullmatch(event.value)
+            ):
+                raise ScenarioError(
+                    [
+                        Problem(
+                            file,
+                            mark.line + 1,
+                            mark.column + 1,
+                            f"a number of {len(event.value)} characters "
+                            f"(limit {MAX_NUMBER_DIGITS}); refused",
+                        )
+                    ]
+                )
+    except yaml.YAMLError:
+        return  # syntax problems are reported, located, by the composer below
+
+
 def load_scenario_text(
     text: str,
     registry: Mapping[str, type[Fault]],
@@ -119,6 +172,7 @@ def load_scenario_text(
         raise ScenarioError(
             [Problem(file, 1, 1, f"too large: {len(text)} characters (limit {MAX_SCENARIO_BYTES})")]
         )
+    _check_shape(text, file)
     loader: yaml.SafeLoader | None = None
     try:
         loader = yaml.SafeLoader(text)  # its reader refuses NUL and control characters
@@ -218,7 +272,7 @@ def resolve_paths(
         if not isinstance(written, str) or not written:
             continue
         path = Path(written).expanduser()
-        if not path.is_absolute() and file != "<string>":
+        if not path.is_absolute() and not file.startswith("<"):
             path = Path(file).resolve().parent / path
         if not path.is_file():
             problems.add(
