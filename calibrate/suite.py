@@ -169,8 +169,8 @@ def preset_path(
         ((fault, config),) = entry.items()
         if fault == "idle_reaper" and idle_timeout is not None:
             config["timeout"] = f"{int(idle_timeout * 1000)}ms"
-        if fault == "coalescer" and mss is not None:
-            config["size"] = mss
+        if fault == "coalescer" and mss is not None and config.get("segment") != "auto":
+            config["size"] = mss  # `segment: auto` reads the link's MSS itself: measured as shipped
     return path
 
 

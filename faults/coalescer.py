@@ -9,17 +9,24 @@ forward it in one write do the same. Here the buffer is flushed when `window` se
 have passed since its first byte, as soon as it holds `size` bytes (whole `size`
 pieces leave, as Nagle sends full segments at once), or when the stream ends (the
 end follows the flushed bytes). The other direction passes untouched.
+
+`segment: auto` takes `size` from the link instead: the path MSS the proxy has toward
+the client (TCP_MAXSEG, which the shell reads from the accepted socket: 65,483 on
+loopback, 1,448 on Ethernet), as the kernel's cork does for HAProxy's MSG_MORE; `size`
+is the fallback when the shell knows none (a replay in a test).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from faults._lib.checks import check_positive
+from faults._lib.checks import check_choice, check_positive
 from faults._lib.timing import MSS, DirectionChoice, Shaped
 from middlebox.core.fault import Bytes, Fault, Seconds
 from middlebox.core.stream import Chunk, Direction, Item
+
+Segment = Literal["size", "auto"]
 
 
 @dataclass
@@ -31,6 +38,7 @@ class Coalescer(Shaped, Fault):
     direction: DirectionChoice = "downstream"
     window: Seconds = 0.04
     size: Bytes = MSS
+    segment: Segment = "size"
 
     _held: dict[Direction, bytearray] = field(init=False, repr=False, default_factory=dict)
     _writes: dict[Direction, int] = field(init=False, repr=False, default_factory=dict)
@@ -40,6 +48,13 @@ class Coalescer(Shaped, Fault):
         super().__post_init__()
         check_positive("window", self.window)
         check_positive("size", self.size)
+        check_choice("segment", self.segment, Segment)
+
+    @property
+    def _segment(self) -> int:
+        """The bytes that make a full segment: `size`, or the link's MSS (`auto`)."""
+        mss = self.context.client_mss if self.segment == "auto" else None
+        return mss or self.size
 
     def on_item(self, item: Item, now: float) -> list[Item]:
         self.count(item)
@@ -53,8 +68,9 @@ class Coalescer(Shaped, Fault):
         held += item.data
         self._writes[direction] = self._writes.get(direction, 0) + 1
         out: list[Item] = []
-        while len(held) >= self.size:
-            out.append(self._emit(direction, self.size, now, "size"))
+        segment = self._segment
+        while len(held) >= segment:
+            out.append(self._emit(direction, segment, now, "size"))
             self._since[direction] = now
         return out
 

@@ -81,15 +81,15 @@ PRESETS: dict[str, str] = {
     # HAProxy 2.6, `mode http` with the `defaults` Debian ships (timeout connect 5000,
     # client 50000, server 50000). No body buffering, but without `option http-no-delay`
     # (configuration manual, section 4) it sends with MSG_MORE, which Linux treats like
-    # TCP_CORK: held until a full MSS (1448 bytes on Ethernet;
-    # calibration on loopback uses its 65483-byte MSS) or 200 ms from the first held
+    # TCP_CORK: held until a full MSS (`segment: auto`: the client socket's TCP_MAXSEG,
+    # 65,483 on loopback, 1,448 on Ethernet, the fallback) or 200 ms from the first held
     # byte. Without `option abortonclose` a client's FIN after its request is not an
     # abort: HAProxy learns when a write to the client fails, which the cork delays:
     # the first write after the FIN is corked 200 ms, and the write after it fails.
     # `timeout server` is an idle timeout on the server side: 504 before the head,
     # a close without the terminal chunk after it.
     "haproxy-default": """
-  - coalescer: {direction: downstream, window: 200ms, size: 1448}
+  - coalescer: {direction: downstream, window: 200ms, size: 1448, segment: auto}
   - ignore_client_close: {until: write_fails, cork: 200ms}
   - idle_reaper: {timeout: 50s, before_headers: "504", after_headers: close}
 """,

@@ -12,6 +12,7 @@ from typing import Any
 
 from faults import REGISTRY
 from faults._proxy.client_header_timeout import ClientHeaderTimeout
+from faults._proxy.fail_closed import FailClosed
 from faults._proxy.proxy_read_timeout import ProxyReadTimeout
 from faults._proxy.request_timeouts import RequestTimeouts
 from faults._proxy.upstream_unreachable import UpstreamUnreachable
@@ -95,6 +96,9 @@ class NginxStages:
             )
         elif options.client_header_timeout is not None:
             client_side.append(ClientHeaderTimeout(timeout=options.client_header_timeout))
+        if options.on_unframeable_request == "reject":
+            # After the timeouts (which watch every client byte), before every fault.
+            client_side.append(FailClosed())
         if options.read_timeout is not None:
             upstream_side.append(ProxyReadTimeout(timeout=options.read_timeout))
         return client_side, upstream_side

@@ -74,6 +74,9 @@ class FaultContext:
     """The framed streams at this fault's place in the path (`middlebox.core.framed`),
     set by the `Pipeline` when a fault in it reads HTTP; None for a fault on its own,
     which then frames what it sees itself."""
+    client_mss: int | None = None
+    """The path MSS the proxy has toward the client (TCP_MAXSEG on the accepted socket:
+    65,483 on loopback, 1,448 on Ethernet), set by the shell; None when unknown."""
 
 
 @dataclass
@@ -224,6 +227,7 @@ class Pipeline(Fault):
                     report=context.report,
                     shared=shared[index] if shared is not None else context.shared,
                     framing=framing.position(index) if framing is not None else None,
+                    client_mss=context.client_mss,
                 )
             )
         attach = getattr(context.report, "attach_framing", None)
@@ -266,6 +270,13 @@ class Pipeline(Fault):
 
     def reading_paused(self, source: Direction) -> bool:
         return any(fault.reading_paused(source) for fault in self.faults)
+
+    def set_client_mss(self, mss: int | None) -> None:
+        """The shell's fact about the client link (`FaultContext.client_mss`), once the
+        accepted socket is known, for every fault bound to this connection."""
+        self.context.client_mss = mss
+        for fault in self.faults:
+            fault.context.client_mss = mss
 
     def socket_buffers(self) -> dict[str, int]:
         merged: dict[str, int] = {}

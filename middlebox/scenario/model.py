@@ -45,6 +45,11 @@ class ProxyOptions:
     """How the proxy itself behaves, like a real proxy's defaults (nginx answers 502)."""
 
     on_upstream_unreachable: Literal["502", "reset", "close"] = "502"
+    # A request the framer refuses while an HTTP-aware fault is in the path (a smuggled
+    # request, CL+TE, a malformed request line, CONNECT): `reject` answers as nginx does
+    # (400/405/501 page, Connection: close) and closes (faults/_proxy/fail_closed.py);
+    # `pass_through` passes the rest on unparsed, for tests of garbage handling only.
+    on_unframeable_request: Literal["reject", "pass_through"] = "reject"
     connect_timeout: Seconds = 5.0
     # nginx's client_header_timeout (60 s): a client that has not sent its first request
     # head by then is closed unanswered (slowloris); null waits forever.

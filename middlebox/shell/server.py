@@ -62,6 +62,7 @@ STAGE_EVENTS: dict[str, tuple[str, str, Direction, str]] = {
     "client_header_timeout": ("header_timeouts", "client", Direction.UPSTREAM, "header_timeout"),
     "request_timeouts": ("header_timeouts", "client", Direction.UPSTREAM, "request_timeout"),
     "proxy_read_timeout": ("read_timeouts", "upstream", Direction.DOWNSTREAM, "read_timeout"),
+    "fail_closed": ("unframeable_requests", "client", Direction.UPSTREAM, "unframeable"),
 }
 
 
@@ -184,6 +185,7 @@ class ProxyServer:
     header_timeouts: int = 0
     accept_errors: int = 0
     read_timeouts: int = 0
+    unframeable_requests: int = 0  # requests refused by fail_closed (issue 14)
     reset_at_shutdown: int = 0
     active: int = 0
     shared: list[dict[str, Any]] = field(default_factory=list)
@@ -315,6 +317,7 @@ class ProxyServer:
             self._observers[connection_id] = observer
         try:
             pipeline = self.make_pipeline(scenario, connection_id)
+            pipeline.set_client_mss(client_mss(client))
             apply_buffer_sizes(client, upstream, pipeline.socket_buffers())
             stages = [fault for fault in pipeline.faults if isinstance(fault, _Stage)]
             await Relay(client, upstream, pipeline, observer=observer, stages=stages).run()
@@ -375,6 +378,14 @@ class ProxyServer:
         rng = random.Random(f"{scenario.seed}:{connection_id}")
         stage.bind(FaultContext(connection_id, rng))
         await answer_alone(client, stage)
+
+
+def client_mss(client: socket.socket) -> int | None:
+    """The path MSS toward the client (TCP_MAXSEG), for `segment: auto` faults."""
+    try:
+        return int(client.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
+    except (OSError, AttributeError):
+        return None
 
 
 async def answer_alone(client: socket.socket, stage: Fault) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -104,3 +106,44 @@ def test_bytes_and_order_are_preserved_and_no_byte_waits_longer_than_the_window(
 @given(timelines(), st.integers(0, 2**32))
 def test_the_same_input_gives_the_same_flushes(timeline: list[TimedItem], seed: int) -> None:
     assert_deterministic(lambda: Coalescer(window=0.1, size=8), timeline, seed)
+
+
+def _bound_with_mss(fault: Any, mss: int | None) -> Any:
+    import random
+
+    from middlebox.core.fault import FaultContext
+
+    fault.bind(FaultContext(rng=random.Random(0), client_mss=mss))
+    return fault
+
+
+@pytest.mark.parametrize(("mss", "sizes"), [(65483, [3000]), (1448, [1448, 1448, 104])])
+def test_segment_auto_holds_up_to_the_links_mss(mss: int, sizes: list[int]) -> None:
+    # 10 frames of 300 bytes 20 ms apart under a 200 ms cork: on loopback's 65,483-byte
+    # MSS one burst at the window, on Ethernet's 1,448 full segments as they fill.
+    fault = _bound_with_mss(Coalescer(window=0.2, size=1448, segment="auto"), mss)
+    timeline: list[TimedItem] = [(0.02 * i, Chunk(DOWN, b"x" * 300)) for i in range(10)]
+    out = replay(fault, timeline, bind=False)
+    assert [len(i.data) for _, i in out if isinstance(i, Chunk)] == sizes
+    if mss == 65483:
+        assert [t for t, _ in out] == [0.2]
+
+
+def test_segment_auto_without_a_known_link_falls_back_to_size() -> None:
+    fault = _bound_with_mss(Coalescer(window=0.2, size=1000, segment="auto"), None)
+    out = replay(fault, [(0.0, Chunk(DOWN, b"x" * 2500))], bind=False)
+    assert [(t, len(i.data)) for t, i in out if isinstance(i, Chunk)] == [
+        (0.0, 1000),
+        (0.0, 1000),
+        (0.2, 500),
+    ]
+
+
+def test_the_pipeline_hands_the_shells_mss_to_its_faults() -> None:
+    from middlebox.core.fault import Pipeline
+
+    fault = Coalescer(segment="auto")
+    pipeline = Pipeline([fault])
+    _bound_with_mss(pipeline, None)
+    pipeline.set_client_mss(65483)
+    assert fault.context.client_mss == 65483 and fault._segment == 65483
