@@ -9,8 +9,10 @@ one after the other, and the measuring client compares what it saw:
 - idle: the stream pauses 2.5 s after 10 tokens; the preset's read timeout is set to
   1 s on both sides (the real proxy's config and an override of the preset's
   idle_reaper); a preset without one keeps the real default (none) on both sides.
-The preset side overrides the coalescer's segment size with loopback's MSS, since a
-kernel cork releases a full segment, and loopback's segments are 64 KiB.
+The preset side overrides a fixed coalescer segment size with loopback's MSS, since a
+kernel cork releases a full segment, and loopback's segments are 64 KiB; a
+`segment: auto` coalescer (haproxy-default) reads the link's MSS itself and is
+measured as shipped.
 """
 
 from __future__ import annotations
