@@ -115,6 +115,7 @@ def _check_shape(text: str, file: str) -> None:
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             mark = event.start_mark
+            line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_NESTING:
@@ -122,8 +123,8 @@ def _check_shape(text: str, file: str) -> None:
                         [
                             Problem(
                                 file,
-                                mark.line + 1,
-                                mark.column + 1,
+                                line,
+                                column,
                                 f"nested more than {MAX_NESTING} deep; refused",
                             )
                         ]
@@ -140,8 +141,8 @@ def _check_shape(text: str, file: str) -> None:
                     [
                         Problem(
                             file,
-                            mark.line + 1,
-                            mark.column + 1,
+                            line,
+                            column,
                             f"a number of {len(event.value)} characters "
                             f"(limit {MAX_NUMBER_DIGITS}); refused",
                         )
@@ -272,7 +273,7 @@ def resolve_paths(
         if not isinstance(written, str) or not written:
             continue
         path = Path(written).expanduser()
-        if not path.is_absolute() and not file.startswith("<"):
+        if not path.is_absolute() and file != "<string>":
             path = Path(file).resolve().parent / path
         if not path.is_file():
             problems.add(

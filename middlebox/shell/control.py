@@ -268,12 +268,32 @@ class ControlApi:
 
     proxy: ControlledProxy
     token: str | None = None
+    # PUT bodies parsed off the event loop (parse_off_loop), taken by route.
+    parsed: dict[bytes, Scenario] = field(default_factory=dict)
 
     def authorised(self, headers: dict[str, str]) -> bool:
         if not self.token:
             return True
         given = headers.get("authorization", "")
         return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+
+    def parse_scenario(self, body: bytes) -> Scenario:
+        """A PUT body as a scenario (raises ScenarioError or UnicodeDecodeError)."""
+        return self.proxy.loader.text(body.decode("utf-8"), "<PUT /scenario>")
+
+    async def parse_off_loop(
+        self, method: str, target: str, headers: dict[str, str], body: bytes
+    ) -> None:
+        """Parse an authorised `PUT /scenario` body in a worker thread, so a slow parse
+        (up to the 1 MiB limit) never stalls the relay's live streams on this event loop;
+        `route` then takes the result. Errors are left for `route` to report."""
+        path = target.split("?", 1)[0].rstrip("/") or "/"
+        if method != "PUT" or path != "/scenario" or not self.authorised(headers):
+            return
+        try:
+            self.parsed[body] = await trio.to_thread.run_sync(self.parse_scenario, body)
+        except Exception:
+            return  # route parses it again and answers the problem
 
     def route(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Response:
         if not self.authorised(headers):
@@ -287,7 +307,7 @@ class ControlApi:
                 return Response.json(200, scenario_json(proxy.scenario))
             if method == "PUT":
                 try:
-                    scenario = proxy.loader.text(body.decode("utf-8"), "<PUT /scenario>")
+                    scenario = self.parsed.pop(body, None) or self.parse_scenario(body)
                 except UnicodeDecodeError:
                     return Response.json(400, {"error": "the body must be UTF-8 YAML"})
                 except ScenarioError as error:
@@ -365,6 +385,12 @@ class ControlApi:
                         for name, value in request.headers
                     }
                     try:
+                        await self.parse_off_loop(
+                            request.method.decode("ascii"),
+                            request.target.decode("latin-1"),
+                            headers,
+                            body,
+                        )
                         response = self.route(
                             request.method.decode("ascii"),
                             request.target.decode("latin-1"),

@@ -521,3 +521,53 @@ def test_the_emulator_still_serves_after_every_bad_request(emulator: str) -> Non
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     status, answer = call(f"{emulator}/v1/chat/completions", json.dumps(body).encode())
     assert status == 200 and answer["choices"][0]["finish_reason"] == "length"
+
+
+# ------------------------------------------------ scenario depth, size and number limits
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "says"),
+    [
+        ("name: x\npath: " + "[" * 5000 + "\n", "<deep>:2:70:", "nested more than 64 deep"),
+        ("name: x\nseed: " + "9" * 5000 + "\npath: []\n", "<deep>:2:7:", "a number of 5000"),
+    ],
+)
+def test_deep_nesting_and_huge_numbers_are_located_problems_not_tracebacks(
+    text: str, where: str, says: str
+) -> None:
+    with pytest.raises(ScenarioError) as raised:
+        load_scenario_text(text, REGISTRY, file="<deep>", sections=scenario_sections())
+    (problem,) = raised.value.problems
+    assert str(problem).startswith(where) and says in str(problem)
+
+
+def test_put_scenario_is_parsed_off_the_event_loop_and_a_bad_one_is_a_400() -> None:
+    import threading
+
+    from middlebox.run.serve import LIBRARY_SCENARIOS
+    from middlebox.shell.control import ControlApi, ControlledProxy
+
+    proxy = ControlledProxy(Address("127.0.0.1", 9), Scenario(name="x"), loader=LIBRARY_SCENARIOS)
+    api = ControlApi(proxy)
+    threads: list[threading.Thread] = []
+    parse = api.parse_scenario
+
+    def recording(body: bytes) -> Scenario:
+        threads.append(threading.current_thread())
+        return parse(body)
+
+    api.parse_scenario = recording  # type: ignore[method-assign]
+    good = b"name: swapped\npath:\n  - latency: {delay: 5ms}\n"
+
+    async def put(body: bytes) -> int:
+        await api.parse_off_loop("PUT", "/scenario", {}, body)
+        return api.route("PUT", "/scenario", {}, body).status
+
+    assert trio.run(put, good) == 200
+    assert proxy.scenario.name == "swapped"
+    assert threads and threads[0] is not threading.main_thread()  # parsed in a worker thread
+    assert api.parsed == {}  # taken by route, nothing kept
+    bad = ("name: x\npath: " + "[" * 5000 + "\n").encode()
+    response = api.route("PUT", "/scenario", {}, bad)
+    assert response.status == 400 and b"nested more than 64 deep" in response.body
