@@ -273,7 +273,7 @@ def resolve_paths(
         if not isinstance(written, str) or not written:
             continue
         path = Path(written).expanduser()
-        if not path.is_absolute() and file != "<string>":
+        if not path.is_absolute() and not file.startswith("<"):
             path = Path(file).resolve().parent / path
         if not path.is_file():
             problems.add(
