@@ -39,9 +39,12 @@ TOLERANCES: dict[str, tuple[Tolerance, str]] = {
     "largest_gap": (Tolerance(0.05, 0.25), "s"),
     "abandon_latency": (Tolerance(0.05, 0.25), "s"),
     "abandon_tokens": (Tolerance(3, 0.25), ""),
+    # Tokens the client got before the idle end: judged since proxy_buffering drops its
+    # partial buffer on a hop's read timeout as nginx does (issue 15).
+    "idle_tokens": (Tolerance(1, 0.10), ""),
 }
 EXACT = ("stream_end", "idle_end")  # must be identical
-SHOWN = ("idle_tokens",)  # reported, not judged (docs/calibration.md says why)
+SHOWN: tuple[str, ...] = ()  # reported, not judged: none (every measure is judged)
 
 
 def bursts(reads: Reads) -> list[int]:
