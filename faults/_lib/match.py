@@ -23,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import random
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -58,7 +59,34 @@ def request_path(target: str) -> str:
         rest = target.split("://", 1)[1]
         slash = rest.find("/")
         target = rest[slash:] if slash >= 0 else "/"
-    return target.split("?", 1)[0].split("#", 1)[0] or "/"
+    return normalised_path(target.split("?", 1)[0].split("#", 1)[0] or "/")
+
+
+def normalised_path(path: str) -> str:
+    """The path as nginx matches locations against it (ngx_http_parse_complex_uri):
+    percent-decoded, `//` merged (merge_slashes on), `.` and `..` segments resolved
+    (RFC 3986 §5.2.4), so `/v1/chat/%63ompletions` and `/v1/./chat//completions` are
+    `/v1/chat/completions`, as the upstream routes them. A `..` above the root stays at
+    the root (nginx refuses such a request with 400 before any location)."""
+    if "%" in path:
+        path = urllib.parse.unquote(path, encoding="latin-1")
+    if "//" not in path and "/." not in path:
+        return path  # the usual case: nothing to resolve
+    segments: list[str] = []
+    parts = path.split("/")
+    for index, segment in enumerate(parts[1:], 1):
+        last = index == len(parts) - 1
+        if segment == "..":
+            if segments:
+                segments.pop()
+            if last:
+                segments.append("")
+        elif segment == ".":
+            if last:
+                segments.append("")
+        elif segment or last:
+            segments.append(segment)
+    return "/" + "/".join(segments)
 
 
 def body_model(body: bytes) -> str | None:
@@ -91,7 +119,8 @@ class RequestMatch:
     """Which requests an HTTP fault affects; every condition given must hold.
 
     - `method` (case-insensitive), `path` (a glob on the path without the query, e.g.
-      `/v1/*`), `model` (a glob on the JSON body's `model`; a request whose body is not
+      `/v1/*`, percent-decoded and dot-segment-normalised as nginx matches locations),
+      `model` (a glob on the JSON body's `model`; a request whose body is not
       complete JSON never matches a `model`): the filters.
     - `after`/`before`: seconds since this fault position first saw a connection open
       (the scenario's first client), a window `[after, before)` on the request's time.
