@@ -1,0 +1,90 @@
+"""`--upstream`: what only the emulator can do is reported, not run; a real server's
+workload keeps the scenario's stream duration (suite.needs_emulator, suite.paced)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from xml.etree import ElementTree
+
+import trio
+
+from middlebox.compose import expand_paths, load
+from middlebox.report.scorecard import junit_xml, scorecard
+from middlebox.run.outcome import SuiteOutcome
+from middlebox.run.suite import IMITATION_FIELDS, WHY_EMULATOR, needs_emulator, paced, run_scenario
+from middlebox.scenario.workload import Workload
+from vllm_emulator.config import EmulatorConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = {f.name for f in dataclasses.fields(EmulatorConfig)}
+
+
+def library() -> dict[str, str | None]:
+    return {path.stem: needs_emulator(load(path)) for path in expand_paths([ROOT / "scenarios"])}
+
+
+def test_the_library_scenarios_that_need_the_emulator_say_why() -> None:
+    needing = {name: why for name, why in library().items() if why}
+    assert sorted(needing) == [
+        "abandon-no-abort",
+        "idle-timeout-during-pause",
+        "idle-timeout-with-heartbeats",
+        "vllm-engine-error",
+        "wifi-to-lte-resume",
+    ]
+    assert needing["idle-timeout-with-heartbeats"] == (
+        "upstream.pauses: a stall after N tokens (a real vLLM cannot be told to pause); "
+        "upstream.sse_keep_alive_interval: SSE heartbeats (vLLM sends no keep-alive comments)"
+    )
+    assert "upstream.resumable" in needing["wifi-to-lte-resume"]
+
+
+def test_the_list_is_derived_from_the_config_fields_so_a_new_field_needs_the_emulator() -> None:
+    # the named fields exist (a rename cannot silently drop one)
+    assert IMITATION_FIELDS <= FIELDS and set(WHY_EMULATOR) <= FIELDS
+    scenario = load(ROOT / "scenarios" / "healthy-baseline.yaml")
+    assert needs_emulator(scenario) is None  # itl and prefill_overhead tune the imitation
+
+    @dataclasses.dataclass(frozen=True)
+    class WithANewSwitch(EmulatorConfig):
+        brand_new_behaviour: bool = False
+
+    block = WithANewSwitch(itl=0.015, brand_new_behaviour=True)
+    changed = dataclasses.replace(scenario, sections={**scenario.sections, "upstream": block})
+    assert needs_emulator(changed) == "upstream.brand_new_behaviour: emulator behaviour"
+    # a behaviour field at vLLM's default asks for nothing
+    assert needs_emulator(dataclasses.replace(
+        scenario, sections={**scenario.sections, "upstream": EmulatorConfig(resumable=False)}
+    )) is None  # fmt: skip
+
+
+def test_a_scenario_needing_the_emulator_is_neither_run_nor_failed(tmp_path: Path) -> None:
+    scenario = load(ROOT / "scenarios" / "vllm-engine-error.yaml")
+    # nothing listens at the discard port: a run would be a problem, not a skip
+    outcome = trio.run(
+        lambda: run_scenario(scenario, [], seed=None, upstream_url="http://127.0.0.1:9",
+                             workdir=tmp_path)
+    )  # fmt: skip
+    assert outcome.passed and not outcome.scores and not outcome.problems
+    assert outcome.needs_emulator == "upstream.fail_after_tokens: an in-band error after N " \
+        "tokens (a real vLLM fails on its own)"  # fmt: skip
+    document = SuiteOutcome([outcome], None, ["raw"]).document()
+    (shown,) = document["scenarios"]
+    assert shown["needs_emulator"] == outcome.needs_emulator
+    assert shown["status"] == "needs the emulator" and document["passed"]
+    assert f"vllm-engine-error: needs the emulator: {outcome.needs_emulator}" in scorecard(
+        document, colour=False
+    )
+    (skipped,) = ElementTree.fromstring(junit_xml(document)).iter("skipped")
+    assert skipped.get("message") == f"needs the emulator: {outcome.needs_emulator}"
+
+
+def test_a_real_server_faster_than_the_scenario_gets_a_stream_as_long_in_time() -> None:
+    scenario = load(ROOT / "scenarios" / "abandon-through-nginx-default.yaml")  # itl 10 ms
+    workload = Workload(requests=1, max_tokens=120, abandon_after_tokens=20)
+    assert paced(workload, scenario, 0.004).max_tokens == 300  # 120 x 10 ms at 4 ms each
+    assert paced(workload, scenario, 0.02).max_tokens == 120  # slower: never fewer tokens
+    assert paced(workload, scenario, None).max_tokens == 120  # speed unknown
+    assert paced(workload, scenario, 0.00001).max_tokens == 4000  # bounded
+    assert paced(workload, scenario, 0.004).abandon_after_tokens == 20
