@@ -17,8 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 # A stream that arrives this many upstream tokens per burst (the scorer's 10 ms groups)
-# was held by a hop: vLLM flushes every token, so a direct stream shows about 1.
+# was held by a hop: vLLM flushes every token, so a direct stream shows about 1. With a
+# buffering fault in the path 4 is enough; without one a busy machine merges a smooth
+# stream's flushes into bursts of up to ~5 tokens (measured: the library on 2 shared
+# cores), so only 8 or more is called lumpy then.
 LUMPY_TOKENS_PER_BURST = 4.0
+LUMPY_WITHOUT_A_BUFFERING_FAULT = 8.0
+BUFFERING_FAULTS = ("proxy_buffering", "coalescer", "gzip_encoding")
+# Faults that delay the first byte: a late first text is theirs (without one, the gap
+# between perceived and upstream TTFT is the client's own start and a loaded machine).
+DELAYING_FAULTS = ("latency", "link", "bandwidth", "slow_reader", "proxy_buffering", "handoff")
 # Perceived TTFT this much later than the upstream's own, and at least this ratio: a hop
 # held the head of the stream (a buffer, a slow path), not the model.
 LATE_FIRST_TOKEN_MS = 100.0
@@ -264,16 +272,19 @@ def diagnose(result: dict[str, Any]) -> str:
             f"{amplification} generations for one request: retries re-ran the model; fix: "
             + EXPLAIN["client.amplification"].fix
         )
-    if found.tokens_per_burst is not None and found.tokens_per_burst >= LUMPY_TOKENS_PER_BURST:
+    hop = next((f for f in BUFFERING_FAULTS if f in fired), "")
+    lumpy = LUMPY_TOKENS_PER_BURST if hop else LUMPY_WITHOUT_A_BUFFERING_FAULT
+    delaying = [f for f in DELAYING_FAULTS if f in fired]
+    if found.tokens_per_burst is not None and found.tokens_per_burst >= lumpy:
         lump = found.tokens_per_burst * BYTES_PER_TOKEN_EVENT / 1024
-        hop = next((f for f in ("proxy_buffering", "coalescer", "gzip_encoding") if f in fired), "")
         lines.append(
             f"arrived in ~{found.tokens_per_burst:.0f}-token (~{lump:.0f} KiB) lumps: a "
             f"buffering hop{f' ({hop})' if hop else ''}; fix: X-Accel-Buffering: no or "
             "proxy_buffering off"
         )
     elif (
-        found.attempts <= found.requests  # a retry's TTFT counts from the first attempt
+        delaying
+        and found.attempts <= found.requests  # a retry's TTFT counts from the first attempt
         and found.perceived_ttft_ms is not None
         and found.upstream_ttft_ms is not None
         and found.perceived_ttft_ms - found.upstream_ttft_ms > LATE_FIRST_TOKEN_MS
@@ -281,7 +292,8 @@ def diagnose(result: dict[str, Any]) -> str:
     ):
         lines.append(
             f"first text {found.perceived_ttft_ms - found.upstream_ttft_ms:.0f} ms after the "
-            "upstream's first token: a hop holds the head of the stream"
+            f"upstream's first token: a slow hop ({', '.join(delaying)}) holds the head of "
+            "the stream"
         )
     if found.tokens_wasted > WASTE_WORTH_NAMING:
         lines.append(

@@ -163,12 +163,16 @@ def test_the_diagnosis_names_the_worst_symptom_first() -> None:
         "arrived in ~15-token (~4 KiB) lumps: a buffering hop (proxy_buffering)"
     )
     assert diagnose(result(**{"client.tokens_per_burst": 1.0})) == "healthy: complete"
-    late = result(**{"client.perceived_ttft_ms": [500.0], "server.upstream_ttft_ms": [60.0]})
-    assert "440 ms after the upstream's first token" in diagnose(late)
+    # without a buffering fault a loaded machine merges flushes: 5 is not yet lumpy, 9 is
+    assert diagnose(result(**{"client.tokens_per_burst": 5.0})) == "healthy: complete"
+    assert "a buffering hop;" in diagnose(result(**{"client.tokens_per_burst": 9.0}))
+    slow = {"client.perceived_ttft_ms": [500.0], "server.upstream_ttft_ms": [60.0]}
+    late = result(**slow, fired=["latency:delaying"])
+    assert "440 ms after the upstream's first token: a slow hop (latency)" in diagnose(late)
+    # no delaying fault: the gap is the client's start and the machine, not a hop
+    assert diagnose(result(**slow)) == "healthy: complete"
     # a retried request's TTFT counts from its first attempt: not a late head
-    retried = result(
-        **{"client.perceived_ttft_ms": [500.0], "server.upstream_ttft_ms": [60.0]}, attempts=2
-    )
+    retried = result(**slow, attempts=2, fired=["latency:delaying"])
     assert "after the upstream's first token" not in diagnose(retried)
     wasted = diagnose(result(verdicts=["abandoned"], **{"server.tokens_wasted": 40}))
     assert (
