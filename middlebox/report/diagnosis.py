@@ -26,7 +26,7 @@ LUMPY_WITHOUT_A_BUFFERING_FAULT = 8.0
 BUFFERING_FAULTS = ("proxy_buffering", "coalescer", "gzip_encoding")
 # Faults that delay the first byte: a late first text is theirs (without one, the gap
 # between perceived and upstream TTFT is the client's own start and a loaded machine).
-DELAYING_FAULTS = ("latency", "link", "bandwidth", "slow_reader", "proxy_buffering", "handoff")
+DELAYING_FAULTS = ("latency", "link", "bandwidth", "slow_reader", "handoff")  # buffering: lumps
 # Perceived TTFT this much later than the upstream's own, and at least this ratio: a hop
 # held the head of the stream (a buffer, a slow path), not the model.
 LATE_FIRST_TOKEN_MS = 100.0
