@@ -60,11 +60,13 @@ def cases(model: str) -> dict[str, tuple[bytes, bytes]]:
     smuggle = (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\r\n"
     )
+    spaced = b"POST  /v1/chat/completions HTTP/1.1\r\nHost: a\r\n\r\n"
+    connect = b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n"
     return {
         "smuggled in a chunked body": (smuggle + chat(model), b"HTTP/1.1 400 "),
-        "double space": (b"POST  /v1/chat/completions HTTP/1.1\r\nHost: a\r\n\r\n" + chat(model), b"HTTP/1.1 400 "),
-        "CONNECT then a chat": (b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n" + chat(model), b"HTTP/1.1 405 "),
-    }  # fmt: skip
+        "double space": (spaced + chat(model), b"HTTP/1.1 400 "),
+        "CONNECT then a chat": (connect + chat(model), b"HTTP/1.1 405 "),
+    }
 
 
 @pytest.mark.parametrize(
