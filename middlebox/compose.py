@@ -1,7 +1,8 @@
-"""The composition root: where the core meets the fault library (and later the runner).
+"""The composition root: where the core meets the fault library.
 
-Only this module, `cli` and `runner` import `faults`, so the core stays free of any
-particular fault (the dependency rule in `middlebox/__init__.py`).
+Only this module imports `faults` (tests/test_architecture.py): it turns a scenario's `path:`
+into fault instances and its `proxy:` block into the proxy's own nginx stages, so the core,
+the shell and the runner stay free of any particular fault.
 """
 
 from __future__ import annotations

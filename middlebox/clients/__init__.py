@@ -1,5 +1,8 @@
 """Clients under test: separate processes with one small result contract.
 
+Rule: each client runs as its own process; imports only core (its pure framers), clients and
+the one library it drives, and is never named after that library.
+
 A user's own client (`middlebox run --client-cmd CMD`) and the built-in ones are scored
 the same way. docs/clients.md has the same contract with an example client.
 
@@ -64,7 +67,7 @@ import sys
 BUILTIN_CLIENTS: dict[str, list[str]] = {
     "raw": [sys.executable, "-m", "middlebox.clients.raw"],
     "openai": [sys.executable, "-m", "middlebox.clients.openai_sdk"],
-    "httpx-sse": [sys.executable, "-m", "middlebox.clients.httpx_sse"],
+    "httpx-sse": [sys.executable, "-m", "middlebox.clients.httpx_sse_reader"],
     "resilient": [sys.executable, "-m", "middlebox.clients.resilient"],
     "browser": [sys.executable, "-m", "middlebox.clients.browser"],
     "browser-eventsource": [sys.executable, "-m", "middlebox.clients.browser", "--eventsource"],

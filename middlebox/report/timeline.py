@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from middlebox.observe.journal import JournalView
-from middlebox.run.score import BURST_GAP, ledger_for
+from middlebox.observe.requests import BURST_GAP, ledger_for
 
 MAX_PANELS = 8
 

@@ -36,9 +36,7 @@ from typing import Any
 from middlebox.core.framed import LegRecord, is_event_stream
 from middlebox.core.sse import SseEvent
 from middlebox.core.stream import Direction
-
-BURST_GAP = 0.010
-"""Pieces shown within 10 ms of each other count as one burst (one proxy flush)."""
+from middlebox.observe.requests import BURST_GAP, ledger_for
 
 METRICS: dict[str, str] = {
     "client.requests": "logical requests the client was asked to make",
@@ -314,11 +312,6 @@ def finish_flag(
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def ledger_for(ledger: Iterable[Mapping[str, Any]], tag: str) -> list[Mapping[str, Any]]:
-    """Every generation the upstream ran for one logical request (matched by its tag)."""
-    return [entry for entry in ledger if tag in json.dumps(entry.get("prompt"), ensure_ascii=False)]
 
 
 def display_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
