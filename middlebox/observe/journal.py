@@ -29,8 +29,6 @@ import base64
 import bisect
 import json
 import re
-import sys
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -155,18 +153,6 @@ def _unquote(name: bytes) -> str:
 def redact(data: bytes, redaction: Redaction = DEFAULT_REDACTION, *, request: bool = True) -> bytes:
     """Blank secret values (see `Redaction.data`), keeping the names visible."""
     return redaction.data(data, request=request)
-
-
-def _wall_clock_offset() -> float:
-    """Wall clock minus the relay's clock (trio's), or 0 outside a trio run. observe
-    depends on no event loop: trio is asked only if the running program loaded it."""
-    trio = sys.modules.get("trio")
-    if trio is None:
-        return 0.0
-    try:
-        return time.time() - float(trio.current_time())
-    except RuntimeError:
-        return 0.0
 
 
 @dataclass(eq=False)
@@ -537,9 +523,15 @@ class JournalStore:
     pending_framing: dict[int, PathFraming] = field(default_factory=dict, repr=False)
 
     def observer(
-        self, connection_id: int, started_at: float, scenario: str = ""
+        self,
+        connection_id: int,
+        started_at: float,
+        scenario: str = "",
+        clock_offset: float | None = None,
     ) -> ConnectionJournal:
-        offset = _wall_clock_offset() if self.clock_offset is None else self.clock_offset
+        """`clock_offset`: wall clock minus the relay's clock, from the shell
+        (shell.server.relay_clock_offset), since observe depends on no event loop."""
+        offset = next((o for o in (clock_offset, self.clock_offset) if o is not None), 0.0)
         journal = ConnectionJournal(
             connection_id,
             started_at,
@@ -624,9 +616,15 @@ class JournalWriter:
     _dropped_ids: set[int] = field(default_factory=set, repr=False)
 
     def observer(
-        self, connection_id: int, started_at: float, scenario: str = ""
+        self,
+        connection_id: int,
+        started_at: float,
+        scenario: str = "",
+        clock_offset: float | None = None,
     ) -> ConnectionJournal:
-        offset = _wall_clock_offset() if self.clock_offset is None else self.clock_offset
+        """`clock_offset`: wall clock minus the relay's clock, from the shell
+        (shell.server.relay_clock_offset), since observe depends on no event loop."""
+        offset = next((o for o in (clock_offset, self.clock_offset) if o is not None), 0.0)
         journal = ConnectionJournal(
             connection_id,
             started_at,

@@ -27,7 +27,7 @@ from middlebox.run.outcome import RunError
 from middlebox.run.processes import CHILDREN
 from middlebox.scenario.model import Scenario
 from middlebox.scenario.workload import Workload, request_tag, workload_file
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyServer, listen, relay_clock_offset
 
 # after the client exits, how long the proxy may carry the last closes to the upstream
 PROXY_SETTLE = 2.0
@@ -109,7 +109,9 @@ async def run_client(
     server = ProxyServer(
         upstream,
         scenario,
-        observer_factory=lambda cid, s: journal.observer(cid, time.time(), s.name),
+        observer_factory=lambda cid, s: journal.observer(
+            cid, time.time(), s.name, relay_clock_offset()
+        ),
         report_sink_factory=journal.fault_sink,
         stages=PROXY_STAGES,
     )

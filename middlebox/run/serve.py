@@ -34,7 +34,7 @@ from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import Scenario
 from middlebox.shell.control import ControlledProxy, check_control_access, run_controlled_proxy
-from middlebox.shell.server import Address, ProxyServer, run_proxy
+from middlebox.shell.server import Address, ProxyServer, relay_clock_offset, run_proxy
 from middlebox.shell.workers import run_workers
 
 
@@ -144,7 +144,11 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
         max_connections=settings.max_connections,
         stages=PROXY_STAGES,
         observer_factory=(
-            (lambda cid, _s: journal.observer(cid, time.time(), what.scenario.name))
+            (
+                lambda cid, _s: journal.observer(
+                    cid, time.time(), what.scenario.name, relay_clock_offset()
+                )
+            )
             if journal is not None
             else None
         ),

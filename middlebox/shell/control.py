@@ -47,7 +47,7 @@ from middlebox.observe.journal import JournalStore
 from middlebox.observe.metrics import CONTENT_TYPE, Metrics
 from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.model import Scenario
-from middlebox.shell.server import Address, ProxyServer, run_proxy
+from middlebox.shell.server import Address, ProxyServer, relay_clock_offset, run_proxy
 
 log = logging.getLogger("middlebox.shell.control")
 
@@ -141,7 +141,9 @@ class ControlledProxy(ProxyServer):
         self.report_sink_factory = self._sink
 
     def _observer(self, connection_id: int, scenario: Scenario) -> Any:
-        return self.metrics.observe(self.store.observer(connection_id, time.time(), scenario.name))
+        return self.metrics.observe(
+            self.store.observer(connection_id, time.time(), scenario.name, relay_clock_offset())
+        )
 
     def _sink(self, connection_id: int) -> Callable[..., None]:
         return self.metrics.sink(connection_id, self.store.fault_sink(connection_id))

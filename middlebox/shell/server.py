@@ -35,6 +35,7 @@ import math
 import random
 import signal
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -112,6 +113,12 @@ async def dial(address: Address) -> socket.socket:
                 raise
             error = exc
     raise error or OSError(f"cannot resolve {address}")
+
+
+def relay_clock_offset() -> float:
+    """Wall clock minus the relay's clock (trio's), for journals that write wall-clock
+    times: observe depends on no event loop, so the shell, which owns the clock, says."""
+    return time.time() - trio.current_time()
 
 
 def listen(address: Address, backlog: int = 1024) -> socket.socket:

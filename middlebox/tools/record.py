@@ -36,7 +36,7 @@ from middlebox.core.http1 import Piece, PieceKind
 from middlebox.core.stream import Direction
 from middlebox.observe.journal import SECRET_HEADERS, ConnectionJournal, JournalStore
 from middlebox.scenario.model import Scenario
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyServer, listen, relay_clock_offset
 
 log = logging.getLogger("middlebox.tools.record")
 
@@ -187,7 +187,9 @@ async def record(
     server = ProxyServer(
         upstream,
         Scenario(name="record", description="pass-through recording"),
-        observer_factory=lambda cid, s: store.observer(cid, time.time(), s.name),
+        observer_factory=lambda cid, s: store.observer(
+            cid, time.time(), s.name, relay_clock_offset()
+        ),
         report_sink_factory=store.fault_sink,
     )
     listener = listen(listen_address)

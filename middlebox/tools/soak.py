@@ -40,7 +40,7 @@ from middlebox.observe.journal import JournalStore
 from middlebox.run.processes import start_emulator, stop_upstream
 from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import Scenario
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyServer, listen, relay_clock_offset
 
 MODEL = "middlebox/tools/soak-7b"
 EMULATOR = {
@@ -273,7 +273,7 @@ async def soak(
                     if name == "journalled":
                         journal = JournalStore(capture=True, max_connections=100)
                         server.observer_factory = lambda cid, _s, j=journal: j.observer(
-                            cid, time.time(), "journalled"
+                            cid, time.time(), "journalled", relay_clock_offset()
                         )
                         server.report_sink_factory = journal.fault_sink
                     listener = listen(Address("127.0.0.1", 0))
