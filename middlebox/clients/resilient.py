@@ -16,7 +16,11 @@
 - Resume: when events carry `id:`, a reconnect resends the same request with
   `Last-Event-ID: <last id>` and echoes any response header whose name contains
   `stream-id`; replayed events at or before the last id are skipped, so nothing is shown
-  twice. Without ids, a retry restarts and replaces the displayed text.
+  twice. Without ids, a retry restarts and replaces the displayed text; so that the
+  restart cannot contradict what the user already read, every request carries a `seed`
+  (vLLM's per-request sampling seed) fixed for the logical request, and a sampling server
+  draws the same continuation again (the seed article: "a naive retry can contradict what
+  the user already read").
 - UTF-8-safe reassembly: `middlebox.core.sse.SseFramer` decodes whole lines only.
 - Leaving (abandonment) unwinds through the response context, which closes the
   connection at once.
@@ -28,11 +32,13 @@ Tunable for tests and the runner through environment variables
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import json
 import os
 import random
 import time
+import zlib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, fields
@@ -270,6 +276,15 @@ def _retry_delay(exc: Exception, failures: int, policy: Policy, rng: random.Rand
     return policy.backoff(failures, rng)
 
 
+def with_pinned_seed(spec: RequestSpec) -> RequestSpec:
+    """The request with a `seed` of its own unless it has one: the same for every attempt of
+    this logical request (derived from its body), so a restart redraws nothing."""
+    if "seed" in spec.body:
+        return spec
+    digest = zlib.crc32(json.dumps(spec.body, sort_keys=True).encode("utf-8"))
+    return dataclasses.replace(spec, body={**spec.body, "seed": digest & 0x7FFFFFFF})
+
+
 @asynccontextmanager
 async def session(env: ClientEnv, policy: Policy | None = None) -> AsyncIterator[Handler]:
     policy = policy or Policy.from_env()
@@ -278,6 +293,7 @@ async def session(env: ClientEnv, policy: Policy | None = None) -> AsyncIterator
         attempt = _Attempt(http, env, policy)
 
         async def handle(spec: RequestSpec, rec: Recorder) -> None:
+            spec = with_pinned_seed(spec)
             # Jitter is seeded per request, so reruns of a workload wait the same.
             rng = random.Random(spec.index)
             bound = policy.attempt_bound(spec.body)

@@ -358,3 +358,20 @@ def test_the_resilient_policy_reads_its_overrides_and_bounds_attempts_by_max_tok
     assert (policy.max_retries, policy.stall_timeout) == (5, 0.5)
     assert policy.attempt_bound({"max_tokens": 100}) == pytest.approx(30.0 + 100 * 0.2)
     assert policy.attempt_bound({"max_completion_tokens": 10}) == pytest.approx(32.0)
+
+
+def test_the_resilient_client_pins_one_seed_per_logical_request_so_a_restart_redraws_nothing() -> (
+    None
+):
+    spec = RequestSpec(
+        index=3, endpoint="chat", body={"model": "m", "messages": [], "stream": True}
+    )
+    pinned = resilient.with_pinned_seed(spec)
+    again = resilient.with_pinned_seed(spec)
+    assert isinstance(pinned.body["seed"], int) and 0 <= pinned.body["seed"] < 2**31
+    assert again.body["seed"] == pinned.body["seed"]  # every attempt sends the same seed
+    other = RequestSpec(index=4, endpoint="chat", body={**spec.body, "max_tokens": 7})
+    assert resilient.with_pinned_seed(other).body["seed"] != pinned.body["seed"]
+    own = RequestSpec(index=3, endpoint="chat", body={**spec.body, "seed": 42})
+    assert resilient.with_pinned_seed(own).body["seed"] == 42  # the caller's seed is kept
+    assert "seed" not in spec.body  # the workload itself is not changed

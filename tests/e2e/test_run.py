@@ -126,9 +126,11 @@ def test_a_failing_expect_exits_non_zero_and_junit_names_the_check(tmp_path: Pat
         for case in junit.iter("testcase")
         for failure in case.iter("failure")
     ]
-    assert failures == [
-        ("raw: client.silent_truncations equals 0", "client.silent_truncations equals 0: got 1")
-    ]
+    # The message says what failed, why, and what to do (issue 17's symptom-first views).
+    assert [name for name, _ in failures] == ["raw: client.silent_truncations equals 0"]
+    message = failures[0][1] or ""
+    assert message.startswith("client.silent_truncations equals 0: got 1; why: ")
+    assert "fix: " in message
 
 
 def test_against_a_real_server_the_journal_and_its_metrics_stand_in_for_the_ledger(
