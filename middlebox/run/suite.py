@@ -239,13 +239,8 @@ def score_runs(
     declared = [spec.name for spec in scenario.path]
     order = {spec.name: i for i, spec in enumerate(chosen)}
     for run in sorted(runs, key=lambda r: order[r.spec.name]):
-        traffic = [
-            (
-                j.bytes_from("upstream", Direction.UPSTREAM),
-                j.bytes_from("upstream", Direction.DOWNSTREAM),
-            )
-            for _, j in sorted(run.journal.journals.items())
-        ]
+        # the upstream leg as the journal framed it once (no second framing pass here)
+        traffic = [j.leg("upstream") for _, j in sorted(run.journal.journals.items())]
         reports = [(r.fault, r.action) for r in run.journal.fault_reports()]
         # attempts are counted where the client sent them: its leg of the journal
         client_traffic = [j.leg("client") for _, j in sorted(run.journal.journals.items())]
@@ -435,7 +430,11 @@ async def _run_all(
                 upstream_url=upstream_url,
                 workdir=run_directory(workdir, index, scenario.name),
             )
-            progress.update(finished=scenario.name, failed=not outcomes[index].passed)
+            progress.update(
+                finished=scenario.name,
+                failed=not outcomes[index].passed,
+                results=[{**s.to_json(), "passed": s.passed} for s in outcomes[index].scores],
+            )
 
     async with trio.open_nursery() as nursery:
         for index, scenario in enumerate(scenarios):
