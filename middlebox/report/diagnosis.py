@@ -266,10 +266,18 @@ def diagnose(result: dict[str, Any]) -> str:
         lines.append("duplicated text: " + _said("client.duplicated"))
     if "missing_tokens" in verdicts:
         lines.append("tokens missing: " + _said("client.missing_tokens"))
+    # amplification counts attempts on the wire (issue 13); how many of them the model
+    # actually ran is server.generations_per_request (a 429 answered by a hop runs nothing)
     amplification = int(metrics.get("client.amplification") or 0)
+    generations = metrics.get("server.generations_per_request")
     if amplification > 1:
+        ran = (
+            f"the model ran {int(generations)}"
+            if isinstance(generations, int | float)
+            else "each may re-run the model"
+        )
         lines.append(
-            f"{amplification} generations for one request: retries re-ran the model; fix: "
+            f"{amplification} attempts for one request ({ran}); fix: "
             + EXPLAIN["client.amplification"].fix
         )
     hop = next((f for f in BUFFERING_FAULTS if f in fired), "")

@@ -82,7 +82,7 @@ def test_without_a_verdicts_block_the_request_verdicts_are_read() -> None:
 
 
 def test_one_generation_per_request_is_not_amplification() -> None:
-    assert "generations for one request" not in diagnose(
+    assert "attempts for one request" not in diagnose(
         run_result(["complete"], **{"client.amplification": 1})
     )
 

@@ -181,8 +181,11 @@ def test_the_diagnosis_names_the_worst_symptom_first() -> None:
     )
     assert "nobody" not in diagnose(result(verdicts=["abandoned"], **{"server.tokens_wasted": 2}))
     assert diagnose(result(**{"client.amplification": 3})).startswith(
-        "3 generations for one request"
+        "3 attempts for one request (each may re-run the model)"
     )
+    # retries a hop answered with 429 ran the model no times: the line says so
+    answered = result(**{"client.amplification": 3, "server.generations_per_request": 0})
+    assert diagnose(answered).startswith("3 attempts for one request (the model ran 0)")
 
 
 CHECK = {"name": "client.silent_truncations", "condition": "equals", "expected": 0, "actual": 1}
