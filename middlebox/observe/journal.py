@@ -503,6 +503,28 @@ class JournalSink:
             self.store.pending_framing[self.connection_id] = framing
 
 
+def open_journal(
+    store: Any, connection_id: int, started_at: float, scenario: str, clock_offset: float | None
+) -> ConnectionJournal:
+    """A new connection's journal, as both stores (in memory, on disk) open it: their capture,
+    redaction and clock settings, and the pipeline framing that arrived before it."""
+    offset = next((o for o in (clock_offset, store.clock_offset) if o is not None), 0.0)
+    journal = ConnectionJournal(
+        connection_id,
+        started_at,
+        capture=store.capture,
+        max_capture_bytes=store.max_capture_bytes,
+        clock_offset=offset,
+        scenario=scenario,
+        redaction=store.redaction,
+    )
+    framing = store.pending_framing.pop(connection_id, None)
+    if framing is not None:
+        journal.attach_framing(framing)
+    store.journals[connection_id] = journal
+    return journal
+
+
 @dataclass
 class JournalStore:
     """All journals of one proxy run; hands the server its observer and fault-report sink.
@@ -531,20 +553,7 @@ class JournalStore:
     ) -> ConnectionJournal:
         """`clock_offset`: wall clock minus the relay's clock, from the shell
         (shell.server.relay_clock_offset), since observe depends on no event loop."""
-        offset = next((o for o in (clock_offset, self.clock_offset) if o is not None), 0.0)
-        journal = ConnectionJournal(
-            connection_id,
-            started_at,
-            capture=self.capture,
-            max_capture_bytes=self.max_capture_bytes,
-            clock_offset=offset,
-            scenario=scenario,
-            redaction=self.redaction,
-        )
-        framing = self.pending_framing.pop(connection_id, None)
-        if framing is not None:
-            journal.attach_framing(framing)
-        self.journals[connection_id] = journal
+        journal = open_journal(self, connection_id, started_at, scenario, clock_offset)
         self._order.append(connection_id)
         if self.max_connections is not None:
             while len(self._order) > self.max_connections:
@@ -624,20 +633,7 @@ class JournalWriter:
     ) -> ConnectionJournal:
         """`clock_offset`: wall clock minus the relay's clock, from the shell
         (shell.server.relay_clock_offset), since observe depends on no event loop."""
-        offset = next((o for o in (clock_offset, self.clock_offset) if o is not None), 0.0)
-        journal = ConnectionJournal(
-            connection_id,
-            started_at,
-            capture=self.capture,
-            max_capture_bytes=self.max_capture_bytes,
-            clock_offset=offset,
-            scenario=scenario,
-            redaction=self.redaction,
-        )
-        framing = self.pending_framing.pop(connection_id, None)
-        if framing is not None:
-            journal.attach_framing(framing)
-        self.journals[connection_id] = journal
+        journal = open_journal(self, connection_id, started_at, scenario, clock_offset)
         return journal
 
     def fault_sink(self, connection_id: int) -> JournalSink:
