@@ -43,12 +43,23 @@ class Workload:
     abandon_after_seconds: Seconds | None = None
     clients: list[str] | None = None
     timeout: Seconds = 20.0
+    # Agent requests (chat only), sent verbatim as the OpenAI fields of the same name:
+    # `tools` a list of {"type": "function", "function": {name, description, parameters}},
+    # `tool_choice` "auto" | "none" | "required" | {"type": "function", "function":
+    # {"name": ...}}, `response_format` {"type": "json_object"} or {"type": "json_schema",
+    # "json_schema": {"name": ..., "schema": {...}}} (docs/emulator.md, "Agent streams").
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.requests < 1 or self.concurrency < 1:
             raise ValueError("requests and concurrency must be at least 1")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        agent_fields = (self.tools, self.tool_choice, self.response_format)
+        if self.endpoint != "chat" and any(value is not None for value in agent_fields):
+            raise ValueError("tools, tool_choice and response_format need endpoint: chat")
 
 
 def request_tag(scenario: str, client: str, index: int) -> str:
@@ -65,6 +76,9 @@ def request_body(workload: Workload, model: str, tag: str) -> dict[str, Any]:
     }
     if workload.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": text}]
+        for name in ("tools", "tool_choice", "response_format"):
+            if getattr(workload, name) is not None:
+                body[name] = getattr(workload, name)
     else:
         body["prompt"] = text
     if workload.stream and workload.include_usage:
