@@ -14,6 +14,7 @@ from typing import Any
 from faults import REGISTRY
 from faults._proxy.client_header_timeout import ClientHeaderTimeout
 from faults._proxy.fail_closed import FailClosed
+from faults._proxy.fail_closed_response import FailClosedResponse
 from faults._proxy.proxy_read_timeout import ProxyReadTimeout
 from faults._proxy.request_timeouts import RequestTimeouts
 from faults._proxy.upstream_unreachable import UpstreamUnreachable
@@ -102,6 +103,10 @@ class NginxStages:
             client_side.append(FailClosed())
         if options.read_timeout is not None:
             upstream_side.append(ProxyReadTimeout(timeout=options.read_timeout))
+        if options.on_unframeable_request == "reject":
+            # Server-most, so no fault sees a response nginx would refuse (502 or a close);
+            # the same option: a scenario that passes garbage on passes it both ways.
+            upstream_side.append(FailClosedResponse())
         return client_side, upstream_side
 
     def unreachable(self, options: ProxyOptions) -> Fault:

@@ -159,13 +159,16 @@ class Refusal:
     (RFC 9112 §6.1, §6.3, §7; nginx 1.22's answers): where it starts (`message`,
     `offset`), where the unframeable bytes start (`at`), why, and the status nginx
     answers it with (`status` None: bytes after `Connection: close`, which nginx reads
-    and discards without an answer)."""
+    and discards without an answer). `start_line`: the start line itself is not HTTP/1.x
+    (nginx takes such a response for HTTP/0.9 and relays it raw, ngx_http_proxy_module's
+    "upstream sent no valid HTTP/1.0 header")."""
 
     message: int
     offset: int
     at: int
     reason: str
     status: int | None = 400
+    start_line: bool = False
 
 
 _MERGEABLE = (PieceKind.BODY, PieceKind.OPAQUE)
@@ -193,9 +196,10 @@ def coalesce(pieces: Iterable[Piece]) -> list[Piece]:
 
 
 class _Malformed(ValueError):
-    def __init__(self, reason: str, status: int = 400) -> None:
+    def __init__(self, reason: str, status: int = 400, *, start_line: bool = False) -> None:
         super().__init__(reason)
         self.status = status
+        self.start_line = start_line
 
 
 class _State(enum.Enum):
@@ -405,15 +409,15 @@ class Http1Framer:
         # RFC 9112 §9.6: after a Connection: close message the sender sends no more.
         self._state = _State.CLOSED if self._closed else _State.HEAD
 
-    def _refuse(self, reason: str, status: int | None) -> None:
+    def _refuse(self, reason: str, status: int | None, *, start_line: bool = False) -> None:
         if self._refusal is None:
             self._refusal = Refusal(
-                self._message, self._message_start, self._offset, reason, status
+                self._message, self._message_start, self._offset, reason, status, start_line
             )
 
-    def _degrade(self, reason: str, status: int = 400) -> bool:
+    def _degrade(self, reason: str, status: int = 400, *, start_line: bool = False) -> bool:
         self._degraded = reason
-        self._refuse(reason, status)
+        self._refuse(reason, status, start_line=start_line)
         self._state = _State.OPAQUE
         return True
 
@@ -523,7 +527,7 @@ class Http1Framer:
             head = _parse_head(bytes(self._buf[self._start : end]), self.role)
             mode, length = self._body_mode(head)
         except _Malformed as exc:
-            return self._degrade(str(exc), exc.status)
+            return self._degrade(str(exc), exc.status, start_line=exc.start_line)
         self._head = head
         if not head.is_interim and not head.keep_alive and mode is not _State.OPAQUE:
             self._closed = True
@@ -644,9 +648,9 @@ def _parse_head(raw: bytes, role: Role) -> Head:
     version, _, rest = start.partition(" ")
     code, _, reason = rest.partition(" ")
     if not _VERSION.match(version):
-        raise _Malformed(f"not an HTTP/1.x status line: {start!r}")
+        raise _Malformed(f"not an HTTP/1.x status line: {start!r}", start_line=True)
     if len(code) != 3 or not code.isascii() or not code.isdigit() or code[0] == "0":
-        raise _Malformed(f"malformed status code in {start!r}")
+        raise _Malformed(f"malformed status code in {start!r}", start_line=True)
     return Head(version=version, headers=fields, status=int(code), reason=reason)
 
 

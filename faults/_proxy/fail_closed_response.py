@@ -1,0 +1,122 @@
+"""fail_closed_response: a response that cannot be framed is answered as nginx would.
+
+The response-side twin of `fail_closed` (issue 14). With an HTTP-aware fault in the path, an
+upstream response the framer refuses must not reach the faults or the client as raw bytes:
+they would skip every SSE and HTTP fault. nginx (ngx_http_upstream.c, ngx_http_proxy_module.c)
+answers by where the bad bytes are:
+
+- in the head (a malformed field line, CL and TE together, an invalid Content-Length):
+  "upstream sent invalid header", `NGX_HTTP_UPSTREAM_INVALID_HEADER`; invalid_header is not
+  in the default `proxy_next_upstream` (error timeout), so the request is finalized with
+  502 and nginx's page. Nothing of that head reaches the client: nginx parses the whole
+  head before it sends its own.
+- in the status line (not `HTTP/1.x NNN`): nginx logs "upstream sent no valid HTTP/1.0
+  header", takes the response for HTTP/0.9 and relays its bytes raw, closing after
+  (`ngx_http_proxy_process_status_line`). So does this stage: it steps aside.
+- in the body, after the head went on (a bad chunk-size line: "upstream sent invalid
+  chunked response", the chunked filter's NGX_ERROR): the header was sent, so
+  `ngx_http_upstream_finalize_request` cannot answer; it closes the client connection
+  (no terminal chunk) and the upstream one. The body bytes before the bad ones went on.
+- after a `Connection: close` response: "upstream sent data after final chunk" or more
+  than Content-Length; nginx drops those bytes and the upstream connection's keep-alive.
+
+nginx keeps the client connection after a 502 and dials the upstream again for the next
+request; middlebox has one upstream connection per client connection, so it closes both
+after the 502 (`Connection: close` on the page says so).
+
+The stage sits server-most, reads the response stream's one framing pass where the upstream's
+bytes enter (`Http1Framer.refusal`, no framer of its own) and holds the bytes of an
+incomplete head or chunk-size line until the framer has judged them, as nginx reads a whole
+head before it sends one. With no HTTP-aware fault in the path nothing is framed and the
+stage steps aside at once (pass-through frames nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from middlebox.core.fault import Fault, FaultContext
+from middlebox.core.http1 import Http1Framer, Refusal
+from middlebox.core.responses import error_response
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
+
+# ngx_http_upstream_next: NGX_HTTP_UPSTREAM_FT_INVALID_HEADER finalizes with Bad Gateway.
+INVALID_HEADER_STATUS = 502
+
+
+@dataclass
+class FailClosedResponse(Fault):
+    """Answer an upstream response the framer refuses as nginx does (502 before its head
+    reached the client, a close after it) and close both sides."""
+
+    name: ClassVar[str] = "fail_closed_response"
+
+    connection_closed: bool = field(init=False, repr=False, default=False)
+    _framer: Http1Framer | None = field(init=False, repr=False, default=None)
+    _held: bytearray = field(init=False, repr=False, default_factory=bytearray)
+    _passed: int = field(init=False, repr=False, default=0)  # response bytes passed on
+    _discarding: bool = field(init=False, repr=False, default=False)
+
+    def bind(self, context: FaultContext) -> None:
+        super().bind(context)
+        position = context.framing
+        if position is not None:
+            self._framer = position.down.http
+
+    @property
+    def finished(self) -> bool:
+        return self._framer is None and not self.connection_closed
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        if self.connection_closed:
+            return []  # closed as nginx closes: nothing more goes anywhere
+        framer = self._framer
+        if item.direction is UP or framer is None:
+            return [item]
+        if self._discarding:
+            return [] if isinstance(item, Chunk) else [item]
+        if not isinstance(item, Chunk):
+            # The end of the stream: the framer passed what it held on (as OPAQUE).
+            return [*self._release(framer.offset), item]
+        refusal = framer.refusal
+        if refusal is None:
+            if not self._held and framer.offset == self._passed + len(item.data):
+                self._passed = framer.offset
+                return [item]  # the usual read: every byte framed, nothing to hold
+            self._held += item.data
+            return self._release(framer.offset)
+        self._held += item.data
+        return self._refuse(refusal, now)
+
+    def _release(self, upto: int) -> list[Item]:
+        """The held bytes before stream offset `upto`, as one chunk."""
+        count = upto - self._passed
+        if count <= 0:
+            return []
+        data = bytes(self._held[:count])
+        del self._held[:count]
+        self._passed = upto
+        return [Chunk(DOWN, data)]
+
+    def _refuse(self, refusal: Refusal, now: float) -> list[Item]:
+        details = {"reason": refusal.reason, "message": refusal.message, "byte": refusal.at}
+        if refusal.start_line:
+            # nginx's HTTP/0.9 fallback: the bytes go on raw; the upstream's close ends it.
+            self.report(now, "relayed_raw", **details)
+            out = self._release(self._passed + len(self._held))
+            self._framer = None  # steps aside
+            return out
+        out = self._release(refusal.at)  # what was framed before the bad bytes
+        self._held.clear()
+        if refusal.status is None:
+            self.report(now, "discarded", status=None, **details)
+            self._discarding = True  # after a Connection: close response: dropped
+            return out
+        self.connection_closed = True
+        if refusal.at == refusal.offset and self._passed == refusal.offset:
+            # Nothing of the refused response reached the client: nginx's 502.
+            self.report(now, "refused", status=INVALID_HEADER_STATUS, **details)
+            return [*out, Chunk(DOWN, error_response(INVALID_HEADER_STATUS)), Eof(DOWN), Eof(UP)]
+        self.report(now, "closed", status=None, **details)
+        return [*out, Eof(DOWN), Eof(UP)]  # its head went on: only the close
