@@ -17,20 +17,30 @@ from middlebox.report.html_page import write_html
 
 SEVERITY = [
     "hang",
+    "acted_on_partial_call",  # agent verdicts: run/agent_checks.py
+    "side_effect_repeated",
+    "acted_on_invalid_json",
     "silent_truncation",
     "mojibake",
     "duplicated",
     "contradicted",
     "missing_tokens",
+    "reasoning_as_answer",
     "truncation_detected",
     "error_reported",
     "abandoned",
     "complete_then_error",
+    "reasoning_hidden",
     "complete",
 ]
 GOOD = {"complete", "abandoned"}
 COLOURS = {
     "hang": "red",
+    "acted_on_partial_call": "red",
+    "side_effect_repeated": "red",
+    "acted_on_invalid_json": "red",
+    "reasoning_as_answer": "red",
+    "reasoning_hidden": "yellow",
     "silent_truncation": "red",
     "mojibake": "red",
     "duplicated": "red",
@@ -44,6 +54,11 @@ COLOURS = {
 }
 SHORT = {
     "hang": "HANG",
+    "acted_on_partial_call": "PARTIAL-CALL",
+    "side_effect_repeated": "TWICE",
+    "acted_on_invalid_json": "BAD-JSON",
+    "reasoning_as_answer": "REASONING",
+    "reasoning_hidden": "thinking-hidden",
     "silent_truncation": "SILENT",
     "mojibake": "MOJIBAKE",
     "duplicated": "DUP",

@@ -37,6 +37,7 @@ from middlebox.core.framed import LegRecord, is_event_stream
 from middlebox.core.sse import SseEvent
 from middlebox.core.stream import Direction
 from middlebox.observe.requests import BURST_GAP, ledger_for
+from middlebox.run.agent_checks import AGENT_METRICS, judge_agents
 
 METRICS: dict[str, str] = {
     "client.requests": "logical requests the client was asked to make",
@@ -80,6 +81,7 @@ METRICS: dict[str, str] = {
     "server.inband_errors": 'data: {"error": ...} frames the upstream sent',
     "server.x_accel_buffering_no": "responses that sent X-Accel-Buffering: no",
     "server.upstream_ttft_ms": "the upstream's own time to first token (list)",
+    **AGENT_METRICS,  # tool calls, JSON answers, reasoning (run/agent_checks.py)
 }
 
 CONDITIONS = ("max", "min", "equals", "mean_max", "p50_max", "p95_max", "p99_max")
@@ -735,6 +737,8 @@ def score_client(
             bursts += shown["bursts"]
             largest_gap = max(largest_gap, shown["largest_gap_ms"])
 
+    # agent verdicts replace text verdicts they see past (a cut tool call has no text)
+    agent = judge_agents(score.requests, tags, results, upstream_traffic, client_traffic)
     verdicts = [request.verdict for request in score.requests]
     flags = [request.finish_flag for request in score.requests]
     mismatched = [
@@ -774,6 +778,7 @@ def score_client(
         "client.largest_gap_ms": largest_gap,
         "client.bursts": bursts,
         **timings,
+        **agent,
     }
     metrics.update(server_metrics(all_entries))
     metrics["server.tokens_wasted"] += unseen_waste
