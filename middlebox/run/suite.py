@@ -126,10 +126,25 @@ def paced(workload: Workload, scenario: Scenario, seconds_per_token: float | Non
     speeds, never shrinks; every token count scored is still the real server's."""
     block: Any = scenario.sections.get("upstream")
     itl = float(getattr(block, "itl", 0.0) or 0.0)
-    if not seconds_per_token or itl <= seconds_per_token:
+    if not seconds_per_token:
+        return workload
+    if abandons(workload):
+        # The scenario's point is that the user leaves long before the end. On a
+        # machine the server shares with the client (the tier's CPU vLLM), a starved
+        # client was seen reading its first token 3.4 s late, after a stream paced to
+        # 4.5 s had been generated to its end: no abort to see. So an abandoning
+        # stream is as long as pacing allows; a server that aborts promptly generates
+        # no more for it, one that does not shows the waste it really has.
+        return dataclasses.replace(workload, max_tokens=max(MAX_PACED_TOKENS, workload.max_tokens))
+    if itl <= seconds_per_token:
         return workload
     scaled = min(math.ceil(workload.max_tokens * itl / seconds_per_token), MAX_PACED_TOKENS)
     return dataclasses.replace(workload, max_tokens=max(scaled, workload.max_tokens))
+
+
+def abandons(workload: Workload) -> bool:
+    """The workload's client leaves mid-stream on purpose (after N tokens or seconds)."""
+    return workload.abandon_after_tokens is not None or workload.abandon_after_seconds is not None
 
 
 def needs_emulator(scenario: Scenario) -> str | None:

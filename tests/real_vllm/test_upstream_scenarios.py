@@ -65,11 +65,13 @@ def test_library_scenarios_with_upstream_meet_their_expectations(
     for name in ("abandon-direct",):
         for result in scenarios[name]["results"]:
             metrics = result["metrics"]
-            assert result["verdicts"]["requests"] == ["abandoned"], (name, result["client"])
-            assert metrics["server.aborted"] == 1, (name, result["client"])  # measured, not 0
-            assert metrics["server.generations"] == 1
-            assert 0 < metrics["server.tokens_generated"] < scenarios[name]["paced"]["max_tokens"]
-            assert len(metrics["server.abort_latency_ms"]) == 1
+            seen = (name, result["client"], scenarios[name]["paced"], metrics)
+            assert result["verdicts"]["requests"] == ["abandoned"], seen
+            assert metrics["server.aborted"] == 1, seen  # measured, not 0
+            assert metrics["server.generations"] == 1, seen
+            paced_tokens = scenarios[name]["paced"]["max_tokens"]
+            assert 0 < metrics["server.tokens_generated"] < paced_tokens, seen
+            assert len(metrics["server.abort_latency_ms"]) == 1, seen
     for result in scenarios["abandon-direct"]["results"]:
         metrics = result["metrics"]
         pace_ms = statistics.median(metrics["client.itl_ms"])  # the real decode pace seen

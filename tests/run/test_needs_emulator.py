@@ -82,9 +82,25 @@ def test_a_scenario_needing_the_emulator_is_neither_run_nor_failed(tmp_path: Pat
 
 def test_a_real_server_faster_than_the_scenario_gets_a_stream_as_long_in_time() -> None:
     scenario = load(ROOT / "scenarios" / "abandon-through-nginx-default.yaml")  # itl 10 ms
-    workload = Workload(requests=1, max_tokens=120, abandon_after_tokens=20)
+    workload = Workload(requests=1, max_tokens=120)
     assert paced(workload, scenario, 0.004).max_tokens == 300  # 120 x 10 ms at 4 ms each
     assert paced(workload, scenario, 0.02).max_tokens == 120  # slower: never fewer tokens
     assert paced(workload, scenario, None).max_tokens == 120  # speed unknown
     assert paced(workload, scenario, 0.00001).max_tokens == 4000  # bounded
-    assert paced(workload, scenario, 0.004).abandon_after_tokens == 20
+
+
+def test_an_abandoning_stream_against_a_real_server_outlasts_a_slow_client() -> None:
+    # the client leaves after 20 tokens: however fast the server and however late the
+    # client starts reading, the stream must still be running when it leaves
+    scenario = load(ROOT / "scenarios" / "abandon-through-nginx-default.yaml")
+    for abandoning in (
+        Workload(requests=1, max_tokens=120, abandon_after_tokens=20),
+        Workload(requests=1, max_tokens=120, abandon_after_seconds=0.5),
+    ):
+        assert paced(abandoning, scenario, 0.004).max_tokens == 4000
+        assert paced(abandoning, scenario, 0.02).max_tokens == 4000  # slower server too
+        assert paced(abandoning, scenario, None).max_tokens == 120  # no real server speed
+        kept = paced(abandoning, scenario, 0.004)
+        assert kept.abandon_after_tokens == abandoning.abandon_after_tokens
+    longer = Workload(requests=1, max_tokens=5000, abandon_after_tokens=20)
+    assert paced(longer, scenario, 0.004).max_tokens == 5000  # never fewer
