@@ -4,7 +4,16 @@ Routes (JSON unless noted):
 - `GET /metrics`: Prometheus text (see `middlebox.observe.metrics`);
 - `GET /scenario`: the active scenario; `PUT /scenario` with a YAML body validates it
   like `middlebox validate` (400 with every problem) and makes it active for new
-  connections (live ones keep theirs); `DELETE /scenario` clears it to pass-through;
+  connections (live ones keep theirs); an `upstream:` or `workload:` block other than the
+  active scenario's is refused (400: a live proxy starts no upstream and runs no clients)
+  unless the request says `?ignore=upstream,workload`; `DELETE /scenario` clears it to
+  pass-through; `GET /scenario`'s `document` is the live scenario as a body PUT takes back;
+- `GET /faults`: the active path, each fault with its index and options as a scenario
+  writes them; `POST /faults` adds one (`{"fault": NAME, "options": {...}, "at": N}` or
+  a path entry `{NAME: {...}}`, JSON or YAML), `PATCH /faults/{index|name}` merges a change
+  into one fault's options, `DELETE /faults/{index|name}` removes it, `DELETE /faults`
+  removes them all; each is validated by the same loader as `PUT /scenario` (400 with every
+  problem) and applies to new connections (see `middlebox.shell.fault_edits`);
 - `GET /scenarios`: the names `X-Middlebox-Scenario` may pick (from `--scenario-dir`);
 - `POST /counters/reset`: zero the counters and forget the journals;
 - `GET /journals`: one summary per connection journal held; `GET /journals/{id}`: that
@@ -41,12 +50,15 @@ from typing import Any, Protocol
 
 import h11
 import trio
+import yaml
 
 from middlebox.core.fault import Pipeline
 from middlebox.observe.journal import JournalStore
 from middlebox.observe.metrics import CONTENT_TYPE, Metrics
 from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.model import Scenario
+from middlebox.shell import fault_edits
+from middlebox.shell.fault_edits import EditError
 from middlebox.shell.server import Address, ProxyServer, relay_clock_offset, run_proxy
 
 log = logging.getLogger("middlebox.shell.control")
@@ -83,7 +95,31 @@ def scenario_json(scenario: Scenario) -> dict[str, Any]:
             {"fault": spec.name, "config": {k: _plain(v) for k, v in spec.config.items()}}
             for spec in scenario.path
         ],
+        "document": fault_edits.scenario_document(scenario),
     }
+
+
+LIVE_SECTIONS = {
+    "upstream": "the upstream is already running (a live proxy starts none; restart the "
+    "emulator, or `middlebox drill start`/the pytest fixture, with this block)",
+    "workload": "a live proxy runs no clients (the workload is `middlebox run`'s)",
+}
+"""Scenario blocks a live proxy cannot apply, and why."""
+
+
+def unappliable_sections(
+    scenario: Scenario, active: Scenario, ignored: frozenset[str]
+) -> list[str]:
+    """Why `scenario` cannot be applied as written: each `upstream:`/`workload:` block it
+    gives that differs from the active scenario's, unless the sender said to ignore it."""
+    return [
+        f"{name}: {why}; it differs from the active scenario's, so it would be silently "
+        f"ignored: send `?ignore={name}` (or ignore=upstream,workload) to apply the rest"
+        for name, why in LIVE_SECTIONS.items()
+        if name in scenario.sections
+        and name not in ignored
+        and scenario.sections[name] != active.sections.get(name)
+    ]
 
 
 def _plain(value: Any) -> Any:
@@ -151,6 +187,14 @@ class ControlledProxy(ProxyServer):
     def set_scenario(self, scenario: Scenario) -> None:
         super().set_scenario(scenario)
         self._shared_by_scenario = {}
+
+    def apply_edit(self, edit: fault_edits.Edit) -> None:
+        """The active scenario with an edited path, for new connections (live ones keep
+        theirs). Untouched faults keep their cross-connection state (a count of requests
+        seen); an added or changed one starts fresh."""
+        shared = [self.shared[i] if i is not None else {} for i in edit.kept]
+        self.scenario = dataclasses.replace(self.scenario, path=edit.path)
+        self.shared = shared
 
     def named_scenarios(self) -> list[str]:
         if self.scenario_dir is None or not self.scenario_dir.is_dir():
@@ -225,7 +269,7 @@ async def peek_head(sock: socket.socket) -> bytes:
 
 async def answer_and_close(sock: socket.socket, status: int, text: str) -> None:
     body = text.encode()
-    reason = _REASONS.get(status, "Error")
+    reason = reason_phrase(status)
     response = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -240,14 +284,21 @@ async def answer_and_close(sock: socket.socket, status: int, text: str) -> None:
 
 _REASONS = {
     200: "OK",
+    201: "Created",
     204: "No Content",
     400: "Bad Request",
     401: "Unauthorized",
     404: "Not Found",
     405: "Method Not Allowed",
+    409: "Conflict",
     413: "Content Too Large",
     500: "Internal Server Error",
 }
+
+
+def reason_phrase(status: int) -> str:
+    """RFC 9110's reason phrase for `status` (the status line's text, e.g. `Not Found`)."""
+    return _REASONS.get(status, "Error")
 
 
 # ------------------------------------------------------------ the control API
@@ -317,12 +368,22 @@ class ControlApi:
                         400,
                         {"error": "invalid scenario", "problems": [str(p) for p in error.problems]},
                     )
+                refused = unappliable_sections(scenario, proxy.scenario, _ignored(target))
+                if refused:
+                    return Response.json(
+                        400, {"error": "cannot apply this scenario live", "problems": refused}
+                    )
                 proxy.set_scenario(scenario)
                 return Response.json(200, scenario_json(scenario))
             if method == "DELETE":
                 proxy.set_scenario(pass_through())
                 return Response.json(200, scenario_json(proxy.scenario))
             return Response.json(405, {"error": "use GET, PUT or DELETE"})
+        if path == "/faults" or path.startswith("/faults/"):
+            try:
+                return self.faults(method, path, body)
+            except EditError as error:
+                return Response.json(error.status, error.body())
         if path == "/scenarios" and method == "GET":
             return Response.json(
                 200,
@@ -362,12 +423,53 @@ class ControlApi:
                 "routes": [
                     "GET /metrics",
                     "GET|PUT|DELETE /scenario",
+                    "GET|POST|DELETE /faults",
+                    "PATCH|DELETE /faults/{index|name}",
                     "GET /scenarios",
                     "POST /counters/reset",
                     "GET /journals",
                     "GET /journals/{id}",
                 ],
             },
+        )
+
+    def faults(self, method: str, path: str, body: bytes) -> Response:
+        """`/faults` and `/faults/{index|name}`: one fault at a time (fault_edits)."""
+        proxy = self.proxy
+        load_text = proxy.loader.text
+        reference = path[len("/faults/") :] if path.startswith("/faults/") else None
+        if reference is None:
+            if method == "GET":
+                return self._faults_answer(200)
+            if method == "POST":
+                entry, at = fault_edits.entry_of(_body_value(body))
+                specs = fault_edits.loaded_entries([entry], load_text, "<POST /faults>")
+                edit = fault_edits.inserted(proxy.scenario, specs, at)
+                proxy.apply_edit(edit)
+                return self._faults_answer(201, added=list(edit.touched))
+            if method == "DELETE":
+                proxy.apply_edit(fault_edits.Edit((), (), tuple(range(len(proxy.scenario.path)))))
+                return self._faults_answer(200)
+            raise EditError(405, "use GET, POST or DELETE on /faults")
+        index = fault_edits.position(proxy.scenario, reference)
+        if method == "GET":
+            return Response.json(200, fault_edits.listing(proxy.scenario)[index])
+        if method == "PATCH":
+            proxy.apply_edit(
+                fault_edits.changed(proxy.scenario, index, _body_value(body), load_text)
+            )
+            return self._faults_answer(200, changed=index)
+        if method == "DELETE":
+            gone = fault_edits.listing(proxy.scenario)[index]
+            proxy.apply_edit(fault_edits.removed(proxy.scenario, index))
+            return self._faults_answer(200, removed=gone)
+        raise EditError(405, "use GET, PATCH or DELETE on /faults/{index|name}")
+
+    def _faults_answer(self, status: int, **what: Any) -> Response:
+        scenario = self.proxy.scenario
+        return Response.json(
+            status,
+            {"scenario": scenario.name, **what, "faults": fault_edits.listing(scenario)},
         )
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
@@ -406,6 +508,8 @@ class ControlApi:
                 out = connection.send(
                     h11.Response(
                         status_code=response.status,
+                        # h11 leaves the reason empty unless told; curl -i and people read it
+                        reason=reason_phrase(response.status).encode(),
                         headers=[
                             ("content-type", response.content_type),
                             ("content-length", str(len(response.body))),
@@ -426,6 +530,26 @@ class ControlApi:
             return
         finally:
             await stream.aclose()
+
+
+def _ignored(target: str) -> frozenset[str]:
+    """`?ignore=upstream,workload`: the blocks the sender knows a live proxy leaves alone."""
+    query = target.partition("?")[2]
+    names: set[str] = set()
+    for pair in query.split("&"):
+        key, _, value = pair.partition("=")
+        if key == "ignore":
+            names.update(name.strip() for name in value.split(",") if name.strip())
+    return frozenset(names)
+
+
+def _body_value(body: bytes) -> Any:
+    """A `/faults` body: JSON, or YAML (JSON is YAML), as plain data."""
+    try:
+        return yaml.safe_load(body.decode("utf-8")) if body.strip() else None
+    except (UnicodeDecodeError, yaml.YAMLError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise EditError(400, f"the body must be a JSON or YAML mapping: {first}") from None
 
 
 async def _read_request(
