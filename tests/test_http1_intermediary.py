@@ -172,3 +172,25 @@ def test_a_response_with_control_bytes_or_cl_and_te_is_refused(data: bytes) -> N
 def test_a_tab_in_a_header_value_and_obs_text_are_accepted() -> None:
     _, framer = frame_every_split("request", b"GET / HTTP/1.1\r\nX-A: a\tb\xe9\r\n\r\n")
     assert framer.refusal is None
+
+
+def test_a_bare_cr_in_a_head_is_refused_400_at_any_split_even_if_the_head_never_ends() -> None:
+    # nginx reads `\r` then a byte that is not `\n` as an invalid header at once.
+    data = b"PUT /url HTTP/1.1\r\nContent-Length: 3\r\n\rabc"
+    pieces, framer = frame_every_split("request", data)
+    assert framer.refusal is not None and framer.refusal.status == 400
+    assert "bare CR" in framer.refusal.reason and framer.refusal.offset == 0
+    assert [p.kind for p in pieces] == [PieceKind.OPAQUE]
+
+
+def test_a_cr_in_the_body_after_a_head_in_the_same_read_is_only_body() -> None:
+    data = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n\rX\rY"
+    pieces, framer = frame_every_split("response", data)
+    assert framer.refusal is None
+    assert [p.kind for p in coalesce(pieces)] == [PieceKind.HEAD, PieceKind.BODY]
+
+
+def test_a_cr_lf_split_between_two_reads_is_a_line_end_not_a_bare_cr() -> None:
+    framer = Http1Framer("request")
+    pieces = framer.feed(b"GET / HTTP/1.1\r") + framer.feed(b"\nHost: a\r") + framer.feed(b"\n\r\n")
+    assert framer.refusal is None and [p.kind for p in pieces] == [PieceKind.HEAD]

@@ -55,6 +55,8 @@ _CR = 0x0D
 # must fit nginx's off_t (ngx_http_parse_chunked: "invalid chunked body" past it), so
 # `ffffffffffffffff` is refused at once instead of waited for.
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]+)[ \t]*(?:;[^\r\n]*)?\r?\n\Z")
+_BARE_CR = re.compile(rb"\r[^\n]")
+BARE_CR_IN_HEAD = "bare CR in the head (a CR not followed by LF)"
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _VERSION = re.compile(r"HTTP/1\.[0-9]\Z")
 # Control bytes (NUL, CTLs but HTAB, DEL) that h11 and llhttp's strict mode refuse in a
@@ -458,10 +460,18 @@ class Http1Framer:
             self._state = _State.OPAQUE
             return True
         if state is _State.HEAD:
+            begin = max(self._scan - 1, self._start)  # a CR before the new bytes, and those
             try:
                 end = self._blank_line_end(skip_leading=True, limit=MAX_HEAD_BYTES)
             except _Malformed as exc:
+                if _BARE_CR.search(buf, begin, self._start + MAX_HEAD_BYTES + 1):
+                    return self._degrade(BARE_CR_IN_HEAD)  # the earlier of the two faults
                 return self._degrade(str(exc))
+            # nginx refuses a CR that no LF follows as soon as it reads the byte after it
+            # (ngx_http_parse_request_line / ngx_http_parse_header_line, sw_almost_done:
+            # 400), whether or not the head ever ends: a head cannot hide one.
+            if _BARE_CR.search(buf, begin, len(buf) if end is None else end):
+                return self._degrade(BARE_CR_IN_HEAD)
             return end is not None and self._finish_head(out, end)
         if state is _State.LENGTH or state is _State.CHUNK_DATA:
             n = min(self._remaining, len(buf))

@@ -45,13 +45,22 @@ class HttpVector:
     error: bool | None
 
 
+# llhttp logs its pause after an upgrade or CONNECT head as an error (code 22,
+# HPE_PAUSED_UPGRADE: the caller takes the rest of the stream over); it is no refusal.
+_LLHTTP_PAUSE = "error code=22 "
+
+
+def _refuses(line: str) -> bool:
+    return " error " in line and _LLHTTP_PAUSE not in line
+
+
 def _llhttp(vector: dict[str, Any]) -> HttpVector | None:
     kind = vector["meta"]["type"]
     if not kind.startswith(("request", "response")):
         return None
     role: Role = "request" if kind.startswith("request") else "response"
     lenient = "lenient" in kind  # lenient flags: strict llhttp would refuse, not stated
-    error = None if lenient else any(" error " in line for line in vector["log"])
+    error = None if lenient else any(_refuses(line) for line in vector["log"])
     return HttpVector(vector["source"], role, vector["input_latin1"].encode("latin-1"), error)
 
 
