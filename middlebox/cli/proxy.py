@@ -156,6 +156,22 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
     help="Keep Authorization/API-key/cookie values in the journal (redacted by default).",
 )
 @click.option(
+    "--journal-max-bytes",
+    metavar="SIZE",
+    default="1GiB",
+    show_default=True,
+    help="Cap on the --journal file (512MiB, 2GiB...); records past it are dropped and "
+    "counted in its closing totals line.",
+)
+@click.option(
+    "--redact-name",
+    "redact_names",
+    multiple=True,
+    metavar="NAME",
+    help="A header, query parameter or JSON field name to redact besides the built-in "
+    "rule (names saying key, token, secret, auth...); repeatable.",
+)
+@click.option(
     "--workers",
     type=click.IntRange(1, 64),
     default=1,
@@ -196,6 +212,8 @@ def proxy(
     journal_file: str | None,
     ready_file: str | None,
     journal_secrets: bool,
+    journal_max_bytes: str,
+    redact_names: tuple[str, ...],
     workers: int,
     control: str | None,
     control_token: str | None,
@@ -208,7 +226,12 @@ def proxy(
     resets the rest, writes the journal if asked, and exits 0.
     """
     from middlebox.run.serve import OptionConflict, ProxySettings, SettingsError, serve
+    from middlebox.scenario.units import parse_size
 
+    try:
+        max_bytes = parse_size(journal_max_bytes)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--journal-max-bytes") from None
     settings = ProxySettings(
         listen=listen_at,
         upstream=upstream,
@@ -218,6 +241,8 @@ def proxy(
         backlog=backlog,
         journal_file=journal_file,
         journal_secrets=journal_secrets,
+        journal_max_bytes=max_bytes,
+        redact_names=redact_names,
         workers=workers,
         control=control,
         control_token=control_token,
