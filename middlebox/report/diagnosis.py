@@ -353,8 +353,14 @@ def why_and_fix(scenario: dict[str, Any], client: str, check: dict[str, Any]) ->
     return explanation.why, fix
 
 
+def check_said(check: dict[str, Any]) -> str:
+    """A check as a line: `name condition expected: got actual`, and how it was judged
+    when not as written (a real server's decoding time: middlebox.run.suite)."""
+    said = f"{check['name']} {check['condition']} {check['expected']}: got {check['actual']}"
+    return f"{said} ({check['note']})" if check.get("note") else said
+
+
 def failure_message(scenario: dict[str, Any], client: str, check: dict[str, Any]) -> str:
     """A failed check in one line: what, why and what to do."""
     why, fix = why_and_fix(scenario, client, check)
-    what = f"{check['name']} {check['condition']} {check['expected']}: got {check['actual']}"
-    return f"{what}; why: {why}; fix: {fix}"
+    return f"{check_said(check)}; why: {why}; fix: {fix}"

@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from middlebox.report.diagnosis import FIGURE_LEGEND, diagnose, failure_message, figures, symptoms
+from middlebox.report.diagnosis import (
+    FIGURE_LEGEND,
+    check_said,
+    diagnose,
+    failure_message,
+    figures,
+    symptoms,
+)
 from middlebox.report.html_page import write_html
 
 SEVERITY = [
@@ -95,7 +102,7 @@ def cell(result: dict[str, Any]) -> tuple[str, str]:
 
 
 def describe(check: dict[str, Any]) -> str:
-    return f"{check['name']} {check['condition']} {check['expected']}: got {check['actual']}"
+    return check_said(check)
 
 
 def status_of(scenario: dict[str, Any], result: dict[str, Any] | None = None) -> str | None:

@@ -114,9 +114,12 @@ class Check:
     expected: Any
     actual: Any
     passed: bool
+    # how the bound was judged when not as written (a real server's decoding time)
+    note: str = ""
 
     def describe(self) -> str:
-        return f"{self.name} {self.condition} {self.expected}: got {self.actual}"
+        said = f"{self.name} {self.condition} {self.expected}: got {self.actual}"
+        return f"{said} ({self.note})" if self.note else said
 
 
 @dataclass

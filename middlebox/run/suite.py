@@ -53,6 +53,7 @@ from middlebox.run.processes import (
 )
 from middlebox.run.processes import stop_upstream as stop_emulator
 from middlebox.run.score import (
+    Check,
     UpstreamExchange,
     evaluate_expect,
     exchanges_of,
@@ -140,6 +141,41 @@ def paced(workload: Workload, scenario: Scenario, seconds_per_token: float | Non
         return workload
     scaled = min(math.ceil(workload.max_tokens * itl / seconds_per_token), MAX_PACED_TOKENS)
     return dataclasses.replace(workload, max_tokens=max(scaled, workload.max_tokens))
+
+
+PACE_BOUND_METRICS = ("server.tokens_wasted",)
+"""Token counts whose `expect:` bounds are written for the scenario's pace: tokens
+generated for nobody is the time the server went on decoding after the client left, in
+tokens of the scenario's `itl`."""
+
+
+def in_decoding_time(
+    checks: list[Check], scenario: Scenario, server_ms_per_token: float | None
+) -> list[Check]:
+    """The checks with every PACE_BOUND_METRICS bound judged in decoding time against a
+    real server: `max: 3` at the scenario's 15 ms ITL is 45 ms of decoding, which a
+    server at 3 ms a token fills with 15 tokens. The same abort latency wastes more
+    tokens on a faster server; what the scenario bounds is how long the server went on.
+    The measured token count is reported unchanged; the check says how it was judged."""
+    block: Any = scenario.sections.get("upstream")
+    itl_ms = float(getattr(block, "itl", 0.0) or 0.0) * 1000
+    if not server_ms_per_token or not itl_ms:
+        return checks
+    judged = []
+    for check in checks:
+        numeric = isinstance(check.expected, int | float) and isinstance(check.actual, int | float)
+        if check.name not in PACE_BOUND_METRICS or not numeric or check.condition == "equals":
+            judged.append(check)
+            continue
+        bound = check.expected * itl_ms / server_ms_per_token
+        passed = check.actual >= bound if check.condition == "min" else check.actual <= bound
+        note = (
+            f"judged in decoding time: {check.expected} tokens at the scenario's "
+            f"{itl_ms:g} ms = {check.expected * itl_ms:g} ms = {bound:.1f} tokens at the "
+            f"server's {server_ms_per_token:g} ms"
+        )
+        judged.append(dataclasses.replace(check, passed=passed, note=note))
+    return judged
 
 
 def abandons(workload: Workload) -> bool:
@@ -277,6 +313,10 @@ def score_runs(
         score.checks = evaluate_expect(
             expect, run.spec.name, score.metrics, [*BUILTIN_CLIENTS, *(c.name for c in clients)]
         )
+        if not ledger and outcome.paced:
+            score.checks = in_decoding_time(
+                score.checks, scenario, outcome.paced.get("server_ms_per_token")
+            )
         if run.result is None and not run.hang:
             outcome.problems.append(
                 f"{scenario.name}/{run.spec.name}: the client wrote no "

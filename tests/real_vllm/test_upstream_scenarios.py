@@ -4,7 +4,7 @@ times), and a scenario that needs the emulator is reported as such, not run.
 
 A bounded slice of the whole-library run docs/real-vllm.md records ("The scenario
 library against a real vLLM"): abandon-direct (aborts seen, tokens wasted within the
-emulator's bound in decoding time), reset-mid-stream (a cut the server
+scenario's bound judged in decoding time by the scorer), reset-mid-stream (a cut the server
 sees: every client's verdict; resilient's seeded restart draws the same answer) and
 vllm-engine-error (emulator-only: an in-band error after N tokens).
 """
@@ -12,7 +12,6 @@ vllm-engine-error (emulator-only: an in-band error after N tokens).
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 from pathlib import Path
 
@@ -27,7 +26,6 @@ SCENARIOS = [
     "reset-mid-stream",
     "vllm-engine-error",
 ]
-EMULATOR_ITL_MS = 15.0  # abandon-direct.yaml: upstream itl
 RUN_TIMEOUT = 170  # seconds; the brief: under ~3 minutes on 2 shared cores
 
 
@@ -43,16 +41,15 @@ def test_library_scenarios_with_upstream_meet_their_expectations(
     document = json.loads((report / "report.json").read_text())
     scenarios = {s["name"]: s for s in document["scenarios"]}
     # `server.tokens_wasted: {max: 3}` is written for the emulator's pace (3 tokens at the
-    # scenario's 15-20 ms ITL, ~50 ms of decoding); the tiny real model decodes a token in
-    # 1-5 ms, so the same abort latency wastes more tokens. That bound is judged below in
-    # decoding time instead; every other check must pass as written.
+    # scenario's 15 ms ITL, 45 ms of decoding); the tiny real model decodes a token in
+    # 1-5 ms, so the scorer judges that bound in decoding time (suite.in_decoding_time).
+    # Every check must pass.
     failed = [
         f"{name}/{r['client']}: {r['verdicts']['requests']} "
-        + "; ".join(f"{c['name']} {c['condition']} {c['expected']}: got {c['actual']}"
-                    for c in unmet)
+        + "; ".join(f"{c['name']} {c['condition']} {c['expected']}: got {c['actual']} "
+                    f"{c.get('note', '')}" for c in unmet)
         for name, s in scenarios.items() for r in s["results"]
-        if (unmet := [c for c in r["checks"]
-                      if not c["passed"] and c["name"] != "server.tokens_wasted"])
+        if (unmet := [c for c in r["checks"] if not c["passed"]])
     ] + [p for s in scenarios.values() for p in s["problems"]]  # fmt: skip
     assert not failed, "\n".join(failed) + "\n" + done.stdout[-3000:]
     assert "vllm-engine-error: needs the emulator" in done.stdout, done.stdout[-3000:]
@@ -73,11 +70,8 @@ def test_library_scenarios_with_upstream_meet_their_expectations(
             assert 0 < metrics["server.tokens_generated"] < paced_tokens, seen
             assert len(metrics["server.abort_latency_ms"]) == 1, seen
     for result in scenarios["abandon-direct"]["results"]:
-        metrics = result["metrics"]
-        pace_ms = statistics.median(metrics["client.itl_ms"])  # the real decode pace seen
-        wasted_ms = metrics["server.tokens_wasted"] * pace_ms
-        # abandon-direct's bound, 3 tokens at its 15 ms ITL, as decoding time (plus one step)
-        assert wasted_ms <= 3 * EMULATOR_ITL_MS + pace_ms, (result["client"], metrics)
+        (wasted,) = [c for c in result["checks"] if c["name"] == "server.tokens_wasted"]
+        assert wasted["note"].startswith("judged in decoding time: 3 tokens at the scenario's 15")
 
     reset = {r["client"]: r for r in scenarios["reset-mid-stream"]["results"]}
     assert reset["raw"]["verdicts"]["requests"] == ["silent_truncation"]

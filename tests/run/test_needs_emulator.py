@@ -1,5 +1,7 @@
 """`--upstream`: what only the emulator can do is reported, not run; a real server's
-workload keeps the scenario's stream duration (suite.needs_emulator, suite.paced)."""
+workload keeps the scenario's stream duration, and its bounds on tokens generated for
+nobody are judged in decoding time (suite.needs_emulator, suite.paced,
+suite.in_decoding_time)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,18 @@ from xml.etree import ElementTree
 import trio
 
 from middlebox.compose import expand_paths, load
+from middlebox.report.diagnosis import failure_message
 from middlebox.report.scorecard import junit_xml, scorecard
 from middlebox.run.outcome import SuiteOutcome
-from middlebox.run.suite import IMITATION_FIELDS, WHY_EMULATOR, needs_emulator, paced, run_scenario
+from middlebox.run.score import Check, evaluate_expect
+from middlebox.run.suite import (
+    IMITATION_FIELDS,
+    WHY_EMULATOR,
+    in_decoding_time,
+    needs_emulator,
+    paced,
+    run_scenario,
+)
 from middlebox.scenario.workload import Workload
 from vllm_emulator.config import EmulatorConfig
 
@@ -104,3 +115,38 @@ def test_an_abandoning_stream_against_a_real_server_outlasts_a_slow_client() -> 
         assert kept.abandon_after_tokens == abandoning.abandon_after_tokens
     longer = Workload(requests=1, max_tokens=5000, abandon_after_tokens=20)
     assert paced(longer, scenario, 0.004).max_tokens == 5000  # never fewer
+
+
+def test_a_bound_on_wasted_tokens_is_judged_in_the_real_servers_decoding_time() -> None:
+    scenario = load(ROOT / "scenarios" / "abandon-direct.yaml")  # itl 15 ms, wasted max 3
+    expect = {"server.tokens_wasted": {"max": 3}, "client.abandoned": 1}
+    metrics = {"server.tokens_wasted": 14, "client.abandoned": 1}
+    as_written = evaluate_expect(expect, "raw", metrics, ["raw"])
+    assert [c.passed for c in as_written] == [False, True]
+    # at 3 ms a token, 3 tokens of 15 ms are 45 ms of decoding: 15 tokens
+    judged = in_decoding_time(as_written, scenario, 3.0)
+    wasted, abandoned = judged
+    assert wasted.passed and wasted.actual == 14 and wasted.expected == 3  # reported as measured
+    assert "45 ms = 15.0 tokens at the server's 3 ms" in wasted.note
+    assert abandoned == as_written[1]  # other names as written
+    # 16 tokens is more than 45 ms: fails, and says how it was judged
+    (over, _) = in_decoding_time(
+        evaluate_expect(expect, "raw", {**metrics, "server.tokens_wasted": 16}, ["raw"]),
+        scenario,
+        3.0,
+    )
+    assert not over.passed and over.describe().endswith("at the server's 3 ms)")
+    line = failure_message({"name": "abandon-direct", "description": ""}, "raw", vars(over))
+    assert line.startswith("server.tokens_wasted max 3: got 16 (judged in decoding time")
+    # a slower server than the scenario: fewer tokens fill the same time
+    (slow, _) = in_decoding_time(as_written, scenario, 30.0)
+    assert not slow.passed and "1.5 tokens" in slow.note
+    # a minimum scales the same way (tokens the server went on generating for nobody)
+    (floor,) = in_decoding_time(
+        [Check("server.tokens_wasted", "min", 200, 700, True)], scenario, 3.0
+    )
+    assert not floor.passed  # 200 x 15 ms = 3 s = 1000 tokens at 3 ms
+    # unknown speed or an exact count: as written
+    assert in_decoding_time(as_written, scenario, None) == as_written
+    exact = [Check("server.tokens_wasted", "equals", 0, 0, True)]
+    assert in_decoding_time(exact, scenario, 3.0) == exact
