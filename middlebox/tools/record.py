@@ -14,8 +14,10 @@ server flushed together stays together), timed from the moment the request's las
 byte was sent upstream, which is when the emulator's handler starts replaying. The
 emulator re-frames the body itself (chunked or Content-Length), so a response the
 server cut short is recorded as far as it got, with `truncated` saying how it ended
-(the replay then ends cleanly). Credential headers are redacted in the recorded
-request and response heads.
+(the replay then ends cleanly). Secrets are blanked by the journal's one rule
+(`observe.journal.Redaction`, the store's: names saying key, token, secret, auth,
+OpenAI-Organization and -Project, plus any configured names): header values in both
+heads, query parameters in the request target, JSON fields in the request body.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ import trio
 
 from middlebox.core.http1 import Piece, PieceKind
 from middlebox.core.stream import Direction
-from middlebox.observe.journal import SECRET_HEADERS, ConnectionJournal, JournalStore
+from middlebox.observe.journal import (
+    DEFAULT_REDACTION,
+    ConnectionJournal,
+    JournalStore,
+    Redaction,
+)
 from middlebox.scenario.model import Scenario
 from middlebox.shell.server import Address, ProxyServer, listen, relay_clock_offset
 
@@ -43,11 +50,8 @@ log = logging.getLogger("middlebox.tools.record")
 SCAN_INTERVAL = 0.5
 
 
-def _headers(pairs: tuple[tuple[str, str], ...]) -> list[list[str]]:
-    return [[name, "[redacted]" if name.lower() in SECRET_HEADERS else v] for name, v in pairs]
-
-
-def _request_body(data: bytes) -> Any:
+def _request_body(data: bytes, redaction: Redaction) -> Any:
+    data = redaction.data(data, request=True)
     try:
         return json.loads(data)
     except ValueError:
@@ -55,7 +59,9 @@ def _request_body(data: bytes) -> Any:
 
 
 def cassettes(journal: ConnectionJournal) -> list[dict[str, Any]]:
-    """One cassette per complete response on the connection's upstream leg."""
+    """One cassette per complete response on the connection's upstream leg, its secrets
+    blanked by the journal's redaction."""
+    redaction = journal.redaction
     ended = [kind for leg, _, kind in journal.end_kinds if leg == "upstream"]
     # The journal frames the leg once (a server that closed or reset the connection
     # ends the response in flight there: it is recorded as far as it got).
@@ -84,13 +90,13 @@ def cassettes(journal: ConnectionJournal) -> list[dict[str, Any]]:
             start = sent_at.get(piece.message, journal.started_at)
             current = {
                 "status": piece.head.status,
-                "headers": _headers(piece.head.headers),
+                "headers": redaction.headers(piece.head.headers),
                 "writes": [],
                 "request": {
                     "method": request_head.method if request_head else None,
-                    "target": request_head.target if request_head else None,
-                    "headers": _headers(request_head.headers) if request_head else [],
-                    "body": _request_body(bytes(bodies.get(piece.message, b""))),
+                    "target": redaction.target(request_head.target or "") if request_head else None,
+                    "headers": redaction.headers(request_head.headers) if request_head else [],
+                    "body": _request_body(bytes(bodies.get(piece.message, b"")), redaction),
                 },
                 "_start": start,
             }
@@ -180,9 +186,13 @@ async def record(
     *,
     ready: Callable[[int], None] | None = None,
     on_cassette: Callable[[Path], None] | None = None,
+    redaction: Redaction | None = None,
 ) -> Recorder:
-    """Proxy to `upstream` without faults and record cassettes until cancelled."""
-    store = JournalStore(capture=True, max_connections=10_000)
+    """Proxy to `upstream` without faults and record cassettes until cancelled;
+    `redaction` (the journal's default rule unless given) blanks their secrets."""
+    store = JournalStore(
+        capture=True, max_connections=10_000, redaction=redaction or DEFAULT_REDACTION
+    )
     recorder = Recorder(store, out)
     server = ProxyServer(
         upstream,
