@@ -9,8 +9,12 @@ blackholed path (the client waits forever).
 
 When: `after: events` (N dispatched SSE events, counted by the WHATWG rules of
 `middlebox.core.sse`), `tokens` (N events that carry generated text: one vLLM frame is a
-token with `--stream-interval 1`), `bytes` (N bytes of de-chunked response body), or
-`time` (seconds since the request's head arrived). Where: at the first position at
+token with `--stream-interval 1`), `tool_fragments` (N events carrying a tool-call
+argument fragment, vLLM's `{"index": 0, "function": {"arguments": "..."}}` deltas: the cut
+lands inside the call's arguments, before its JSON closes), `reasoning_tokens` (N events
+carrying `delta.reasoning`: inside the reasoning phase, before the answer starts),
+`bytes` (N bytes of de-chunked response body), or `time` (seconds since the request's
+head arrived). Where: at the first position at
 or after that point that is an `event_boundary` (after a blank line, and after the
 chunk's CRLF when the event ends its HTTP chunk), `inside_data_line` (after at least
 one byte of a `data:` line and before its line end) or `inside_utf8` (between the
@@ -56,6 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from faults._lib.agent_events import carries_reasoning, tool_fragments
 from faults._lib.checks import check_choice, check_positive
 from faults._lib.events import token_bearing
 from faults._lib.items import merged
@@ -65,10 +70,11 @@ from middlebox.core.http1 import LAST_CHUNK_BYTES, Piece, PieceKind, encode_chun
 from middlebox.core.sse import SseKind, SsePiece, utf8_cut_offsets
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
-After = Literal["events", "tokens", "bytes", "time"]
+After = Literal["events", "tokens", "tool_fragments", "reasoning_tokens", "bytes", "time"]
 End = Literal["rst", "fin", "truncated_chunked", "hang"]
 At = Literal["event_boundary", "inside_data_line", "inside_utf8"]
 Toward = Literal["both", "client", "server"]
+_COUNTED = ("events", "tokens", "tool_fragments", "reasoning_tokens")
 
 
 @dataclass
@@ -98,6 +104,8 @@ class _Response:
     body: int = 0
     events: int = 0
     tokens: int = 0
+    tool_fragments: int = 0
+    reasoning_tokens: int = 0
     threshold: int | None = None
     cut_body: int | None = None
     cut_wire: int | None = None
@@ -208,7 +216,7 @@ class Cut(HttpMatched, Fault):
                 head_end=piece.offset + len(piece.data),
                 chunked=piece.head.is_chunked,
             )
-            if self.after == "bytes" or (self.after in ("events", "tokens") and not self.count):
+            if self.after == "bytes" or (self.after in _COUNTED and not self.count):
                 self._arm(response, self.count if self.after == "bytes" else 0)
             return
         if response is None or response.message != piece.message:
@@ -243,6 +251,8 @@ class Cut(HttpMatched, Fault):
             if line.event is not None:
                 response.events += 1
                 response.tokens += token_bearing(line.event)
+                response.tool_fragments += tool_fragments(line.event)
+                response.reasoning_tokens += carries_reasoning(line.event)
                 if response.threshold is None and self._reached(response):
                     self._arm(response, end, boundary=True)
                     return
@@ -273,6 +283,10 @@ class Cut(HttpMatched, Fault):
             return response.events >= self.count
         if self.after == "tokens":
             return response.tokens >= self.count
+        if self.after == "tool_fragments":
+            return response.tool_fragments >= self.count
+        if self.after == "reasoning_tokens":
+            return response.reasoning_tokens >= self.count
         return False
 
     @staticmethod

@@ -18,7 +18,10 @@ print the error as text or take the stream as complete.
 
 `events` counts dispatched data events of the response, `[DONE]` excluded; vLLM's
 first event is the role chunk (`delta: {"role": "assistant"}`), so `events: 1` fails
-before the first token.
+before the first token. `after_tool_fragments: N` instead injects the frame after the
+event carrying the Nth tool-call argument fragment: the server fails in the middle of a
+tool call, whose arguments are not valid JSON yet (a client that executes what it has
+acts on a partial call).
 
 After the frame: `then: done` sends `data: [DONE]` and ends the chunked body (the
 rest of the server's response is dropped, the connection stays usable); `close`
@@ -34,6 +37,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from faults._lib.agent_events import tool_fragments
 from faults._lib.checks import check_choice, check_positive
 from faults._lib.sse_edit import SseBodyEditor, SseRewriter
 from middlebox.core.fault import Fault
@@ -94,11 +98,18 @@ class InbandError(SseRewriter, Fault):
     error_type: str | None = None
     code: int | None = None
     then: Then = "done"
+    after_tool_fragments: int | None = None
 
     _seen: int = field(init=False, repr=False, compare=False, default=0)
+    _fragments: int = field(init=False, repr=False, compare=False, default=0)
+    _injected: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         check_positive("events", self.events, allow_zero=True)
+        if self.after_tool_fragments is not None and self.after_tool_fragments < 1:
+            raise ValueError(
+                f"after_tool_fragments must be at least 1, got {self.after_tool_fragments!r}"
+            )
         check_choice("shape", self.shape, Shape)
         check_choice("then", self.then, Then)
 
@@ -107,18 +118,26 @@ class InbandError(SseRewriter, Fault):
         return error_frame(self.shape, self.message, self.error_type, self.code)
 
     def begin(self, editor: SseBodyEditor, now: float) -> None:
-        self._seen = 0
-        if self.events == 0:
+        self._seen = self._fragments = 0
+        self._injected = False
+        if self.events == 0 and self.after_tool_fragments is None:
             self._inject(editor, 0, now)
 
     def edit(self, editor: SseBodyEditor, line: SsePiece, now: float) -> None:
         if line.kind is SseKind.BLANK and line.event is not None and not line.event.is_done:
             self._seen += 1
-            if self._seen == self.events:
+            self._fragments += tool_fragments(line.event)
+            if self.after_tool_fragments is None:
+                reached = self._seen == self.events
+            else:
+                reached = not self._injected and self._fragments >= self.after_tool_fragments
+            if reached:
                 self._inject(editor, line.offset + len(line.data), now)
 
     def _inject(self, editor: SseBodyEditor, offset: int, now: float) -> None:
+        self._injected = True
         editor.insert(offset, self.frame)
+        details = {"tool_fragments": self._fragments} if self.after_tool_fragments else {}
         self.report(
             now,
             "injected",
@@ -127,6 +146,7 @@ class InbandError(SseRewriter, Fault):
             event=self._seen,
             body_offset=offset,
             then=self.then,
+            **details,
         )
         if self.then == "done":
             editor.insert(offset, DONE_FRAME)

@@ -1,13 +1,16 @@
 """`Triggered`: fire once at a time from open, after N downstream bytes, or after the
-response write that completes the Nth SSE event (pure)."""
+response write that completes the Nth SSE event, the Nth tool-call argument fragment or
+the Nth reasoning token (pure)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from faults._lib.agent_events import carries_reasoning, tool_fragments
 from faults._lib.checks import check_positive
 from faults._lib.events import EventCounter
 from middlebox.core.fault import Bytes, FaultContext, Seconds
+from middlebox.core.framed import Position
 from middlebox.core.stream import Chunk
 
 
@@ -18,40 +21,62 @@ class Triggered:
     `after_events`-th SSE event (whichever comes first). Call `arm(now)` on open.
     Counting events makes a trigger land at the same point of the stream on every run,
     where a time lands wherever the machine's speed puts it.
+
+    On agent streams, `after_tool_fragments: N` fires after the event carrying the Nth
+    tool-call argument fragment (inside the call's arguments: the JSON is not closed yet),
+    and `after_reasoning_tokens: N` after the Nth event carrying reasoning text (inside
+    the reasoning phase, before the answer starts).
     """
 
     at: Seconds | None = None
     after_bytes: Bytes | None = None
     after_events: int | None = None
+    after_tool_fragments: int | None = None
+    after_reasoning_tokens: int | None = None
 
     _fire_at: float | None = field(init=False, repr=False, default=None)
     _armed: bool = field(init=False, repr=False, default=False)
     _down_bytes: int = field(init=False, repr=False, default=0)
-    _event_counter: EventCounter | None = field(init=False, repr=False, default=None)
+    _event_counter: AgentEventCounter | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
-        if self.at is None and self.after_bytes is None and self.after_events is None:
+        counts = {
+            "after_events": self.after_events,
+            "after_tool_fragments": self.after_tool_fragments,
+            "after_reasoning_tokens": self.after_reasoning_tokens,
+        }
+        if self.at is None and self.after_bytes is None and set(counts.values()) == {None}:
             raise ValueError(
-                "needs a trigger: set `at` (seconds from open), `after_bytes` or `after_events`"
+                "needs a trigger: set `at` (seconds from open), `after_bytes`, `after_events`, "
+                "`after_tool_fragments` or `after_reasoning_tokens`"
             )
-        if self.after_events is not None and self.after_events < 1:
-            raise ValueError(f"after_events must be at least 1, got {self.after_events!r}")
+        for name, value in counts.items():
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value!r}")
         if self.at is not None:
             check_positive("at", self.at, allow_zero=True)
         if self.after_bytes is not None:
             check_positive("after_bytes", self.after_bytes, allow_zero=True)
 
+    @property
+    def _counts_events(self) -> bool:
+        return (
+            self.after_events is not None
+            or self.after_tool_fragments is not None
+            or self.after_reasoning_tokens is not None
+        )
+
     def bind(self, context: FaultContext) -> None:
         super().bind(context)  # type: ignore[misc]
-        if self.after_events is not None:
+        if self._counts_events:
             # A reader that never advanced would keep every piece of the stream.
-            self._event_counter = EventCounter(context.framing)
+            self._event_counter = AgentEventCounter(context.framing)
 
     def reads_http(self) -> bool:
-        return self.after_events is not None
+        return self._counts_events
 
     def reads_sse(self) -> bool:
-        return self.after_events is not None
+        return self._counts_events
 
     def leave(self) -> None:
         if self._event_counter is not None:
@@ -87,9 +112,24 @@ class Triggered:
             return Chunk(chunk.direction, chunk.data[:cut]), Chunk(
                 chunk.direction, chunk.data[cut:]
             )
-        if self.after_events is not None and events >= self.after_events:
+        if self._counted_enough(counter, events):
             return chunk, Chunk(chunk.direction, b"")
         return chunk, None
+
+    def _counted_enough(self, counter: AgentEventCounter | None, events: int) -> bool:
+        if counter is None:
+            return False
+        return (
+            (self.after_events is not None and events >= self.after_events)
+            or (
+                self.after_tool_fragments is not None
+                and counter.tool_fragments >= self.after_tool_fragments
+            )
+            or (
+                self.after_reasoning_tokens is not None
+                and counter.reasoning_tokens >= self.after_reasoning_tokens
+            )
+        )
 
     @property
     def downstream_events(self) -> int:
@@ -100,3 +140,25 @@ class Triggered:
     def downstream_bytes(self) -> int:
         """Downstream bytes counted before the trigger (up to the mark once it trips)."""
         return self._down_bytes
+
+
+class AgentEventCounter(EventCounter):
+    """An `EventCounter` that also counts tool-call argument fragments and events that
+    carry reasoning, read from the same framing (nothing is framed twice)."""
+
+    def __init__(self, position: Position | None = None) -> None:
+        super().__init__(position)
+        self.tool_fragments = 0
+        self.reasoning_tokens = 0
+
+    def feed(self, data: bytes) -> int:
+        if self.own:
+            self.reader.stream.feed(data)
+        for framed in self.reader.advance(len(data)):
+            for line in framed.lines:
+                event = line.event
+                if event is not None:
+                    self.events += 1
+                    self.tool_fragments += tool_fragments(event)
+                    self.reasoning_tokens += carries_reasoning(event)
+        return self.events
