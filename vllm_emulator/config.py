@@ -87,6 +87,11 @@ class EmulatorConfig:
     fail_kind: Literal["generation", "retryable", "engine_dead"] = "generation"
     # --max-num-queued-reqs (0.33): more waiting sequences than this get a 503 up front.
     max_num_queued_reqs: int | None = None
+    # Agent output (agent.py, chat only): a reasoning parser's phase of this many reasoning
+    # tokens before every answer (0: no reasoning), and how many tool calls an `auto` or
+    # `required` tool_choice makes, cycling through the request's tools (a named one: one).
+    reasoning_tokens: int = 0
+    tool_calls_per_response: int = 1
 
     def __post_init__(self) -> None:
         problems = []
@@ -105,6 +110,12 @@ class EmulatorConfig:
             problems.append(
                 f"the KV cache ({self.kv_num_blocks} blocks of {self.kv_block_size} tokens) "
                 f"cannot hold one max_model_len={self.max_model_len} sequence"
+            )
+        if self.reasoning_tokens < 0:
+            problems.append(f"reasoning_tokens cannot be negative, got {self.reasoning_tokens}")
+        if self.tool_calls_per_response < 1:
+            problems.append(
+                f"tool_calls_per_response must be at least 1, got {self.tool_calls_per_response}"
             )
         if self.fail_after_tokens is not None and self.fail_after_tokens < 0:
             problems.append(f"fail_after_tokens cannot be negative, got {self.fail_after_tokens}")

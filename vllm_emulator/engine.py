@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_emulator import textgen, wire
+from vllm_emulator import agent, textgen, wire
 from vllm_emulator.config import EmulatorConfig
 from vllm_emulator.ledger import LedgerEntry
 from vllm_emulator.metrics import (
@@ -55,6 +55,8 @@ class Job:
     seq_ids: list[str]
     arrival: float  # loop time
     encoder: StreamEncoder | None
+    # Agent plans (tool calls, JSON, reasoning: agent.py) per choice; None for plain text.
+    agents: list[agent.AgentPlan | None] = field(default_factory=list)
     produced: list[int] = field(default_factory=list)
     encoded: list[int] = field(default_factory=list)
     last_token_time: list[float | None] = field(default_factory=list)
@@ -67,6 +69,7 @@ class Job:
     log_bytes: int = 0
     next_event_id: int = 1
     encoded_tokens: int = 0
+    hidden_tokens: int = 0  # encoded into no frame (hidden markup): delivered with the next
     closed: bool = False
     expires_at: float | None = None
     watchers: set[asyncio.Event] = field(default_factory=set)
@@ -77,6 +80,16 @@ class Job:
         self.produced = [0] * n
         self.encoded = [0] * n
         self.last_token_time = [None] * n
+        if not self.agents:
+            self.agents = [None] * n
+
+    def channel(self, choice: int, token: int) -> tuple[str, agent.ToolCall | None]:
+        """What token `token` of `choice` is on the wire, and the tool call it belongs to."""
+        planned = self.agents[choice]
+        if planned is None:
+            return agent.CONTENT, None
+        tool = planned.tools[token]
+        return planned.channels[token], planned.tool_calls[tool] if tool >= 0 else None
 
     def notify(self) -> None:
         for watcher in self.watchers:
@@ -98,12 +111,20 @@ class Job:
             return
         while self.pending:
             choice = self.pending[0]
+            start = self.encoded[choice]
+            channel, tool = self.channel(choice, start)
             count = 1
-            while count < len(self.pending) and self.pending[count] == choice:
+            # A lagging writer merges a choice's tokens, but never across what they are on
+            # the wire (reasoning, content, one call's name or arguments).
+            while (
+                count < len(self.pending)
+                and self.pending[count] == choice
+                and channel != agent.TOOL_NAME
+                and self.channel(choice, start + count) == (channel, tool)
+            ):
                 count += 1
             del self.pending[:count]
             plan = self.plans[choice]
-            start = self.encoded[choice]
             end = start + count
             self.encoded[choice] = end
             text = "".join(plan.deltas[start:end])
@@ -114,7 +135,14 @@ class Job:
                 count,
                 finish_reason=plan.finish_reason if last else None,
                 stop_reason=plan.stop_reason if last else None,
+                channel=channel,
+                tool=tool,
             )
+            if not frames:
+                self.hidden_tokens += count
+                continue
+            count += self.hidden_tokens
+            self.hidden_tokens = 0
             for i, frame in enumerate(frames):
                 self._append(frame, count if i == len(frames) - 1 else 0, resumable)
         if self.state == "finished":
@@ -301,17 +329,22 @@ class Engine:
         base = request.request_id or self.new_id()
         natural = (config.natural_length_min, config.natural_length_max)
         draw = self.draw(request.body)
-        plans = [
-            textgen.plan_choice(
-                textgen.request_seed(config.seed, request.body, index, draw),
-                request.max_tokens,
-                request.limit,
-                natural,
-                request.stop,
-                config.script,
-            )
-            for index in range(request.n)
-        ]
+        seeds = [textgen.request_seed(config.seed, request.body, i, draw) for i in range(request.n)]
+        agents: list[agent.AgentPlan | None] = [None] * request.n
+        how = agent.mode(request.body)
+        if request.endpoint == "chat" and (how != "text" or config.reasoning_tokens > 0):
+            options = agent.Options(config.reasoning_tokens, config.tool_calls_per_response,
+                                    wire.id_hex_length(config.profile))  # fmt: skip
+            agents = [agent.plan_choice(seed, request.body, request.max_tokens, request.limit,
+                                        natural, request.stop, options)
+                      for seed in seeds]  # fmt: skip
+            plans = [planned.plan for planned in agents if planned is not None]
+        else:
+            plans = [
+                textgen.plan_choice(seed, request.max_tokens, request.limit, natural,
+                                    request.stop, config.script)
+                for seed in seeds
+            ]  # fmt: skip
         response_id = wire.response_id(request.endpoint, base)
         entry = LedgerEntry(
             request_id=base,
@@ -329,6 +362,15 @@ class Engine:
             planned_tokens=sum(p.num_tokens for p in plans),
             texts=["" for _ in plans],
         )
+        first = agents[0]
+        if first is not None:
+            kinds = {"json": "json", "text": "text"}
+            entry.output_kind = kinds.get(first.mode, "tool_calls")
+            entry.tool_choice_mode = first.mode if first.tool_calls else None
+            entry.planned_tool_calls = [call.as_json() for call in first.tool_calls]
+            entry.planned_reasoning = first.reasoning
+            entry.planned_reasoning_tokens = sum(a.reasoning_tokens for a in agents if a)
+            entry.output_complete = first.complete
         if config.resumable and request.stream:
             entry.stream_id = response_id
         encoder = None
@@ -347,7 +389,7 @@ class Engine:
             )
         self.sequence += 1
         seq_ids = [f"{self.sequence}-{i}" for i in range(request.n)]
-        job = Job(entry, request, plans, seq_ids, loop_now, encoder)
+        job = Job(entry, request, plans, seq_ids, loop_now, encoder, agents)
         self.ledger.append(entry)
         if entry.stream_id is not None:
             self._purge_streams(loop_now)
@@ -375,7 +417,19 @@ class Engine:
         job.produced[choice] += 1
         entry.completion_tokens += 1
         entry.token_times.append(wall)
-        entry.texts[choice] += job.plans[choice].deltas[event.index]
+        delta = job.plans[choice].deltas[event.index]
+        channel, tool = job.channel(choice, event.index)
+        if channel == agent.CONTENT:
+            entry.texts[choice] += delta
+        elif channel == agent.REASONING:
+            entry.reasoning_tokens += 1
+            if choice == 0:
+                entry.reasoning += delta
+        elif tool is not None and choice == 0:
+            if tool.index >= len(entry.tool_calls):
+                entry.tool_calls.append({"index": tool.index, "id": tool.id, "name": tool.name,
+                                         "arguments": ""})  # fmt: skip
+            entry.tool_calls[tool.index]["arguments"] += delta
         m.counter("vllm:generation_tokens", "Number of generation tokens processed.")
         if job.first_token_time is None:
             job.first_token_time = event.time
@@ -417,10 +471,15 @@ class Engine:
         if state == "finished":
             entry.finish_reason = job.plans[0].finish_reason
             entry.stop_reason = job.plans[0].stop_reason
+            planned = job.agents[0]
+            entry.engine_finish_reason = (
+                planned.engine_finish_reason if planned is not None else entry.finish_reason
+            )
         else:
-            entry.finish_reason = "error"
+            entry.finish_reason = entry.engine_finish_reason = "error"
         m = self.metrics
-        m.counter("vllm:request_success", "", finished_reason=entry.finish_reason)
+        # The engine's reason: `tool_calls` is the API server's word, never the engine's.
+        m.counter("vllm:request_success", "", finished_reason=entry.engine_finish_reason)
         token_b = token_buckets(self.config.max_model_len)
         first = job.first_token_time if job.first_token_time is not None else now
         scheduled = job.scheduled_at if job.scheduled_at is not None else job.arrival
@@ -454,7 +513,7 @@ class Engine:
                 self.scheduler.abort(seq_id, now)
         job.state = "aborted"
         job.entry.aborted_at = wall
-        job.entry.finish_reason = "abort"
+        job.entry.finish_reason = job.entry.engine_finish_reason = "abort"
         if self.config.log_requests:
             print(f"INFO Aborted request(s) {job.entry.id}.", file=sys.stderr, flush=True)
             print(f"INFO Request {job.entry.id} aborted.", file=sys.stderr, flush=True)

@@ -194,7 +194,9 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         return json_response(code, body, extra)
     choices = [
         Choice(i, plan.text, plan.finish_reason, plan.stop_reason)
-        for i, plan in enumerate(job.plans)
+        if planned is None
+        else wire.agent_choice(i, planned)
+        for i, (plan, planned) in enumerate(zip(job.plans, job.agents, strict=True))
     ]
     usage = Usage(parsed.prompt_tokens, job.entry.completion_tokens)
     build = wire.chat_response if endpoint == "chat" else wire.completion_response

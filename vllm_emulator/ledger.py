@@ -48,6 +48,17 @@ class LedgerEntry:
     resumes: int = 0
     cassette: bool = False
     texts: list[str] = field(default_factory=list)
+    # Agent output (agent.py; docs/emulator.md "Agent streams"), choice 0 unless counted.
+    output_kind: str = "text"  # text | tool_calls | json
+    tool_choice_mode: str | None = None  # named | required | auto (null: no tools)
+    planned_tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    planned_reasoning: str | None = None
+    reasoning: str = ""
+    planned_reasoning_tokens: int = 0
+    reasoning_tokens: int = 0  # generated so far, every choice
+    output_complete: bool = True
+    engine_finish_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         wasted = 0
@@ -88,4 +99,14 @@ class LedgerEntry:
             "resumed_from": self.resumed_from,
             "resumes": self.resumes,
             "cassette": self.cassette,
+            "output_kind": self.output_kind,
+            "tool_choice_mode": self.tool_choice_mode,
+            "planned_tool_calls": self.planned_tool_calls,
+            "tool_calls": self.tool_calls,
+            "planned_reasoning": self.planned_reasoning,
+            "reasoning": self.reasoning,
+            "planned_reasoning_tokens": self.planned_reasoning_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "output_complete": self.output_complete,
+            "engine_finish_reason": self.engine_finish_reason,
         }

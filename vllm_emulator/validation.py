@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_emulator import textgen, wire
+from vllm_emulator import agent, textgen, wire
 from vllm_emulator.wire import Endpoint, Profile
 
 
@@ -257,6 +257,18 @@ def parse(
         field_error("stream_options", {"type": "model_type", "msg": message})
     if errors:
         raise _validation_error(profile, errors)
+    tool_problem = agent.tool_choice_error(body) if endpoint == "chat" else None
+    if tool_problem is not None:
+        # check_tool_usage, a model validator: 0.32+ raise it as a VLLMValidationError naming
+        # the parameter, as they do stream_options (the wording is vLLM's; the parameter
+        # suffix is inferred from that sibling, not captured); 0.11 as pydantic's value_error.
+        if wire.modern(profile):
+            raise _bad_request(profile, f"{tool_problem} (parameter=tool_choice)", "tool_choice")
+        raise _validation_error(
+            profile,
+            [{"type": "value_error", "loc": ("body",), "msg": f"Value error, {tool_problem}",
+              "input": body, "ctx": {"error": tool_problem}}],
+        )  # fmt: skip
     if options is not None and not stream and profile != "vllm-0.32":  # 0.32: checked above
         raise _validation_error(
             profile,

@@ -23,6 +23,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from vllm_emulator.agent import (
+    CONTENT,
+    REASONING,
+    SILENT,
+    TOOL_ARGS,
+    TOOL_NAME,
+    AgentPlan,
+    ToolCall,
+)
+
 Profile = Literal["vllm-0.33", "vllm-0.32", "vllm-0.11"]
 FailureKind = Literal["generation", "retryable", "engine_dead"]
 Endpoint = Literal["chat", "completions"]
@@ -52,6 +62,12 @@ def stream_kv_transfer_params(profile: Profile) -> bool:
     """A top-level `kv_transfer_params: null` on token chunks: new in 0.33 (0.32's stream
     chunks have none; its non-streaming bodies do)."""
     return profile == "vllm-0.33"
+
+
+def reasoning_field(profile: Profile) -> str:
+    """The reasoning parsers' delta and message field: `reasoning` since vLLM renamed it
+    (0.32's non-streaming body has `"reasoning":null`), `reasoning_content` in 0.11."""
+    return "reasoning" if modern(profile) else "reasoning_content"
 
 
 def middleware_headers(profile: Profile) -> tuple[tuple[str, str], ...]:
@@ -216,6 +232,7 @@ class StreamEncoder:
     role: str = "assistant"
     _started: bool = field(default=False, init=False)
     _tokens: list[int] = field(default_factory=list, init=False)
+    _named: set[tuple[int, int]] = field(default_factory=set, init=False)  # (choice, call)
 
     def __post_init__(self) -> None:
         self._tokens = [0] * self.n
@@ -240,8 +257,15 @@ class StreamEncoder:
         num_tokens: int = 1,
         finish_reason: str | None = None,
         stop_reason: StopReason = None,
+        channel: str = CONTENT,
+        tool: ToolCall | None = None,
     ) -> list[bytes]:
-        """Frames for one engine output of choice `index` carrying `num_tokens` tokens."""
+        """Frames for one engine output of choice `index` carrying `num_tokens` tokens.
+
+        `channel` says what the text is (agent.py): answer content, reasoning, an argument
+        fragment of `tool`, the token that names `tool`, or hidden markup, which sends no
+        chunk at all unless it ends the choice (then an empty delta, as the captures show).
+        """
         frames: list[bytes] = []
         if not self._started:
             self._started = True
@@ -249,7 +273,18 @@ class StreamEncoder:
                 frames.extend(self._role_chunk(i) for i in range(self.n))
         self._tokens[index] += num_tokens
         if self.endpoint == "chat":
-            frames.append(self._chat_chunk(index, text, finish_reason, stop_reason))
+            if tool is not None and (index, tool.index) not in self._named:
+                self._named.add((index, tool.index))
+                if channel == TOOL_NAME:  # the name is this token's whole delta
+                    name = self._tool_name_delta(tool)
+                    frames.append(self._chat_chunk(index, "", finish_reason, stop_reason, name))
+                    return frames
+                # A named tool_choice: vLLM names the call in a chunk of its own first.
+                frames.append(self._chat_chunk(index, "", None, None, self._tool_name_delta(tool)))
+            delta = self._delta(text, channel, tool)
+            if delta is None and finish_reason is None:
+                return frames  # a hidden token: the parser returned no delta, vLLM sends nothing
+            frames.append(self._chat_chunk(index, text, finish_reason, stop_reason, delta or {}))
         else:
             frames.append(self._completion_chunk(index, text, finish_reason, stop_reason))
         return frames
@@ -299,13 +334,33 @@ class StreamEncoder:
             chunk["prompt_token_ids"] = None
         return sse(dumps(chunk))
 
+    def _tool_name_delta(self, tool: ToolCall) -> dict[str, Any]:
+        call = {"id": tool.id, "type": "function", "index": tool.index,
+                "function": {"name": tool.name}}  # fmt: skip
+        return {"content": None, "tool_calls": [call]}
+
+    def _delta(self, text: str, channel: str, tool: ToolCall | None) -> dict[str, Any] | None:
+        if channel == REASONING:
+            return {reasoning_field(self.profile): text}
+        if channel == TOOL_ARGS and tool is not None:
+            call = {"index": tool.index, "function": {"arguments": text}}
+            return {"content": None, "tool_calls": [call]}
+        if channel in (SILENT, TOOL_NAME):
+            return None
+        return {"content": text}
+
     def _chat_chunk(
-        self, index: int, text: str, finish_reason: str | None, stop_reason: StopReason
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        stop_reason: StopReason,
+        delta: dict[str, Any] | None = None,
     ) -> bytes:
         new = modern(self.profile)
         choice: dict[str, Any] = {
             "index": index,
-            "delta": {"content": text},
+            "delta": {"content": text} if delta is None else delta,
             "logprobs": None,
             "finish_reason": finish_reason,
         }
@@ -372,6 +427,30 @@ class Choice:
     text: str
     finish_reason: str
     stop_reason: StopReason = None
+    # Agent output (agent.py): the parsed calls (`content` is then "" for a named or required
+    # tool_choice and null for auto, as serving.py builds the message) and the reasoning.
+    tool_calls: tuple[ToolCall, ...] = ()
+    content_null: bool = False
+    reasoning: str | None = None
+
+
+def agent_choice(index: int, planned: AgentPlan) -> Choice:
+    """A non-streaming choice of agent output, as serving.py's full generator builds it: a named
+    or required tool_choice gives `content: ""` and the calls; auto (hermes) gives
+    `content: null` and the calls once they parse, else the raw text; a named call cut by
+    max_tokens keeps its partial arguments (they are the whole output)."""
+    plan = planned.plan
+    reasoning = planned.reasoning if planned.reasoning_tokens else None
+    if planned.mode == "named":
+        cut = ToolCall(0, planned.tool_calls[0].id, planned.tool_calls[0].name, planned.raw_answer)
+        return Choice(index, "", plan.finish_reason, None, (cut,), reasoning=reasoning)
+    if planned.mode in ("required", "auto"):
+        if planned.complete:
+            return Choice(index, "", "tool_calls", None, planned.tool_calls,
+                          content_null=planned.mode == "auto", reasoning=reasoning)  # fmt: skip
+        return Choice(index, planned.raw_answer, planned.engine_finish_reason,
+                      reasoning=reasoning)  # fmt: skip
+    return Choice(index, plan.text, plan.finish_reason, plan.stop_reason, reasoning=reasoning)
 
 
 def chat_response(
@@ -390,17 +469,20 @@ def chat_response(
     for choice in choices:
         message: dict[str, Any] = {
             "role": role,
-            "content": choice.text,
+            "content": None if choice.content_null else choice.text,
             "refusal": None,
             "annotations": None,
             "audio": None,
             "function_call": None,
         }
-        if new:
-            message["reasoning"] = None
-        else:
-            message["tool_calls"] = []  # dropped when empty only from 0.33 on
-            message["reasoning_content"] = None
+        calls = [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments}}
+            for call in choice.tool_calls
+        ]  # fmt: skip
+        if calls or not new:
+            message["tool_calls"] = calls  # an empty list is dropped from 0.32 on
+        message[reasoning_field(profile)] = choice.reasoning
         item: dict[str, Any] = {
             "index": choice.index,
             "message": message,

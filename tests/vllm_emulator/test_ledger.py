@@ -50,5 +50,7 @@ def test_the_json_carries_exactly_the_contract_keys_the_scorer_reads() -> None:
         "planned_texts", "planned_tokens", "text", "texts", "completion_tokens", "token_times",
         "bytes_written", "write_times", "delivered_tokens", "disconnected_at", "aborted_at",
         "finish_reason", "stop_reason", "wasted_tokens", "status", "stream_id", "resumed_from",
-        "resumes", "cassette",
+        "resumes", "cassette", "output_kind", "tool_choice_mode", "planned_tool_calls",
+        "tool_calls", "planned_reasoning", "reasoning", "planned_reasoning_tokens",
+        "reasoning_tokens", "output_complete", "engine_finish_reason",
     ]  # fmt: skip
