@@ -56,6 +56,15 @@ Built-in clients (BUILTIN_CLIENTS: name -> argv):
 - `browser`: headless Chromium running fetch() streaming, only when Chromium is installed;
 - `browser-eventsource`: headless Chromium following a resumable server's stream with
   `EventSource` (its own reconnect sends Last-Event-ID), only when Chromium is installed.
+The compatibility matrix's clients (docs/compatibility.md), scored when named or by
+`make matrix`, never by default:
+- `aiohttp-lines`: aiohttp's line iterator over the body until `[DONE]`;
+- `aiohttp-naive`: aiohttp `iter_any()` with each read decoded on its own (mojibake);
+- `openai-v1`, `openai-v2`: the openai SDK's 1.x and 2.x lines, run as `openai` is;
+- `langchain-openai`: `ChatOpenAI(...).astream`;
+- `litellm`: `acompletion(stream=True)` against the OpenAI-compatible base.
+The last four run in their own environments (`middlebox.clients.envs`), built from a lock
+file the first time the client is looked up in BUILTIN_CLIENTS.
 """
 
 from __future__ import annotations
@@ -63,15 +72,61 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Iterator, MutableMapping
 
-BUILTIN_CLIENTS: dict[str, list[str]] = {
-    "raw": [sys.executable, "-m", "middlebox.clients.raw"],
-    "openai": [sys.executable, "-m", "middlebox.clients.openai_sdk"],
-    "httpx-sse": [sys.executable, "-m", "middlebox.clients.httpx_sse_reader"],
-    "resilient": [sys.executable, "-m", "middlebox.clients.resilient"],
-    "browser": [sys.executable, "-m", "middlebox.clients.browser"],
-    "browser-eventsource": [sys.executable, "-m", "middlebox.clients.browser", "--eventsource"],
-}
+from middlebox.clients import envs
+
+
+class ClientRegistry(MutableMapping[str, list[str]]):
+    """Client name -> argv. Looking up a client whose library lives in its own
+    environment (`envs.LOCKED_CLIENTS`) builds that environment first if it is missing
+    (saying so on stderr), so `--client NAME` works from a fresh clone and the build never
+    runs inside a scenario's client bound. Iterating names builds nothing."""
+
+    def __init__(self, argvs: dict[str, list[str]]) -> None:
+        self._argvs = dict(argvs)
+
+    def __getitem__(self, name: str) -> list[str]:
+        if name in envs.LOCKED_CLIENTS and name not in self._argvs:
+            envs.ensure(name)
+            return envs.argv(name)
+        return self._argvs[name]
+
+    def __setitem__(self, name: str, argv: list[str]) -> None:
+        self._argvs[name] = argv
+
+    def __delitem__(self, name: str) -> None:
+        del self._argvs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._argvs
+        yield from (name for name in envs.LOCKED_CLIENTS if name not in self._argvs)
+
+    def __len__(self) -> int:
+        return len(self._argvs) + sum(1 for name in envs.LOCKED_CLIENTS if name not in self._argvs)
+
+
+BUILTIN_CLIENTS = ClientRegistry(
+    {
+        "raw": [sys.executable, "-m", "middlebox.clients.raw"],
+        "openai": [sys.executable, "-m", "middlebox.clients.openai_sdk"],
+        "httpx-sse": [sys.executable, "-m", "middlebox.clients.httpx_sse_reader"],
+        "resilient": [sys.executable, "-m", "middlebox.clients.resilient"],
+        "browser": [sys.executable, "-m", "middlebox.clients.browser"],
+        "browser-eventsource": [
+            sys.executable,
+            "-m",
+            "middlebox.clients.browser",
+            "--eventsource",
+        ],
+        "aiohttp-lines": [sys.executable, "-m", "middlebox.clients.aiohttp_lines"],
+        "aiohttp-naive": [sys.executable, "-m", "middlebox.clients.aiohttp_naive"],
+    }
+)
+
+# What `middlebox run` scores when no --client is given (browsers only with Chromium): the
+# matrix's clients (docs/compatibility.md) are scored when named, or all by `make matrix`.
+DEFAULT_CLIENTS = ("raw", "openai", "httpx-sse", "resilient", "browser", "browser-eventsource")
 
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/bin/chromium")
 
@@ -87,10 +142,12 @@ def chromium_path() -> str | None:
     return None
 
 
-def available_clients() -> list[str]:
-    """The built-in clients this machine can run: all but `browser` always."""
+def available_clients(*, every: bool = False) -> list[str]:
+    """The built-in clients this machine can run, of DEFAULT_CLIENTS (or of every
+    registered client, the matrix's, when `every`): the browsers only with Chromium."""
     return [
         name
         for name in BUILTIN_CLIENTS
-        if not name.startswith("browser") or chromium_path() is not None
+        if (every or name in DEFAULT_CLIENTS)
+        and (not name.startswith("browser") or chromium_path() is not None)
     ]

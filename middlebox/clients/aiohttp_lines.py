@@ -1,0 +1,74 @@
+"""`aiohttp-lines`: an aiohttp session reading the stream line by line, the common loop.
+
+`aiohttp.ClientSession()` with aiohttp's defaults (`ClientTimeout(total=300,
+sock_connect=30)`: five minutes for the whole request, no read timeout of its own, no
+retries), `raise_for_status()`, then `async for line in response.content`, which yields
+whole lines, so a UTF-8 character split across reads is decoded whole. It shows each
+`data: {json}` line's delta and stops at `data: [DONE]`; it checks no `finish_reason`, so a
+clean close without `[DONE]` ends silently. A body cut inside its chunked framing raises
+`ClientPayloadError`, an RST `ClientPayloadError` or `ServerDisconnectedError`, and an
+in-band `{"error": ...}` frame shows no text and no error (the loop does not look for it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+
+from middlebox.clients.contract import (
+    ClientEnv,
+    Handler,
+    Recorder,
+    RequestSpec,
+    apply_chunk,
+    auth_headers,
+    chunk_info,
+    non_stream_info,
+    run_client,
+)
+
+DATA = b"data:"
+
+
+def show_line(rec: Recorder, line: bytes) -> bool:
+    """Show one body line; True at `data: [DONE]` (the loop's end)."""
+    if not line.startswith(DATA):
+        return False
+    payload = line[len(DATA) :].strip()
+    if payload == b"[DONE]":
+        rec.saw_done = True
+        return True
+    if payload:
+        apply_chunk(rec, chunk_info(json.loads(payload)))
+    return False
+
+
+@asynccontextmanager
+async def session(env: ClientEnv) -> AsyncIterator[Handler]:
+    async with aiohttp.ClientSession() as http:
+
+        async def handle(spec: RequestSpec, rec: Recorder) -> None:
+            rec.attempts += 1
+            async with http.post(
+                env.url(spec.endpoint), json=spec.body, headers=auth_headers(env)
+            ) as response:
+                response.raise_for_status()
+                if not spec.streaming:
+                    apply_chunk(rec, non_stream_info(await response.json()))
+                    return
+                async for line in response.content:
+                    if show_line(rec, line):
+                        break
+
+        yield handle
+
+
+def main() -> int:
+    return run_client("aiohttp-lines", session)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
