@@ -1,24 +1,30 @@
 """The pytest plugin (entry point `pytest11: middlebox`): a proxy with faults per test.
 
     def test_my_client_survives_a_cut(middlebox_proxy):
-        proxy = middlebox_proxy("scenarios/mid-stream-rst.yaml")
-        answer = my_client(base_url=proxy.base_url).ask("hi")
+        proxy = middlebox_proxy("scenarios/healthy-baseline.yaml")
+        with proxy.fault("cut", after="tokens", count=5):   # mid-test, removed on exit
+            answer = my_client(base_url=proxy.base_url).ask("hi")
         facts = proxy.score()
         assert facts["faults_fired"] == {"cut": 1}
 
-`middlebox_proxy(scenario)` takes a scenario file, a `Scenario`, or a dict of the YAML's
-shape (`{"name": "cut", "path": [{"cut": {"after": "tokens", "count": 5}}]}`, validated
-exactly as a file is: every problem at once, with did-you-mean), starts the embedded
-vLLM emulator (its own process, configured by the scenario's `upstream:` block) unless
-`upstream=URL` names a real server, and a middlebox proxy in a thread (its own trio
-loop) in front of it; both listen on 127.0.0.1 with free ports and keep their
-journals in memory, so tests run in parallel under pytest-xdist without sharing a
-port or a file. Everything a test started is stopped when it ends.
+`middlebox_proxy(scenario)` takes a scenario file, a `Scenario` (e.g. built with
+`middlebox.run.live.scenario`), or a dict of the YAML's shape (`{"name": "cut", "path":
+[{"cut": {"after": "tokens", "count": 5}}]}`, validated exactly as a file is: every
+problem at once, with did-you-mean), starts the embedded vLLM emulator (its own
+process, configured by the scenario's `upstream:` block) unless `upstream=URL` names a
+real server, and a middlebox proxy in a thread (its own trio loop) in front of it; both
+listen on 127.0.0.1 with free ports and keep their journals in memory, so tests run in
+parallel under pytest-xdist without sharing a port or a file. Everything a test
+started is stopped when it ends.
 
-`.model` is the upstream's first model. `score()` gives journal-derived facts:
-connections, the faults that fired (by name: connections), fault actions, how each
-connection's sides ended, SSE events that reached the client, journal drops;
-`ledger()` gives the emulator's ledger.
+The proxy it returns is a `middlebox.run.live.ControlClient` of that proxy (the control
+API's routes, called in the proxy's thread: no port), so a test changes faults while it
+runs: `add_fault`, `change_fault`, `remove_fault`, `with proxy.fault(...)`,
+`with proxy.changed(...)`, `faults()`, `fired()`, `counters()`, `journals()`. It also has
+the `BackgroundProxy`'s own `.base_url`, `.url`, `.model` (the upstream's first model),
+`score()` (journal-derived facts: connections, the faults that fired (by name:
+connections), fault actions, how each connection's sides ended, SSE events that reached
+the client, journal drops), `ledger()` (the emulator's ledger) and `journal_lines()`.
 Importing this module is cheap (pytest loads it in every session); the proxy's
 machinery is imported when the fixture is first used.
 """
@@ -31,6 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# live imports only the standard library at module level: the plugin stays cheap to load
+from middlebox.run.live import ControlClient, Transport, in_process
+
 if TYPE_CHECKING:
     from middlebox.run.background import BackgroundProxy
     from middlebox.scenario.model import Scenario
@@ -38,54 +47,67 @@ if TYPE_CHECKING:
 
 def scenario_from(scenario: str | Path | Scenario | Mapping[str, Any], root: Path) -> Scenario:
     """A `Scenario` from a file (relative to `root` when not found as given), a
-    `Scenario`, or a dict of the YAML's shape, validated by the same loader as a file
-    (raises `ScenarioError` listing every problem)."""
-    from middlebox import compose
-    from middlebox.scenario.load import load_scenario_text
-    from middlebox.scenario.model import Scenario
+    `Scenario`, or a dict of the YAML's shape (`middlebox.run.live.load_scenario`)."""
+    from middlebox.run.live import load_scenario
 
-    if isinstance(scenario, Scenario):
-        return scenario
-    if isinstance(scenario, Mapping):
-        import yaml
+    return load_scenario(scenario, root)
 
-        text = yaml.safe_dump(dict(scenario), sort_keys=False, allow_unicode=True)
-        return load_scenario_text(
-            text,
-            compose.registry(),
-            file="<dict>",
-            sections=compose.scenario_sections(),
-            # compose imports PRESETS without re-exporting it; a compose.load_text (the
-            # composition root's to add) would make this a plain call
-            presets=compose.PRESETS,  # type: ignore[attr-defined]
-        )
-    path = Path(scenario)
-    if not path.exists() and (root / path).exists():
-        path = root / path
-    return compose.load(path)
+
+def fixture_proxy(background: BackgroundProxy) -> FixtureProxy:
+    """A control client of `background` that also answers for it."""
+    return FixtureProxy(background, in_process(background))
+
+
+class FixtureProxy(ControlClient):
+    """What `middlebox_proxy(...)` returns: a `ControlClient` of the test's proxy (faults
+    changed mid-test) with the `BackgroundProxy`'s own `.base_url`, `.url`, `.model`,
+    `score()`, `ledger()`, `journal_lines()` and `write_journal()`."""
+
+    def __init__(self, background: BackgroundProxy, transport: Transport) -> None:
+        super().__init__(transport=transport)
+        self.background = background
+        self.url = background.url
+
+    @property
+    def base_url(self) -> str:
+        return self.background.base_url
+
+    @property
+    def model(self) -> str:
+        return self.background.model
+
+    def score(self) -> dict[str, Any]:
+        return self.background.score()
+
+    def ledger(self) -> list[dict[str, Any]]:
+        return self.background.ledger()
+
+    def journal_lines(self) -> list[dict[str, Any]]:
+        return self.background.journal_lines()
+
+    def write_journal(self, path: str | Path) -> Path:
+        return self.background.write_journal(path)
 
 
 @pytest.fixture
-def middlebox_proxy(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[Callable[..., BackgroundProxy]]:
-    """Factory: `middlebox_proxy(scenario, upstream=None)` → a started `BackgroundProxy`
-    (`middlebox.run.background`): `.base_url`, `.model`, `.score()`, `.ledger()`,
-    `.journal_lines()`."""
+def middlebox_proxy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Factory: `middlebox_proxy(scenario, upstream=None)` → a started proxy: a
+    `ControlClient` of it (faults changed mid-test) with the `BackgroundProxy`'s
+    `.base_url`, `.model`, `.score()`, `.ledger()`, `.journal_lines()`."""
     started: list[BackgroundProxy] = []
 
     def start(
         scenario: str | Path | Scenario | Mapping[str, Any], *, upstream: str | None = None
-    ) -> BackgroundProxy:
+    ) -> Any:
         from middlebox.run.background import start_background
 
         loaded = scenario_from(scenario, Path(str(request.config.rootpath)))
         directory = tmp_path / f"middlebox-{len(started)}"
         directory.mkdir()
-        proxy = start_background(loaded, directory, upstream)
-        started.append(proxy)
-        return proxy
+        background = start_background(loaded, directory, upstream)
+        started.append(background)
+        return fixture_proxy(background)
 
     yield start
-    for proxy in started:
-        proxy.close()
+    for background in started:
+        background.close()
