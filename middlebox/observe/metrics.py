@@ -39,6 +39,14 @@ SERVER_COUNTERS = {
         "Connections closed by client_header_timeout.",
     ),
     "read_timeouts": ("middlebox_read_timeouts_total", "Upstream read timeouts (nginx 504)."),
+    "unframeable_requests": (
+        "middlebox_unframeable_requests_total",
+        "Requests the framer refused, answered as nginx does (400/405/501) and closed.",
+    ),
+    "unframeable_responses": (
+        "middlebox_unframeable_responses_total",
+        "Upstream responses the framer refused (nginx's 502 before the head, else a close).",
+    ),
 }
 
 
