@@ -39,7 +39,36 @@ EMULATOR_BANNER = "listening on "
 
 
 class UpstreamStartError(RuntimeError):
-    """The upstream process exited or said nothing usable before it was ready."""
+    """The upstream process exited or said nothing usable before it was ready.
+
+    `cause` is the line of its output that says why (its last error line: click's
+    `Error: ...`, a traceback's `FileNotFoundError: ...`), `status` its exit status (None
+    when it was still running at the deadline), `output` everything it said."""
+
+    def __init__(self, message: str, *, cause: str = "", status: int | None = None,
+                 output: str = "") -> None:  # fmt: skip
+        super().__init__(message)
+        self.cause = cause
+        self.status = status
+        self.output = output
+
+
+ERROR_WORDS = ("error", "exception", "traceback", "fatal")
+
+
+def last_error_line(output: str) -> str:
+    """The line of a process's output that says why it stopped: the last one naming an
+    error (click ends with `Error: ...`, a traceback with `SomeError: ...`), else the last
+    line it wrote."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in reversed(lines):
+        lowered = line.lower()
+        if (
+            any(word in lowered for word in ERROR_WORDS)
+            and lowered != "traceback (most recent call last):"
+        ):
+            return line
+    return lines[-1] if lines else "(it wrote nothing)"
 
 
 def _signal_group(pid: int, signum: int) -> None:
@@ -96,9 +125,28 @@ class UpstreamProcess:
         threading.Thread(target=read_until_ready, name="upstream-stdout", daemon=True).start()
         found.wait(timeout)
         if not self.url:
-            self.stop()
-            said = b"".join(seen).decode(errors="replace")
-            raise UpstreamStartError(f"{what} did not start: {said[-2000:]!r}")
+            raise self._start_error(what, timeout, b"".join(seen).decode(errors="replace"))
+
+    def _start_error(self, what: str, timeout: float, said: str) -> UpstreamStartError:
+        """Stop the child and say why it did not start: the exit status and its last error
+        line (all it said goes to the log, where the rest of its output would have)."""
+        try:
+            status: int | None = self.process.wait(1.0)  # it closed stdout: reap it
+        except subprocess.TimeoutExpired:
+            status = None
+        self.stop()
+        if self.log is not None:
+            with self.log.open("a", encoding="utf-8") as log:
+                log.write(said)
+        cause = last_error_line(said)
+        if status is None:
+            head = f"{what} was not ready within {timeout:g}s"
+        else:
+            head = f"{what} exited at start (exit status {status})"
+        where = f" (its output: {self.log})" if self.log is not None else ""
+        return UpstreamStartError(
+            f"{head}: {cause}{where}", cause=cause, status=status, output=said
+        )
 
     def _drain(self, stdout: IO[bytes]) -> None:
         if self.log is None:

@@ -68,8 +68,9 @@ def test_a_child_that_exits_before_it_is_ready_fails_with_what_it_said() -> None
 
 def test_a_child_that_never_gets_ready_is_stopped_after_the_timeout() -> None:
     started = time.monotonic()
-    with pytest.raises(UpstreamStartError, match="the upstream did not start"):
+    with pytest.raises(UpstreamStartError, match=r"the upstream was not ready within 0\.5s") as err:
         UpstreamProcess(script("import time; time.sleep(60)"), lambda line: None, timeout=0.5)
+    assert err.value.status is None and err.value.cause == "(it wrote nothing)"
     assert time.monotonic() - started < 10
 
 
