@@ -489,6 +489,28 @@ class PathFraming:
             publish[down] = self.down_at[index]
         return Position(self.up_at[index], self.down_at[index + 1], publish)
 
+    def between_messages(self) -> bool:
+        """No message is under way anywhere on the path: every framed stream is between
+        messages (no byte of a next one, no tunnel, nothing unframeable) and on each leg
+        every request has had its whole response. nginx's idle keep-alive connection,
+        which its graceful shutdown closes at once (`ngx_close_idle_connections`); what
+        the faults still hold is for the caller to ask (their deadlines)."""
+        for stream in self.streams:
+            framer = stream.http
+            if framer is None:
+                continue  # a fault publishes this stream's pieces: the legs' ends say
+            if framer.tunnel or framer.degraded is not None or not framer.message_complete:
+                return False
+        for name in ("client", "upstream"):
+            requests, responses = (stream.http for stream in self.leg(name))
+            if (
+                requests is not None
+                and responses is not None
+                and (responses.message < requests.message)
+            ):
+                return False  # a request still waits for (the rest of) its answer
+        return True
+
     def leg(self, name: str) -> tuple[FramedStream, FramedStream]:
         """The (request, response) streams of the `client` or `upstream` leg."""
         if name == "client":
