@@ -283,6 +283,19 @@ class Relay:
         self._wake_readers()
         self._check_done()
 
+    def between_messages(self) -> bool:
+        """An idle kept-alive connection, which graceful shutdown closes at once as nginx
+        does: the path's framing says no message is under way, no fault of the path holds
+        anything (none wants waking; the proxy's own stages' timers aside) and no outbox
+        waits. An unframed (pass-through) connection cannot say: False."""
+        framing = self.pipeline.framing if isinstance(self.pipeline, Pipeline) else None
+        if framing is None or self.client.outbox or self.upstream.outbox:
+            return False
+        stages = {id(stage) for stage in self.stages}
+        faults = self.pipeline.faults if isinstance(self.pipeline, Pipeline) else []
+        held = any(f.deadline() is not None for f in faults if id(f) not in stages)
+        return not held and framing.between_messages()
+
     # ------------------------------------------------------------------ reading
 
     def _reading_paused(self, side: Side) -> bool:
