@@ -87,7 +87,7 @@ def run(
     show_scorecard(suite.document())
     if report_dir:
         click.echo(
-            f"reports: {report_dir}/report.json, {report_dir}/junit.xml, "
+            f"reports: {report_dir}/report.html, {report_dir}/report.json, {report_dir}/junit.xml, "
             f"journals under {report_dir}/runs/"
         )
     if not suite.passed:
@@ -157,14 +157,44 @@ def drill_hint(name: str, number: int) -> None:
 
 @drill.command("start")
 @click.argument("name")
-def drill_start(name: str) -> None:
-    """Print the symptoms and run the incident (emulator + proxy) until Ctrl-C."""
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=0, help="Proxy port (default: a free one)."
+)
+@click.option(
+    "--control-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="Control API port (default: a free one).",
+)
+@click.option(
+    "--journal",
+    type=click.Path(dir_okay=False),
+    help="Write every connection's journal (NDJSON) here on Ctrl-C (default: the drill's "
+    "scratch directory; the path is printed).",
+)
+def drill_start(name: str, port: int, control_port: int, journal: str | None) -> None:
+    """Print the symptoms and run the incident (emulator + proxy) until Ctrl-C.
+
+    \b
+    Example:
+      middlebox drill start mid-stream-reset --port 9000
+      curl http://127.0.0.1:CONTROL/journals/1   # the control URL is printed
+    """
     from middlebox.cli.proxy import say
     from middlebox.run.drills import DrillError, run_live
+    from middlebox.run.processes import UpstreamStartError
 
     try:
-        click.echo(run_live(name, say))
-    except DrillError as error:
+        click.echo(
+            run_live(
+                name,
+                say,
+                port=port,
+                control_port=control_port,
+                journal=Path(journal) if journal else None,
+            )
+        )
+    except (DrillError, UpstreamStartError) as error:
         raise click.ClickException(str(error)) from None
 
 

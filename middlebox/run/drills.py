@@ -8,9 +8,11 @@ change to the library does not change a drill's grade.
 
 - `middlebox drill list`: the drills, with whether the fix is in the client or in the
   proxy/server configuration;
-- `middlebox drill start NAME`: prints the symptoms and runs the emulator and a proxy
-  with the hidden fault, so the trainee can reproduce it with their own client or
-  curl, inspect `/metrics` and the journals on the control port;
+- `middlebox drill start NAME [--port P] [--control-port C] [--journal FILE]`: prints
+  the symptoms and runs the emulator and `middlebox proxy` with the hidden fault and its
+  control API, so the trainee can reproduce it with their own client or curl, inspect
+  `/metrics` and the journals (`/journals/ID`) on the control port while it runs; on
+  Ctrl-C every connection's journal is written to FILE (NDJSON, the hints' "journal");
 - `middlebox drill hint NAME N`: hint N (1-based);
 - `middlebox drill check NAME --client-cmd CMD [--scenario FIXED.yaml]`: runs the
   drill's scenario (or the trainee's fixed copy, which must keep the drill's
@@ -178,32 +180,101 @@ def check(
     return grade(suite)
 
 
-def start(name: str, directory: Path = DRILLS_DIR) -> tuple[Drill, Any]:
-    """Start the emulator and a proxy with the drill's hidden scenario (a BackgroundProxy)."""
+@dataclass
+class LiveDrill:
+    """A drill's incident running: the emulator and the proxy (with its control API)."""
+
+    drill: Drill
+    emulator: Any
+    proxy: Any  # middlebox.run.live.ProxyProcess
+    model: str
+    journal: Path
+
+    def stop(self) -> None:
+        """Stop the proxy (it writes the journal as it stops), then the emulator."""
+        try:
+            self.proxy.stop()
+        finally:
+            self.emulator.stop()
+
+
+def start(
+    name: str,
+    directory: Path = DRILLS_DIR,
+    *,
+    port: int = 0,
+    control_port: int = 0,
+    journal: Path | None = None,
+) -> LiveDrill:
+    """Start the emulator (the drill's `upstream:` block) and `middlebox proxy` with the
+    drill's hidden scenario and a control API on 127.0.0.1 (port 0: a free one)."""
     from middlebox.compose import load
-    from middlebox.run.background import start_background
+    from middlebox.run.live import start_proxy
+    from middlebox.run.processes import EmulatorProcess, emulator_config
+    from middlebox.run.upstream import UpstreamClient
 
     drill = get(name, directory)
     scratch = Path(tempfile.mkdtemp(prefix="middlebox-drill-"))
-    scenario = load(write_scenario(drill, scratch))
-    return drill, start_background(scenario, scratch)
+    path = write_scenario(drill, scratch)
+    scenario = load(path)
+    journal = journal if journal is not None else scratch / f"drill-{drill.name}.journal.ndjson"
+    emulator = EmulatorProcess(emulator_config(scenario, scenario.seed), scratch)
+    try:
+        proxy = start_proxy(
+            emulator.url,
+            scenario=path,
+            listen=f"127.0.0.1:{port}",
+            control=f"127.0.0.1:{control_port}",
+            journal=journal,
+        )
+    except BaseException:
+        emulator.stop()
+        raise
+    try:
+        model = UpstreamClient(emulator.url).model()
+    except BaseException:
+        LiveDrill(drill, emulator, proxy, "", journal).stop()
+        raise
+    return LiveDrill(drill, emulator, proxy, model, journal)
 
 
-def run_live(name: str, say: Callable[[str], None], directory: Path = DRILLS_DIR) -> str:
+def live_banner(live: LiveDrill) -> str:
+    """Where the incident is and where to look (the hints name the journal)."""
+    control = live.proxy.control.url
+    return (
+        f"\nThe incident is live: OPENAI_BASE_URL={live.proxy.base_url} "
+        f"(model {live.model}).\n"
+        f"Control API: {control}/metrics, {control}/journals, {control}/journals/ID "
+        f"(one connection's journal, NDJSON).\n"
+        f"Every connection's journal is written to {live.journal} when you stop "
+        f"(`middlebox pcap {live.journal} -o drill.pcapng` for Wireshark). Ctrl-C to stop."
+    )
+
+
+def run_live(
+    name: str,
+    say: Callable[[str], None],
+    directory: Path = DRILLS_DIR,
+    *,
+    port: int = 0,
+    control_port: int = 0,
+    journal: Path | None = None,
+) -> str:
     """`drill start`: the briefing, then the incident (emulator + proxy) live until Ctrl-C;
     returns the closing line."""
-    drill, proxy = start(name, directory)
-    say(briefing(drill))
-    say(
-        f"\nThe incident is live: OPENAI_BASE_URL={proxy.base_url} (model {proxy.model}). "
-        f"Ctrl-C to stop."
-    )
-    try:
-        while True:
-            time.sleep(1)
+    live = start(name, directory, port=port, control_port=control_port, journal=journal)
+    connections = 0
+    try:  # from the first line on, so a Ctrl-C as soon as it shows still stops cleanly
+        say(briefing(live.drill))
+        say(live_banner(live))
+        while live.proxy.process.running():
+            time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
-        facts = proxy.score()
-        proxy.close()
-    return f"\nstopped after {facts['connections']} connections"
+        try:
+            connections = int(live.proxy.control.counters()["middlebox_connections_total"])
+        except Exception:  # the proxy already gone: its count went with it
+            pass
+        live.stop()
+    return f"\nstopped after {connections} connections; journal: {live.journal}"

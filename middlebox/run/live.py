@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 START_TIMEOUT = 30.0
 """Seconds `start_proxy` waits for the proxy to listen (as run.processes waits for an upstream)."""
 
+STOP_GRACE = 2.0
+"""Seconds the proxy lets live streams finish when stopped (`--grace`): within the 5 s a
+stopped child gets before SIGKILL, so it always writes its journal."""
+
 CONTROL_TIMEOUT = 10.0
 """Seconds a control request may take (the API bounds its own reads to 10 s)."""
 
@@ -333,16 +337,23 @@ def start_proxy(
     *,
     scenario: str | Path | None = None,
     token: str | None = None,
+    listen: str = "127.0.0.1:0",
+    control: str = "127.0.0.1:0",
+    journal: str | Path | None = None,
+    grace: float = STOP_GRACE,
     timeout: float = START_TIMEOUT,
 ) -> ProxyProcess:
-    """`middlebox proxy` in front of `upstream` with its control API, both on free
-    loopback ports; returns once it listens (raises UpstreamStartError with its output)."""
-    argv = [sys.executable, "-m", "middlebox", "proxy", "--listen", "127.0.0.1:0",
-            "--upstream", upstream, "--control", "127.0.0.1:0"]  # fmt: skip
+    """`middlebox proxy` in front of `upstream` with its control API (by default both on
+    free loopback ports; `journal` is written when it stops); returns once it listens
+    (raises UpstreamStartError with the cause it gave)."""
+    argv = [sys.executable, "-m", "middlebox", "proxy", "--listen", listen,
+            "--upstream", upstream, "--control", control, "--grace", f"{grace:g}"]  # fmt: skip
     if scenario is not None:
         argv += ["--scenario", str(scenario)]
     if token:
         argv += ["--control-token", token]
+    if journal is not None:
+        argv += ["--journal", str(journal)]
     from middlebox.run.processes import UpstreamProcess
 
     child = UpstreamProcess(argv, control_banner, timeout=timeout, what="the proxy")
