@@ -43,16 +43,16 @@ TOLERANCES: dict[str, tuple[Tolerance, str]] = {
     # partial buffer on a hop's read timeout as nginx does (issue 15).
     "idle_tokens": (Tolerance(1, 0.10), ""),
 }
-EXACT = ("stream_end", "idle_end")  # must be identical
+EXACT = ("stream_end", "idle_end", "tokens")  # must be identical (tokens: events the client got)
 SHOWN: tuple[str, ...] = ()  # reported, not judged: none (every measure is judged)
 
 
-def bursts(reads: Reads) -> list[int]:
-    """Sizes of the bursts: reads separated by more than BURST_GAP start a new one."""
+def bursts(reads: Reads, gap: float = BURST_GAP) -> list[int]:
+    """Sizes of the bursts: reads separated by more than `gap` start a new one."""
     sizes: list[int] = []
     last: float | None = None
     for when, size in zip(reads.times, reads.sizes, strict=True):
-        if last is None or when - last > BURST_GAP:
+        if last is None or when - last > gap:
             sizes.append(0)
         sizes[-1] += size
         last = when
@@ -84,8 +84,11 @@ def end_kind(reads: Reads, decoded: Decoded) -> str:
     return kind
 
 
-def stream_measures(reads: Reads, decoded: Decoded) -> dict[str, Any]:
-    sizes = bursts(reads)
+def stream_measures(reads: Reads, decoded: Decoded, gap: float = BURST_GAP) -> dict[str, Any]:
+    """`gap`: the burst gap; a stream whose frames come every 10 ms needs a wider one
+    than BURST_GAP, or every gap between two frames is a coin toss (the grid uses half
+    the shape's period: calibrate/grid.py)."""
+    sizes = bursts(reads, gap)
     return {
         "first_byte": reads.times[0] if reads.times else None,
         "first_event": decoded.first_event_at,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import socket
+import struct
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import h11
 
 READ_SIZE = 65536
+LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST
 
 
 @dataclass
@@ -76,13 +78,16 @@ def stream(
     *,
     limit: float,
     abandon_after: int | None = None,
+    abandon_by: str = "fin",
     prompt: str = "calibrate",
 ) -> Reads:
     """Send one streamed completion to 127.0.0.1:`port` and time every read.
 
-    With `abandon_after`, the client closes once that many token events are readable,
-    after draining what its kernel already holds, so the close is a FIN (the harder
-    case for a proxy: only its next write draws the RST, RFC 9293 §3.10.7.1)."""
+    With `abandon_after`, the client closes once that many token events are readable:
+    by default after draining what its kernel already holds, so the close is a FIN (the
+    harder case for a proxy: only its next write draws the RST, RFC 9293 §3.10.7.1);
+    with `abandon_by="rst"` at once with SO_LINGER 0, an RST (a killed process, a
+    browser tab closed with data unread)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=limit)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     start = time.monotonic()
@@ -112,7 +117,10 @@ def stream(
             reads.data += data
             seen = decode(reads)
             if abandon_after is not None and seen.tokens >= abandon_after:
-                _drain(sock)
+                if abandon_by == "rst":
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+                else:
+                    _drain(sock)
                 reads.closed_wall = time.time()
                 reads.end, reads.ended_at = "abandoned", time.monotonic() - start
                 break

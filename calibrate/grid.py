@@ -1,0 +1,113 @@
+"""The calibration over the stream-shape grid (calibrate/shapes.py): each preset and its
+real proxy on every shape, played by one `FixedUpstream`, judged measure by measure.
+
+A stream shape gets the stream measures (first byte, first event, bursts with a gap of
+half the shape's period, median burst, largest gap, how it ended, token events the
+client got); a cancelling shape gets the abandon measures (how long the upstream took to
+learn, the frames written after the client left, what the client saw). The same
+tolerances as the single-shape calibration (calibrate/compare.py), in docs/calibration.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from calibrate import compare, probe, proxies
+from calibrate.shapes import GRID, FixedUpstream, Shape, prompt_for
+
+PROBE_SLACK = 5.0  # seconds beyond the shape's own duration before a probe gives up
+LEDGER_WAIT = 5.0  # seconds for the upstream to learn that a cancelling client left
+STREAM_COLUMNS = ("first_byte", "first_event", "bursts", "median_burst", "largest_gap",
+                  "stream_end", "tokens")  # fmt: skip
+ABANDON_COLUMNS = ("abandon_latency", "abandon_tokens", "client")
+
+
+def measure_shape(port: int, upstream: FixedUpstream, shape: Shape, tag: str) -> dict[str, Any]:
+    """One probe of `shape` through the proxy at `port`."""
+    prompt = prompt_for(shape, tag)
+    limit = shape.duration + PROBE_SLACK
+    if shape.cancel is None:
+        reads = probe.stream(port, shape.frames, limit=limit, prompt=prompt)
+        return compare.stream_measures(reads, probe.decode(reads), gap=shape.period / 2)
+    reads = probe.stream(
+        port, shape.frames, limit=limit, prompt=prompt,
+        abandon_after=shape.cancel_after, abandon_by=shape.cancel,
+    )  # fmt: skip
+    return compare.abandon_measures(reads, probe.decode(reads), settled_entry(upstream, tag))
+
+
+def settled_entry(upstream: FixedUpstream, tag: str) -> dict[str, Any]:
+    """The upstream's entry for `tag` once it learned the client left or finished
+    (bounded by LEDGER_WAIT)."""
+    deadline = time.monotonic() + LEDGER_WAIT
+    entry = upstream.ledger(tag)
+    while time.monotonic() < deadline and not (
+        entry.get("disconnected_at") or entry.get("finished_at")
+    ):
+        time.sleep(0.05)
+        entry = upstream.ledger(tag)
+    return entry
+
+
+def measure_all(
+    port: int, upstream: FixedUpstream, shapes: Iterable[Shape], side: str
+) -> dict[str, dict[str, Any]]:
+    return {shape.name: measure_shape(port, upstream, shape, f"{side}-{shape.name}")
+            for shape in shapes}  # fmt: skip
+
+
+def compare_grid(
+    preset: str, real: dict[str, dict[str, Any]], mine: dict[str, dict[str, Any]]
+) -> list[compare.Row]:
+    """Rows labelled `PRESET @ SHAPE`, one per measure both sides have."""
+    rows: list[compare.Row] = []
+    for shape, measured in real.items():
+        rows += compare.compare(f"{preset} @ {shape}", measured, mine.get(shape, {}))
+    return rows
+
+
+def calibrate_grid(
+    name: str,
+    setup: proxies.Setup,
+    path: list[dict[str, Any]],
+    root: Path,
+    shapes: Iterable[Shape] = GRID,
+    middlebox: Any = None,
+) -> tuple[dict[str, Any], dict[str, Any], list[compare.Row]]:
+    """Every shape through the real proxy, then through `middlebox proxy` with the
+    preset (`middlebox` is calibrate.suite.middlebox, passed in to keep one launcher)."""
+    chosen = list(shapes)
+    with FixedUpstream() as upstream:
+        with proxies.running(setup, upstream.port, root / "grid-real") as port:
+            real = measure_all(port, upstream, chosen, f"{name}-real")
+        with middlebox(root / "grid-mb", name, path, upstream.port) as port:
+            mine = measure_all(port, upstream, chosen, f"{name}-preset")
+    return real, mine, compare_grid(name, real, mine)
+
+
+def render_grid(rows: list[compare.Row]) -> str:
+    """One line per preset and shape, a cell per measure: `real / preset`, a ✗ where
+    they disagree beyond the tolerance."""
+    cells: dict[str, dict[str, compare.Row]] = {}
+    for row in rows:
+        cells.setdefault(row.preset, {})[row.measure] = row
+    columns = (*STREAM_COLUMNS, *ABANDON_COLUMNS)
+    lines = [
+        "| preset @ shape | " + " | ".join(c.replace("_", " ") for c in columns) + " | agree |",
+        "|---|" + "---|" * (len(columns) + 1),
+    ]
+    for label, measures in cells.items():
+        shown = []
+        for column in columns:
+            row = measures.get(column)
+            if row is None:
+                shown.append("")
+                continue
+            text = f"{compare.shown(row.real)} / {compare.shown(row.preset_value)}"
+            shown.append(text if row.ok else f"**{text} ✗**")
+        agree = all(row.ok for row in measures.values())
+        lines.append(f"| {label} | " + " | ".join(shown) + f" | {'yes' if agree else 'NO'} |")
+    return "\n".join(lines)

@@ -1,0 +1,158 @@
+"""The calibration's stream-shape grid (calibrate/shapes.py, calibrate/grid.py): the shapes
+are what they say (exact frame sizes, heartbeats, HTTP/1.0 close-delimited vs chunked),
+the fixed-frame upstream learns of a FIN and of an RST and stops, and the grid's rows and
+table judge every measure. Loopback only, bounded; no timing is asserted."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from calibrate import compare, probe
+from calibrate.grid import compare_grid, measure_shape, render_grid, settled_entry
+from calibrate.probe import Reads
+from calibrate.shapes import (
+    FRAME_OVERHEAD,
+    GRID,
+    SHAPES,
+    FixedUpstream,
+    Shape,
+    framed,
+    parse_prompt,
+    prompt_for,
+)
+
+TINY = Shape("tiny", frame_bytes=30, period=0.001, frames=12)
+
+
+@pytest.mark.parametrize("shape", GRID, ids=lambda s: s.name)
+def test_every_frame_of_every_grid_shape_is_exactly_its_size(shape: Shape) -> None:
+    frames = [shape.frame(i) for i in range(shape.frames)]
+    assert {len(f) for f in frames} == {shape.frame_bytes}
+    assert len(set(frames)) == shape.frames  # numbered: no two alike
+    assert all(f.startswith(b'data: {"text":"') and f.endswith(b'"}\n\n') for f in frames)
+
+
+def test_the_grid_spans_the_shapes_the_issue_names() -> None:
+    sizes = {s.frame_bytes for s in GRID}
+    periods = {s.period for s in GRID}
+    assert min(sizes) <= 30 and max(sizes) >= 1024
+    assert min(periods) <= 0.010 and max(periods) >= 0.100
+    assert any(s.pause_before_head for s in GRID)
+    assert any(s.pause_after and s.heartbeat for s in GRID)
+    assert any(s.pause_after and not s.heartbeat for s in GRID)
+    assert {s.cancel for s in GRID} == {None, "fin", "rst"}
+
+
+def test_a_shape_refuses_what_it_cannot_play() -> None:
+    with pytest.raises(ValueError, match="at least"):
+        Shape("x", frame_bytes=FRAME_OVERHEAD - 1, period=0.01, frames=1)
+    with pytest.raises(ValueError, match="go together"):
+        Shape("x", frame_bytes=40, period=0.01, frames=1, cancel="fin")
+    with pytest.raises(ValueError, match="'fin' or 'rst'"):
+        Shape("x", frame_bytes=40, period=0.01, frames=1, cancel="close", cancel_after=1)
+
+
+def test_prompts_carry_the_shape_and_a_tag() -> None:
+    assert parse_prompt(prompt_for(SHAPES["1KB-100ms"], "nginx-real")) == (
+        "1KB-100ms",
+        "nginx-real",
+    )
+    assert parse_prompt("nothing") == ("", "")
+    assert framed(b"abc", http10=True) == b"abc"
+    assert framed(b"abc", http10=False) == b"3\r\nabc\r\n"
+
+
+def raw_exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def completion(shape: Shape, tag: str, version: str = "1.1") -> bytes:
+    body = b'{"prompt": "%s"}' % prompt_for(shape, tag).encode()
+    return (
+        f"POST /v1/completions HTTP/{version}\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def test_the_fixed_upstream_answers_http10_close_delimited_and_http11_chunked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(SHAPES, TINY.name, TINY)
+    with FixedUpstream() as upstream:
+        old = raw_exchange(upstream.port, completion(TINY, "old", "1.0"))
+        new = raw_exchange(upstream.port, completion(TINY, "new"))
+        assert upstream.ledger("old")["finished_at"] and upstream.ledger("new")["finished_at"]
+        assert len(upstream.ledger("new")["token_times"]) == TINY.frames
+        unknown = raw_exchange(upstream.port, completion(Shape("nope", 40, 0.01, 1), "x"))
+    head, _, body = old.partition(b"\r\n\r\n")
+    assert b"connection: close" in head and b"transfer-encoding" not in head
+    assert body == b"".join(TINY.frame(i) for i in range(TINY.frames)) + b"data: [DONE]\n\n"
+    head, _, body = new.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head
+    assert body.startswith(b"1e\r\n" + TINY.frame(0) + b"\r\n") and body.endswith(b"\r\n0\r\n\r\n")
+    assert unknown.startswith(b"HTTP/1.1 404")
+
+
+def test_heartbeats_fill_a_pause_and_count_as_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    beating = Shape("beats", 40, 0.001, 4, pause_after=2, pause=0.05, heartbeat=0.01)
+    monkeypatch.setitem(SHAPES, beating.name, beating)
+    with FixedUpstream() as upstream:
+        port = upstream.port
+        reads = probe.stream(port, beating.frames, limit=10, prompt=prompt_for(beating, "b"))
+    decoded = probe.decode(reads)
+    assert decoded.tokens == 4 and decoded.done and decoded.message_complete
+    assert decoded.text.count(": keep-alive\n\n") >= 2
+
+
+@pytest.mark.parametrize("how", ["fin", "rst"])
+def test_the_fixed_upstream_learns_the_client_left_and_stops(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # played directly (no proxy): the client's close reaches the upstream itself
+    cancelling = Shape(f"cancel-{how}", 60, 0.005, 2000, cancel=how, cancel_after=3)
+    monkeypatch.setitem(SHAPES, cancelling.name, cancelling)
+    with FixedUpstream() as upstream:
+        measured = measure_shape(upstream.port, upstream, cancelling, how)
+        entry = settled_entry(upstream, how)
+    assert measured["client"] == "abandoned" and measured["client_tokens"] >= 3
+    assert entry["disconnected_at"] and not entry["finished_at"]
+    assert len(entry["token_times"]) < cancelling.frames  # it stopped
+    assert measured["abandon_latency"] is not None
+
+
+def test_the_grid_judges_each_shape_and_marks_a_disagreement() -> None:
+    real = {
+        "250B-20ms": {"first_byte": 0.010, "bursts": 60, "stream_end": "complete", "tokens": 60},
+        "cancel-fin": {"abandon_latency": 0.01, "abandon_tokens": 0, "client": "abandoned"},
+    }
+    mine = {
+        "250B-20ms": {"first_byte": 0.012, "bursts": 20, "stream_end": "complete", "tokens": 60},
+        "cancel-fin": {"abandon_latency": 0.02, "abandon_tokens": 1, "client": "abandoned"},
+    }
+    rows = compare_grid("nginx-default", real, mine)
+    by = {(r.preset, r.measure): r for r in rows}
+    assert by[("nginx-default @ 250B-20ms", "first_byte")].ok
+    assert not by[("nginx-default @ 250B-20ms", "bursts")].ok  # 20 vs 60: beyond ±20%
+    assert by[("nginx-default @ 250B-20ms", "tokens")].ok  # judged: identical
+    assert by[("nginx-default @ cancel-fin", "client")].ok
+    table = render_grid(rows)
+    lines = table.splitlines()
+    assert lines[0].startswith("| preset @ shape | first byte |")
+    assert "| nginx-default @ 250B-20ms | 0.010 / 0.012 |" in table
+    assert "**60 / 20 ✗**" in table and lines[2].endswith("| NO |")
+    assert lines[3].endswith("| yes |")
+
+
+def test_a_wider_burst_gap_keeps_10ms_frames_apart() -> None:
+    # frames every 10 ms, read at 9.6-10.4 ms: BURST_GAP (10 ms) tosses a coin per gap;
+    # half the period does not
+    times = [i * 0.010 + (0.0004 if i % 2 else -0.0004) for i in range(1, 11)]
+    seen = Reads(sent_at=0.0, times=times, sizes=[30] * 10)
+    assert len(compare.bursts(seen)) < 10
+    assert len(compare.bursts(seen, gap=0.005)) == 10
