@@ -102,12 +102,12 @@ def render_grid(rows: list[compare.Row]) -> str:
     for label, measures in cells.items():
         shown = []
         for column in columns:
-            row = measures.get(column)
-            if row is None:
+            cell = measures.get(column)
+            if cell is None:
                 shown.append("")
                 continue
-            text = f"{compare.shown(row.real)} / {compare.shown(row.preset_value)}"
-            shown.append(text if row.ok else f"**{text} ✗**")
+            text = f"{compare.shown(cell.real)} / {compare.shown(cell.preset_value)}"
+            shown.append(text if cell.ok else f"**{text} ✗**")
         agree = all(row.ok for row in measures.values())
         lines.append(f"| {label} | " + " | ".join(shown) + f" | {'yes' if agree else 'NO'} |")
     return "\n".join(lines)
