@@ -19,7 +19,15 @@ from typing import Any
 from middlebox.observe.journal import JournalView, read_ndjson
 from middlebox.report.diagnosis import FIGURE_LEGEND, diagnose, figures, symptoms, why_and_fix
 from middlebox.report.layout import run_directory
-from middlebox.report.timeline import save_data, svg, timeline_data, write_png
+from middlebox.report.timeline import (
+    key_numbers,
+    save_data,
+    svg,
+    svg_fault_marks,
+    time_unit,
+    timeline_data,
+    write_png,
+)
 from middlebox.scenario.workload import request_tag
 
 log = logging.getLogger("middlebox.report.html_page")
@@ -39,6 +47,9 @@ td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:to
 th{background:#f3f3f3}.pass{color:#2e7d32;font-weight:bold}.fail{color:#c62828;font-weight:bold}
 .problems li{color:#c62828}.run{margin:1em 0 2em 1em}.small{font-size:12px;color:#555}
 svg.timeline{border:1px solid #ddd;display:block;margin:.3em 0}
+.timeline-row{display:flex;gap:1em;align-items:flex-start}
+.numbers{font-size:12px;margin:.3em 0}.numbers li,.faults li{list-style:none}
+.numbers ul,.faults{padding-left:0;margin:.2em 0}.faults{color:#d62728;font-size:12px}
 """
 
 
@@ -60,7 +71,10 @@ def write_timelines(document: dict[str, Any], report_dir: Path) -> dict[tuple[st
             views: list[JournalView] = read_ndjson(journal_file) if journal_file.exists() else []
             verdicts = [request["verdict"] for request in result["requests"]]
             tags = [request_tag(scenario["name"], client, i) for i in range(len(verdicts))]
-            data = timeline_data(scenario["name"], client, tags, ledger, shown, views, verdicts)
+            data = timeline_data(
+                scenario["name"], client, tags, ledger, shown, views, verdicts,
+                description=str(scenario.get("description") or ""), seed=scenario.get("seed"),
+            )  # fmt: skip
             directory.mkdir(parents=True, exist_ok=True)
             save_data(data, directory / f"{client}.timeline.json")
             try:
@@ -103,8 +117,8 @@ def render(document: dict[str, Any], timelines: dict[tuple[str, str], Any]) -> s
         f"<style>{STYLE}</style></head><body>",
         f'<h1>middlebox report: <span class="{verdict.lower()}" id="verdict">{verdict}</span></h1>',
         f'<p class="small">middlebox {e(str(document.get("middlebox", "")))}, python '
-        f"{e(str(document.get('python', '')))}, seed {e(str(document['run'].get('seed')))}</p>",
-        '<h2>Scorecard</h2><table id="scorecard"><tr><th>scenario</th>',
+        f"{e(str(document.get('python', '')))}, {e(seed_line(document))}</p>",
+        '<h2>Scorecard</h2><table id="scorecard"><tr><th>scenario</th><th>seed</th>',
     ]
     out += [f"<th>{e(client)}</th>" for client in clients]
     out.append("</tr>")
@@ -112,6 +126,7 @@ def render(document: dict[str, Any], timelines: dict[tuple[str, str], Any]) -> s
         by_client = {result["client"]: result for result in scenario["results"]}
         mark = ' <span class="fail">✗ problems</span>' if scenario.get("problems") else ""
         row = f'<tr><td><a href="#s{index}">{e(scenario["name"])}</a>{mark}</td>'
+        row += f"<td>{e(str(scenario.get('seed')))}</td>"
         for client in clients:
             if client in by_client:
                 text, colour = _cell(by_client[client])
@@ -182,7 +197,7 @@ def render(document: dict[str, Any], timelines: dict[tuple[str, str], Any]) -> s
                     f'<p>request {request["index"]}: <b style="color:{colour}">'
                     f"{e(request['verdict'])}</b>{error}</p>"
                 )
-                out.append(svg(request))
+                out.append(timeline_row(request))
             scalar = {k: v for k, v in result["metrics"].items() if not isinstance(v, list | dict)}
             out.append(
                 "<details><summary>metrics</summary><table>"
@@ -193,6 +208,33 @@ def render(document: dict[str, Any], timelines: dict[tuple[str, str], Any]) -> s
             )
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def seed_line(document: dict[str, Any]) -> str:
+    """The seed the run used. `run.seed` is `--seed`, None when it was not given: then each
+    scenario ran with its own `seed:` (the scorecard's seed column), which the header says
+    instead of "seed None"."""
+    given = (document.get("run") or {}).get("seed")
+    if given is not None:
+        return f"seed {given} (--seed, every scenario)"
+    seeds = sorted({int(s["seed"]) for s in document["scenarios"] if s.get("seed") is not None})
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    return "seeds: each scenario's own (seed column)" if seeds else "seed: none recorded"
+
+
+def timeline_row(request: dict[str, Any]) -> str:
+    """One request's SVG timeline with its key numbers and numbered fault key beside it."""
+    e = html.escape
+    unit = time_unit(request)
+    numbers = "".join(f"<li>{e(line)}</li>" for line in key_numbers(request))
+    marks = svg_fault_marks(request)
+    faults = "".join(f"<li>{e(mark.key(unit))}</li>" for mark in marks)
+    key = f'<ol class="faults">{faults}</ol>' if faults else ""
+    return (
+        f'<div class="timeline-row">{svg(request)}<div class="numbers"><ul>{numbers}</ul>'
+        f"{key}</div></div>"
+    )
 
 
 def symptom_rows(document: dict[str, Any]) -> list[str]:
