@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import pytest
 
+from middlebox.scenario.load import load_scenario_text
 from vllm_emulator.cli import emulate
 from vllm_emulator.config import (
     EmulatorConfig,
@@ -53,6 +54,8 @@ def test_yaml_accepts_units_and_nested_pauses(tmp_path: Path) -> None:
         ({"speed": 3}, "unknown key(s) speed"),
         ({"abort_on_disconnect": "no"}, "expected true or false"),
         ({"max_model_len": 10**6}, "cannot hold one max_model_len"),
+        ({"reasoning_tokens": -1}, "reasoning_tokens cannot be negative, got -1"),
+        ({"tool_calls_per_response": 0}, "tool_calls_per_response must be at least 1, got 0"),
     ],
 )
 def test_bad_settings_are_refused_with_a_clear_message(
@@ -119,3 +122,13 @@ def test_the_profile_flag_offers_every_profile_the_config_knows() -> None:
     assert isinstance(profile.type, click.Choice)
     assert tuple(profile.type.choices) == typing.get_args(ProfileName)
     assert "vllm-0.32" in profile.type.choices
+
+
+def test_a_scenarios_upstream_block_sets_the_agent_options() -> None:
+    # The scenario loader validates `upstream:` against EmulatorConfig by its annotations, so
+    # the agent options need no scenario-side code (middlebox/scenario/load.py sections).
+    text = "name: think\nupstream:\n  reasoning_tokens: 200\n  tool_calls_per_response: 2\n"
+    scenario = load_scenario_text(text, {}, sections={"upstream": EmulatorConfig})
+    upstream = scenario.sections["upstream"]
+    assert (upstream.reasoning_tokens, upstream.tool_calls_per_response) == (200, 2)
+    assert config_from_mapping(config_to_mapping(upstream)) == upstream
