@@ -65,6 +65,11 @@ The compatibility matrix's clients (docs/compatibility.md), scored when named or
 - `litellm`: `acompletion(stream=True)` against the OpenAI-compatible base.
 The last four run in their own environments (`middlebox.clients.envs`), built from a lock
 file the first time the client is looked up in BUILTIN_CLIENTS.
+Agent clients (SCENARIO_CLIENTS), scored in the scenarios whose `workload.clients` names
+them: `tools-naive` (acts on partial tool calls and JSON, retries without idempotency
+keys, shows reasoning as the answer) and `openai-tools` (the SDK's documented tool-call
+loop); `resilient` is their reference. Results may carry `tool_calls_executed`,
+`json_acted_on` and `reasoning` (docs/clients.md).
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ import sys
 from collections.abc import Iterator, MutableMapping
 
 from middlebox.clients import envs
+from middlebox.clients.node import NODE_CLIENTS, node_available
 
 
 class ClientRegistry(MutableMapping[str, list[str]]):
@@ -121,12 +127,20 @@ BUILTIN_CLIENTS = ClientRegistry(
         ],
         "aiohttp-lines": [sys.executable, "-m", "middlebox.clients.aiohttp_lines"],
         "aiohttp-naive": [sys.executable, "-m", "middlebox.clients.aiohttp_naive"],
+        "tools-naive": [sys.executable, "-m", "middlebox.clients.tools_naive"],
+        "openai-tools": [sys.executable, "-m", "middlebox.clients.sdk_tool_loop"],
     }
 )
+
+# Agent clients (issue 19, docs/clients.md "Agent streams"): scored in the scenarios whose
+# `workload.clients` names them (tool calls, JSON answers, reasoning), never by default.
+SCENARIO_CLIENTS = ("tools-naive", "openai-tools")
 
 # What `middlebox run` scores when no --client is given (browsers only with Chromium): the
 # matrix's clients (docs/compatibility.md) are scored when named, or all by `make matrix`.
 DEFAULT_CLIENTS = ("raw", "openai", "httpx-sse", "resilient", "browser", "browser-eventsource")
+
+BUILTIN_CLIENTS.update(NODE_CLIENTS)  # node-openai, node-ai-sdk, ...: middlebox/clients/node
 
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/bin/chromium")
 
@@ -150,4 +164,5 @@ def available_clients(*, every: bool = False) -> list[str]:
         for name in BUILTIN_CLIENTS
         if (every or name in DEFAULT_CLIENTS)
         and (not name.startswith("browser") or chromium_path() is not None)
+        and (name not in NODE_CLIENTS or node_available())
     ]

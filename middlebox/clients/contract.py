@@ -167,6 +167,11 @@ class Recorder:
     resumes: int = 0
     saw_done: bool = False
     abandoned: bool = False
+    # Agent streams (optional in the result; old clients stay valid): the tool calls the
+    # client executed, the JSON it acted on, and the reasoning it showed apart from `text`.
+    tool_calls_executed: list[dict[str, Any]] = field(default_factory=list)
+    json_acted_on: list[dict[str, Any]] = field(default_factory=list)
+    reasoning: list[tuple[float, str]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -190,10 +195,35 @@ class Recorder:
         self.pieces.append(piece)
         self.chunks.append((when, piece))
 
+    def show_reasoning(self, piece: str) -> None:
+        """Display a reasoning piece now, apart from the answer (a "thinking" pane)."""
+        if piece:
+            self.reasoning.append((time.time(), piece))
+
+    def executed_tool_call(
+        self, name: str, arguments: Any, idempotency_key: str | None, index: int | None = None
+    ) -> None:
+        """Record a tool call the client ran (its side effect happened now)."""
+        self.tool_calls_executed.append(
+            {
+                "name": name,
+                "arguments": arguments,
+                "idempotency_key": idempotency_key,
+                "index": index,
+                "at": time.time(),
+            }
+        )
+
+    def acted_on_json(self, text: str, value: Any) -> None:
+        """Record JSON the client acted on: the text it parsed and the value it used."""
+        self.json_acted_on.append({"text": text, "value": value, "at": time.time()})
+
     def replace(self) -> None:
-        """Forget what was shown: a restarted request redraws its answer from scratch."""
+        """Forget what was shown: a restarted request redraws its answer from scratch.
+        Executed tool calls and acted-on JSON stay: their side effects already happened."""
         self.pieces.clear()
         self.chunks.clear()
+        self.reasoning.clear()
         self.finish_reason = None
         self.usage = None
         self.saw_done = False
@@ -212,7 +242,19 @@ class Recorder:
             "resumes": self.resumes,
             "saw_done": self.saw_done,
             "abandoned": self.abandoned,
+            **self.agent_json(),
         }
+
+    def agent_json(self) -> dict[str, Any]:
+        """The optional agent fields, present only when the client has something to say."""
+        out: dict[str, Any] = {}
+        if self.tool_calls_executed:
+            out["tool_calls_executed"] = list(self.tool_calls_executed)
+        if self.json_acted_on:
+            out["json_acted_on"] = list(self.json_acted_on)
+        if self.reasoning:
+            out["reasoning"] = [[t, piece] for t, piece in self.reasoning]
+        return out
 
 
 def describe_error(exc: BaseException) -> str:
@@ -339,6 +381,11 @@ class ChunkInfo:
     error: str | None = None
     """The message of an in-band `{"error": ...}` frame (vLLM §2.3), else None."""
     error_code: int | None = None
+    reasoning: str = ""
+    """`delta.reasoning` (vLLM 0.32's field) or `delta.reasoning_content` (older parsers)."""
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    """`delta.tool_calls` entries as sent: `index`, then `id`/`type`/`function.name` in the
+    first, `function.arguments` fragments after (tool-call-named-stream.txt)."""
 
 
 def chunk_info(obj: Any) -> ChunkInfo:
@@ -357,8 +404,9 @@ def chunk_info(obj: Any) -> ChunkInfo:
             return ChunkInfo(error=message, error_code=code if isinstance(code, int) else None)
         return ChunkInfo(error=str(err))
     usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-    text = ""
+    text = reasoning = ""
     finish = None
+    tool_calls: list[dict[str, Any]] = []
     choices = obj.get("choices")
     if isinstance(choices, list):
         for choice in choices:
@@ -367,9 +415,22 @@ def chunk_info(obj: Any) -> ChunkInfo:
             delta = choice.get("delta")
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
             text += piece if isinstance(piece, str) else ""
+            if isinstance(delta, dict):
+                thought = delta.get("reasoning") or delta.get("reasoning_content")
+                reasoning += thought if isinstance(thought, str) else ""
+                calls = delta.get("tool_calls")
+                tool_calls += (
+                    [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+                )
             if isinstance(choice.get("finish_reason"), str):
                 finish = choice["finish_reason"]
-    return ChunkInfo(text=text, finish_reason=finish, usage=usage)
+    return ChunkInfo(
+        text=text,
+        finish_reason=finish,
+        usage=usage,
+        reasoning=reasoning,
+        tool_calls=tuple(tool_calls),
+    )
 
 
 def apply_chunk(rec: Recorder, info: ChunkInfo) -> None:

@@ -24,6 +24,13 @@
 - UTF-8-safe reassembly: `middlebox.core.sse.SseFramer` decodes whole lines only.
 - Leaving (abandonment) unwinds through the response context, which closes the
   connection at once.
+- Agent streams: tool-call fragments are accumulated by `index` (kept across a resume,
+  dropped with a restart) and a call runs only once the stream proved it complete (a
+  `finish_reason` other than `length`) and its arguments parse as JSON
+  (`IncompleteToolCall` otherwise, surfaced without running anything); each call carries an
+  idempotency key derived from the logical request and the call's index and tool, the same
+  on every attempt. A `response_format` answer is acted on only when it parses
+  (`InvalidJson`). Reasoning is shown apart from the answer (`reasoning` in the result).
 
 Tunable for tests and the runner through environment variables
 (`MIDDLEBOX_RESILIENT_<FIELD>` for each `Policy` field, e.g. `..._STALL_TIMEOUT=2`).
@@ -46,6 +53,7 @@ from typing import Any
 
 import httpx
 
+from middlebox.clients.agent_stream import ToolCallAccumulator, idempotency_key, wants_json
 from middlebox.clients.contract import (
     ClientEnv,
     Handler,
@@ -110,6 +118,45 @@ class InBandError(Exception):
     def __init__(self, message: str, code: int | None) -> None:
         super().__init__(f"{message} (code {code})" if code is not None else message)
         self.code = code
+
+
+class IncompleteToolCall(Exception):
+    """The stream ended a tool call without complete JSON arguments (or at max_tokens)."""
+
+
+class InvalidJson(Exception):
+    """A `response_format` answer that does not parse as JSON."""
+
+
+@dataclass
+class AgentTurn:
+    """Tool calls streamed for one logical request; acted on once it proved complete."""
+
+    calls: ToolCallAccumulator = field(default_factory=ToolCallAccumulator)
+
+    def act(self, spec: RequestSpec, rec: Recorder) -> None:
+        """Run the calls and use a JSON answer, or raise without running anything."""
+        complete = rec.finish_reason not in (None, "length")
+        parsed: list[tuple[int, str, Any]] = []
+        for call in self.calls.ordered():
+            ok, value = call.parsed()
+            if not complete or not ok:
+                raise IncompleteToolCall(
+                    f"tool call {call.index} ({call.name}) ended with finish_reason "
+                    f"{rec.finish_reason!r} and {'valid' if ok else 'incomplete'} arguments"
+                )
+            parsed.append((call.index, call.name, value))
+        identity = json.dumps(spec.body, sort_keys=True)
+        for index, name, value in parsed:
+            rec.executed_tool_call(name, value, idempotency_key(identity, index, name), index)
+        if wants_json(spec.body) and not self.calls.calls:
+            try:
+                value = json.loads(rec.text)
+            except ValueError as exc:
+                raise InvalidJson(f"the answer is not valid JSON: {rec.text[-60:]!r}") from exc
+            if not complete:
+                raise InvalidJson(f"the JSON answer ended with finish_reason {rec.finish_reason!r}")
+            rec.acted_on_json(rec.text, value)
 
 
 class StatusError(Exception):
@@ -191,7 +238,9 @@ class _Attempt:
         self.env = env
         self.policy = policy
 
-    async def run(self, spec: RequestSpec, rec: Recorder, resume: ResumeState) -> None:
+    async def run(
+        self, spec: RequestSpec, rec: Recorder, resume: ResumeState, turn: AgentTurn
+    ) -> None:
         """Show what this attempt brings; raise what went wrong."""
         headers = {**auth_headers(self.env), "Accept": "text/event-stream", **resume.headers()}
         p = self.policy
@@ -208,10 +257,10 @@ class _Attempt:
             if not spec.streaming:
                 apply_chunk(rec, non_stream_info(json.loads(await response.aread())))
                 return
-            await self._read_events(response, rec, resume)
+            await self._read_events(response, rec, resume, turn)
 
     async def _read_events(
-        self, response: httpx.Response, rec: Recorder, resume: ResumeState
+        self, response: httpx.Response, rec: Recorder, resume: ResumeState, turn: AgentTurn
     ) -> None:
         framer = SseFramer()
         chunks = response.aiter_bytes().__aiter__()
@@ -233,7 +282,7 @@ class _Attempt:
                 if piece.event is None:
                     continue
                 got_event = True
-                if self._on_event(piece.event, rec, resume):
+                if self._on_event(piece.event, rec, resume, turn):
                     return
         if rec.finish_reason is None and not rec.saw_done:
             raise TruncatedStream(
@@ -241,7 +290,9 @@ class _Attempt:
             )
 
     @staticmethod
-    def _on_event(event: SseEvent, rec: Recorder, resume: ResumeState) -> bool:
+    def _on_event(
+        event: SseEvent, rec: Recorder, resume: ResumeState, turn: AgentTurn | None = None
+    ) -> bool:
         """Show one event; True at [DONE]."""
         if event.id is not None:
             if resume.is_replay(event.id):
@@ -257,6 +308,9 @@ class _Attempt:
         info = chunk_info(obj)
         if info.error is not None:
             raise InBandError(info.error, info.error_code)
+        if turn is not None:
+            turn.calls.feed(info.tool_calls)
+        rec.show_reasoning(info.reasoning)
         apply_chunk(rec, info)
         return False
 
@@ -299,13 +353,15 @@ async def session(env: ClientEnv, policy: Policy | None = None) -> AsyncIterator
             bound = policy.attempt_bound(spec.body)
             deadline = time.monotonic() + 2 * bound
             resume = ResumeState()
+            turn = AgentTurn()
             failures = 0
             while True:
                 rec.attempts += 1
                 shown_before = rec.tokens_shown
                 try:
                     async with asyncio.timeout(min(bound, deadline - time.monotonic())):
-                        await attempt.run(spec, rec, resume)
+                        await attempt.run(spec, rec, resume, turn)
+                    turn.act(spec, rec)
                     return
                 except TimeoutError:
                     error: Exception = StalledStream(f"attempt exceeded its {bound:g} s bound")
@@ -314,6 +370,7 @@ async def session(env: ClientEnv, policy: Policy | None = None) -> AsyncIterator
                 except (TruncatedStream, StalledStream, httpx.TransportError) as exc:
                     error = exc
                 if rec.finish_reason is not None and not isinstance(error, InBandError):
+                    turn.act(spec, rec)
                     return  # the answer is complete; only [DONE] or usage went missing
                 # Resumed progress keeps what was shown, so it earns a fresh retry budget;
                 # a restart throws its progress away, so it does not.
@@ -332,6 +389,7 @@ async def session(env: ClientEnv, policy: Policy | None = None) -> AsyncIterator
                     rec.resumes += 1
                 else:
                     rec.replace()
+                    turn = AgentTurn()  # a restart streams its calls from the start
 
         yield handle
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from middlebox.clients import BUILTIN_CLIENTS
+from middlebox.clients import BUILTIN_CLIENTS, SCENARIO_CLIENTS
 from middlebox.compose import expand_paths, load
 from middlebox.core.stream import Direction
 from middlebox.observe.journal import ConnectionJournal, fault_proof
@@ -216,6 +216,10 @@ async def run_scenario(
     workload = scenario.sections.get("workload") or Workload()
     expect = scenario.sections.get("expect") or {}
     chosen = [c for c in clients if workload.clients is None or c.name in workload.clients]
+    given = {c.name for c in clients}
+    # agent clients run where a scenario names them (clients.SCENARIO_CLIENTS, issue 19)
+    named = [n for n in workload.clients or () if n in SCENARIO_CLIENTS]
+    chosen += [ClientSpec(n, list(BUILTIN_CLIENTS[n])) for n in named if n not in given]
     outcome.problems += [
         f"{scenario.source}: {p}"
         for p in expect_problems(expect, BUILTIN_CLIENTS.keys() | {c.name for c in clients})
