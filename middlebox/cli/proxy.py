@@ -202,6 +202,28 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
     type=click.Path(exists=True, file_okay=False),
     help="Scenarios X-Middlebox-Scenario may name.",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Terminate TLS toward clients (ALPN h2 and http/1.1) with a certificate from "
+    "middlebox's local CA; the banner names the CA file to trust.",
+)
+@click.option(
+    "--ca-dir",
+    type=click.Path(file_okay=False),
+    help="Where the local CA lives (created on first use; default $MIDDLEBOX_CA_DIR or "
+    "~/.local/share/middlebox/ca).",
+)
+@click.option(
+    "--upstream-insecure",
+    is_flag=True,
+    help="Do not verify an https:// upstream's certificate (verified by default).",
+)
+@click.option(
+    "--upstream-ca",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A CA file (PEM) an https:// upstream's certificate may chain to, besides the system's.",
+)
 def proxy(
     listen_at: str,
     upstream: str,
@@ -219,6 +241,10 @@ def proxy(
     control_token: str | None,
     allow_scenario_header: bool,
     scenario_dir: str | None,
+    tls: bool,
+    ca_dir: str | None,
+    upstream_insecure: bool,
+    upstream_ca: str | None,
 ) -> None:
     """Run the proxy: relay every connection byte-exact through the scenario's faults.
 
@@ -248,6 +274,10 @@ def proxy(
         control_token=control_token,
         allow_scenario_header=allow_scenario_header,
         scenario_dir=scenario_dir,
+        tls=tls,
+        ca_dir=ca_dir,
+        upstream_insecure=upstream_insecure,
+        upstream_ca=upstream_ca,
     )
     problem = upstream_problem(upstream)
     if problem:

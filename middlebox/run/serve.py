@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -32,9 +33,10 @@ from middlebox.observe.journal import (
 )
 from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.load import load_scenario_text
-from middlebox.scenario.model import Scenario
+from middlebox.scenario.model import Scenario, TlsOptions
 from middlebox.shell.control import ControlledProxy, check_control_access, run_controlled_proxy
 from middlebox.shell.server import Address, ProxyServer, relay_clock_offset, run_proxy
+from middlebox.shell.tls import LocalCA
 from middlebox.shell.workers import run_workers
 
 
@@ -82,6 +84,30 @@ class ProxySettings:
     control_token: str | None = None
     allow_scenario_header: bool = False
     scenario_dir: str | None = None
+    # TLS (issue 20, docs/tls-http2.md): --tls toward clients with the local CA in ca_dir;
+    # an https:// upstream verified against the system store plus upstream_ca, or not at all.
+    tls: bool = False
+    ca_dir: str | None = None
+    upstream_insecure: bool = False
+    upstream_ca: str | None = None
+
+    def tls_options(self, listen: Address) -> TlsOptions | None:
+        """--tls as the server's TLS block: the default names plus the listen host."""
+        if not self.tls:
+            return None
+        hosts = TlsOptions().hostnames
+        extra = (
+            () if listen.host in hosts or listen.host in ("", "0.0.0.0", "::") else (listen.host,)
+        )
+        return TlsOptions(hostnames=(*hosts, *extra), ca_dir=self.ca_dir)
+
+    def tls_server_options(self, listen: Address) -> dict[str, Any]:
+        """The ProxyServer keywords of the TLS settings (every serving path passes them)."""
+        return {
+            "tls": self.tls_options(listen),
+            "upstream_insecure": self.upstream_insecure,
+            "upstream_ca": self.upstream_ca,
+        }
 
     @property
     def redaction(self) -> Redaction:
@@ -123,8 +149,17 @@ def loaded(settings: ProxySettings) -> Loaded:
         raise SettingsError(str(error)) from None
 
 
-def banner(what: Loaded, port: int) -> str:
-    """The proxy's readiness line (`listening on http://HOST:PORT -> ...`), first on stdout."""
+def banner(what: Loaded, port: int, tls: TlsOptions | None = None) -> str:
+    """The proxy's readiness line (`listening on http://HOST:PORT -> ...`), first on stdout;
+    with TLS it is https:// and names the CA file clients trust."""
+    tls = tls or what.scenario.proxy.tls
+    if tls is not None:
+        ca = LocalCA.load_or_create(tls.ca_dir)
+        return (
+            f"listening on https://{what.listen.host}:{port} -> {what.upstream} "
+            f"(scenario {what.scenario.name!r}, {len(what.scenario.path)} faults; "
+            f"TLS CA: {ca.cert_path}, trust it with curl --cacert {ca.cert_path})"
+        )
     return (
         f"listening on http://{what.listen.host}:{port} -> {what.upstream} "
         f"(scenario {what.scenario.name!r}, {len(what.scenario.path)} faults)"
@@ -155,11 +190,12 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
         report_sink_factory=journal.fault_sink if journal is not None else None,
         connection_ended=journal.connection_ended if journal is not None else None,
         tick=journal.tick if journal is not None else None,
+        **settings.tls_server_options(what.listen),
     )
     if settings.workers > 1:
 
         def workers_ready(port: int, pids: list[int]) -> None:
-            say(banner(what, port))
+            say(banner(what, port, server.tls))
             say(f"workers: {' '.join(map(str, pids))}")
 
         def finish(index: int, _server: ProxyServer) -> None:
@@ -180,6 +216,7 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
             report_sink_factory=server.report_sink_factory,
             connection_ended=server.connection_ended,
             tick=server.tick,
+            **settings.tls_server_options(what.listen),
         )
         return f"stopped: {result.summary()}"
     try:
@@ -188,7 +225,7 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
                 what.listen,
                 what.upstream,
                 what.scenario,
-                ready=lambda port: say(banner(what, port)),
+                ready=lambda port: say(banner(what, port, server.tls)),
                 server=server,
                 grace=settings.grace,
                 backlog=settings.backlog,
@@ -241,10 +278,11 @@ def _serve_controlled(
             max_capture_bytes=256 * 1024,
             redaction=settings.redaction,
         ),
+        **settings.tls_server_options(what.listen),
     )
 
     def ready(port: int, control_port: int) -> None:
-        say(f"{banner(what, port)}; control API on http://{control.host}:{control_port}")
+        say(f"{banner(what, port, proxy.tls)}; control API on http://{control.host}:{control_port}")
 
     try:
         trio.run(

@@ -41,6 +41,24 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class TlsOptions:
+    """TLS toward the client (`proxy: {tls: {}}`, or `middlebox proxy --tls`): the proxy
+    terminates TLS with a certificate for `hostnames`, issued by a local CA it creates in
+    `ca_dir` (default: $MIDDLEBOX_CA_DIR or ~/.local/share/middlebox/ca) and that clients
+    trust (curl --cacert DIR/ca.pem); ALPN offers `alpn` in order (docs/tls-http2.md)."""
+
+    alpn: tuple[Literal["h2", "http/1.1"], ...] = ("h2", "http/1.1")
+    hostnames: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+    ca_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.alpn:
+            raise ValueError("tls.alpn must offer at least one protocol (h2, http/1.1)")
+        if not self.hostnames:
+            raise ValueError("tls.hostnames must name at least one host for the certificate")
+
+
+@dataclass(frozen=True)
 class ProxyOptions:
     """How the proxy itself behaves, like a real proxy's defaults (nginx answers 502)."""
 
@@ -66,6 +84,8 @@ class ProxyOptions:
     client_body_timeout: Seconds | None = None
     # Connections beyond this many at once are accepted and closed at once, and counted.
     max_connections: int | None = None
+    # TLS toward the client (issue 20); null: cleartext, the relay's unchanged fast path.
+    tls: TlsOptions | None = None
 
     def __post_init__(self) -> None:
         if self.max_connections is not None and self.max_connections < 1:

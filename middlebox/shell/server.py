@@ -25,6 +25,14 @@ Hardening of the shell itself (docs/reliability.md has every case and its result
   counted in `connections_refused` (nginx closes when `worker_connections` run out).
 - `shutdown(grace)`: stop accepting, let live connections finish within the grace
   period, then reset the rest (SO_LINGER 0), like a drain before a deploy.
+
+TLS (issue 20, docs/tls-http2.md) is a path of its own in front of the relay, so cleartext
+HTTP/1.1 keeps its exact path: with `tls` (the CLI's --tls, or the scenario's `proxy: {tls:}`)
+an accepted connection is handed to `handle_tls`, which completes the handshake and either
+splices the decrypted HTTP/1.1 bytes to a loopback socket that `handle` relays like any
+client (shell/tls.py), or, when ALPN picked `h2`, serves each HTTP/2 stream as one such
+connection (shell/h2_streams.py). An `https://` upstream is dialled, wrapped in TLS
+(verified unless `upstream_insecure`; `upstream_ca` adds a CA file) and spliced the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import math
 import random
 import signal
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,8 +55,18 @@ import trio
 from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
 from middlebox.observe.observer import RelayObserver
-from middlebox.scenario.model import ProxyOptions, Scenario
+from middlebox.scenario.model import ProxyOptions, Scenario, TlsOptions
+from middlebox.shell.h2_streams import serve_h2
 from middlebox.shell.relay import ProxyStage, Relay, apply_buffer_sizes, arm_reset
+from middlebox.shell.tls import (
+    HANDSHAKE_TIMEOUT,
+    handshake,
+    loopback_pair,
+    negotiated,
+    server_context,
+    splice,
+    upstream_context,
+)
 
 log = logging.getLogger("middlebox.shell.server")
 
@@ -64,6 +83,12 @@ STAGE_EVENTS: dict[str, tuple[str, str, Direction, str]] = {
     "request_timeouts": ("header_timeouts", "client", Direction.UPSTREAM, "request_timeout"),
     "proxy_read_timeout": ("read_timeouts", "upstream", Direction.DOWNSTREAM, "read_timeout"),
     "fail_closed": ("unframeable_requests", "client", Direction.UPSTREAM, "unframeable"),
+    "fail_closed_response": (
+        "unframeable_responses",
+        "upstream",
+        Direction.DOWNSTREAM,
+        "unframeable",
+    ),
 }
 
 
@@ -71,15 +96,21 @@ STAGE_EVENTS: dict[str, tuple[str, str, Direction, str]] = {
 class Address:
     host: str
     port: int
+    # An https:// URL: the proxy speaks TLS to it (shell/tls.py).
+    tls: bool = False
 
     @classmethod
     def parse(cls, text: str, default_port: int = 80) -> Address:
-        """`HOST:PORT`, `[::1]:PORT` or a URL such as `http://127.0.0.1:8000`."""
+        """`HOST:PORT`, `[::1]:PORT` or a URL such as `http://127.0.0.1:8000` or
+        `https://api.example:8443` (port 443 by default)."""
         if "://" in text:
             parts = urlsplit(text)
-            if parts.scheme != "http":
-                raise ValueError(f"only http:// upstreams are supported, got {text!r}")
-            return cls(parts.hostname or "127.0.0.1", parts.port or default_port)
+            if parts.scheme not in ("http", "https"):
+                raise ValueError(f"only http:// and https:// upstreams are supported, got {text!r}")
+            tls = parts.scheme == "https"
+            return cls(
+                parts.hostname or "127.0.0.1", parts.port or (443 if tls else default_port), tls
+            )
         host, sep, port = text.rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"expected HOST:PORT, got {text!r}")
@@ -186,6 +217,13 @@ class ProxyServer:
     tick: Callable[[], None] | None = None
     # Overrides the scenario's `proxy.max_connections` (the CLI's --max-connections).
     max_connections: int | None = None
+    # TLS toward the client, overriding the scenario's `proxy.tls` (the CLI's --tls).
+    tls: TlsOptions | None = None
+    # An https:// upstream's certificate check: off with --upstream-insecure; --upstream-ca
+    # adds a CA file to the system's trust store.
+    upstream_insecure: bool = False
+    upstream_ca: str | None = None
+    tls_handshake_failures: int = 0
     connections_accepted: int = 0
     connections_failed: int = 0
     connections_refused: int = 0
@@ -193,6 +231,7 @@ class ProxyServer:
     accept_errors: int = 0
     read_timeouts: int = 0
     unframeable_requests: int = 0  # requests refused by fail_closed (issue 14)
+    unframeable_responses: int = 0  # upstream responses refused by fail_closed_response
     reset_at_shutdown: int = 0
     active: int = 0
     shared: list[dict[str, Any]] = field(default_factory=list)
@@ -204,6 +243,10 @@ class ProxyServer:
     _idle: trio.lowlevel.ParkingLot = field(
         default_factory=trio.lowlevel.ParkingLot, init=False, repr=False
     )
+    _server_contexts: dict[TlsOptions, ssl.SSLContext] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _upstream_context: ssl.SSLContext | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.set_scenario(self.scenario)
@@ -250,7 +293,11 @@ class ProxyServer:
                         continue
                     self.connections_accepted += 1
                     self.active += 1  # counted here, so a flood cannot outrun the limit
-                    nursery.start_soon(self.handle, client, self.connections_accepted)
+                    tls = self.tls or self.scenario.proxy.tls
+                    if tls is None:
+                        nursery.start_soon(self.handle, client, self.connections_accepted)
+                    else:
+                        nursery.start_soon(self.handle_tls, client, self.connections_accepted, tls)
 
     def stop_accepting(self) -> None:
         """Close the listener: new connections are refused by the kernel from now on."""
@@ -289,7 +336,11 @@ class ProxyServer:
         self.live.add(live)
         try:
             with live.scope:
-                await self._handle(client, connection_id, scenario, live)
+                if self.upstream.tls:  # the splice to the upstream's TLS runs beside the relay
+                    async with trio.open_nursery() as helpers:
+                        await self._handle(client, connection_id, scenario, live, helpers)
+                else:
+                    await self._handle(client, connection_id, scenario, live)
         except Exception:
             log.exception("connection %d failed", connection_id)
         finally:
@@ -303,15 +354,23 @@ class ProxyServer:
             client.close()
 
     async def _handle(
-        self, client: socket.socket, connection_id: int, scenario: Scenario, live: LiveConnection
+        self,
+        client: socket.socket,
+        connection_id: int,
+        scenario: Scenario,
+        live: LiveConnection,
+        helpers: trio.Nursery | None = None,
     ) -> None:
         options = scenario.proxy
         client.setblocking(False)
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             with trio.fail_after(options.connect_timeout):
-                upstream = await dial(self.upstream)
-        except (OSError, trio.TooSlowError) as error:
+                if helpers is None:
+                    upstream = await dial(self.upstream)
+                else:
+                    upstream = await self.dial_tls_upstream(helpers)
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError) as error:
             self.connections_failed += 1
             log.info(
                 "connection %d: upstream %s unreachable: %s", connection_id, self.upstream, error
@@ -329,9 +388,71 @@ class ProxyServer:
             stages = [fault for fault in pipeline.faults if isinstance(fault, _Stage)]
             await Relay(client, upstream, pipeline, observer=observer, stages=stages).run()
         finally:
+            if helpers is not None and upstream.fileno() != -1:
+                upstream.close()  # the relay never ran: end the splice behind it too
             self._observers.pop(connection_id, None)
             if self.connection_ended is not None and observer is not None:
                 self.connection_ended(connection_id)
+
+    async def handle_tls(self, client: socket.socket, connection_id: int, tls: TlsOptions) -> None:
+        """A TLS client: the handshake (bounded like nginx's, by the header timeout), then
+        HTTP/1.1 spliced into `handle`, or HTTP/2 with one `handle` per stream."""
+        handed_on = False
+        try:
+            client.setblocking(False)
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            context = self.server_context(tls)
+            limit = self.scenario.proxy.client_header_timeout or HANDSHAKE_TIMEOUT
+            try:
+                with trio.fail_after(limit):
+                    stream = await handshake(client, context)
+            except (trio.TooSlowError, trio.BrokenResourceError, OSError) as error:
+                self.tls_handshake_failures += 1
+                log.info("connection %d: TLS handshake failed: %s", connection_id, error)
+                return
+            if negotiated(stream) == "h2":
+                await serve_h2(self.relay_stream, stream, connection_id)
+                return
+            relay_end, splice_end = loopback_pair()
+            handed_on = True  # `handle` counts this connection down
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(splice, stream, splice_end)
+                await self.handle(relay_end, connection_id)
+        except Exception:
+            log.exception("TLS connection %d failed", connection_id)
+        finally:
+            if not handed_on:
+                self.active -= 1
+                self._idle.unpark_all()
+                if client.fileno() != -1:
+                    client.close()
+
+    async def relay_stream(self, relay_end: socket.socket) -> None:
+        """One HTTP/2 stream's HTTP/1.1 connection (shell/h2_streams.py), relayed like any
+        client: its own connection id, pipeline, upstream connection and journal."""
+        self.connections_accepted += 1
+        self.active += 1
+        await self.handle(relay_end, self.connections_accepted)
+
+    def server_context(self, tls: TlsOptions) -> ssl.SSLContext:
+        """One client-facing context per TLS block (its certificate is issued once)."""
+        context = self._server_contexts.get(tls)
+        if context is None:
+            context = self._server_contexts[tls] = server_context(tls)
+        return context
+
+    async def dial_tls_upstream(self, helpers: trio.Nursery) -> socket.socket:
+        """Dial an https:// upstream, complete its handshake, and return the relay's end of
+        a loopback pair whose other end a splice (run in `helpers`) carries to it."""
+        if self._upstream_context is None:
+            self._upstream_context = upstream_context(
+                insecure=self.upstream_insecure, cafile=self.upstream_ca
+            )
+        sock = await dial(self.upstream)
+        stream = await handshake(sock, self._upstream_context, server_hostname=self.upstream.host)
+        relay_end, splice_end = loopback_pair()
+        helpers.start_soon(splice, stream, splice_end)
+        return relay_end
 
     def make_pipeline(self, scenario: Scenario, connection_id: int) -> Pipeline:
         """A fresh pipeline: the proxy's own stages around the scenario's faults. Its

@@ -1,0 +1,332 @@
+"""HTTP/2 toward the client: one sans-IO `h2` connection, each stream relayed as one HTTP/1.1
+connection through the server's usual path (trio shell).
+
+A client that picked `h2` in ALPN gets an `h2.connection.H2Connection` (python-hyper's
+sans-IO state machine) fed from its TLS stream. Each request stream gets a loopback TCP
+pair (shell/tls.py): `ProxyServer.handle` relays one end like any cleartext client (its own
+connection id, pipeline, upstream connection and journal), and this module writes the
+stream's request into the other end as HTTP/1.1 and reads the response back, translated by
+the pure `core/h2_bridge.py`. So every fault works per stream, and this module only moves
+frames.
+
+Ends, both ways (docs/tls-http2.md):
+- client END_STREAM -> the request message's end (a chunked body's last chunk); no FIN:
+  an HTTP/1.1 request ends by its framing, and nginx never half-closes toward an upstream;
+- client RST_STREAM -> an RST on the stream's relay, which the pipeline passes upstream;
+- upstream response end (or its FIN after a read-until-close body) -> END_STREAM;
+- upstream RST, or a FIN before the response's end -> RST_STREAM (INTERNAL_ERROR), so the
+  client sees a reset, never a clean end on half an answer;
+- the client's TCP connection closes or resets -> every stream's relay is reset at once:
+  one dropped HTTP/2 connection kills all its multiplexed streams.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+import trio
+
+from middlebox.core.h2_bridge import (
+    CANCEL,
+    REFUSED_STREAM,
+    RequestEncoder,
+    RequestError,
+    ResponseBroken,
+    ResponseData,
+    ResponseDecoder,
+    ResponseEnd,
+    ResponseEvent,
+    ResponseHead,
+)
+from middlebox.shell.tls import READ_SIZE, loopback_pair
+
+# Relays one stream's HTTP/1.1 connection (the proxy's end of its loopback pair) until it
+# ends: `ProxyServer.relay_stream`, which gives it a connection id and counts it.
+RelayStream = Callable[[socket.socket], Awaitable[None]]
+
+log = logging.getLogger("middlebox.shell.h2_streams")
+
+# Streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS): nginx's
+# http2_max_concurrent_streams default.
+MAX_CONCURRENT_STREAMS = 128
+# SETTINGS_MAX_HEADER_LIST_SIZE: h2's own default (against HPACK bombs, CVE-2016-6581).
+MAX_HEADER_LIST_SIZE = 64 * 1024
+_LINGER_ABORT = b"\x01\x00\x00\x00\x00\x00\x00\x00"
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One HTTP/2 stream and the proxy's end of its relay."""
+
+    stream_id: int
+    bridge: trio.SocketStream
+    encoder: RequestEncoder
+    decoder: ResponseDecoder
+    ended: bool = False  # END_STREAM or RST_STREAM sent toward the client
+    request_over: bool = False
+    inbound: trio.MemorySendChannel[bytes | None] | None = field(default=None, repr=False)
+
+
+class H2Session:
+    """One client's HTTP/2 connection over `tls`; `run()` serves it until the client goes."""
+
+    def __init__(
+        self, relay: RelayStream, tls: trio.SSLStream[trio.SocketStream], connection_id: int
+    ) -> None:
+        self.relay = relay
+        self.tls = tls
+        self.connection_id = connection_id
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
+        self.conn = h2.connection.H2Connection(config=config)
+        self.streams: dict[int, _Stream] = {}
+        self._output = trio.lowlevel.ParkingLot()
+        self._window = trio.lowlevel.ParkingLot()
+        self._closed = False
+
+    async def run(self) -> None:
+        self.conn.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
+            },
+        )
+        self.conn.initiate_connection()
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                nursery.start_soon(self._write_loop)
+                self._kick()
+                await self._read_loop()
+                self._reset_every_stream()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._reset_every_stream()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.tls)
+
+    def _reset_every_stream(self) -> None:
+        """The connection is gone (closed, reset, or a protocol error): each open stream is
+        cancelled as if by RST_STREAM, so each upstream connection gets an RST, before the
+        stream tasks are cancelled (their cleanup would otherwise close with a FIN)."""
+        self._closed = True
+        for stream in list(self.streams.values()):
+            if not stream.ended:
+                self._reset_relay(stream)
+
+    # ------------------------------------------------------------ client -> streams
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                data = await self.tls.receive_some(READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+            try:
+                events = self.conn.receive_data(data)
+            except h2.exceptions.ProtocolError as error:
+                log.info("connection %d: HTTP/2 protocol error: %s", self.connection_id, error)
+                self._kick()
+                return
+            for event in events:
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    self._kick()
+                    return
+                self._on_event(event)
+            self._kick()
+
+    def _on_event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            self._open_stream(event)
+        elif isinstance(event, h2.events.DataReceived):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None and event.data:
+                self._to_upstream(stream, stream.encoder.data(event.data))
+            # The relay's own backpressure holds the bytes; the h2 window reopens at once.
+            if event.flow_controlled_length:
+                self._acknowledge(event.stream_id, event.flow_controlled_length)
+        elif isinstance(event, h2.events.StreamEnded):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                stream.request_over = True
+                self._to_upstream(stream, stream.encoder.end())
+        elif isinstance(event, h2.events.StreamReset):
+            stream = self.streams.pop(event.stream_id, None)
+            if stream is not None:
+                stream.ended = True
+                self._reset_relay(stream)
+        elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+            self._window.unpark_all()
+
+    def _acknowledge(self, stream_id: int, length: int) -> None:
+        try:
+            self.conn.acknowledge_received_data(length, stream_id)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            pass
+
+    def _open_stream(self, event: h2.events.RequestReceived) -> None:
+        stream_id = event.stream_id
+        encoder = RequestEncoder()
+        try:
+            head = encoder.head(event.headers or [], end_stream=event.stream_ended is not None)
+        except RequestError as error:
+            log.info("stream %d refused: %s", stream_id, error)
+            self._send_reset(stream_id, REFUSED_STREAM)
+            return
+        relay_end, proxy_end = loopback_pair()
+        bridge = trio.SocketStream(trio.socket.from_stdlib_socket(proxy_end))
+        stream = _Stream(stream_id, bridge, encoder, ResponseDecoder(encoder.method))
+        self.streams[stream_id] = stream
+        self.nursery.start_soon(self.relay, relay_end)
+        send, receive = trio.open_memory_channel[bytes | None](64)
+        stream.inbound = send
+        self.nursery.start_soon(self._upstream_writer, stream, receive)
+        self.nursery.start_soon(self._respond, stream)
+        self._to_upstream(stream, head)
+
+    def _to_upstream(self, stream: _Stream, data: bytes) -> None:
+        if data and stream.inbound is not None:
+            try:
+                stream.inbound.send_nowait(data)
+            except trio.WouldBlock:
+                # More DATA frames queued than the relay takes: the client outran a
+                # window we keep open; reset the stream rather than buffer without bound.
+                self._send_reset(stream.stream_id, CANCEL)
+                self._reset_relay(stream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    async def _upstream_writer(
+        self, stream: _Stream, receive: trio.MemoryReceiveChannel[bytes | None]
+    ) -> None:
+        async for data in receive:
+            if data is None:
+                return
+            try:
+                await stream.bridge.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+    # ------------------------------------------------------------ streams -> client
+
+    async def _respond(self, stream: _Stream) -> None:
+        """Read the stream's HTTP/1.1 response from its relay and send it as frames."""
+        try:
+            while not stream.ended:
+                try:
+                    data = await stream.bridge.receive_some(READ_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    # The relay reset toward the client: the upstream's RST.
+                    self._finish(stream, [ResponseBroken("the upstream reset the connection")])
+                    break
+                events = stream.decoder.feed(data) if data else stream.decoder.feed_eof()
+                await self._send_events(stream, events)
+                if not data:
+                    break
+        finally:
+            self.streams.pop(stream.stream_id, None)
+            if stream.inbound is not None:
+                stream.inbound.close()
+            with trio.CancelScope(shield=True):
+                # A FIN to the relay's client side once the upstream closed: its relay ends.
+                await trio.aclose_forcefully(stream.bridge)
+
+    async def _send_events(self, stream: _Stream, events: Sequence[ResponseEvent]) -> None:
+        for event in events:
+            if stream.ended:
+                return
+            if isinstance(event, ResponseHead):
+                self._guarded(self.conn.send_headers, stream.stream_id, event.headers)
+            elif isinstance(event, ResponseData):
+                await self._send_data(stream, event.data)
+            else:
+                self._finish(stream, [event])
+            self._kick()
+
+    def _finish(self, stream: _Stream, events: Sequence[ResponseEvent]) -> None:
+        if stream.ended:
+            return
+        stream.ended = True
+        for event in events:
+            if isinstance(event, ResponseEnd):
+                self._guarded(self.conn.end_stream, stream.stream_id)
+            elif isinstance(event, ResponseBroken):
+                log.info("stream %d reset: %s", stream.stream_id, event.reason)
+                self._send_reset(stream.stream_id, event.error_code)
+        self._kick()
+
+    async def _send_data(self, stream: _Stream, data: bytes) -> None:
+        """DATA frames within the client's flow-control windows (RFC 9113 §5.2): a client
+        that stops reading stops this stream's relay, and backpressure reaches upstream."""
+        view = memoryview(data)
+        while view and not stream.ended and not self._closed:
+            try:
+                window = min(
+                    self.conn.local_flow_control_window(stream.stream_id),
+                    self.conn.max_outbound_frame_size,
+                )
+            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, KeyError):
+                stream.ended = True
+                return
+            if window <= 0:
+                await self._window.park()
+                continue
+            piece, view = view[:window], view[window:]
+            self._guarded(self.conn.send_data, stream.stream_id, bytes(piece))
+            self._kick()
+
+    def _send_reset(self, stream_id: int, code: int) -> None:
+        self._guarded(self.conn.reset_stream, stream_id, code)
+        self._kick()
+
+    def _guarded(self, call: Callable[..., object], *args: object) -> None:
+        """An h2 call on a stream the client may have closed meanwhile."""
+        try:
+            call(*args)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as error:
+            log.debug("connection %d: %s", self.connection_id, error)
+
+    def _reset_relay(self, stream: _Stream) -> None:
+        """An RST into the stream's relay (SO_LINGER 0 then close): it passes it upstream."""
+        sock = stream.bridge.socket
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+        except OSError:
+            pass
+        sock.close()
+        if stream.inbound is not None:
+            stream.inbound.close()
+
+    # ------------------------------------------------------------------ writing
+
+    def _kick(self) -> None:
+        self._output.unpark_all()
+
+    async def _write_loop(self) -> None:
+        while True:
+            data = self.conn.data_to_send()
+            if not data:
+                await self._output.park()
+                continue
+            try:
+                await self.tls.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.nursery.cancel_scope.cancel()
+                return
+
+
+async def serve_h2(
+    relay: RelayStream, tls: trio.SSLStream[trio.SocketStream], connection_id: int
+) -> None:
+    """Serve one HTTP/2 client connection until it closes; `relay` relays each stream."""
+    await H2Session(relay, tls, connection_id).run()

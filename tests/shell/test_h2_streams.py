@@ -1,0 +1,310 @@
+"""HTTP/2 toward the client (issue 20; shell/h2_streams.py), with python-hyper's h2 as the
+client over real loopback TLS: each stream is one HTTP/1.1 connection upstream through the
+same pipeline, and END_STREAM/RST_STREAM map to the upstream connection's ends and back.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.events
+import trio
+
+from middlebox.run.serve import load_text
+from middlebox.scenario.model import Scenario, TlsOptions
+from middlebox.shell.tls import LocalCA
+from tests.harness import proxied, read_all, reset
+
+SSE = b'data: {"choices":[{"delta":{"content":"caf\xc3\xa9"}}]}\n\ndata: [DONE]\n\n'
+
+
+def chunked_response(body: bytes, pieces: int = 4) -> list[bytes]:
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    size = max(1, len(body) // pieces)
+    parts = [body[i : i + size] for i in range(0, len(body), size)]
+    return [head, *(b"%x\r\n%s\r\n" % (len(p), p) for p in parts), b"0\r\n\r\n"]
+
+
+@dataclass
+class Seen:
+    """What the upstream saw: one entry per connection (its request bytes, its end)."""
+
+    requests: list[bytes] = field(default_factory=list)
+    ends: list[str] = field(default_factory=list)
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    def note(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, ends: int) -> None:
+        while len(self.ends) < ends:
+            await self.changed.wait()
+
+
+async def read_request(stream: trio.SocketStream) -> bytes:
+    received = b""
+    while b"\r\n\r\n" not in received or (
+        b"chunked" in received and not received.endswith(b"0\r\n\r\n")
+    ):
+        data = await stream.receive_some(65536)
+        if not data:
+            break
+        received += data
+    return received
+
+
+def streaming_upstream(seen: Seen, pause: float = 0.0, forever: bool = False):  # type: ignore[no-untyped-def]
+    async def handler(stream: trio.SocketStream) -> None:
+        request = await read_request(stream)
+        seen.requests.append(request)
+        body = SSE + request.split(b"\r\n")[0]  # each stream's answer names its request
+        try:
+            pieces = chunked_response(body)
+            for piece in pieces[:-1] if forever else pieces:  # forever: no last chunk
+                await stream.send_all(piece)
+                await trio.sleep(pause)
+            if forever:
+                _data, end = await read_all(stream)
+                seen.ends.append(end)
+                seen.note()
+                return
+            await stream.aclose()
+            seen.ends.append("closed")
+            seen.note()
+        except trio.BrokenResourceError:
+            seen.ends.append("rst")
+            seen.note()
+
+    return handler
+
+
+@dataclass
+class Answer:
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    data: bytes = b""
+    ended: bool = False
+    reset: int | None = None
+
+
+class H2Client:
+    """A minimal HTTP/2 client (sans-IO h2 over trio TLS) for the tests."""
+
+    def __init__(self, stream: trio.SSLStream) -> None:
+        self.stream = stream
+        self.conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
+        self.answers: dict[int, Answer] = {}
+
+    @classmethod
+    async def connect(cls, port: int, ca: LocalCA) -> H2Client:
+        context = ssl.create_default_context(cafile=str(ca.cert_path))
+        context.set_alpn_protocols(["h2"])
+        stream = await trio.open_ssl_over_tcp_stream(
+            "127.0.0.1", port, ssl_context=context, https_compatible=True
+        )
+        await stream.do_handshake()
+        assert stream.selected_alpn_protocol() == "h2"
+        client = cls(stream)
+        client.conn.initiate_connection()
+        await client.flush()
+        return client
+
+    async def flush(self) -> None:
+        await self.stream.send_all(self.conn.data_to_send())
+
+    async def post(self, path: str, body: bytes = b"{}") -> int:
+        stream_id = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(
+            stream_id,
+            [(":method", "POST"), (":path", path), (":scheme", "https"), (":authority", "t")],
+        )
+        self.conn.send_data(stream_id, body, end_stream=True)
+        self.answers[stream_id] = Answer()
+        await self.flush()
+        return stream_id
+
+    async def until(self, done) -> None:  # type: ignore[no-untyped-def]
+        while not done():
+            data = await self.stream.receive_some(65536)
+            if not data:
+                return
+            for event in self.conn.receive_data(data):
+                answer = self.answers.get(getattr(event, "stream_id", 0))
+                if answer is None:
+                    continue
+                if isinstance(event, h2.events.ResponseReceived):
+                    answer.headers = list(event.headers)
+                elif isinstance(event, h2.events.DataReceived):
+                    answer.data += event.data
+                    self.conn.acknowledge_received_data(
+                        event.flow_controlled_length, event.stream_id
+                    )
+                elif isinstance(event, h2.events.StreamEnded):
+                    answer.ended = True
+                elif isinstance(event, h2.events.StreamReset):
+                    answer.reset = event.error_code
+            await self.flush()
+
+    def all_over(self) -> bool:
+        return all(a.ended or a.reset is not None for a in self.answers.values())
+
+
+async def test_two_multiplexed_streams_each_get_their_own_upstream_connection(
+    tmp_path: Path,
+) -> None:
+    seen = Seen()
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        async with proxied(
+            streaming_upstream(seen, pause=0.01), tls=TlsOptions(ca_dir=str(tmp_path))
+        ) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            first = await client.post("/one", b'{"n":1}')
+            second = await client.post("/two", b'{"n":2}')
+            await client.until(client.all_over)
+            await seen.wait_for(2)
+            assert running.server.connections_accepted == 3  # the TLS connection + 2 streams
+    one, two = client.answers[first], client.answers[second]
+    assert one.data == SSE + b"POST /one HTTP/1.1" and one.ended
+    assert two.data == SSE + b"POST /two HTTP/1.1" and two.ended
+    assert (b":status", b"200") in one.headers
+    assert b"transfer-encoding" not in dict(one.headers)  # forbidden in HTTP/2
+    assert sorted(seen.requests) == sorted(
+        b"POST /%s HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\nconnection: close"
+        b"\r\n\r\n7\r\n%s\r\n0\r\n\r\n" % (name, body)
+        for name, body in ((b"one", b'{"n":1}'), (b"two", b'{"n":2}'))
+    )
+
+
+async def test_a_fault_in_the_path_acts_on_each_stream_on_its_own(tmp_path: Path) -> None:
+    scenario = load_text(
+        "name: cut-each-stream\npath:\n  - cut: {after: bytes, count: 20, end: rst}\n"
+    )
+    scenario = Scenario(
+        name=scenario.name,
+        path=scenario.path,
+        proxy=type(scenario.proxy)(tls=TlsOptions(ca_dir=str(tmp_path))),
+    )
+    seen = Seen()
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        async with proxied(streaming_upstream(seen, pause=0.01), scenario) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            ids = [await client.post(f"/{n}") for n in range(3)]
+            await client.until(client.all_over)
+    for stream_id in ids:
+        answer = client.answers[stream_id]
+        assert answer.reset == 0x2  # INTERNAL_ERROR: the upstream leg was reset
+        # cut's default `where: event_boundary`: the first boundary after body byte 20
+        assert answer.data == SSE[: SSE.index(b"\n\n") + 2]
+    assert client.conn.state_machine.state.name != "CLOSED"  # the connection lives on
+
+
+async def test_a_client_rst_stream_resets_that_streams_upstream_connection_only(
+    tmp_path: Path,
+) -> None:
+    seen = Seen()
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        async with proxied(
+            streaming_upstream(seen, forever=True), tls=TlsOptions(ca_dir=str(tmp_path))
+        ) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            cancelled = await client.post("/cancelled")
+            kept = await client.post("/kept")
+            await client.until(
+                lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
+            )
+            client.conn.reset_stream(cancelled, error_code=0x8)
+            await client.flush()
+            await seen.wait_for(1)
+            assert seen.ends == ["rst"]
+            assert not client.answers[kept].ended and client.answers[kept].reset is None
+            await client.stream.aclose()
+            await seen.wait_for(2)
+    assert seen.ends == ["rst", "rst"]
+
+
+async def test_dropping_the_connection_resets_every_multiplexed_stream_at_once(
+    tmp_path: Path,
+) -> None:
+    seen = Seen()
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        async with proxied(
+            streaming_upstream(seen, forever=True), tls=TlsOptions(ca_dir=str(tmp_path))
+        ) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            for n in range(4):
+                await client.post(f"/{n}")
+            await client.until(
+                lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
+            )
+            transport = client.stream.transport_stream
+            assert isinstance(transport, trio.SocketStream)
+            reset(transport)
+            await seen.wait_for(4)
+    assert seen.ends == ["rst"] * 4
+
+
+async def test_an_upstream_reset_mid_answer_is_an_rst_stream_for_that_stream(
+    tmp_path: Path,
+) -> None:
+    async def reset_after_head(stream: trio.SocketStream) -> None:
+        await read_request(stream)
+        await stream.send_all(chunked_response(SSE)[0] + b"5\r\nhello\r\n")
+        await trio.sleep(0.05)
+        reset(stream)
+
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        async with proxied(reset_after_head, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            stream_id = await client.post("/x")
+            await client.until(client.all_over)
+    answer = client.answers[stream_id]
+    assert answer.data == b"hello" and answer.reset == 0x2 and not answer.ended
+
+
+async def test_an_upstream_that_closes_cleanly_mid_chunked_body_is_still_a_reset(
+    tmp_path: Path,
+) -> None:
+    async def close_early(stream: trio.SocketStream) -> None:
+        await read_request(stream)
+        await stream.send_all(chunked_response(SSE)[0] + b"5\r\nhello\r\n")
+        await stream.aclose()
+
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        async with proxied(close_early, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            stream_id = await client.post("/x")
+            await client.until(client.all_over)
+    assert client.answers[stream_id].reset == 0x2  # never a clean END_STREAM on half an answer
+
+
+async def test_a_clean_end_of_an_h2_connection_leaves_no_stream_running(tmp_path: Path) -> None:
+    seen = Seen()
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        async with proxied(
+            streaming_upstream(seen), tls=TlsOptions(ca_dir=str(tmp_path))
+        ) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            await client.post("/x")
+            await client.until(client.all_over)
+            client.conn.close_connection()
+            await client.flush()
+            await client.stream.aclose()
+            while running.server.active:
+                await trio.sleep(0.01)
+    assert running.server.active == 0 and seen.ends == ["closed"]
