@@ -38,8 +38,8 @@ NODE_CLIENTS: dict[str, list[str]] = {
     name: [sys.executable, "-m", "middlebox.clients.node.launch", name] for name in DRIVERS
 }
 
-# eventsource 4 declares node >= 20, and the drivers use AbortSignal.any (Node 20.3).
-MIN_NODE = (20, 3)
+# eventsource 4 declares node >= 20 (the other packages >= 18).
+MIN_NODE = (20, 0)
 
 
 def node_version(node: str) -> tuple[int, ...] | None:

@@ -113,7 +113,8 @@ export class Recorder {
 
   /** Display a piece now; once the user has read enough, leave (closing the connection). */
   show(piece) {
-    if (!piece) return;
+    // Once the user has left nothing more reaches the screen, whatever the library delivers.
+    if (!piece || this.abandoned) return;
     this.chunks.push([now(), piece]);
     const limit = this.spec.abandonAfterTokens;
     if (limit !== null && this.chunks.length >= limit) {
@@ -143,7 +144,11 @@ export class Recorder {
 /** The contract's error string, "Type: message"; Node's fetch hides the socket's reason in
  * `cause` (undici: "TypeError: terminated", cause "SocketError: other side closed"). */
 export function describeError(error) {
-  if (!(error instanceof Error)) return `Error: ${String(error)}`;
+  if (!(error instanceof Error)) {
+    // A library may hand on the server's error object as is (the AI SDK's error part).
+    const message = typeof error?.message === "string" ? error.message : JSON.stringify(error);
+    return `Error: ${message}`;
+  }
   const type = error.constructor?.name && error.constructor.name !== "Error" ? error.constructor.name : error.name;
   let text = error.message ? `${type}: ${error.message}` : type;
   const cause = error.cause;

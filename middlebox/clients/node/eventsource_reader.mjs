@@ -60,11 +60,12 @@ function follow(url, env, rec, signal) {
 runClient("node-eventsource", async (env) => {
   return async (spec, rec, signal) => {
     const start = new AbortController();
+    signal.addEventListener("abort", () => start.abort(), { once: true });
     const response = await countingFetch(env.url(spec.endpoint), {
       method: "POST",
       headers: { "Content-Type": "application/json", Authorization: `Bearer ${env.apiKey}` },
       body: JSON.stringify(spec.body),
-      signal: AbortSignal.any([signal, start.signal]),
+      signal: start.signal,
     });
     if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 300)}`);
     if (!spec.streaming) {

@@ -21,16 +21,21 @@ const { fetchEventSource } = await import("@microsoft/fetch-event-source");
 
 runClient("node-fetch-event-source", async (env) => {
   return async (spec, rec, signal) => {
+    // One signal the library sees for both ends: the user left, or [DONE] came.
     const done = new AbortController();
+    signal.addEventListener("abort", () => done.abort(), { once: true });
     let failure = null;
     await fetchEventSource(env.url(spec.endpoint), {
       method: "POST",
       headers: { "Content-Type": "application/json", Authorization: `Bearer ${env.apiKey}` },
       body: JSON.stringify(spec.body),
-      signal: AbortSignal.any([signal, done.signal]),
+      signal: done.signal,
       openWhenHidden: true,
       fetch: countingFetch,
       onmessage(event) {
+        // The library dispatches a message at every blank line, even one that ends a
+        // `: keep-alive` comment with no data (the WHATWG parser dispatches none then).
+        if (event.data === "") return;
         if (event.data === "[DONE]") {
           rec.sawDone = true;
           done.abort();

@@ -1,0 +1,542 @@
+"""The Node clients (middlebox/clients/node), run as real processes.
+
+Four layers: the launcher (npm ci once, stamped; exit codes), the shared contract
+(contract.mjs: exit 2 on a broken environment or workload), each driver against the exact
+wire conditions of tests/clients/test_builtin_clients.py's scripted server (all five in
+parallel, once per module; each test reads one library's story out of the result files),
+and at the end the CI subset of the scenario library through the proxy and the emulator.
+
+They skip where node or npm is missing, never under CI=true (.ci/run installs them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from middlebox.clients import BUILTIN_CLIENTS, available_clients
+from middlebox.clients import node as node_clients
+from middlebox.clients.node import DRIVERS, HERE, NODE_CLIENTS, node_available, node_version
+from middlebox.clients.node.launch import ensure_installed, installed, lock_digest, main
+from tests.clients.test_builtin_clients import (
+    CUT,
+    FULL,
+    SLOW_TOKENS,
+    UTF8_PIECES,
+    Run,
+    Started,
+    workload_for,
+)
+from tests.clients.wire_server import (
+    DONE_FRAME,
+    END_CHUNK,
+    SSE_HEAD,
+    Conn,
+    WireServer,
+    chat_frame,
+    http_chunk,
+)
+from tests.harness import free_port, needs
+
+pytestmark = [pytest.mark.e2e]
+with_node = needs(node_available(), "node (>= 20) and npm")
+
+NODE = list(NODE_CLIENTS)
+# node-eventsource follows only a resumable server's stream (GET /v1/streams/{id}).
+POSTING = [c for c in NODE if c != "node-eventsource"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+# --- the launcher and the registry ---------------------------------------------------------
+
+
+def test_every_node_client_is_registered_with_a_launcher_argv_and_a_driver_file() -> None:
+    assert NODE == [
+        "node-openai",
+        "node-ai-sdk",
+        "node-eventsource",
+        "node-fetch-event-source",
+        "node-fetch-naive",
+    ]
+    for name in NODE:
+        assert BUILTIN_CLIENTS[name] == [
+            sys.executable,
+            "-m",
+            "middlebox.clients.node.launch",
+            name,
+        ]
+        assert (HERE / DRIVERS[name]).is_file()
+
+
+def test_the_node_clients_are_never_scored_by_default() -> None:
+    assert not set(NODE) & set(available_clients())
+
+
+def test_without_node_the_node_clients_are_not_offered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node_clients.shutil, "which", lambda name: None)
+    node_available.cache_clear()
+    try:
+        assert node_available() is False
+        assert not set(NODE) & set(available_clients(every=True))
+    finally:
+        node_available.cache_clear()
+
+
+def test_a_node_older_than_20_is_not_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node_clients.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(node_clients, "node_version", lambda node: (18, 20, 4))
+    node_available.cache_clear()
+    try:
+        assert node_available() is False
+    finally:
+        node_available.cache_clear()
+
+
+def test_node_version_reads_v_major_minor_patch_and_none_when_node_does_not_run(
+    tmp_path: Path,
+) -> None:
+    fake = tmp_path / "node"
+    fake.write_text("#!/bin/sh\necho v20.20.2\n")
+    fake.chmod(0o755)
+    assert node_version(str(fake)) == (20, 20, 2)
+    assert node_version(str(tmp_path / "missing")) is None
+
+
+def fake_npm(tmp_path: Path) -> tuple[Path, Path]:
+    """A folder with a lockfile and an `npm` that logs its calls and makes node_modules/."""
+    folder = tmp_path / "clients"
+    folder.mkdir()
+    (folder / "package-lock.json").write_text('{"lockfileVersion": 3}\n')
+    log = tmp_path / "npm.log"
+    npm = tmp_path / "npm"
+    npm.write_text(f'#!/bin/sh\necho "$@" >> {log}\nmkdir -p node_modules\necho npm says hi\n')
+    npm.chmod(0o755)
+    return folder, log
+
+
+def test_the_first_launch_runs_npm_ci_once_and_says_so_on_stderr(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    folder, log = fake_npm(tmp_path)
+    assert not installed(folder)
+    ensure_installed(folder, str(tmp_path / "npm"))
+    ensure_installed(folder, str(tmp_path / "npm"))
+    assert log.read_text().splitlines() == ["ci --no-audit --no-fund --loglevel=error"]
+    out, err = capfd.readouterr()
+    assert out == ""  # stdout belongs to the client; npm's chatter goes to stderr
+    assert "installing the Node clients' packages (npm ci, once)" in err
+    assert "npm says hi" in err
+    stamp = folder / "node_modules" / ".middlebox-installed"
+    assert stamp.read_text().strip() == lock_digest(folder)
+
+
+def test_a_changed_lockfile_installs_again(tmp_path: Path) -> None:
+    folder, log = fake_npm(tmp_path)
+    ensure_installed(folder, str(tmp_path / "npm"))
+    (folder / "package-lock.json").write_text('{"lockfileVersion": 3, "packages": {}}\n')
+    assert not installed(folder)
+    ensure_installed(folder, str(tmp_path / "npm"))
+    assert len(log.read_text().splitlines()) == 2
+    assert installed(folder)
+
+
+def test_a_failing_npm_ci_leaves_no_stamp(tmp_path: Path) -> None:
+    folder, _ = fake_npm(tmp_path)
+    failing = tmp_path / "npm-fails"
+    failing.write_text("#!/bin/sh\nexit 7\n")
+    failing.chmod(0o755)
+    with pytest.raises(subprocess.CalledProcessError):
+        ensure_installed(folder, str(failing))
+    assert not installed(folder)
+
+
+def test_the_launcher_refuses_an_unknown_client_with_the_contract_exit_status(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["node-nonesuch"]) == 2
+    assert main([]) == 2
+    assert "node-openai" in capsys.readouterr().err
+
+
+def test_without_node_the_launcher_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("middlebox.clients.node.launch.shutil.which", lambda name: None)
+    assert main(["node-openai"]) == 1
+    assert "apt-get install nodejs npm" in capsys.readouterr().err
+
+
+def test_the_lockfile_pins_every_dependency_exactly_and_names_no_registry_host() -> None:
+    package = json.loads((HERE / "package.json").read_text())
+    lock = json.loads((HERE / "package-lock.json").read_text())
+    for name, version in package["dependencies"].items():
+        assert version[0].isdigit(), f"{name} {version}: the matrix names exact versions"
+        assert lock["packages"][f"node_modules/{name}"]["version"] == version
+    assert all("resolved" not in entry for entry in lock["packages"].values())
+    assert all("integrity" in entry for key, entry in lock["packages"].items() if key)
+
+
+# --- the shared contract ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def npm_installed() -> None:
+    """Install before any client's clock starts: a fresh clone's first npm ci takes seconds."""
+    if node_available():
+        ensure_installed()
+
+
+def run_driver(name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    node = "node"
+    return subprocess.run(
+        [node, str(HERE / DRIVERS[name])],
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@with_node
+@pytest.mark.parametrize("name", NODE)
+def test_a_driver_without_the_contract_environment_exits_2_without_a_result(
+    npm_installed: None, name: str, tmp_path: Path
+) -> None:
+    done = run_driver(name, {"MIDDLEBOX_RESULT": str(tmp_path / "r.json")})
+    assert done.returncode == 2
+    assert "missing environment variable(s): OPENAI_BASE_URL, MIDDLEBOX_WORKLOAD" in done.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+BAD_WORKLOADS = {
+    "no requests": {"concurrency": 1},
+    "zero concurrency": {"concurrency": 0, "requests": []},
+    "unknown endpoint": {"requests": [{"index": 0, "endpoint": "embeddings", "body": {}}]},
+    "body not an object": {"requests": [{"index": 0, "body": "hi"}]},
+    "abandon after 0 tokens": {"requests": [{"index": 0, "body": {}, "abandon_after_tokens": 0}]},
+    "negative abandon seconds": {
+        "requests": [{"index": 0, "body": {}, "abandon_after_seconds": -1}]
+    },
+    "duplicate indexes": {"requests": [{"index": 0, "body": {}}, {"index": 0, "body": {}}]},
+}
+
+
+@with_node
+@pytest.mark.parametrize("why", list(BAD_WORKLOADS))
+def test_a_workload_that_breaks_the_contract_exits_2_without_a_result(
+    npm_installed: None, why: str, tmp_path: Path
+) -> None:
+    (tmp_path / "w.json").write_text(json.dumps(BAD_WORKLOADS[why]))
+    done = run_driver(
+        "node-fetch-naive",
+        {
+            "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+            "MIDDLEBOX_WORKLOAD": str(tmp_path / "w.json"),
+            "MIDDLEBOX_RESULT": str(tmp_path / "r.json"),
+        },
+    )
+    assert (done.returncode, (tmp_path / "r.json").exists()) == (2, False), done.stderr
+    assert "node-fetch-naive: ContractError: " in done.stderr
+
+
+@with_node
+def test_a_refused_connection_is_an_error_in_the_result_and_the_exit_status_is_0(
+    npm_installed: None, tmp_path: Path
+) -> None:
+    workload = {"requests": [{"index": 3, "body": {"model": "m", "stream": True}}]}
+    (tmp_path / "w.json").write_text(json.dumps(workload))
+    done = run_driver(
+        "node-fetch-naive",
+        {
+            "OPENAI_BASE_URL": f"http://127.0.0.1:{free_port()}/v1/",  # nothing listens
+            "MIDDLEBOX_WORKLOAD": str(tmp_path / "w.json"),
+            "MIDDLEBOX_RESULT": str(tmp_path / "r.json"),
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    (entry,) = result["results"]
+    assert entry["index"] == 3
+    assert entry["error"].startswith("TypeError: fetch failed")
+    assert "ECONNREFUSED" in entry["error"]  # the cause Node's fetch hides, shown
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+# --- each library on exact wire conditions ---------------------------------------------------
+
+
+def node_workload(client: str) -> dict[str, Any]:
+    """The built-in clients' wire conditions; node-eventsource skips the resumable one, whose
+    GET /v1/streams/{id} the scripted server (POSTs only) cannot answer."""
+    workload = workload_for(client)
+    if client == "node-eventsource":
+        workload["requests"] = [
+            {**r, "index": i}
+            for i, r in enumerate(
+                r for r in workload["requests"] if r["body"]["model"] != "resumable"
+            )
+        ]
+        workload["concurrency"] = len(workload["requests"])
+    return workload
+
+
+@pytest.fixture(scope="module")
+def runs(npm_installed: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    if not node_available():
+        pytest.skip("node is not installed here")  # with_node fails it under CI=true
+    tmp = tmp_path_factory.mktemp("node-clients")
+    started = [Started(c, BUILTIN_CLIENTS[c], tmp, node_workload(c)) for c in NODE]
+    try:
+        yield {s.client: s.finish() for s in started}
+    finally:
+        for s in started:
+            s.stop()
+
+
+def entry(runs: dict[str, Run], client: str, name: str) -> dict[str, Any]:
+    return runs[client].by_name[name]
+
+
+def outcome(runs: dict[str, Run], client: str, name: str) -> tuple[str, str | None]:
+    r = entry(runs, client, name)
+    return r["text"], r["error"]
+
+
+@with_node
+@pytest.mark.parametrize("client", NODE)
+def test_every_node_result_file_follows_the_contract(runs: dict[str, Run], client: str) -> None:
+    run = runs[client]
+    assert run.result["client"] == client
+    assert [r["index"] for r in run.result["results"]] == list(range(len(run.by_name)))
+    for r in run.result["results"]:
+        assert set(r) == {
+            "index", "text", "finish_reason", "error", "usage", "chunks", "started_at",
+            "ended_at", "attempts", "resumes", "saw_done", "abandoned",
+        }  # fmt: skip
+        assert r["text"] == "".join(piece for _, piece in r["chunks"])
+        assert r["started_at"] <= r["ended_at"]
+        assert all(r["started_at"] <= t <= r["ended_at"] for t, _ in r["chunks"])
+
+
+@with_node
+@pytest.mark.parametrize("client", POSTING)
+def test_a_complete_vllm_stream_is_shown_whole_with_its_finish_reason(
+    runs: dict[str, Run], client: str
+) -> None:
+    chat = entry(runs, client, "complete")
+    assert (chat["text"], chat["error"], chat["finish_reason"]) == (FULL, None, "stop")
+    assert chat["usage"] == {"prompt_tokens": 12, "total_tokens": 17, "completion_tokens": 5}
+    assert chat["attempts"] == 1
+    text = entry(runs, client, "complete-text")
+    assert (text["text"], text["error"], text["finish_reason"]) == (" Paris is.", None, "stop")
+
+
+@with_node
+def test_only_the_readers_that_see_done_themselves_say_so(runs: dict[str, Run]) -> None:
+    saw = {c: entry(runs, c, "complete")["saw_done"] for c in POSTING}
+    # Both SDKs consume [DONE] in their parsers and never tell the caller.
+    assert saw == {
+        "node-openai": False,
+        "node-ai-sdk": False,
+        "node-fetch-event-source": True,
+        "node-fetch-naive": True,
+    }
+
+
+@with_node
+@pytest.mark.parametrize("client", ["node-openai", "node-ai-sdk", "node-fetch-event-source"])
+def test_the_libraries_decode_a_split_character_correctly(
+    runs: dict[str, Run], client: str
+) -> None:
+    assert outcome(runs, client, "utf8-split") == ("".join(UTF8_PIECES), None)
+
+
+def utf8_split_apart(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
+    """Each multi-byte frame cut after a character's first byte, the halves 300 ms apart:
+    long enough that a reader busy starting up (or on a loaded machine) still reads them
+    as two reads, which is what per-read decoding needs to go wrong (20 ms is not: five
+    Node processes starting at once coalesced both halves into one read here)."""
+    conn.write(SSE_HEAD + b"\r\n")
+    frames = [chat_frame(None, role=True)]
+    frames += [
+        chat_frame(p, "stop" if i == len(UTF8_PIECES) - 1 else None)
+        for i, p in enumerate(UTF8_PIECES)
+    ]
+    for frame in [*frames, DONE_FRAME]:
+        cut = next((i + 1 for i, b in enumerate(frame) if b >= 0xC0), len(frame) // 2)
+        conn.write(http_chunk(frame[:cut]))
+        time.sleep(0.3)
+        conn.write(http_chunk(frame[cut:]))
+    return conn.write(END_CHUNK)
+
+
+@with_node
+@pytest.mark.parametrize("client", ["node-fetch-naive", "node-openai"])
+def test_only_the_naive_fetch_reader_shows_mojibake_for_a_character_split_across_reads(
+    npm_installed: None, tmp_path: Path, client: str
+) -> None:
+    server = WireServer({"utf8-split-apart": utf8_split_apart})
+    body = {
+        "model": "utf8-split-apart",
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    (tmp_path / "w.json").write_text(json.dumps({"requests": [{"index": 0, "body": body}]}))
+    try:
+        done = run_driver(
+            client,
+            {
+                "OPENAI_BASE_URL": server.base_url,
+                "MIDDLEBOX_WORKLOAD": str(tmp_path / "w.json"),
+                "MIDDLEBOX_RESULT": str(tmp_path / "r.json"),
+            },
+        )
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    (r,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert (r["error"], r["finish_reason"]) == (None, "stop")
+    if client == "node-fetch-naive":
+        # new TextDecoder().decode(chunk) flushes at each call: the lead byte alone at the end
+        # of one read is one U+FFFD, each orphan continuation byte of the next read another
+        # (ü: 1 + 1, 東: 1 + 2, 🙂: 1 + 3); only the first character of each frame is cut.
+        bad = "\ufffd"
+        assert r["text"] == f"Gr{bad * 2}ße aus {bad * 3}京 {bad * 4}"
+    else:
+        assert r["text"] == "".join(UTF8_PIECES)
+
+
+@with_node
+def test_a_clean_close_without_done_is_silent_for_all_but_the_ai_sdk(runs: dict[str, Run]) -> None:
+    for client in ["node-openai", "node-fetch-event-source", "node-fetch-naive"]:
+        assert outcome(runs, client, "clean-close") == (CUT, None), client
+    # @ai-sdk/openai-compatible checks for a finish_reason itself.
+    text, error = outcome(runs, "node-ai-sdk", "clean-close")
+    assert text == CUT
+    assert error == "InvalidResponseDataError: Response stream ended without a finish reason."
+
+
+@with_node
+@pytest.mark.parametrize("cut", ["rst", "truncated-chunked"])
+def test_a_broken_body_raises_in_the_sdks_and_the_naive_reader(
+    runs: dict[str, Run], cut: str
+) -> None:
+    for client in ["node-openai", "node-fetch-naive"]:
+        text, error = outcome(runs, client, cut)
+        # Node's fetch (undici) ends a broken body with "TypeError: terminated"; openai-node
+        # 6 lets it through unwrapped, as openai-python 1.x/2.x let httpx's errors through.
+        assert (text, (error or "").split(" (")[0]) == (CUT, "TypeError: terminated"), client
+    text, error = outcome(runs, "node-ai-sdk", cut)
+    assert text == CUT
+    assert (error or "").startswith("APICallError: Failed to process successful response")
+
+
+@with_node
+@pytest.mark.parametrize("cut", ["rst", "truncated-chunked"])
+def test_fetch_event_source_retries_a_broken_body_and_appends_the_new_answer(
+    runs: dict[str, Run], cut: str
+) -> None:
+    r = entry(runs, "node-fetch-event-source", cut)
+    # No onerror: the library retries after its 1 s interval, and onmessage keeps appending,
+    # so the user sees the cut start and then the whole answer again.
+    assert (r["text"], r["error"], r["attempts"]) == (CUT + FULL, None, 2)
+    assert [s.attempt for s in runs["node-fetch-event-source"].server.requests_for(cut)] == [1, 2]
+
+
+@with_node
+def test_a_429_with_retry_after_is_waited_out_by_both_sdks_and_fetch_event_source(
+    runs: dict[str, Run],
+) -> None:
+    for client in ["node-openai", "node-ai-sdk", "node-fetch-event-source"]:
+        r = entry(runs, client, "rate-limited")
+        assert (r["text"], r["error"], r["attempts"]) == (FULL, None, 2), client
+        first, second = runs[client].server.requests_for("rate-limited")
+        assert second.at - first.at >= 0.9, client  # Retry-After: 1 (fetch-event-source: 1 s)
+    text, error = outcome(runs, "node-fetch-naive", "rate-limited")
+    assert text == ""
+    assert (error or "").startswith('Error: HTTP 429: {"error":{"message":"Too many requests"')
+
+
+@with_node
+def test_an_in_band_error_frame_is_surfaced_by_every_posting_client(runs: dict[str, Run]) -> None:
+    errors = {c: outcome(runs, c, "inband-error") for c in POSTING}
+    assert all(text == "Hello" for text, _ in errors.values()), errors
+    assert errors["node-openai"][1] == "APIError: Internal server error"
+    assert errors["node-fetch-naive"][1] == "Error: Internal server error"
+    assert errors["node-fetch-event-source"][1] == "Error: Internal server error"
+    assert "Internal server error" in (errors["node-ai-sdk"][1] or "")
+
+
+@with_node
+def test_fetch_event_source_resends_last_event_id_but_shows_the_replayed_event_twice(
+    runs: dict[str, Run],
+) -> None:
+    r = entry(runs, "node-fetch-event-source", "resumable")
+    first, second = runs["node-fetch-event-source"].server.requests_for("resumable")
+    assert "last-event-id" not in first.headers
+    assert second.headers["last-event-id"] == "3"
+    # The server replays from id 3 inclusive; the library does not skip what it delivered.
+    assert (r["text"], r["error"]) == ("Hello,," + " world!", None)
+
+
+@with_node
+@pytest.mark.parametrize("client", ["node-openai", "node-ai-sdk", "node-fetch-naive"])
+def test_an_event_stream_with_ids_cut_short_is_no_resume_for_the_others(
+    runs: dict[str, Run], client: str
+) -> None:
+    text, error = outcome(runs, client, "resumable")
+    assert text == CUT
+    assert len(runs[client].server.requests_for("resumable")) == 1
+    assert error is not None  # FIN without the terminal chunk: a broken body
+
+
+@with_node
+def test_node_eventsource_refuses_a_server_that_is_not_resumable(runs: dict[str, Run]) -> None:
+    for name in ["complete", "clean-close", "rst", "utf8-split", "slow"]:
+        text, error = outcome(runs, "node-eventsource", name)
+        assert (text, error) == (
+            "",
+            "Error: the server offers no resumable stream (no X-Stream-Id)",
+        )
+    text, error = outcome(runs, "node-eventsource", "rate-limited")
+    assert text == ""
+    assert (error or "").startswith("Error: HTTP 429: ")
+
+
+@with_node
+@pytest.mark.parametrize("client", POSTING)
+def test_abandoning_after_three_tokens_stops_reading_and_closes_the_connection(
+    runs: dict[str, Run], client: str
+) -> None:
+    r = entry(runs, client, "slow")
+    assert (r["abandoned"], r["error"]) == (True, None)
+    assert [piece for _, piece in r["chunks"]] == [" t0", " t1", " t2"]
+    gone = runs[client].server.first_note("slow")["gone_after_token"]
+    assert gone is not None and gone < SLOW_TOKENS - 10
+
+
+@with_node
+@pytest.mark.parametrize("client", POSTING)
+def test_abandoning_after_a_second_of_silence_closes_the_connection_promptly(
+    runs: dict[str, Run], client: str
+) -> None:
+    r = entry(runs, client, "hang")
+    assert (r["abandoned"], r["error"]) == (True, None)
+    assert CUT.startswith(r["text"])
+    assert 0.99 <= r["ended_at"] - r["started_at"] < 4.0
+    closed_at = runs[client].server.first_note("hang")["closed_at"]
+    assert closed_at is not None and closed_at - r["started_at"] < 4.0
+
+
+@with_node
+@pytest.mark.parametrize("client", POSTING)
+def test_keep_alive_comments_are_no_text(runs: dict[str, Run], client: str) -> None:
+    assert outcome(runs, client, "heartbeats") == (FULL, None)
