@@ -13,6 +13,8 @@ token with `--stream-interval 1`), `tool_fragments` (N events carrying a tool-ca
 argument fragment, vLLM's `{"index": 0, "function": {"arguments": "..."}}` deltas: the cut
 lands inside the call's arguments, before its JSON closes), `reasoning_tokens` (N events
 carrying `delta.reasoning`: inside the reasoning phase, before the answer starts),
+`finish` (N events carrying a `finish_reason`, `count: 1` for an n=1 stream: the answer
+or tool call is complete and the connection dies before the usage chunk and `[DONE]`),
 `bytes` (N bytes of de-chunked response body), or `time` (seconds since the request's
 head arrived). Where: at the first position at
 or after that point that is an `event_boundary` (after a blank line, and after the
@@ -60,7 +62,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._lib.agent_events import carries_reasoning, tool_fragments
+from faults._lib.agent_events import carries_finish, carries_reasoning, tool_fragments
 from faults._lib.checks import check_choice, check_positive
 from faults._lib.events import token_bearing
 from faults._lib.items import merged
@@ -70,11 +72,11 @@ from middlebox.core.http1 import LAST_CHUNK_BYTES, Piece, PieceKind, encode_chun
 from middlebox.core.sse import SseKind, SsePiece, utf8_cut_offsets
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
-After = Literal["events", "tokens", "tool_fragments", "reasoning_tokens", "bytes", "time"]
+After = Literal["events", "tokens", "tool_fragments", "reasoning_tokens", "finish", "bytes", "time"]
 End = Literal["rst", "fin", "truncated_chunked", "hang"]
 At = Literal["event_boundary", "inside_data_line", "inside_utf8"]
 Toward = Literal["both", "client", "server"]
-_COUNTED = ("events", "tokens", "tool_fragments", "reasoning_tokens")
+_COUNTED = ("events", "tokens", "tool_fragments", "reasoning_tokens", "finish")
 
 
 @dataclass
@@ -106,6 +108,7 @@ class _Response:
     tokens: int = 0
     tool_fragments: int = 0
     reasoning_tokens: int = 0
+    finishes: int = 0
     threshold: int | None = None
     cut_body: int | None = None
     cut_wire: int | None = None
@@ -253,6 +256,7 @@ class Cut(HttpMatched, Fault):
                 response.tokens += token_bearing(line.event)
                 response.tool_fragments += tool_fragments(line.event)
                 response.reasoning_tokens += carries_reasoning(line.event)
+                response.finishes += carries_finish(line.event)
                 if response.threshold is None and self._reached(response):
                     self._arm(response, end, boundary=True)
                     return
@@ -287,6 +291,8 @@ class Cut(HttpMatched, Fault):
             return response.tool_fragments >= self.count
         if self.after == "reasoning_tokens":
             return response.reasoning_tokens >= self.count
+        if self.after == "finish":
+            return response.finishes >= self.count
         return False
 
     @staticmethod

@@ -52,3 +52,18 @@ def carries_reasoning(event: SseEvent) -> bool:
         for delta in _deltas(event)
         for key in ("reasoning", "reasoning_content")
     )
+
+
+def carries_finish(event: SseEvent) -> bool:
+    """The event carries a `finish_reason` (the model is done; usage and `[DONE]` follow)."""
+    if event.is_done or not event.data.startswith("{"):
+        return False
+    try:
+        chunk = json.loads(event.data)
+    except ValueError:
+        return False
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str)
+        for choice in choices
+    )

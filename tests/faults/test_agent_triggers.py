@@ -184,3 +184,20 @@ def test_a_tool_cut_gives_the_client_a_prefix_of_the_stream_however_tcp_splits_i
     assert wire.startswith(sent)
     assert sent.count(b'"arguments"') >= count  # never before the count-th fragment
     assert ends(out)[0][1] == Reset(DOWN)
+
+
+def test_a_cut_after_the_finish_chunk_leaves_the_call_complete_and_drops_only_done() -> None:
+    fault = Cut(after="finish", count=1)
+    out = replay(fault, timeline(TOOL_WRITES))
+    sent = down_bytes(out)
+    assert sent.endswith(encode_chunk(FINISH))
+    assert DONE not in sent
+    # head 1 s, role, name, four fragments, the finish chunk at 8 s
+    assert ends(out) == [(8.0, Reset(DOWN)), (8.0, Reset(UP))]
+
+
+def test_a_stream_without_a_finish_reason_is_never_cut_after_its_finish() -> None:
+    writes = [SSE_HEAD, *(encode_chunk(e) for e in TOOL_EVENTS[:-2]), LAST_CHUNK_BYTES]
+    fault = Cut(after="finish", count=1)
+    assert down_bytes(replay(fault, timeline(writes))) == b"".join(writes)
+    assert fault.reports == []
