@@ -27,6 +27,7 @@ into fragments of 1-5 characters at seeded points, so cuts land inside strings a
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -121,10 +122,15 @@ def tool_choice_error(body: Mapping[str, Any]) -> str | None:
 
 
 def json_value(schema: Any, rng: random.Random, depth: int = 0) -> Any:
-    """A value valid under the schema subset vLLM's guided decoding is asked for most:
-    object (properties, required), string, number, integer, boolean, array, enum, const."""
+    """A value valid under the schema subset vLLM's guided decoding is asked for most: object
+    (properties, required), string (min/maxLength), number and integer (minimum/maximum),
+    boolean, array (items, min/maxItems), enum, const, anyOf/oneOf (a seeded branch)."""
     if not isinstance(schema, Mapping):
         schema = {}
+    for union in ("anyOf", "oneOf"):
+        branches = schema.get(union)
+        if isinstance(branches, list) and branches:
+            return json_value(rng.choice(branches), rng, depth)
     if "const" in schema:
         return schema["const"]
     if isinstance(schema.get("enum"), list) and schema["enum"]:
@@ -137,7 +143,9 @@ def json_value(schema: Any, rng: random.Random, depth: int = 0) -> Any:
     if kind == "object":
         properties = schema.get("properties")
         if not isinstance(properties, Mapping):
-            properties = {} if depth else DEFAULT_JSON_SCHEMA["properties"]
+            # json_object (no schema) at the top: an object with something in it, as a model
+            # asked for JSON writes; nested free-form objects stay empty.
+            return json_value(DEFAULT_JSON_SCHEMA, rng, depth + 1) if depth == 0 else {}
         required = schema.get("required")
         required = set(required) if isinstance(required, list) else set()
         return {
@@ -146,22 +154,34 @@ def json_value(schema: Any, rng: random.Random, depth: int = 0) -> Any:
             if name in required or rng.random() < 0.7
         }
     if kind == "array":
-        low = int(schema.get("minItems", 1))
-        high = max(low, min(int(schema.get("maxItems", low + 2)), low + 3))
-        return [
-            json_value(schema.get("items"), rng, depth + 1) for _ in range(rng.randint(low, high))
-        ]
+        low = int(_bound(schema, "minItems", 1))
+        high = max(low, min(int(_bound(schema, "maxItems", low + 2)), low + 3))
+        count = rng.randint(low, high)
+        return [json_value(schema.get("items"), rng, depth + 1) for _ in range(count)]
     if kind == "integer":
-        return rng.randint(int(schema.get("minimum", -5)), int(schema.get("maximum", 40)))
+        low = math.ceil(_bound(schema, "minimum", -5))
+        return rng.randint(low, max(low, math.floor(_bound(schema, "maximum", 40))))
     if kind == "number":
-        return round(
-            rng.uniform(float(schema.get("minimum", -10)), float(schema.get("maximum", 99))), 2
-        )
+        bottom = _bound(schema, "minimum", -10)
+        top = max(bottom, _bound(schema, "maximum", 99))
+        return min(top, max(bottom, round(rng.uniform(bottom, top), 2)))
     if kind == "boolean":
         return rng.random() < 0.5
     if kind == "null":
         return None
-    return rng.choice(_WORDS)
+    word = rng.choice(_WORDS)
+    shortest = int(_bound(schema, "minLength", 0))
+    word = word + "x" * max(0, shortest - len(word))
+    return word[: max(shortest, int(_bound(schema, "maxLength", len(word))))]
+
+
+def _bound(schema: Mapping[str, Any], key: str, default: float) -> float:
+    """A numeric schema keyword, or the default when absent or not a number: a schema the
+    emulator cannot honour still gets an answer, never a 500."""
+    value = schema.get(key)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return default
 
 
 def to_json(value: Any) -> str:
@@ -209,7 +229,7 @@ def planned_calls(
     for index in range(count):
         function = tools[index % len(tools)]["function"]
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
-        arguments = to_json(json_value(parameters, rng, 1 if "properties" in parameters else 0))
+        arguments = to_json(json_value(parameters, rng, 1))
         call_id = f"chatcmpl-tool-{rng.getrandbits(options.id_hex * 4):0{options.id_hex}x}"
         calls.append(ToolCall(index, call_id, str(function.get("name", "")), arguments))
     return calls

@@ -261,3 +261,26 @@ def test_the_plan_is_a_pure_function_of_seed_and_request() -> None:
     body = {"tools": [WEATHER], "tool_choice": "required"}
     assert plan(body, seed=9) == plan(body, seed=9)
     assert plan(body, seed=9).tool_calls != plan(body, seed=10).tool_calls
+
+
+@pytest.mark.parametrize(
+    ("schema", "check"),
+    [
+        ({"type": "integer", "minimum": 3, "maximum": 3}, lambda v: v == 3),
+        ({"type": "number", "minimum": 0.5, "maximum": 0.75}, lambda v: 0.5 <= v <= 0.75),
+        ({"type": "string", "maxLength": 2}, lambda v: isinstance(v, str) and len(v) <= 2),
+        ({"type": "string", "minLength": 30}, lambda v: len(v) >= 30),
+        (
+            {"anyOf": [{"type": "boolean"}, {"const": 7}]},
+            lambda v: v is True or v is False or v == 7,
+        ),
+        ({"type": ["null", "integer"]}, lambda v: isinstance(v, int)),
+        ({"type": "array", "minItems": "two"}, lambda v: isinstance(v, list)),  # junk bound
+        ({"type": "object"}, lambda v: isinstance(v, dict) and v),  # top level: a default object
+    ],
+)
+def test_schema_bounds_are_honoured_and_junk_never_crashes(
+    schema: dict[str, Any], check: Any
+) -> None:
+    for seed in range(20):
+        assert check(agent.json_value(schema, random.Random(seed)))
