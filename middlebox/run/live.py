@@ -150,12 +150,27 @@ class ControlClient:
 
     @contextmanager
     def fault(self, fault: str, at: int | None = None, **options: Any) -> Iterator[int]:
-        """`add_fault` for the block: the fault is removed on exit, however it ends."""
+        """`add_fault` for the block: the fault is removed on exit, however it ends (the
+        one added, found again by its name and options if others were added meanwhile)."""
         index = self.add_fault(fault, at, **options)
+        added = self.faults()[index]
         try:
             yield index
         finally:
-            self.remove_fault(index)
+            self.remove_fault(self._find(added, index))
+
+    def _find(self, entry: dict[str, Any], near: int) -> int:
+        """Where `entry` (a `faults()` item) is now: at `near` if it is still there, else
+        the same fault with the same options nearest to it."""
+        now = self.faults()
+        same = [
+            f["index"]
+            for f in now
+            if f["fault"] == entry["fault"] and f["options"] == entry["options"]
+        ]
+        if not same:
+            raise ControlError(404, f"the {entry['fault']} fault added here is gone")
+        return int(min(same, key=lambda i: abs(i - near)))
 
     @contextmanager
     def changed(self, fault: int | str, **options: Any) -> Iterator[dict[str, Any]]:
@@ -167,7 +182,7 @@ class ControlClient:
         finally:
             restore: dict[str, Any] = {name: None for name in now["options"]}
             restore.update(before["options"])
-            self.change_fault(before["index"], **restore)
+            self.change_fault(self._find(now, before["index"]), **restore)
 
     # -- whole scenarios
 

@@ -64,6 +64,8 @@ from middlebox.shell.server import Address, ProxyServer, relay_clock_offset, run
 log = logging.getLogger("middlebox.shell.control")
 
 MAX_BODY = 1024 * 1024
+# `/faults` bodies are parsed on the event loop (PUT /scenario's in a worker thread).
+MAX_FAULT_BODY = 64 * 1024
 REQUEST_TIMEOUT = 10.0
 PEEK_TIMEOUT = 5.0
 PEEK_LIMIT = 64 * 1024
@@ -380,6 +382,9 @@ class ControlApi:
                 return Response.json(200, scenario_json(proxy.scenario))
             return Response.json(405, {"error": "use GET, PUT or DELETE"})
         if path == "/faults" or path.startswith("/faults/"):
+            if len(body) > MAX_FAULT_BODY:
+                # one fault's options: small, so the loader's parse never stalls the relay
+                return Response.json(413, {"error": f"a fault body over {MAX_FAULT_BODY} bytes"})
             try:
                 return self.faults(method, path, body)
             except EditError as error:

@@ -232,3 +232,11 @@ async def test_status_lines_carry_the_reason_phrase_on_the_wire() -> None:
                     head += data
                 await stream.aclose()
                 assert head.startswith(line)
+
+
+def test_a_fault_body_over_64_kib_is_refused_before_it_is_parsed() -> None:
+    api = api_for()
+    huge = json.dumps({"set_header": {"headers": {"x": "y" * 70_000}}}).encode()
+    status, answer = call(api, "POST", "/faults", huge)
+    assert status == 413 and "over 65536 bytes" in answer["error"]
+    assert names(api) == []

@@ -197,3 +197,37 @@ def test_the_proxy_banner_with_a_control_api_is_recognised_and_others_are_not() 
     assert control_banner(line) == line.strip()
     assert control_banner("listening on http://127.0.0.1:4100 -> 127.0.0.1:8000\n") is None
     assert control_banner("warning: upstream 127.0.0.1:8000 is not reachable now\n") is None
+
+
+def test_a_block_removes_the_fault_it_added_even_after_others_were_added_before_it() -> None:
+    api = api_for_test()
+    control = ControlClient(transport=route_transport(api))
+    with control.fault("latency", delay="1ms") as index:
+        assert index == 0
+        control.add_fault("slicer", at=0, size=1)  # the block's fault moves to index 1
+        with control.changed("latency", delay="2ms"):
+            control.add_fault("cut", at=0, count=3)  # and to index 2
+        assert control.faults()[2]["options"] == {"delay": "1ms"}
+    assert [f["fault"] for f in control.faults()] == ["cut", "slicer"]
+    with pytest.raises(ControlError, match="added here is gone"), control.fault("slicer", size=9):
+        control.clear_faults()
+
+
+def api_for_test() -> Any:
+    from middlebox.compose import PROXY_STAGES
+    from middlebox.run.serve import LIBRARY_SCENARIOS
+    from middlebox.shell.control import ControlApi, ControlledProxy, pass_through
+    from middlebox.shell.server import Address
+
+    proxy = ControlledProxy(
+        Address("127.0.0.1", 9), pass_through(), stages=PROXY_STAGES, loader=LIBRARY_SCENARIOS
+    )
+    return ControlApi(proxy)
+
+
+def route_transport(api: Any) -> Callable[[str, str, bytes], tuple[int, bytes]]:
+    def send(method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        response = api.route(method, path, {}, body)
+        return response.status, response.body
+
+    return send
