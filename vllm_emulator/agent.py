@@ -206,11 +206,15 @@ def fragments(text: str, rng: random.Random) -> list[str]:
 @dataclass(frozen=True)
 class Options:
     """The emulator settings that shape agent output (EmulatorConfig's fields of the same
-    name) and the tool-call id length of the profile (random_uuid(): 16 hex, 0.11: 32)."""
+    name), the tool-call id length of the profile (random_uuid(): 16 hex, 0.11: 32) and the
+    seed of the ids: vLLM draws a call id at random per response (make_tool_call_id), not
+    from the sampling seed, so a retry pinned by `seed` gets the same arguments under a new
+    id; the engine passes a seed from its own id stream."""
 
     reasoning_tokens: int = 0
     tool_calls_per_response: int = 1
     id_hex: int = 16
+    id_seed: int = 0
 
 
 def planned_calls(
@@ -226,11 +230,12 @@ def planned_calls(
     else:
         count = max(1, options.tool_calls_per_response)
     calls = []
+    ids = random.Random(options.id_seed)
     for index in range(count):
         function = tools[index % len(tools)]["function"]
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
         arguments = to_json(json_value(parameters, rng, 1))
-        call_id = f"chatcmpl-tool-{rng.getrandbits(options.id_hex * 4):0{options.id_hex}x}"
+        call_id = f"chatcmpl-tool-{ids.getrandbits(options.id_hex * 4):0{options.id_hex}x}"
         calls.append(ToolCall(index, call_id, str(function.get("name", "")), arguments))
     return calls
 

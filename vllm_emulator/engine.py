@@ -14,6 +14,7 @@ Runs on the asyncio loop of the server (loop.call_at, asyncio.Event); knows no H
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import sys
 import time
@@ -336,7 +337,9 @@ class Engine:
             options = agent.Options(config.reasoning_tokens, config.tool_calls_per_response,
                                     wire.id_hex_length(config.profile))  # fmt: skip
             agents = [agent.plan_choice(seed, request.body, request.max_tokens, request.limit,
-                                        natural, request.stop, options)
+                                        natural, request.stop,
+                                        dataclasses.replace(options,
+                                                            id_seed=self.ids.getrandbits(64)))
                       for seed in seeds]  # fmt: skip
             plans = [planned.plan for planned in agents if planned is not None]
         else:

@@ -325,3 +325,18 @@ def test_tool_choice_none_answers_in_plain_text(emulator: Any) -> None:
     (entry,) = server.ledger()
     assert entry["output_kind"] == "text" and entry["planned_tool_calls"] == []
     assert entry["text"] == entry["planned_text"] != ""
+
+
+def test_a_seeded_retry_gets_the_same_arguments_under_a_new_call_id(emulator: Any) -> None:
+    # vLLM's make_tool_call_id is random per response, whatever the sampling seed: the id
+    # cannot serve as an idempotency key across retries, the arguments are what repeats.
+    server = emulator()
+    body = chat(tools=[WEATHER], tool_choice=NAMED, seed=5)
+    first, second = (
+        json.loads(server.request("POST", "/v1/chat/completions", body)[2])["choices"][0][
+            "message"
+        ]["tool_calls"][0]
+        for _ in range(2)
+    )
+    assert first["function"] == second["function"]
+    assert first["id"] != second["id"]
