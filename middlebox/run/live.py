@@ -237,6 +237,12 @@ class ControlClient:
             if name.startswith(prefix) and value
         }
 
+    def never_fired(self) -> list[str]:
+        """The active path's faults that fired on no connection since the counters were
+        reset: the live form of a run's proof that each declared fault took effect."""
+        fired = self.fired()
+        return [f["fault"] for f in self.faults() if f["fault"] not in fired]
+
     def reset_counters(self) -> None:
         """Zero the counters and forget the journals (between tests)."""
         self.request("POST", "/counters/reset")

@@ -54,11 +54,15 @@ async def test_a_fault_added_for_a_block_fires_on_the_stream_and_is_gone_afterwa
             while run.proxy.active:
                 await trio.sleep(0.01)
             seen["fired"] = await in_thread(control.fired)
+            await in_thread(lambda: control.add_fault("slicer", size=1))
+            seen["never"] = await in_thread(control.never_fired)
+            await in_thread(lambda: control.remove_fault("slicer"))
             await in_thread(lambda: control.remove_fault(index))
             seen["after"] = await in_thread(control.faults)
             assert index == 0
             assert seen["faults"] == [{"index": 0, "fault": "latency", "options": {"delay": "1ms"}}]
             assert seen["fired"] == {"latency": 1}
+            assert seen["never"] == ["slicer"]  # added after the stream: it saw none
             assert seen["after"] == []
             journals = await in_thread(control.journals)
             assert [j["faults_fired"] for j in journals] == [["latency"]]
