@@ -80,6 +80,7 @@ import sys
 from collections.abc import Iterator, MutableMapping
 
 from middlebox.clients import envs
+from middlebox.clients.node import NODE_CLIENTS, node_available
 
 
 class ClientRegistry(MutableMapping[str, list[str]]):
@@ -139,6 +140,8 @@ SCENARIO_CLIENTS = ("tools-naive", "openai-tools")
 # matrix's clients (docs/compatibility.md) are scored when named, or all by `make matrix`.
 DEFAULT_CLIENTS = ("raw", "openai", "httpx-sse", "resilient", "browser", "browser-eventsource")
 
+BUILTIN_CLIENTS.update(NODE_CLIENTS)  # node-openai, node-ai-sdk, ...: middlebox/clients/node
+
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/bin/chromium")
 
 
@@ -161,4 +164,5 @@ def available_clients(*, every: bool = False) -> list[str]:
         for name in BUILTIN_CLIENTS
         if (every or name in DEFAULT_CLIENTS)
         and (not name.startswith("browser") or chromium_path() is not None)
+        and (name not in NODE_CLIENTS or node_available())
     ]

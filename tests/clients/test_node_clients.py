@@ -81,7 +81,7 @@ def test_the_node_clients_are_never_scored_by_default() -> None:
 
 
 def test_without_node_the_node_clients_are_not_offered(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(node_clients.shutil, "which", lambda name: None)
+    monkeypatch.setattr("middlebox.clients.node.shutil.which", lambda name: None)
     node_available.cache_clear()
     try:
         assert node_available() is False
@@ -91,7 +91,7 @@ def test_without_node_the_node_clients_are_not_offered(monkeypatch: pytest.Monke
 
 
 def test_a_node_older_than_20_is_not_enough(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(node_clients.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr("middlebox.clients.node.shutil.which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(node_clients, "node_version", lambda node: (18, 20, 4))
     node_available.cache_clear()
     try:
