@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint fmt bench calibrate soak clean vllm test-vllm
+.PHONY: run test lint fmt bench calibrate soak clean vllm test-vllm matrix
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,12 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(BIN)/middlebox run scenarios/ --report reports/latest
+
+# Every scenario against every built-in client, one client at a time (clients with their
+# own environments build them on first use): writes docs/compatibility.md and
+# reports/matrix/. Takes a while (tens of minutes); MATRIX_JOBS scenarios run at once.
+matrix: $(STAMP)
+	$(BIN)/python -m middlebox.run.matrix scenarios/ --jobs $${MATRIX_JOBS:-2} --out docs/compatibility.md --report reports/matrix
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -18,6 +18,7 @@ proxy.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -83,7 +84,13 @@ async def session(env: ClientEnv) -> AsyncIterator[Handler]:
 
 
 def main() -> int:
-    return run_client("litellm", session)
+    code = run_client("litellm", session)
+    # The result is written: leave now. The library's exit hooks (background logging
+    # and telemetry workers) can hold the interpreter for tens of seconds, which the
+    # runner would count against the scenario's bound as a hang the user never saw.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

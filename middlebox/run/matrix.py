@@ -1,0 +1,192 @@
+"""`make matrix`: every scenario against every built-in client, as one compatibility table.
+
+Each client is run over the whole scenario library on its own (`run_suite` with that one
+client), one client after another: a scenario's clients otherwise start at once, and a
+dozen interpreters importing litellm, LangChain or Chromium side by side on a small
+machine would eat the scenarios' client bounds and turn slow imports into hangs. Before a
+client runs, its environment is prepared outside every bound (`BUILTIN_CLIENTS[name]`
+builds a locked Python environment, the Node launcher's `ensure_installed` runs `npm ci`).
+
+The result is plain data (`matrix.json`: clients with library versions and defaults, one
+cell per scenario and client) rendered by `middlebox.report.compatibility` into
+docs/compatibility.md. The agent clients (`SCENARIO_CLIENTS`) are left out: they are scored
+only in the scenarios that name them.
+
+    python -m middlebox.run.matrix [SCENARIOS...] [--client NAME ...] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import middlebox
+from middlebox import clients as registry
+from middlebox.clients import envs
+from middlebox.clients.facts import CLIENT_FACTS, ClientFacts
+from middlebox.report.compatibility import compatibility_markdown
+from middlebox.report.scorecard import cell
+from middlebox.run.suite import run_suite
+
+NODE_PACKAGE = Path(registry.__file__).resolve().parent / "node" / "package.json"
+
+
+def matrix_clients() -> list[str]:
+    """Every built-in client this machine can run, but the agent clients."""
+    agents = set(getattr(registry, "SCENARIO_CLIENTS", ()))
+    return [name for name in registry.available_clients(every=True) if name not in agents]
+
+
+def node_clients() -> set[str]:
+    return set(getattr(registry, "NODE_CLIENTS", {}))
+
+
+def _command_version(argv: list[str]) -> str:
+    if shutil.which(argv[0]) is None:
+        return "?"
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    words = out.stdout.split()
+    return next((w.lstrip("v") for w in words if w[:1].isdigit() or w[:2] == "v2"), "?")
+
+
+def client_version(name: str, facts: ClientFacts) -> str:
+    """The version of the library `name` drives, as installed or pinned for it."""
+    if name in envs.LOCKED_CLIENTS:
+        return envs.library_version(name)
+    if name in node_clients():
+        pinned = json.loads(NODE_PACKAGE.read_text()).get("dependencies", {})
+        if facts.library in pinned:
+            return str(pinned[facts.library])
+        return "node " + _command_version(["node", "--version"])
+    if facts.runtime == "chromium":
+        chromium = registry.chromium_path()
+        return _command_version([chromium, "--version"]) if chromium else "?"
+    if not facts.library:
+        return f"middlebox {middlebox.__version__}"
+    try:
+        return importlib.metadata.version(facts.library)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def prepare(name: str) -> None:
+    """Build the client's environment now, outside every scenario's bound."""
+    registry.BUILTIN_CLIENTS[name]  # a locked client's environment is built by the lookup
+    if name in node_clients():
+        from middlebox.clients.node import launch
+
+        launch.ensure_installed()
+
+
+def client_row(name: str) -> dict[str, Any]:
+    facts = CLIENT_FACTS.get(name, ClientFacts("?", "?", "?", "?", "?"))
+    return {
+        "name": name,
+        "library": facts.library,
+        "version": client_version(name, facts),
+        "runtime": facts.runtime,
+        "timeout": facts.timeout,
+        "retries": facts.retries,
+        "resume": facts.resume,
+        "fixes": dict(facts.fixes),
+    }
+
+
+def cells_of(document: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
+    """scenario -> this client's cell, from one run's report document."""
+    cells: dict[str, dict[str, Any]] = {}
+    for scenario in document["scenarios"]:
+        found = [r for r in scenario.get("results", []) if r["client"] == name]
+        if not found:
+            status = scenario.get("status") or "not run"
+            cells[scenario["name"]] = {"cell": "-", "verdicts": [], "passed": None, "why": status}
+            continue
+        result = found[0]
+        text, _ = cell(result)
+        cells[scenario["name"]] = {
+            "cell": text,
+            "verdicts": [request["verdict"] for request in result["requests"]],
+            "passed": result["passed"],
+            "why": "",
+        }
+    return cells
+
+
+def run_matrix(
+    targets: Sequence[str],
+    names: Sequence[str],
+    *,
+    jobs: int,
+    report_dir: Path,
+) -> dict[str, Any]:
+    """Run every scenario for each client in turn; the matrix as plain data."""
+    rows: list[dict[str, Any]] = []
+    cells: dict[str, dict[str, dict[str, Any]]] = {}
+    scenarios: list[str] = []
+    for number, name in enumerate(names, start=1):
+        print(f"matrix: [{number}/{len(names)}] {name}", file=sys.stderr, flush=True)
+        prepare(name)
+        suite = run_suite(targets, client_names=[name], jobs=jobs, report_dir=report_dir / name)
+        document = suite.document()
+        for scenario in document["scenarios"]:
+            if scenario["name"] not in scenarios:
+                scenarios.append(scenario["name"])
+        cells[name] = cells_of(document, name)
+        rows.append(client_row(name))
+    return {
+        "generated": datetime.date.today().isoformat(),
+        "middlebox": middlebox.__version__,
+        "python": platform.python_version(),
+        "command": f"python -m middlebox.run.matrix {' '.join(targets)} --jobs {jobs}",
+        "clients": rows,
+        "scenarios": scenarios,
+        "cells": cells,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m middlebox.run.matrix",
+        description="Every scenario against every client: writes docs/compatibility.md.",
+    )
+    parser.add_argument("targets", nargs="*", default=["scenarios/"])
+    parser.add_argument("--client", action="append", dest="clients", help="only these")
+    parser.add_argument("--jobs", type=int, default=2, help="scenarios run at once")
+    parser.add_argument("--out", default="docs/compatibility.md")
+    parser.add_argument("--report", default="reports/matrix", help="reports and matrix.json")
+    args = parser.parse_args(argv)
+    names = args.clients or matrix_clients()
+    unknown = [name for name in names if name not in registry.BUILTIN_CLIENTS]
+    if unknown:
+        parser.error(f"unknown client(s): {', '.join(unknown)}")
+    report_dir = Path(args.report)
+    matrix = run_matrix(args.targets, names, jobs=args.jobs, report_dir=report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "matrix.json").write_text(json.dumps(matrix, indent=1))
+    Path(args.out).write_text(compatibility_markdown(matrix))
+    failed = [
+        f"{scenario}/{name}"
+        for name, column in matrix["cells"].items()
+        for scenario, entry in column.items()
+        if entry["passed"] is False
+    ]
+    print(f"matrix: wrote {args.out} and {report_dir / 'matrix.json'}", file=sys.stderr)
+    if failed:
+        print(f"matrix: expectations failed in {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
