@@ -25,7 +25,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,8 +130,10 @@ def run_matrix(
     *,
     jobs: int,
     report_dir: Path,
+    on_client: Callable[[dict[str, Any]], None] = lambda matrix: None,
 ) -> dict[str, Any]:
-    """Run every scenario for each client in turn; the matrix as plain data."""
+    """Run every scenario for each client in turn; the matrix as plain data, handed to
+    `on_client` after each client too (a long run leaves its table so far)."""
     rows: list[dict[str, Any]] = []
     cells: dict[str, dict[str, dict[str, Any]]] = {}
     scenarios: list[str] = []
@@ -145,15 +147,32 @@ def run_matrix(
                 scenarios.append(scenario["name"])
         cells[name] = cells_of(document, name)
         rows.append(client_row(name))
+        on_client(matrix_document(targets, jobs, rows, scenarios, cells))
+    return matrix_document(targets, jobs, rows, scenarios, cells)
+
+
+def matrix_document(
+    targets: Sequence[str],
+    jobs: int,
+    rows: list[dict[str, Any]],
+    scenarios: list[str],
+    cells: dict[str, dict[str, dict[str, Any]]],
+) -> dict[str, Any]:
     return {
         "generated": datetime.date.today().isoformat(),
         "middlebox": middlebox.__version__,
         "python": platform.python_version(),
         "command": f"python -m middlebox.run.matrix {' '.join(targets)} --jobs {jobs}",
-        "clients": rows,
-        "scenarios": scenarios,
-        "cells": cells,
+        "clients": list(rows),
+        "scenarios": list(scenarios),
+        "cells": dict(cells),
     }
+
+
+def write_matrix(matrix: dict[str, Any], out: Path, report_dir: Path) -> None:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "matrix.json").write_text(json.dumps(matrix, indent=1))
+    out.write_text(compatibility_markdown(matrix))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,10 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown client(s): {', '.join(unknown)}")
     report_dir = Path(args.report)
-    matrix = run_matrix(args.targets, names, jobs=args.jobs, report_dir=report_dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "matrix.json").write_text(json.dumps(matrix, indent=1))
-    Path(args.out).write_text(compatibility_markdown(matrix))
+    out = Path(args.out)
+    matrix = run_matrix(
+        args.targets,
+        names,
+        jobs=args.jobs,
+        report_dir=report_dir,
+        on_client=lambda so_far: write_matrix(so_far, out, report_dir),
+    )
+    write_matrix(matrix, out, report_dir)
     failed = [
         f"{scenario}/{name}"
         for name, column in matrix["cells"].items()
