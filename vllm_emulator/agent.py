@@ -8,13 +8,13 @@ tool-call-named-stream.txt, json-schema-stream.txt):
   chunk naming the call (`id` `chatcmpl-tool-<hex>`, `type`, `index`, `function.name`, with
   `content: null`), then one chunk per token whose delta is an argument fragment, and keeps
   the engine's finish reason (`stop`, or `length` when `max_tokens` cuts it).
-- `tool_choice: "required"` decodes a JSON list `[{"name": ..., "parameters": {...}}, ...]`
-  and `auto` lets the model write hermes markup (`<tool_call>\\n{"name": ..., "arguments":
-  {...}}\\n</tool_call>`); the parser hides the markup tokens (no chunk at all), names each
-  call once its name is parsed and streams its arguments in fragments. The finish reason is
-  `tool_calls` once any call was streamed, even when `max_tokens` cut the arguments
-  (serving.py: `auto_tools_called` only asks whether a call began), which is how a client
-  that trusts `finish_reason` ends up acting on half a call.
+- `tool_choice: "required"` and `auto` both have the model write the parser's hermes markup,
+  `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` once per call, back to back
+  (a real 0.32.0 under `required` wrote exactly that); the parser hides the markup tokens (no
+  chunk at all: 200 tokens gave 13 chunks there), names each call in a chunk of its own once
+  its name is parsed and streams its arguments in fragments. The finish reason is
+  `tool_calls` when the engine stopped after a call, and stays `length` when `max_tokens` cut
+  it (seen on the real 0.32.0), an empty delta `{}` when the cut lands in markup.
 - `response_format` json_object / json_schema streams the JSON as ordinary content tokens; it
   is valid JSON only once complete, and the EOS that ends it comes as an empty delta `{}`.
 - A reasoning parser streams the reasoning phase as `delta.reasoning` (0.32, 0.33; 0.11:
@@ -247,14 +247,12 @@ def _call_tokens(call: ToolCall, how: Mode, rng: random.Random) -> list[Token]:
     args = [(TOOL_ARGS, call.index, piece) for piece in fragments(call.arguments, rng)]
     if how == "named":
         return args
-    key = "arguments" if how == "auto" else "parameters"
-    opening = ["<tool_call>", "\n"] if how == "auto" else []
-    head = [*opening, '{"', "name", '": "', call.name]
+    head = ["<tool_call>", "\n", '{"', "name", '": "', call.name]
     markup: list[Token] = [(SILENT, call.index, text) for text in head]
-    # The parser names the call once the name's closing quote arrives (hermes, required).
+    # The hermes parser names the call once the name's closing quote arrives.
     markup.append((TOOL_NAME, call.index, '", "'))
-    markup += [(SILENT, call.index, key), (SILENT, call.index, '": ')]
-    closing = ["}", "\n", "</tool_call>"] if how == "auto" else ["}"]
+    markup += [(SILENT, call.index, "arguments"), (SILENT, call.index, '": ')]
+    closing = ["}", "\n", "</tool_call>"]
     return markup + args + [(SILENT, call.index, text) for text in closing]
 
 
@@ -269,14 +267,8 @@ def _body_tokens(
             schema = spec.get("schema", {}) if isinstance(spec, Mapping) else {}
         return [(CONTENT, -1, piece) for piece in fragments(to_json(json_value(schema, rng)), rng)]
     tokens: list[Token] = []
-    if how == "required":
-        tokens.append((SILENT, -1, "["))
-    for number, call in enumerate(calls):
-        if number:
-            tokens.append((SILENT, -1, ", " if how == "required" else "\n"))
+    for call in calls:
         tokens += _call_tokens(call, how, rng)
-    if how == "required":
-        tokens.append((SILENT, -1, "]"))
     return tokens
 
 
@@ -342,7 +334,7 @@ def plan_choice(
     channels = tuple(channel for channel, _, _ in tokens)
     streamed_call = TOOL_NAME in channels or (how == "named" and TOOL_ARGS in channels)
     finish = engine_finish
-    if how in ("required", "auto") and streamed_call:
+    if how in ("required", "auto") and streamed_call and engine_finish == "stop":
         finish = "tool_calls"
     deltas = tuple(text if channel in (CONTENT, REASONING, TOOL_ARGS) else ""
                    for channel, _, text in tokens)  # fmt: skip

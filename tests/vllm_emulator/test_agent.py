@@ -205,19 +205,28 @@ def test_auto_hides_hermes_markup_names_each_call_once_and_finishes_with_tool_ca
     assert planned.plan.finish_reason == "tool_calls" and planned.engine_finish_reason == "stop"
 
 
-def test_auto_cut_inside_the_arguments_still_says_tool_calls_as_vllms_stream_does() -> None:
-    whole = plan({"tools": [WEATHER]})
-    first_args = whole.channels.index(TOOL_ARGS)
-    cut = plan({"tools": [WEATHER]}, max_tokens=first_args + 2)
-    assert cut.plan.finish_reason == "tool_calls"  # a call began: serving.py says tool_calls
-    assert cut.engine_finish_reason == "length" and not cut.complete
+def test_a_call_cut_inside_its_arguments_ends_in_length_not_tool_calls() -> None:
+    # As a real 0.32.0 streamed a `required` answer cut by max_tokens: `length`, so only a
+    # client that reads the reason knows the call is partial.
+    for choice in ("auto", "required"):
+        body = {"tools": [WEATHER], "tool_choice": choice}
+        whole = plan(body)
+        cut = plan(body, max_tokens=whole.channels.index(TOOL_ARGS) + 2)
+        assert cut.plan.finish_reason == cut.engine_finish_reason == "length"
+        assert not cut.complete and TOOL_NAME in cut.channels
 
 
-def test_required_writes_a_json_list_of_name_and_parameters() -> None:
+def test_required_writes_the_same_hermes_markup_back_to_back() -> None:
+    # A real 0.32.0 with --tool-call-parser hermes wrote `<tool_call>...</tool_call>` per
+    # call under tool_choice "required", with nothing between the calls.
     planned = plan({"tools": [WEATHER, EMAIL], "tool_choice": "required"}, calls=2)
-    parsed = json.loads(planned.raw_answer)
+    first, second = planned.raw_answer.removeprefix("<tool_call>\n").split(
+        "\n</tool_call><tool_call>\n"
+    )
+    assert second.endswith("\n</tool_call>")
+    parsed = [json.loads(first), json.loads(second.removesuffix("\n</tool_call>"))]
     assert [item["name"] for item in parsed] == ["get_weather", "send_email"]
-    assert [agent.to_json(item["parameters"]) for item in parsed] == [
+    assert [agent.to_json(item["arguments"]) for item in parsed] == [
         call.arguments for call in planned.tool_calls
     ]
     assert planned.plan.finish_reason == "tool_calls"
