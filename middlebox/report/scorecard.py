@@ -145,8 +145,10 @@ def symptom_table(document: dict[str, Any]) -> list[str]:
 def scorecard(document: dict[str, Any], *, colour: bool | None = None) -> str:
     """The scenario x client matrix, the symptom table (numbers and a diagnosis per run),
     then every failed check (what, why, what to do) and problem."""
-    clients: list[str] = document["clients"]
     scenarios: list[dict[str, Any]] = document["scenarios"]
+    # plus the clients only some scenarios ran (the agent clients their workload names)
+    ran = [r["client"] for scenario in scenarios for r in scenario["results"]]
+    clients: list[str] = list(dict.fromkeys([*document["clients"], *ran]))
     width = max([len(s["name"]) for s in scenarios] + [8])
     cells = [
         [cell(result) if result else (status_of(scenario) or "-", "yellow") for result in
