@@ -327,3 +327,24 @@ def test_chromium_renders_the_timeline_png_and_report_html_with_their_markers(
         capture_output=True, text=True, timeout=60,
     ).stdout  # fmt: skip
     assert 'class="timeline-row"' in dom and 'class="fault-label"' in dom
+
+
+def test_write_timelines_puts_the_description_and_seed_in_each_runs_json_and_png(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from middlebox.report.html_page import write_timelines
+
+    run = tmp_path / "runs" / "00-clean-close"
+    run.mkdir(parents=True)
+    (run / "ledger.json").write_text(
+        json.dumps(LEDGER).replace(TAG, "[middlebox clean-close/openai/0]")
+    )
+    (run / "openai.result.json").write_text(json.dumps(RESULT))
+    written = write_timelines(document(), tmp_path)
+    saved = json.loads((run / "openai.timeline.json").read_text())
+    assert saved == json.loads(json.dumps(written[("clean-close", "openai")]))
+    assert (saved["description"], saved["seed"]) == (DESCRIPTION, 32)
+    assert saved["requests"][0]["planned"] == 40  # the ledger was found by the request's tag
+    assert (run / "openai.timeline.png").read_bytes()[:4] == b"\x89PNG"
