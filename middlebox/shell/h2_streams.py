@@ -23,6 +23,7 @@ Ends, both ways (docs/tls-http2.md):
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,6 @@ import h2.settings
 import trio
 
 from middlebox.core.h2_bridge import (
-    CANCEL,
     REFUSED_STREAM,
     RequestEncoder,
     RequestError,
@@ -72,7 +72,9 @@ class _Stream:
     decoder: ResponseDecoder
     ended: bool = False  # END_STREAM or RST_STREAM sent toward the client
     request_over: bool = False
-    inbound: trio.MemorySendChannel[bytes | None] | None = field(default=None, repr=False)
+    # The request's bytes toward the relay, each with the flow-controlled length to give
+    # back to the client once the relay took them.
+    inbound: trio.MemorySendChannel[tuple[bytes, int]] | None = field(default=None, repr=False)
 
 
 class H2Session:
@@ -150,11 +152,13 @@ class H2Session:
             self._open_stream(event)
         elif isinstance(event, h2.events.DataReceived):
             stream = self.streams.get(event.stream_id)
-            if stream is not None and event.data:
-                self._to_upstream(stream, stream.encoder.data(event.data))
-            # The relay's own backpressure holds the bytes; the h2 window reopens at once.
-            if event.flow_controlled_length:
-                self._acknowledge(event.stream_id, event.flow_controlled_length)
+            length = event.flow_controlled_length or 0
+            if stream is not None:
+                # The window reopens once the relay took the bytes (`_upstream_writer`): a
+                # relay that stops reading (a slow upstream, a fault) stops the client.
+                self._to_upstream(stream, stream.encoder.data(event.data or b""), length)
+            elif length:
+                self._acknowledge(event.stream_id, length)
         elif isinstance(event, h2.events.StreamEnded):
             stream = self.streams.get(event.stream_id)
             if stream is not None:
@@ -188,34 +192,34 @@ class H2Session:
         stream = _Stream(stream_id, bridge, encoder, ResponseDecoder(encoder.method))
         self.streams[stream_id] = stream
         self.nursery.start_soon(self.relay, relay_end)
-        send, receive = trio.open_memory_channel[bytes | None](64)
+        # Unbounded in frames, bounded in bytes: the client may only send what its stream
+        # and connection windows allow, and they reopen as the relay takes the bytes.
+        send, receive = trio.open_memory_channel[tuple[bytes, int]](math.inf)
         stream.inbound = send
         self.nursery.start_soon(self._upstream_writer, stream, receive)
         self.nursery.start_soon(self._respond, stream)
         self._to_upstream(stream, head)
 
-    def _to_upstream(self, stream: _Stream, data: bytes) -> None:
-        if data and stream.inbound is not None:
+    def _to_upstream(self, stream: _Stream, data: bytes, window: int = 0) -> None:
+        if (data or window) and stream.inbound is not None:
             try:
-                stream.inbound.send_nowait(data)
-            except trio.WouldBlock:
-                # More DATA frames queued than the relay takes: the client outran a
-                # window we keep open; reset the stream rather than buffer without bound.
-                self._send_reset(stream.stream_id, CANCEL)
-                self._reset_relay(stream)
+                stream.inbound.send_nowait((data, window))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
     async def _upstream_writer(
-        self, stream: _Stream, receive: trio.MemoryReceiveChannel[bytes | None]
+        self, stream: _Stream, receive: trio.MemoryReceiveChannel[tuple[bytes, int]]
     ) -> None:
-        async for data in receive:
-            if data is None:
-                return
+        relay_gone = False
+        async for data, window in receive:
             try:
-                await stream.bridge.send_all(data)
+                if data and not relay_gone:
+                    await stream.bridge.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
+                relay_gone = True  # the bytes are dropped, the connection window still reopens
+            if window:
+                self._acknowledge(stream.stream_id, window)
+                self._kick()
 
     # ------------------------------------------------------------ streams -> client
 
@@ -235,10 +239,15 @@ class H2Session:
                     break
         finally:
             self.streams.pop(stream.stream_id, None)
+            if not stream.ended:
+                # Cancelled mid-answer (the connection is going): the stream is abandoned,
+                # an RST upstream, never a FIN that would look like a finished request.
+                stream.ended = True
+                self._reset_relay(stream)
             if stream.inbound is not None:
                 stream.inbound.close()
             with trio.CancelScope(shield=True):
-                # A FIN to the relay's client side once the upstream closed: its relay ends.
+                # A FIN to the relay's client side once the answer is over: its relay ends.
                 await trio.aclose_forcefully(stream.bridge)
 
     async def _send_events(self, stream: _Stream, events: Sequence[ResponseEvent]) -> None:

@@ -411,7 +411,15 @@ class ProxyServer:
                 log.info("connection %d: TLS handshake failed: %s", connection_id, error)
                 return
             if negotiated(stream) == "h2":
-                await serve_h2(self.relay_stream, stream, connection_id)
+                # Its streams are live connections of their own; this one is what a
+                # shutdown resets (and with it every stream still open).
+                live = LiveConnection(trio.CancelScope(), [client])
+                self.live.add(live)
+                try:
+                    with live.scope:
+                        await serve_h2(self.relay_stream, stream, connection_id)
+                finally:
+                    self.live.discard(live)
                 return
             relay_end, splice_end = loopback_pair()
             handed_on = True  # `handle` counts this connection down

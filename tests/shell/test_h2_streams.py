@@ -5,6 +5,7 @@ same pipeline, and END_STREAM/RST_STREAM map to the upstream connection's ends a
 
 from __future__ import annotations
 
+import re
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import h2.config
 import h2.connection
 import h2.events
+import pytest
 import trio
 
 from middlebox.run.serve import load_text
@@ -49,11 +51,19 @@ class Seen:
             await self.changed.wait()
 
 
+def request_complete(received: bytes) -> bool:
+    head, blank, body = received.partition(b"\r\n\r\n")
+    if not blank:
+        return False
+    if b"chunked" in head:
+        return body.endswith(b"0\r\n\r\n")
+    length = re.search(rb"content-length: (\d+)", head)
+    return length is None or len(body) >= int(length.group(1))
+
+
 async def read_request(stream: trio.SocketStream) -> bytes:
     received = b""
-    while b"\r\n\r\n" not in received or (
-        b"chunked" in received and not received.endswith(b"0\r\n\r\n")
-    ):
+    while not request_complete(received):
         data = await stream.receive_some(65536)
         if not data:
             break
@@ -92,6 +102,11 @@ class Answer:
     data: bytes = b""
     ended: bool = False
     reset: int | None = None
+
+
+def answered_so_far(client: H2Client):  # type: ignore[no-untyped-def]
+    """Every stream has its answer's first chunks (they end with the request line)."""
+    return lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
 
 
 class H2Client:
@@ -308,3 +323,73 @@ async def test_a_clean_end_of_an_h2_connection_leaves_no_stream_running(tmp_path
             while running.server.active:
                 await trio.sleep(0.01)
     assert running.server.active == 0 and seen.ends == ["closed"]
+
+
+async def send_within_windows(client: H2Client, stream_id: int, body: bytes) -> None:
+    """Send `body` as DATA frames no larger than the proxy's windows allow, waiting for its
+    WINDOW_UPDATEs: the proxy must reopen them as the relay takes the bytes."""
+    view = memoryview(body)
+    while view:
+        window = min(
+            client.conn.local_flow_control_window(stream_id), client.conn.max_outbound_frame_size
+        )
+        if window <= 0:
+            data = await client.stream.receive_some(65536)
+            assert data, "the proxy closed while the upload waited for a window"
+            for event in client.conn.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    client.answers[stream_id].data += event.data
+            continue
+        piece, view = view[:window], view[window:]
+        client.conn.send_data(stream_id, bytes(piece), end_stream=not view)
+        await client.flush()
+
+
+async def test_a_request_body_larger_than_the_initial_window_arrives_whole(
+    tmp_path: Path,
+) -> None:
+    seen = Seen()
+    body = bytes(range(256)) * 1024  # 256 KiB: four times HTTP/2's initial 64 KiB window
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(20):
+        async with proxied(
+            streaming_upstream(seen), tls=TlsOptions(ca_dir=str(tmp_path))
+        ) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            stream_id = client.conn.get_next_available_stream_id()
+            client.conn.send_headers(
+                stream_id,
+                [(":method", "POST"), (":path", "/big"), (":scheme", "https"),
+                 (":authority", "t"), ("content-length", str(len(body)))],
+            )  # fmt: skip
+            client.answers[stream_id] = Answer()
+            await send_within_windows(client, stream_id, body)
+            await client.until(client.all_over)
+    (request,) = seen.requests
+    head, _, received = request.partition(b"\r\n\r\n")
+    assert b"content-length: 262144" in head
+    assert received == body
+    assert client.answers[stream_id].ended
+
+
+async def test_shutdown_resets_an_http2_connection_and_its_open_streams(tmp_path: Path) -> None:
+    seen = Seen()
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        async with proxied(
+            streaming_upstream(seen, forever=True), tls=TlsOptions(ca_dir=str(tmp_path))
+        ) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            for n in range(2):
+                await client.post(f"/{n}")
+            await client.until(
+                lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
+            )
+            await running.server.shutdown(grace=0.05)
+            await seen.wait_for(2)
+            assert running.server.active == 0
+            with pytest.raises(trio.BrokenResourceError):
+                while await client.stream.receive_some(65536):
+                    pass
+    assert seen.ends == ["rst", "rst"]
+    assert running.server.reset_at_shutdown >= 1
