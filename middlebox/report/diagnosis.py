@@ -162,11 +162,40 @@ EXPLAIN: dict[str, Explanation] = {
         "responses did not send X-Accel-Buffering: no",
         "send X-Accel-Buffering: no on event streams (nginx then streams them)",
     ),
+    # agent streams (run/agent_checks.py)
+    "client.partial_tool_calls_executed": Explanation(
+        "the client ran a tool call whose arguments were not the complete JSON the model sent",
+        "run a call only after the stream's finish_reason and once its arguments parse",
+    ),
+    "client.side_effects_repeated": Explanation(
+        "the client ran one tool call again on a retry without the same idempotency key",
+        "send one idempotency key per logical call and do not retry a turn whose calls ran",
+    ),
+    "client.invalid_json_acted_on": Explanation(
+        "the client acted on JSON that was cut or repaired, not the model's whole answer",
+        "act on a JSON answer only after its finish_reason and once it parses",
+    ),
+    "client.reasoning_as_answer": Explanation(
+        "the client showed the model's reasoning as its answer",
+        "show delta.reasoning apart from delta.content (or not at all)",
+    ),
+    "client.reasoning_hidden": Explanation(
+        "the model streamed reasoning the client never showed: the user waited with nothing "
+        "on screen",
+        "show the reasoning (or a 'thinking' state) while it streams",
+    ),
     "server.upstream_ttft_ms": Explanation(
         "the upstream itself was slow to its first token", "look at the model server's queue"
     ),
 }
 
+AGENT_VERDICT_METRICS = {
+    "acted_on_partial_call": "client.partial_tool_calls_executed",
+    "side_effect_repeated": "client.side_effects_repeated",
+    "acted_on_invalid_json": "client.invalid_json_acted_on",
+    "reasoning_as_answer": "client.reasoning_as_answer",
+    "reasoning_hidden": "client.reasoning_hidden",
+}
 UNKNOWN = Explanation("the metric did not meet the expectation", "see the scenario's description")
 
 
@@ -266,6 +295,9 @@ def diagnose(result: dict[str, Any]) -> str:
         lines.append("duplicated text: " + _said("client.duplicated"))
     if "missing_tokens" in verdicts:
         lines.append("tokens missing: " + _said("client.missing_tokens"))
+    for verdict, metric in AGENT_VERDICT_METRICS.items():
+        if verdict in verdicts:
+            lines.append(verdict.replace("_", " ") + ": " + _said(metric))
     # amplification counts attempts on the wire (issue 13); how many of them the model
     # actually ran is server.generations_per_request (a 429 answered by a hop runs nothing)
     amplification = int(metrics.get("client.amplification") or 0)

@@ -221,3 +221,13 @@ def test_every_agent_verdict_has_a_scorecard_label_and_every_metric_an_expect_na
     assert SEVERITY.index("reasoning_hidden") < SEVERITY.index("complete")
     assert set(AGENT_METRICS) <= set(METRICS)
     assert expect_problems({"client.side_effects_repeated": 0}, ()) == []
+
+
+def test_each_agent_verdict_has_a_diagnosis_line_with_a_fix() -> None:
+    from middlebox.report.diagnosis import AGENT_VERDICT_METRICS, EXPLAIN, diagnose
+
+    assert set(AGENT_VERDICT_METRICS) == set(AGENT_VERDICTS)
+    for verdict, metric in AGENT_VERDICT_METRICS.items():
+        assert metric in AGENT_METRICS and metric in EXPLAIN
+        line = diagnose({"verdicts": {"requests": [verdict]}, "metrics": {}})
+        assert line.startswith(verdict.replace("_", " ") + ": ") and "fix:" in line
