@@ -1,9 +1,11 @@
 """`make matrix`: every scenario against every built-in client, as one compatibility table.
 
-Each client is run over the whole scenario library on its own (`run_suite` with that one
-client), one client after another: a scenario's clients otherwise start at once, and a
-dozen interpreters importing litellm, LangChain or Chromium side by side on a small
-machine would eat the scenarios' client bounds and turn slow imports into hangs. Before a
+The clients run over the whole scenario library in small batches, one batch after another
+(`batches`: light interpreters and Node five at a time, Chromium two, the locked
+environments alone or in pairs): a scenario's clients start at once, and a dozen
+interpreters importing litellm, LangChain or Chromium side by side on a small machine would
+eat the scenarios' client bounds and turn slow imports into hangs. `--update` keeps the
+columns of clients not named from the last run's matrix.json (refresh one library). Before a
 client runs, its environment is prepared outside every bound (`BUILTIN_CLIENTS[name]`
 builds a locked Python environment, the Node launcher's `ensure_installed` runs `npm ci`).
 
@@ -12,7 +14,7 @@ cell per scenario and client) rendered by `middlebox.report.compatibility` into
 docs/compatibility.md. The agent clients (`SCENARIO_CLIENTS`) are left out: they are scored
 only in the scenarios that name them.
 
-    python -m middlebox.run.matrix [SCENARIOS...] [--client NAME ...] [--jobs N]
+    python -m middlebox.run.matrix [SCENARIOS...] [--client NAME ...] [--jobs N] [--update]
 """
 
 from __future__ import annotations
@@ -44,6 +46,37 @@ def matrix_clients() -> list[str]:
     """Every built-in client this machine can run, but the agent clients."""
     agents = set(getattr(registry, "SCENARIO_CLIENTS", ()))
     return [name for name in registry.available_clients(every=True) if name not in agents]
+
+
+# Clients that share one run (their processes start side by side in each scenario), by
+# runtime: light interpreters and Node together, Chromium two at a time, and each locked
+# environment alone or in pairs, as imports of tens of seconds on a loaded machine would
+# otherwise eat the client bound.
+BATCH_SIZE = {"python": 5, "node": 5, "chromium": 2, "python-env": 2}
+ALONE = {"litellm", "langchain-openai"}  # imports of 4-15 s here: never beside another
+
+
+def _runtime(name: str) -> str:
+    facts = CLIENT_FACTS.get(name)
+    return facts.runtime if facts is not None else "?"
+
+
+def batches(names: Sequence[str]) -> list[list[str]]:
+    """The clients in order, consecutive ones of a runtime grouped up to its batch size."""
+    groups: list[list[str]] = []
+    for name in names:
+        last = groups[-1] if groups else []
+        if (
+            last
+            and name not in ALONE
+            and last[0] not in ALONE
+            and _runtime(last[0]) == _runtime(name)
+            and len(last) < BATCH_SIZE.get(_runtime(name), 1)
+        ):
+            last.append(name)
+        else:
+            groups.append([name])
+    return groups
 
 
 def node_clients() -> set[str]:
@@ -131,22 +164,33 @@ def run_matrix(
     jobs: int,
     report_dir: Path,
     on_client: Callable[[dict[str, Any]], None] = lambda matrix: None,
+    earlier: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every scenario for each client in turn; the matrix as plain data, handed to
-    `on_client` after each client too (a long run leaves its table so far)."""
+    """Run every scenario for each batch of clients in turn; the matrix as plain data,
+    handed to `on_client` after each batch too (a long run leaves its table so far).
+    `earlier` (a previous matrix) keeps the columns of clients not run now."""
     rows: list[dict[str, Any]] = []
     cells: dict[str, dict[str, dict[str, Any]]] = {}
     scenarios: list[str] = []
-    for number, name in enumerate(names, start=1):
-        print(f"matrix: [{number}/{len(names)}] {name}", file=sys.stderr, flush=True)
-        prepare(name)
-        suite = run_suite(targets, client_names=[name], jobs=jobs, report_dir=report_dir / name)
+    if earlier is not None:
+        rows = [row for row in earlier["clients"] if row["name"] not in names]
+        cells = {row["name"]: earlier["cells"][row["name"]] for row in rows}
+        scenarios = list(earlier["scenarios"])
+    groups = batches(names)
+    for number, group in enumerate(groups, start=1):
+        print(f"matrix: [{number}/{len(groups)}] {', '.join(group)}", file=sys.stderr, flush=True)
+        for name in group:
+            prepare(name)
+        suite = run_suite(
+            targets, client_names=group, jobs=jobs, report_dir=report_dir / "-".join(group)
+        )
         document = suite.document()
         for scenario in document["scenarios"]:
             if scenario["name"] not in scenarios:
                 scenarios.append(scenario["name"])
-        cells[name] = cells_of(document, name)
-        rows.append(client_row(name))
+        for name in group:
+            cells[name] = cells_of(document, name)
+            rows.append(client_row(name))
         on_client(matrix_document(targets, jobs, rows, scenarios, cells))
     return matrix_document(targets, jobs, rows, scenarios, cells)
 
@@ -185,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="scenarios run at once")
     parser.add_argument("--out", default="docs/compatibility.md")
     parser.add_argument("--report", default="reports/matrix", help="reports and matrix.json")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="keep the other clients' columns from the report folder's matrix.json",
+    )
     args = parser.parse_args(argv)
     names = args.clients or matrix_clients()
     unknown = [name for name in names if name not in registry.BUILTIN_CLIENTS]
@@ -192,19 +241,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown client(s): {', '.join(unknown)}")
     report_dir = Path(args.report)
     out = Path(args.out)
+    earlier_file = report_dir / "matrix.json"
+    earlier = (
+        json.loads(earlier_file.read_text()) if args.update and earlier_file.exists() else None
+    )
     matrix = run_matrix(
         args.targets,
         names,
         jobs=args.jobs,
         report_dir=report_dir,
         on_client=lambda so_far: write_matrix(so_far, out, report_dir),
+        earlier=earlier,
     )
     write_matrix(matrix, out, report_dir)
     failed = [
         f"{scenario}/{name}"
         for name, column in matrix["cells"].items()
         for scenario, entry in column.items()
-        if entry["passed"] is False
+        if entry.get("passed") is False
     ]
     print(f"matrix: wrote {args.out} and {report_dir / 'matrix.json'}", file=sys.stderr)
     if failed:
