@@ -15,9 +15,11 @@ first request head. nginx times every request of a connection, and what lies bet
   "408 Request Time-out" page with `Connection: close`, then a close. So a drip of
   10 bytes every 0.5 s is served, in nginx and here.
 
-The stage frames the request stream itself (cheap: heads and body lengths) and, only when
-`keepalive_timeout` is on, the response stream (to know when a response is complete);
-pure, on the virtual clock: time comes in as `now`.
+When the path is framed (an HTTP-aware fault in it) the stage reads that one framing pass
+(frame once: a `Reader` per direction, no framer of its own); otherwise it frames the
+request stream itself (cheap: heads and body lengths) and, only when `keepalive_timeout` is
+on, the response stream (to know when a response is complete). Pure, on the virtual clock:
+time comes in as `now`.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from faults._lib.checks import check_positive
-from middlebox.core.fault import Fault, Seconds
-from middlebox.core.http1 import Http1Framer, PieceKind
+from middlebox.core.fault import Fault, FaultContext, Seconds
+from middlebox.core.framed import Reader
+from middlebox.core.http1 import Http1Framer, Piece, PieceKind
 from middlebox.core.responses import nginx_error_page
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset
 
@@ -59,6 +62,9 @@ class RequestTimeouts(Fault):
     finished: bool = field(init=False, repr=False, default=False)
     _requests: Http1Framer = field(init=False, repr=False)
     _responses: Http1Framer = field(init=False, repr=False)
+    # The path's framing pass, read at this place, when the path is framed.
+    _request_reader: Reader | None = field(init=False, repr=False, default=None)
+    _response_reader: Reader | None = field(init=False, repr=False, default=None)
     # What is being waited for and since when: "head", "body", "idle" or None.
     _waiting: str | None = field(init=False, repr=False, default=None)
     _due: float | None = field(init=False, repr=False, default=None)
@@ -72,6 +78,30 @@ class RequestTimeouts(Fault):
                 check_positive(name, value)
         self._requests = Http1Framer("request")
         self._responses = Http1Framer("response")
+
+    def bind(self, context: FaultContext) -> None:
+        super().bind(context)
+        position = context.framing
+        if position is not None and position.up.http is not None:
+            self._requests = position.up.http  # its state: in_head, buffered, complete
+            self._request_reader = position.up.reader()
+            if self.keepalive_timeout is not None:
+                self._response_reader = position.down.reader()
+
+    def leave(self) -> None:
+        for reader in (self._request_reader, self._response_reader):
+            if reader is not None:
+                reader.close()
+
+    def _request_pieces(self, data: bytes) -> list[Piece]:
+        if self._request_reader is None:
+            return self._requests.feed(data)
+        return [framed.piece for framed in self._request_reader.advance(len(data))]
+
+    def _response_pieces(self, data: bytes) -> list[Piece]:
+        if self._response_reader is None:
+            return self._responses.feed(data)
+        return [framed.piece for framed in self._response_reader.advance(len(data))]
 
     def on_open(self, now: float) -> list[Item]:
         self._arm("head", now, self.header_timeout)
@@ -100,11 +130,12 @@ class RequestTimeouts(Fault):
         if self._waiting == "idle":
             # the next request's first byte: its head is timed from here
             self._arm("head", now, self.header_timeout)
-        for piece in self._requests.feed(data):
+        for piece in self._request_pieces(data):
             if piece.kind is PieceKind.OPAQUE:
                 self._stop()  # not HTTP (a tunnel, or garbage): the upstream judges it
                 return
-            if piece.kind is PieceKind.HEAD and piece.head is not None:
+            if self._response_reader is None and piece.head is not None:
+                # its own response framer needs the methods (the path's has them)
                 self._responses.expect_response_to(piece.head.method or "GET")
             if piece.end_of_message:
                 self._requests_done += 1
@@ -115,7 +146,7 @@ class RequestTimeouts(Fault):
             self._arm("head", now, self.header_timeout)  # a pipelined next head began
 
     def _server_bytes(self, data: bytes, now: float) -> None:
-        for piece in self._responses.feed(data):
+        for piece in self._response_pieces(data):
             if piece.kind is PieceKind.OPAQUE:
                 self._stop()
                 return
@@ -127,6 +158,7 @@ class RequestTimeouts(Fault):
 
     def _stop(self) -> None:
         self._waiting, self._due, self.finished = None, None, True
+        self.leave()  # passes everything from now on: its readers would only hold pieces
 
     def deadline(self) -> float | None:
         return self._due
