@@ -288,12 +288,26 @@ def node_workload(client: str) -> dict[str, Any]:
     return workload
 
 
+# Five Node processes start at once (the AI SDK's import alone takes a second): on a loaded
+# 2-core machine they need longer than the Python clients' 20 s bound; alone, 4 s each.
+NODE_PROCESS_LIMIT_S = 90.0
+
+
+class NodeStarted(Started):
+    def finish(self) -> Run:
+        _, stderr = self.proc.communicate(timeout=NODE_PROCESS_LIMIT_S)
+        assert self.proc.returncode == 0, f"{self.client} exited {self.proc.returncode}: {stderr}"
+        result = json.loads(self.result_path.read_text(encoding="utf-8"))
+        by_name = {self.names[r["index"]]: r for r in result["results"]}
+        return Run(self.server, result, by_name)
+
+
 @pytest.fixture(scope="module")
 def runs(npm_installed: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     if not node_available():
         pytest.skip("node is not installed here")  # with_node fails it under CI=true
     tmp = tmp_path_factory.mktemp("node-clients")
-    started = [Started(c, BUILTIN_CLIENTS[c], tmp, node_workload(c)) for c in NODE]
+    started = [NodeStarted(c, BUILTIN_CLIENTS[c], tmp, node_workload(c)) for c in NODE]
     try:
         yield {s.client: s.finish() for s in started}
     finally:
@@ -540,3 +554,165 @@ def test_abandoning_after_a_second_of_silence_closes_the_connection_promptly(
 @pytest.mark.parametrize("client", POSTING)
 def test_keep_alive_comments_are_no_text(runs: dict[str, Run], client: str) -> None:
     assert outcome(runs, client, "heartbeats") == (FULL, None)
+
+
+# --- the CI subset of the scenario library, through the proxy and the emulator ----------------
+
+LIBRARY = REPO / "scenarios"
+CI_SUBSET = [
+    "reset-mid-stream",
+    "clean-close-without-done",
+    "utf8-sliced-stream",
+    "rate-limit-storm",
+    "client-vanishes",
+]
+# utf8-sliced-stream's slices go 1 ms apart; on a loaded machine the proxy falls behind and
+# catches up in bursts, and Node's fetch then reads several slices at once (seen here: the
+# naive reader showed the whole text intact). Slices of up to 64 bytes, cut before every
+# continuation byte, 20 ms apart (20 tokens, about 2 s) stay separate reads.
+UTF8_APART = """\
+name: utf8-sliced-apart
+seed: 43
+upstream: {itl: 15ms, prefill_overhead: 50ms}
+workload: {requests: 1, max_tokens: 20}
+path:
+  - slicer: {size: 64, utf8_interior: true, delay: 20ms}
+"""
+
+# wifi-to-lte-resume with a long stream and a late handoff (as the browser EventSource test in
+# tests/e2e/test_run.py): the EventSource is reading live when the link changes, and the
+# POST it dropped after the head is long gone, so the handoff cuts the stream it follows.
+RESUME_LIVE = """\
+name: wifi-to-lte-resume-live
+upstream: {itl: 30ms, itl_jitter: 0, prefill_overhead: 50ms, resumable: true}
+workload: {requests: 1, max_tokens: 120, timeout: 40s}
+path:
+  - handoff: {after_events: 40, outage: 1s, outcome: reset}
+"""
+
+
+@pytest.fixture(scope="module")
+def matrix(npm_installed: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """(scenario, client) -> score for the CI subset, UTF8_APART and RESUME_LIVE."""
+    if not node_available():
+        pytest.skip("node is not installed here")  # with_node fails it under CI=true
+    from middlebox.run.suite import run_suite  # the run room: only this part needs it
+
+    folder = tmp_path_factory.mktemp("scenarios")
+    (folder / "utf8-sliced-apart.yaml").write_text(UTF8_APART)
+    (folder / "wifi-to-lte-resume-live.yaml").write_text(RESUME_LIVE)
+    files = [LIBRARY / f"{name}.yaml" for name in CI_SUBSET]
+    suite = run_suite([*files, *sorted(folder.iterdir())], client_names=NODE, jobs=2)
+    scores = {(o.scenario.name, s.client): s for o in suite.outcomes for s in o.scores}
+    return {"suite": suite, "scores": scores}
+
+
+def verdicts(matrix: dict[str, Any], scenario: str) -> dict[str, list[str]]:
+    return {c: matrix["scores"][(scenario, c)].verdicts()["requests"] for c in NODE}
+
+
+@with_node
+def test_the_ci_subset_meets_the_pinned_expectations_for_every_node_client(
+    matrix: dict[str, Any],
+) -> None:
+    library = [o for o in matrix["suite"].outcomes if o.scenario.name in CI_SUBSET]
+    assert len(library) == len(CI_SUBSET)
+    for outcome_ in library:
+        failed = [
+            (s.client, [c.name for c in s.checks if not c.passed])
+            for s in outcome_.scores
+            if not all(c.passed for c in s.checks)
+        ]
+        if outcome_.scenario.name == "utf8-sliced-stream":
+            # node-fetch-naive shows mojibake there only when the slices stay separate reads
+            failed = [f for f in failed if f[0] != "node-fetch-naive"]
+        assert failed == [], outcome_.scenario.name
+        # node-eventsource drops its POST after the head (it follows GET /v1/streams/{id}),
+        # so a fault that cuts the POST's stream never fires for it: the run says so.
+        for problem in outcome_.problems:
+            assert problem.startswith(f"{outcome_.scenario.name}/node-eventsource: declared fault")
+
+
+@with_node
+def test_an_rst_mid_stream_is_detected_except_by_fetch_event_source_which_redraws(
+    matrix: dict[str, Any],
+) -> None:
+    assert verdicts(matrix, "reset-mid-stream") == {
+        "node-openai": ["truncation_detected"],
+        "node-ai-sdk": ["truncation_detected"],
+        "node-eventsource": ["error_reported"],  # refuses a server without X-Stream-Id
+        "node-fetch-event-source": ["contradicted"],
+        "node-fetch-naive": ["truncation_detected"],
+    }
+
+
+@with_node
+def test_a_clean_close_without_done_is_silent_truncation_except_for_the_ai_sdk(
+    matrix: dict[str, Any],
+) -> None:
+    assert verdicts(matrix, "clean-close-without-done") == {
+        "node-openai": ["silent_truncation"],
+        "node-ai-sdk": ["truncation_detected"],
+        "node-eventsource": ["error_reported"],
+        "node-fetch-event-source": ["silent_truncation"],
+        "node-fetch-naive": ["silent_truncation"],
+    }
+
+
+@with_node
+def test_sliced_utf8_is_mojibake_only_for_the_naive_fetch_reader(matrix: dict[str, Any]) -> None:
+    for scenario in ["utf8-sliced-stream", "utf8-sliced-apart"]:
+        shown = verdicts(matrix, scenario)
+        for client in ["node-openai", "node-ai-sdk", "node-fetch-event-source"]:
+            assert shown[client] == ["complete"], (scenario, client)
+        assert shown["node-eventsource"] == ["error_reported"]
+    assert verdicts(matrix, "utf8-sliced-apart")["node-fetch-naive"] == ["mojibake"]
+    assert verdicts(matrix, "utf8-sliced-stream")["node-fetch-naive"] in (
+        ["complete"],
+        ["mojibake"],
+    )
+
+
+@with_node
+def test_a_429_storm_is_waited_out_by_the_sdks_and_fetch_event_source(
+    matrix: dict[str, Any],
+) -> None:
+    assert verdicts(matrix, "rate-limit-storm") == {
+        "node-openai": ["complete"] * 2,
+        "node-ai-sdk": ["complete"] * 2,
+        "node-eventsource": ["error_reported"] * 2,
+        "node-fetch-event-source": ["complete"] * 2,
+        "node-fetch-naive": ["error_reported"] * 2,
+    }
+    for client in ["node-openai", "node-ai-sdk", "node-fetch-event-source"]:
+        metrics = matrix["scores"][("rate-limit-storm", client)].metrics
+        assert metrics["client.amplification"] == 3  # 2 answered 429, then the stream
+        assert metrics["server.generations_per_request"] <= 1
+
+
+@with_node
+def test_a_vanished_client_hangs_every_node_client_without_a_read_timeout(
+    matrix: dict[str, Any],
+) -> None:
+    assert verdicts(matrix, "client-vanishes") == {
+        "node-openai": ["hang"],
+        "node-ai-sdk": ["hang"],
+        "node-eventsource": ["error_reported"],
+        "node-fetch-event-source": ["hang"],
+        "node-fetch-naive": ["hang"],
+    }
+
+
+@with_node
+def test_node_eventsource_resumes_a_resumable_stream_with_last_event_id_by_itself(
+    matrix: dict[str, Any],
+) -> None:
+    resumed = matrix["scores"][("wifi-to-lte-resume-live", "node-eventsource")]
+    assert resumed.verdicts()["requests"] == ["complete"]
+    assert resumed.metrics["client.resumed"] >= 1
+    assert resumed.metrics["server.generations_per_request"] == 1
+    shown = verdicts(matrix, "wifi-to-lte-resume-live")
+    # fetch-event-source resends Last-Event-ID on its POST retry, but without the stream id
+    # the server starts a new generation, appended to what was shown.
+    assert shown["node-fetch-event-source"] == ["contradicted"]
+    assert shown["node-openai"] == shown["node-fetch-naive"] == ["truncation_detected"]
