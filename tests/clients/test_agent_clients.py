@@ -319,3 +319,39 @@ def test_agent_clients_are_registered_but_run_only_where_a_scenario_names_them()
     assert set(SCENARIO_CLIENTS) <= set(BUILTIN_CLIENTS)
     assert not set(SCENARIO_CLIENTS) & set(DEFAULT_CLIENTS)
     assert sys.executable in BUILTIN_CLIENTS["tools-naive"]
+
+
+def test_the_naive_turn_runs_a_call_when_the_next_one_starts_and_the_rest_at_the_end() -> None:
+    from middlebox.clients.tools_naive import _Turn
+
+    rec = Recorder(RequestSpec(0, "chat", {}))
+    turn = _Turn(rec)
+
+    def entry(index: int, **function: str) -> dict[str, Any]:
+        return {"index": index, "function": function}
+
+    turn.on_chunk(
+        chunk_info({"choices": [{"index": 0, "delta": {"tool_calls": [entry(0, name="a")]}}]})
+    )
+    turn.on_chunk(
+        chunk_info(
+            {"choices": [{"index": 0, "delta": {"tool_calls": [entry(0, arguments='{"x": 1')]}}]}
+        )
+    )
+    assert rec.tool_calls_executed == []  # still streaming: nothing run yet
+    turn.on_chunk(
+        chunk_info(
+            {
+                "choices": [
+                    {"index": 0, "delta": {"tool_calls": [entry(1, name="b", arguments='{"y"')]}}
+                ]
+            }
+        )
+    )
+    assert [(c["name"], c["arguments"]) for c in rec.tool_calls_executed] == [("a", {"x": 1})]
+    turn.finish()
+    turn.finish()  # each call runs once per attempt, however often the end is seen
+    assert [(c["name"], c["arguments"]) for c in rec.tool_calls_executed] == [
+        ("a", {"x": 1}),
+        ("b", {}),
+    ]
