@@ -106,13 +106,18 @@ def server_env() -> dict[str, str]:
     return env
 
 
+# Tool calls as agents use them (tests/real_vllm/test_tool_calls.py): auto and required
+# tool_choice need a parser; requests without tools are answered as without the flags.
+TOOL_CALL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+
+
 def command(py: Path, model: Path, port: int, extra: list[str] | None = None) -> list[str]:
     return [
         str(py), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", SERVED_NAME,
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
-        *(extra or []),
+        *TOOL_CALL_FLAGS, *(extra or []),
     ]  # fmt: skip
 
 
