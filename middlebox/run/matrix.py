@@ -5,7 +5,8 @@ The clients run over the whole scenario library in small batches, one batch afte
 environments alone or in pairs): a scenario's clients start at once, and a dozen
 interpreters importing litellm, LangChain or Chromium side by side on a small machine would
 eat the scenarios' client bounds and turn slow imports into hangs. `--update` keeps the
-columns of clients not named from the last run's matrix.json (refresh one library). Before a
+columns of clients not named, and the rows of scenarios not run, from the last run's
+matrix.json (refresh one library, or one scenario's row). Before a
 client runs, its environment is prepared outside every bound (`BUILTIN_CLIENTS[name]`
 builds a locked Python environment, the Node launcher's `ensure_installed` runs `npm ci`).
 
@@ -172,7 +173,9 @@ def run_matrix(
     rows: list[dict[str, Any]] = []
     cells: dict[str, dict[str, dict[str, Any]]] = {}
     scenarios: list[str] = []
+    earlier_cells: dict[str, dict[str, dict[str, Any]]] = {}
     if earlier is not None:
+        earlier_cells = earlier["cells"]
         rows = [row for row in earlier["clients"] if row["name"] not in names]
         cells = {row["name"]: earlier["cells"][row["name"]] for row in rows}
         scenarios = list(earlier["scenarios"])
@@ -189,7 +192,8 @@ def run_matrix(
             if scenario["name"] not in scenarios:
                 scenarios.append(scenario["name"])
         for name in group:
-            cells[name] = cells_of(document, name)
+            # an update over some scenarios keeps the client's other rows
+            cells[name] = {**earlier_cells.get(name, {}), **cells_of(document, name)}
             rows.append(client_row(name))
         on_client(matrix_document(targets, jobs, rows, scenarios, cells))
     return matrix_document(targets, jobs, rows, scenarios, cells)
