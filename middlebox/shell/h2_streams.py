@@ -33,9 +33,11 @@ import h2.connection
 import h2.events
 import h2.exceptions
 import h2.settings
+import hyperframe.frame
 import trio
 
 from middlebox.core.h2_bridge import (
+    NO_ERROR,
     REFUSED_STREAM,
     RequestEncoder,
     RequestError,
@@ -92,6 +94,10 @@ class H2Session:
         self._output = trio.lowlevel.ParkingLot()
         self._window = trio.lowlevel.ParkingLot()
         self._closed = False
+        # The last stream id of our GOAWAY once draining (see `drain`), and frames written
+        # beside h2's own output.
+        self._drain_from: int | None = None
+        self._raw_frames: list[bytes] = []
 
     async def run(self) -> None:
         self.conn.local_settings = h2.settings.Settings(
@@ -180,6 +186,9 @@ class H2Session:
 
     def _open_stream(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
+        if self._drain_from is not None and stream_id > self._drain_from:
+            self._send_reset(stream_id, REFUSED_STREAM)
+            return
         encoder = RequestEncoder()
         try:
             head = encoder.head(event.headers or [], end_stream=event.stream_ended is not None)
@@ -239,6 +248,7 @@ class H2Session:
                     break
         finally:
             self.streams.pop(stream.stream_id, None)
+            self._kick()  # a drained connection closes after its last stream
             if not stream.ended:
                 # Cancelled mid-answer (the connection is going): the stream is abandoned,
                 # an RST upstream, never a FIN that would look like a finished request.
@@ -321,10 +331,32 @@ class H2Session:
     def _kick(self) -> None:
         self._output.unpark_all()
 
+    def drain(self) -> None:
+        """A graceful shutdown, as nginx drains HTTP/2 connections on reload: GOAWAY
+        (NO_ERROR) naming the last stream it will serve (RFC 9113 §6.8); streams in flight
+        finish, newer ones are refused (REFUSED_STREAM: safe to retry elsewhere), and the
+        connection closes once the last stream has ended."""
+        if self._drain_from is not None:
+            return
+        self._drain_from = self.conn.highest_inbound_stream_id
+        # h2's close_connection() would also forbid the in-flight streams' frames (its
+        # state machine is CLOSED after a GOAWAY), so the frame is written beside it.
+        goaway = hyperframe.frame.GoAwayFrame(0)
+        goaway.last_stream_id = self._drain_from
+        goaway.error_code = NO_ERROR
+        self._raw_frames.append(goaway.serialize())
+        self._kick()
+
     async def _write_loop(self) -> None:
         while True:
             data = self.conn.data_to_send()
+            if self._raw_frames:
+                data += b"".join(self._raw_frames)
+                self._raw_frames.clear()
             if not data:
+                if self._drain_from is not None and not self.streams:
+                    self.nursery.cancel_scope.cancel()  # drained: everything is written
+                    return
                 await self._output.park()
                 continue
             try:
@@ -335,7 +367,18 @@ class H2Session:
 
 
 async def serve_h2(
-    relay: RelayStream, tls: trio.SSLStream[trio.SocketStream], connection_id: int
+    relay: RelayStream,
+    tls: trio.SSLStream[trio.SocketStream],
+    connection_id: int,
+    sessions: set[H2Session] | None = None,
 ) -> None:
-    """Serve one HTTP/2 client connection until it closes; `relay` relays each stream."""
-    await H2Session(relay, tls, connection_id).run()
+    """Serve one HTTP/2 client connection until it closes; `relay` relays each stream.
+    The session is in `sessions` meanwhile (the server drains them at shutdown)."""
+    session = H2Session(relay, tls, connection_id)
+    if sessions is not None:
+        sessions.add(session)
+    try:
+        await session.run()
+    finally:
+        if sessions is not None:
+            sessions.discard(session)

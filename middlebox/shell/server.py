@@ -56,7 +56,7 @@ from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
 from middlebox.observe.observer import RelayObserver
 from middlebox.scenario.model import ProxyOptions, Scenario, TlsOptions
-from middlebox.shell.h2_streams import serve_h2
+from middlebox.shell.h2_streams import H2Session, serve_h2
 from middlebox.shell.relay import ProxyStage, Relay, apply_buffer_sizes, arm_reset
 from middlebox.shell.tls import (
     HANDSHAKE_TIMEOUT,
@@ -75,6 +75,8 @@ MAX_REQUEST_HEAD = 64 * 1024
 ACCEPT_ERROR_PAUSE = 0.5
 # How often run_proxy calls `ProxyServer.tick` (an on-disk journal flushes at least this often).
 TICK_INTERVAL = 1.0
+# How often a graceful shutdown looks for connections that became idle (an answer ended).
+SHUTDOWN_IDLE_CHECK = 0.05
 
 # What the server counts and journals when one of its own stages fires: the counter, and
 # the end the journal records (docs/observability.md's end kinds).
@@ -193,6 +195,22 @@ class LiveConnection:
 
     scope: trio.CancelScope
     sockets: list[socket.socket]
+    relay: Relay | None = None  # once relaying: graceful shutdown asks it if it is idle
+    closing: bool = False
+
+    def close_if_idle(self) -> bool:
+        """A FIN both ways at once when the connection is between messages (nginx's
+        graceful shutdown, `ngx_close_idle_connections`); True when it closed it."""
+        if self.closing or self.relay is None or not self.relay.between_messages():
+            return False
+        self.closing = True
+        for sock in self.sockets:
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # the peer is gone already
+        self.scope.cancel()  # the relay closes both sockets: nothing is unread, so a FIN
+        return True
 
     def reset(self) -> None:
         for sock in self.sockets:
@@ -233,6 +251,7 @@ class ProxyServer:
     unframeable_requests: int = 0  # requests refused by fail_closed (issue 14)
     unframeable_responses: int = 0  # upstream responses refused by fail_closed_response
     reset_at_shutdown: int = 0
+    closed_idle_at_shutdown: int = 0  # idle kept-alive connections closed with a FIN
     active: int = 0
     shared: list[dict[str, Any]] = field(default_factory=list)
     live: set[LiveConnection] = field(default_factory=set, init=False, repr=False)
@@ -247,6 +266,7 @@ class ProxyServer:
         default_factory=dict, init=False, repr=False
     )
     _upstream_context: ssl.SSLContext | None = field(default=None, init=False, repr=False)
+    _h2_sessions: set[H2Session] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.set_scenario(self.scenario)
@@ -300,7 +320,10 @@ class ProxyServer:
                         nursery.start_soon(self.handle_tls, client, self.connections_accepted, tls)
 
     def stop_accepting(self) -> None:
-        """Close the listener: new connections are refused by the kernel from now on."""
+        """Close the listener: new connections are refused by the kernel from now on, and
+        HTTP/2 connections get a GOAWAY (their streams in flight may finish)."""
+        for session in list(self._h2_sessions):
+            session.drain()
         if self._accept_scope is not None:
             self._accept_scope.cancel()
         if self._listener is not None:
@@ -319,11 +342,22 @@ class ProxyServer:
             connection.reset()
         return len(live)
 
+    def close_idle(self) -> int:
+        """Close every live connection that is between messages with a FIN; how many."""
+        closed = sum(connection.close_if_idle() for connection in list(self.live))
+        self.closed_idle_at_shutdown += closed
+        return closed
+
     async def shutdown(self, grace: float) -> None:
-        """Stop accepting, let live connections finish for `grace` seconds, reset the rest."""
+        """Stop accepting, close idle kept-alive connections at once and the others as
+        their exchange ends (nginx's graceful shutdown), within `grace` seconds; reset
+        the rest. An unframed (pass-through) connection cannot tell: it has the grace."""
         self.stop_accepting()
         with trio.move_on_after(grace):
-            await self.wait_idle()
+            while self.active:
+                self.close_idle()
+                with trio.move_on_after(SHUTDOWN_IDLE_CHECK):
+                    await self.wait_idle()
         if self.active:
             self.reset_at_shutdown += self.reset_all()
             log.info("shutdown: reset %d connections after %.1fs", self.reset_at_shutdown, grace)
@@ -386,7 +420,8 @@ class ProxyServer:
             pipeline.set_client_mss(client_mss(client))
             apply_buffer_sizes(client, upstream, pipeline.socket_buffers())
             stages = [fault for fault in pipeline.faults if isinstance(fault, _Stage)]
-            await Relay(client, upstream, pipeline, observer=observer, stages=stages).run()
+            live.relay = Relay(client, upstream, pipeline, observer=observer, stages=stages)
+            await live.relay.run()
         finally:
             if helpers is not None and upstream.fileno() != -1:
                 upstream.close()  # the relay never ran: end the splice behind it too
@@ -417,7 +452,7 @@ class ProxyServer:
                 self.live.add(live)
                 try:
                     with live.scope:
-                        await serve_h2(self.relay_stream, stream, connection_id)
+                        await serve_h2(self.relay_stream, stream, connection_id, self._h2_sessions)
                 finally:
                     self.live.discard(live)
                 return

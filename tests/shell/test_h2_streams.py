@@ -118,6 +118,7 @@ class H2Client:
             h2.config.H2Configuration(client_side=True, header_encoding=None)
         )
         self.answers: dict[int, Answer] = {}
+        self.goaway: h2.events.ConnectionTerminated | None = None
 
     @classmethod
     async def connect(cls, port: int, ca: LocalCA) -> H2Client:
@@ -153,6 +154,8 @@ class H2Client:
             if not data:
                 return
             for event in self.conn.receive_data(data):
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    self.goaway = event
                 answer = self.answers.get(getattr(event, "stream_id", 0))
                 if answer is None:
                     continue
@@ -393,3 +396,64 @@ async def test_shutdown_resets_an_http2_connection_and_its_open_streams(tmp_path
                     pass
     assert seen.ends == ["rst", "rst"]
     assert running.server.reset_at_shutdown >= 1
+
+
+@dataclass
+class RawFrames:
+    """Frames read without h2's state machine: python-hyper's h2 refuses a DATA frame after
+    a GOAWAY (its connection is CLOSED then), though RFC 9113 §6.8 lets streams up to the
+    last stream id finish, as curl's nghttp2 does. Enough to follow one drain."""
+
+    buffer: bytes = b""
+    data: dict[int, bytes] = field(default_factory=dict)
+    ended: set[int] = field(default_factory=set)
+    goaway: tuple[int, int] | None = None  # (last stream id, error code)
+    resets: dict[int, int] = field(default_factory=dict)  # stream id -> error code
+
+    def feed(self, data: bytes) -> None:
+        self.buffer += data
+        while len(self.buffer) >= 9:
+            length = int.from_bytes(self.buffer[:3], "big")
+            if len(self.buffer) < 9 + length:
+                return
+            kind, flags = self.buffer[3], self.buffer[4]
+            stream_id = int.from_bytes(self.buffer[5:9], "big") & 0x7FFFFFFF
+            payload, self.buffer = self.buffer[9 : 9 + length], self.buffer[9 + length :]
+            if kind == 0x0:  # DATA (the proxy sends no padding)
+                self.data[stream_id] = self.data.get(stream_id, b"") + payload
+            if kind == 0x3:  # RST_STREAM
+                self.resets[stream_id] = int.from_bytes(payload[:4], "big")
+            if kind == 0x7:  # GOAWAY
+                last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
+                self.goaway = (last, int.from_bytes(payload[4:8], "big"))
+            if kind in (0x0, 0x1) and flags & 0x1:  # END_STREAM on DATA or HEADERS
+                self.ended.add(stream_id)
+
+
+async def test_a_graceful_shutdown_sends_goaway_and_lets_the_stream_in_flight_finish(
+    tmp_path: Path,
+) -> None:
+    seen = Seen()
+    ca = LocalCA.load_or_create(tmp_path)
+    frames = RawFrames()
+    with trio.fail_after(10):
+        async with proxied(
+            streaming_upstream(seen, pause=0.05), tls=TlsOptions(ca_dir=str(tmp_path))
+        ) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            stream_id = await client.post("/draining")
+            late: int | None = None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(running.server.shutdown, 5.0)
+                while data := await client.stream.receive_some(65536):
+                    frames.feed(data)  # until the proxy closes the drained connection
+                    if frames.goaway and late is None:
+                        late = await client.post("/after-goaway")  # crossing the GOAWAY
+            await seen.wait_for(1)
+            assert running.server.reset_at_shutdown == 0
+    assert frames.goaway == (stream_id, 0)  # NO_ERROR, the stream in flight is served
+    assert stream_id in frames.ended
+    assert frames.data[stream_id] == SSE + b"POST /draining HTTP/1.1"
+    assert seen.ends == ["closed"]
+    assert late is not None and frames.resets == {late: 0x7}  # REFUSED_STREAM: retry elsewhere
+    assert len(seen.requests) == 1  # the refused stream never reached the upstream
