@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -157,3 +158,50 @@ def test_middlebox_proxy_tls_names_its_ca_and_curl_http2_trusts_it(
             proxy.kill()
             proxy.wait()
     assert proxy.returncode == 0
+
+
+async def test_httpx_with_http2_and_the_openai_sdk_on_it_stream_through_the_tls_proxy(
+    emulator: EmulatorProcess, tmp_path: Path
+) -> None:
+    import httpx
+    import openai
+
+    ca = LocalCA.load_or_create(tmp_path)
+    server = ProxyServer(
+        Address.parse(emulator.url),
+        Scenario(name="tls"),
+        stages=PROXY_STAGES,
+        tls=TlsOptions(ca_dir=str(tmp_path)),
+    )
+
+    def ask(port: int) -> tuple[str, str, str]:
+        url = f"https://127.0.0.1:{port}"
+        trust = ssl.create_default_context(cafile=str(ca.cert_path))
+        with httpx.Client(http2=True, verify=trust, timeout=20) as http:
+            with http.stream(
+                "POST", f"{url}/v1/chat/completions", content=BODY,
+                headers={"Content-Type": "application/json"},
+            ) as response:  # fmt: skip
+                raw = b"".join(response.iter_bytes())
+                version = response.http_version
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", http_client=http)
+            stream = client.chat.completions.create(
+                model="middlebox/emulated-7b",
+                messages=[{"role": "user", "content": "hi"}],
+                stream=True,
+                max_tokens=12,
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        return version, raw.decode(), text
+
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            listener = listen(Address("127.0.0.1", 0))
+            port = await nursery.start(server.serve, listener)
+            version, raw, text = await trio.to_thread.run_sync(ask, port)
+            nursery.cancel_scope.cancel()
+            listener.close()
+    assert version == "HTTP/2"
+    assert raw.endswith("data: [DONE]\n\n")
+    assert text  # the SDK parsed the streamed answer over HTTP/2
+    assert server.connections_accepted >= 3  # one TLS connection, one per stream
