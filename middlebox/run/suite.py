@@ -101,6 +101,8 @@ WHY_EMULATOR = {
     "max_num_queued_reqs": "a queue bound the real server was not started with",
     "abort_on_disconnect": "a server that does not abort on disconnect (vLLM always aborts)",
     "script": "pinned output text",
+    "reasoning_tokens": "a reasoning phase (the tier's model has no reasoning parser)",
+    "tool_calls_per_response": "several tool calls in one answer (a model's own choice)",
 }
 
 
@@ -113,6 +115,8 @@ sampling parameter for exactly `max_tokens` tokens."""
 
 MAX_PACED_TOKENS = 4000
 """The most tokens a paced workload asks for (the real tier's model serves 8192)."""
+ABANDON_MARGIN = 5.0
+"""Seconds an abandoning stream outlasts the scenario's against a real server (`paced`)."""
 
 
 def paced(workload: Workload, scenario: Scenario, seconds_per_token: float | None) -> Workload:
@@ -129,17 +133,19 @@ def paced(workload: Workload, scenario: Scenario, seconds_per_token: float | Non
     itl = float(getattr(block, "itl", 0.0) or 0.0)
     if not seconds_per_token:
         return workload
+    seconds = workload.max_tokens * max(itl, seconds_per_token)
     if abandons(workload):
-        # The scenario's point is that the user leaves long before the end. On a
-        # machine the server shares with the client (the tier's CPU vLLM), a starved
-        # client was seen reading its first token 3.4 s late, after a stream paced to
-        # 4.5 s had been generated to its end: no abort to see. So an abandoning
-        # stream is as long as pacing allows; a server that aborts promptly generates
-        # no more for it, one that does not shows the waste it really has.
-        return dataclasses.replace(workload, max_tokens=max(MAX_PACED_TOKENS, workload.max_tokens))
-    if itl <= seconds_per_token:
+        # The scenario's point is that the user leaves mid-stream. On a machine the
+        # server shares with the client (the tier's CPU vLLM), a starved client was seen
+        # reading its first token 3.4 s late, after a stream paced to 4.5 s had been
+        # generated to its end: no abort to see. So an abandoning stream lasts
+        # ABANDON_MARGIN longer than the scenario's; a server that aborts promptly
+        # generates no more for it, and a hop that holds the whole stream (gzip) still
+        # releases it at its end, only later.
+        seconds += ABANDON_MARGIN
+    if seconds <= workload.max_tokens * seconds_per_token:
         return workload
-    scaled = min(math.ceil(workload.max_tokens * itl / seconds_per_token), MAX_PACED_TOKENS)
+    scaled = min(math.ceil(seconds / seconds_per_token), MAX_PACED_TOKENS)
     return dataclasses.replace(workload, max_tokens=max(scaled, workload.max_tokens))
 
 

@@ -41,9 +41,14 @@ def test_the_library_scenarios_that_need_the_emulator_say_why() -> None:
         "abandon-no-abort",
         "idle-timeout-during-pause",
         "idle-timeout-with-heartbeats",
+        "reasoning-behind-idle-timeout",
+        "reasoning-with-heartbeats",
         "vllm-engine-error",
         "wifi-to-lte-resume",
     ]
+    assert needing["reasoning-behind-idle-timeout"].endswith(
+        "upstream.reasoning_tokens: a reasoning phase (the tier's model has no reasoning parser)"
+    )
     assert needing["idle-timeout-with-heartbeats"] == (
         "upstream.pauses: a stall after N tokens (a real vLLM cannot be told to pause); "
         "upstream.sse_keep_alive_interval: SSE heartbeats (vLLM sends no keep-alive comments)"
@@ -101,16 +106,19 @@ def test_a_real_server_faster_than_the_scenario_gets_a_stream_as_long_in_time() 
 
 
 def test_an_abandoning_stream_against_a_real_server_outlasts_a_slow_client() -> None:
-    # the client leaves after 20 tokens: however fast the server and however late the
-    # client starts reading, the stream must still be running when it leaves
-    scenario = load(ROOT / "scenarios" / "abandon-through-nginx-default.yaml")
+    # the client leaves after 20 tokens: the stream lasts ABANDON_MARGIN (5 s) longer
+    # than the scenario's, so a client that starts reading late still leaves mid-stream
+    scenario = load(ROOT / "scenarios" / "abandon-through-nginx-default.yaml")  # itl 10 ms
     for abandoning in (
         Workload(requests=1, max_tokens=120, abandon_after_tokens=20),
         Workload(requests=1, max_tokens=120, abandon_after_seconds=0.5),
     ):
-        assert paced(abandoning, scenario, 0.004).max_tokens == 4000
-        assert paced(abandoning, scenario, 0.02).max_tokens == 4000  # slower server too
+        # 120 x 10 ms = 1.2 s, + 5 s = 6.2 s: 1550 tokens at 4 ms
+        assert paced(abandoning, scenario, 0.004).max_tokens == 1550
+        # a slower server: 120 x 20 ms = 2.4 s, + 5 s = 7.4 s at 20 ms: 370 tokens
+        assert paced(abandoning, scenario, 0.02).max_tokens == 370
         assert paced(abandoning, scenario, None).max_tokens == 120  # no real server speed
+        assert paced(abandoning, scenario, 0.0001).max_tokens == 4000  # bounded
         kept = paced(abandoning, scenario, 0.004)
         assert kept.abandon_after_tokens == abandoning.abandon_after_tokens
     longer = Workload(requests=1, max_tokens=5000, abandon_after_tokens=20)
