@@ -23,7 +23,9 @@ LEGEND = (
     "error; HANG = no result within the scenario's bound; DUP / MISSING / REDRAWN / MOJIBAKE = "
     "corrupted text; abandoned = the simulated user left on purpose; N/M = requests with that "
     "verdict of all; wN = tokens the upstream generated after the client left; "
-    "✗ = the scenario's `expect:` for this client failed; - = not run for this client."
+    "✗ = the scenario's `expect:` for this client failed; - = not run for this client; "
+    "(not started) = no request reached the proxy before the scenario's bound: the process "
+    "was still importing its library (litellm takes 10-15 s on a loaded 2-core machine)."
 )
 
 

@@ -149,6 +149,12 @@ def cells_of(document: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
             continue
         result = found[0]
         text, _ = cell(result)
+        if result["requests"] and all(
+            r["verdict"] == "hang" and not r.get("attempts") for r in result["requests"]
+        ):
+            # no request reached the proxy: the process was still starting (importing its
+            # library) when the bound ran out, which says nothing of how the library streams
+            text += " (not started)"
         cells[scenario["name"]] = {
             "cell": text,
             "verdicts": [request["verdict"] for request in result["requests"]],
