@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate import compare, probe, proxies
-from calibrate.shapes import GRID, FixedUpstream, Shape, prompt_for
+from calibrate.shapes import GRID, TIMEOUT_SHAPES, FixedUpstream, Shape, prompt_for
 
 PROBE_SLACK = 5.0  # seconds beyond the shape's own duration before a probe gives up
 LEDGER_WAIT = 5.0  # seconds for the upstream to learn that a cancelling client left
@@ -90,6 +90,28 @@ def calibrate_grid(
         with middlebox(root / "grid-mb", name, path, upstream.port) as port:
             mine = measure_all(port, upstream, chosen, f"{name}-preset")
     return real, mine, compare_grid(name, real, mine)
+
+
+READ_TIMEOUT = 1.0  # seconds: the timeout shapes' read timeout, on both sides
+# Caddy sets no read timeout by default; with a transport `read_timeout` it ends a started
+# stream cleanly (faults/presets.py): the preset side writes that as the idle_reaper option.
+CADDY_READ_TIMEOUT = [{"idle_reaper": {"timeout": "1000ms", "after_headers": "finish"}}]
+
+
+def calibrate_timeouts(
+    name: str,
+    setup: proxies.Setup,
+    path: list[dict[str, Any]],
+    root: Path,
+    middlebox: Any,
+) -> tuple[dict[str, Any], dict[str, Any], list[compare.Row]]:
+    """TIMEOUT_SHAPES through the real proxy with its read timeout at READ_TIMEOUT and
+    through the preset with its idle_reaper's at the same (`path` already overridden);
+    how each stream ended (with the status) and the token events the client got."""
+    timed = proxies.Setup(setup.software, setup.buffering, setup.gzip, READ_TIMEOUT)
+    if not any("idle_reaper" in entry for entry in path):
+        path = [*path, *CADDY_READ_TIMEOUT]
+    return calibrate_grid(name, timed, path, root / "timeouts", TIMEOUT_SHAPES, middlebox)
 
 
 def render_grid(rows: list[compare.Row]) -> str:

@@ -94,7 +94,15 @@ GRID: tuple[Shape, ...] = (
     Shape("cancel-fin", frame_bytes=250, period=0.020, frames=200, cancel="fin", cancel_after=10),
     Shape("cancel-rst", frame_bytes=250, period=0.020, frames=200, cancel="rst", cancel_after=10),
 )
-SHAPES = {shape.name: shape for shape in GRID}
+# Played with the read timeout the preset's idle_reaper stands for set to 1 s on both
+# sides (calibrate/grid.py): a timeout before the head (nginx and HAProxy 504, Apache 502
+# AH01102) and after it (a close without the terminal chunk; Caddy's `read_timeout` a
+# clean terminal chunk without [DONE], the idle_reaper's `after_headers: finish`).
+TIMEOUT_SHAPES: tuple[Shape, ...] = (
+    Shape("timeout-before-head", frame_bytes=250, period=0.020, frames=10, pause_before_head=2.5),
+    Shape("timeout-after-head", 250, 0.020, frames=20, pause_after=10, pause=2.5),
+)
+SHAPES = {shape.name: shape for shape in (*GRID, *TIMEOUT_SHAPES)}
 
 
 def prompt_for(shape: Shape, tag: str) -> str:

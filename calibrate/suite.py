@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="only the single emulator shape, not the stream-shape grid",
     )
-    parser.add_argument("--shape", action="append", choices=sorted(SHAPES),
+    parser.add_argument("--shape", action="append", choices=[shape.name for shape in GRID],
                         help="grid shape(s) to run (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.no_install:
@@ -116,6 +116,12 @@ def main(argv: list[str]) -> int:
                 shapes, middlebox,
             )  # fmt: skip
             results[name]["grid"] = {"real": real, "preset": mine}
+            grid_rows += found
+            timed_path = preset_path(name, mss=loopback_mss(), idle_timeout=grid.READ_TIMEOUT)
+            real, mine, found = grid.calibrate_timeouts(
+                name, REAL[name], timed_path, root / name, middlebox
+            )
+            results[name]["timeouts"] = {"real": real, "preset": mine}
             grid_rows += found
     table = render(rows)
     if grid_rows:

@@ -49,9 +49,10 @@ _NGINX_BUFFERING = (
 
 # `proxy_read_timeout 60s` between two reads from the upstream: 504 before the head, a
 # close without the terminal chunk after it. Server-side of the buffering, because nginx
-# re-arms it on every upstream read, not on what reaches the client.
+# re-arms it on every upstream read, not on what reaches the client; lazily, as all its
+# event timers (NGX_TIMER_LAZY_DELAY, 300 ms: see faults/idle_reaper.py).
 _NGINX_READ_TIMEOUT = """
-  - idle_reaper: {timeout: 60s, before_headers: "504", after_headers: close}
+  - idle_reaper: {timeout: 60s, before_headers: "504", after_headers: close, lazy: 300ms}
 """
 
 _NGINX_HIDE = """

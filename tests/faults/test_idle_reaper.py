@@ -226,3 +226,28 @@ def test_finish_mid_chunk_can_only_close() -> None:
     )
     assert out[3:] == [(12.0, Eof(DOWN)), (12.0, Eof(UP))]
     assert fault.reports[0].details["end"] == "close"
+
+
+def test_a_lazy_timer_moves_only_when_a_read_moves_it_by_the_lazy_delay_as_nginx() -> None:
+    # nginx's ngx_event_add_timer keeps an armed timer whose new expiry is within
+    # NGX_TIMER_LAZY_DELAY (300 ms): the head at 0.0 arms it; frames every 20 ms for 200 ms
+    # do not move it, so a 1 s timeout fires at 1.0 s, not 1.2 s after the last frame
+    frames = chunked(*(event(str(k)) for k in range(10)))
+    writes = [(0.0, Chunk(UP, REQUEST)), (0.0, Chunk(DOWN, SSE_HEAD))]
+    writes += [(0.02 * (k + 1), Chunk(DOWN, frame)) for k, frame in enumerate(frames)]
+    lazy = IdleReaper(timeout=1.0, lazy=0.3)
+    assert ends(replay(lazy, writes))[0] == (1.0, Eof(DOWN))
+    assert lazy.reports[0].details["idle_since"] == 0.0
+    eager = IdleReaper(timeout=1.0)  # every read re-arms it
+    assert ends(replay(eager, writes))[0] == (pytest.approx(1.2), Eof(DOWN))
+    # a read 300 ms or more after the timer's last move moves it
+    later = [*writes, (0.35, Chunk(DOWN, chunked(PING)[0]))]
+    assert ends(replay(IdleReaper(timeout=1.0, lazy=0.3), later))[0] == (
+        pytest.approx(1.35),
+        Eof(DOWN),
+    )
+
+
+def test_a_negative_lazy_delay_is_refused() -> None:
+    with pytest.raises(ValueError, match="lazy must be"):
+        IdleReaper(lazy=-0.1)
