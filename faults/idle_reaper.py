@@ -46,7 +46,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from faults._lib.checks import check_choice, check_positive
-from faults._lib.ends import BeforeHeaders, ResponseProgress, end_response, gateway_answer
+from faults._lib.ends import (
+    BeforeHeaders,
+    ErrorPage,
+    ResponseProgress,
+    end_response,
+    gateway_answer,
+)
 from faults._lib.hop_close import HopClose
 from faults._lib.match import RESPONSES, HttpMatched
 from middlebox.core.fault import Fault, Seconds
@@ -66,6 +72,8 @@ class IdleReaper(HttpMatched, Fault):
     after_headers: AfterHeaders = "close"
     # a read re-arms the timer only when that moves it by at least this (nginx: 300 ms)
     lazy: Seconds = 0.0
+    # whose error page answers before the head: nginx's, or Apache's 502 Proxy Error
+    page: ErrorPage = "nginx"
 
     _waiting: deque[int] = field(init=False, repr=False, default_factory=deque)
     _last: float = field(init=False, repr=False, default=0.0)
@@ -81,6 +89,9 @@ class IdleReaper(HttpMatched, Fault):
     def __post_init__(self) -> None:
         check_positive("timeout", self.timeout)
         check_positive("lazy", self.lazy, allow_zero=True)
+        check_choice("page", self.page, ErrorPage)
+        if self.page == "apache" and self.before_headers != "502":
+            raise ValueError("page: apache is Apache's 502 Proxy Error: before_headers must be 502")
         check_choice("before_headers", self.before_headers, BeforeHeaders)
         check_choice("after_headers", self.after_headers, AfterHeaders)
 
@@ -121,7 +132,7 @@ class IdleReaper(HttpMatched, Fault):
         progress = self._progress
         end: str
         if not progress.started:
-            out = gateway_answer(self.before_headers)
+            out = gateway_answer(self.before_headers, self.page)
             end = self.before_headers
         elif self.after_headers == "reset":
             out = [Reset(DOWN), Reset(UP)]

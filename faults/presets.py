@@ -103,7 +103,7 @@ PRESETS: dict[str, str] = {
     # remote server", then ap_proxyerror's Bad Gateway), not nginx's 504.
     "apache-default": """
   - ignore_client_close: {until: write_fails}
-  - idle_reaper: {timeout: 300s, before_headers: "502", after_headers: close}
+  - idle_reaper: {timeout: 300s, before_headers: "502", after_headers: close, page: apache}
 """,
     # Caddy 2.6 `reverse_proxy`: flush_interval -1 for text/event-stream (every write
     # goes out at once), the upstream request is cancelled with the client's, and the

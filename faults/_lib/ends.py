@@ -25,7 +25,7 @@ from middlebox.core.http1 import (
     Piece,
     PieceKind,
 )
-from middlebox.core.responses import error_response
+from middlebox.core.responses import apache_proxy_error, error_response
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset
 
 BeforeHeaders = Literal["504", "502", "reset"]
@@ -35,12 +35,17 @@ ResponseEnd = Literal["truncated_chunked", "fin", "rst"]
 """How a started response ends: FIN without the terminal chunk, a complete message, an RST."""
 
 
-def gateway_answer(kind: BeforeHeaders) -> list[Item]:
+ErrorPage = Literal["nginx", "apache"]
+
+
+def gateway_answer(kind: BeforeHeaders, page: ErrorPage = "nginx") -> list[Item]:
     """The client gets the error page and a FIN (or an RST); the upstream is closed the
-    same way. The page says `Connection: close`, as nginx's does after a gateway error."""
+    same way. nginx's page says `Connection: close`, as nginx's does after a gateway
+    error; Apache's is its 502 Proxy Error page."""
     if kind == "reset":
         return [Reset(DOWN), Reset(UP)]
-    return [Chunk(DOWN, error_response(int(kind))), Eof(DOWN), Eof(UP)]
+    answer = apache_proxy_error() if page == "apache" else error_response(int(kind))
+    return [Chunk(DOWN, answer), Eof(DOWN), Eof(UP)]
 
 
 def end_response(kind: ResponseEnd, progress: ResponseProgress) -> list[Item]:

@@ -56,3 +56,27 @@ def error_response(
     lines += [f"Connection: {connection}"] if connection is not None else []
     lines += [f"{name}: {value}" for name, value in extra_headers or []]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
+
+
+APACHE_PROXY_ERROR = (
+    b'<!DOCTYPE HTML PUBLIC "-//W3C//DTD HTML 4.01//EN" "http://www.w3.org/TR/html4/strict.dtd">\n'
+    b"<html><head>\n<title>502 Proxy Error</title>\n</head><body>\n<h1>Proxy Error</h1>\n"
+    # two CRLFs inside the text, as mod_proxy's message string has them
+    b"<p>The proxy server received an invalid\r\nresponse from an upstream server.<br />\r\n"
+    b"The proxy server could not handle the request<p>Reason: <strong>Error reading from "
+    b"remote server</strong></p></p>\n</body></html>\n"
+)
+"""Apache httpd 2.4 mod_proxy's page when the backend times out before its status line
+(AH01102 "error reading status line from remote server", then ap_proxyerror), as the
+real Apache 2.4 sent it to `make calibrate` (381 bytes)."""
+
+
+def apache_proxy_error() -> bytes:
+    """Apache's `502 Proxy Error` answer: its own reason phrase, a Latin-1 HTML page and
+    no Connection field (the proxy ends the connection right after it anyway)."""
+    head = (
+        "HTTP/1.1 502 Proxy Error\r\nServer: Apache\r\n"
+        f"Content-Length: {len(APACHE_PROXY_ERROR)}\r\n"
+        "Content-Type: text/html; charset=iso-8859-1\r\n\r\n"
+    )
+    return head.encode("latin-1") + APACHE_PROXY_ERROR

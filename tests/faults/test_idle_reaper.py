@@ -251,3 +251,22 @@ def test_a_lazy_timer_moves_only_when_a_read_moves_it_by_the_lazy_delay_as_nginx
 def test_a_negative_lazy_delay_is_refused() -> None:
     with pytest.raises(ValueError, match="lazy must be"):
         IdleReaper(lazy=-0.1)
+
+
+def test_apaches_page_answers_a_timeout_before_the_head_as_apache_does() -> None:
+    # the real Apache 2.4 answered make calibrate's timeout-before-head with this page
+    out = replay(
+        IdleReaper(timeout=1.0, before_headers="502", page="apache"),
+        [(0.0, Chunk(UP, REQUEST))],
+    )
+    answer = down_bytes(out)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 502 Proxy Error\r\n")
+    assert b"Content-Type: text/html; charset=iso-8859-1" in head
+    assert f"Content-Length: {len(body)}".encode() in head and len(body) == 381
+    assert b"<title>502 Proxy Error</title>" in body and b"Error reading from remote" in body
+    assert ends(out) == [(1.0, Eof(DOWN)), (1.0, Eof(UP))]
+    with pytest.raises(ValueError, match="before_headers must be 502"):
+        IdleReaper(before_headers="504", page="apache")
+    with pytest.raises(ValueError, match="page must be one of"):
+        IdleReaper(page="caddy")  # type: ignore[arg-type]
