@@ -1,7 +1,8 @@
 """Fail closed end to end (issue 14), on real sockets through the proxy as `middlebox proxy`
 serves it (compose.PROXY_STAGES, the control API's counters): an upstream that sends an
 invalid head gives the client nginx's 502; one that breaks its chunked body after the head
-gives the client the good part and a close; a smuggled request gets 400 and never reaches
+gives the client the good part and a close; one that closes before its head is whole
+gives the client nginx's 502 and none of the head; a smuggled request gets 400 and never reaches
 the upstream; each is counted in /metrics under its Prometheus name."""
 
 from __future__ import annotations
@@ -113,6 +114,23 @@ async def test_a_broken_chunked_body_after_the_head_ends_in_a_close_without_the_
             data, ended = await raw(run.proxy_port, CHAT)
             assert data == SSE_HEAD + chunk(EVENT) and ended == "fin"
             await settled(lambda: _equals(run, "middlebox_unframeable_responses_total", 1))
+
+
+async def test_an_upstream_that_closes_mid_head_gives_the_client_nginx_s_502_only() -> None:
+    # "upstream prematurely closed connection while reading response header from upstream"
+    with trio.fail_after(10):
+        async with proxied(b"HTTP/1.1 200 OK\r\nContent-Type: text/event") as run:
+            data, ended = await raw(run.proxy_port, CHAT)
+            assert data == error_response(502) and ended == "fin"
+            assert run.upstream.requests == 1
+            await settled(lambda: _equals(run, "middlebox_unframeable_responses_total", 1))
+
+
+async def test_an_upstream_that_closes_without_a_byte_gives_the_client_nginx_s_502() -> None:
+    with trio.fail_after(10):
+        async with proxied(b"") as run:
+            data, ended = await raw(run.proxy_port, CHAT)
+            assert data == error_response(502) and ended == "fin"
 
 
 async def test_a_smuggled_request_gets_400_nothing_upstream_and_is_counted() -> None:

@@ -139,18 +139,86 @@ def test_a_valid_stream_passes_byte_exact_however_it_is_split() -> None:
         assert not stage_reports(reports)
 
 
-def test_a_head_cut_short_by_the_upstream_s_close_goes_on_as_it_came() -> None:
+@pytest.mark.parametrize("end", [Eof(DOWN), Reset(DOWN)], ids=["fin", "rst"])
+def test_a_head_cut_short_by_the_upstream_is_nginx_s_502_and_none_of_it_passes(end: Item) -> None:
     pipeline, reports = composed()
-    out = exchange(pipeline, b"HTTP/1.1 200 OK\r\nConte", Eof(DOWN))
-    assert client_bytes(out) == b"HTTP/1.1 200 OK\r\nConte"
-    assert out[-1] == Eof(DOWN)
+    out = exchange(pipeline, b"HTTP/1.1 200 OK\r\nConte", end)
+    assert client_bytes(out) == error_response(502)
+    assert out[-2:] == [Eof(DOWN), Eof(UP)] and Reset(DOWN) not in out
+    (refused,) = stage_reports(reports)
+    assert refused.action == "refused" and refused.details["status"] == 502
+    assert refused.details["reason"] == "premature_close"
+    assert "prematurely closed" in refused.details["message"]
+    assert refused.details["byte"] == 0
+    (stage,) = [f for f in pipeline.faults if isinstance(f, FailClosedResponse)]
+    assert stage.connection_closed
+
+
+def test_a_head_split_over_reads_then_a_close_still_gives_no_byte_of_it() -> None:
+    pipeline, _ = composed()
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    out = exchange(pipeline, head[:7], head[7:30], head[30:], Eof(DOWN))
+    assert client_bytes(out) == error_response(502)
+
+
+def test_a_close_before_any_byte_of_the_answer_is_nginx_s_502() -> None:
+    pipeline, reports = composed()
+    out = exchange(pipeline, Eof(DOWN))
+    assert client_bytes(out) == error_response(502)
+    (refused,) = stage_reports(reports)
+    assert refused.details["reason"] == "premature_close"
+
+
+def test_a_close_during_a_request_body_already_sent_upstream_is_a_502() -> None:
+    pipeline, _ = composed()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n{}"
+    out = pipeline.on_item(Chunk(UP, head), 0.0) + pipeline.on_item(Eof(DOWN), 1.0)
+    assert client_bytes(out) == error_response(502)
+
+
+def test_a_close_of_an_idle_kept_alive_upstream_is_no_502() -> None:
+    pipeline, reports = composed()
+    response = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    out = exchange(pipeline, response, Eof(DOWN))
+    # the answer was whole and nothing else was asked: the close goes on as it came
+    assert client_bytes(out) == response and out[-1] == Eof(DOWN)
     assert not stage_reports(reports)
 
 
-def test_a_reset_from_the_upstream_passes_after_the_held_bytes() -> None:
+def test_a_close_with_no_request_at_all_is_no_502() -> None:
+    pipeline, reports = composed()
+    out = pipeline.on_item(Eof(DOWN), 1.0)
+    assert out == [Eof(DOWN)] and not stage_reports(reports)
+
+
+def test_a_close_after_the_client_left_gets_no_answer() -> None:
+    pipeline, reports = composed()
+    out = pipeline.on_item(Chunk(UP, REQUEST), 0.0) + pipeline.on_item(Eof(UP), 0.5)
+    out += pipeline.on_item(Chunk(DOWN, b"HTTP/1.1 200"), 0.8)
+    out += pipeline.on_item(Eof(DOWN), 1.0)
+    assert client_bytes(out) == b"HTTP/1.1 200"  # as it came, to a client already gone
+    assert not stage_reports(reports)
+
+
+def test_a_close_mid_body_after_the_head_is_no_502() -> None:
+    pipeline, reports = composed()
+    out = exchange(pipeline, SSE_HEAD + EVENT_CHUNK, Eof(DOWN))
+    assert client_bytes(out) == SSE_HEAD + EVENT_CHUNK and out[-1] == Eof(DOWN)
+    assert not stage_reports(reports)
+
+
+def test_a_reset_mid_body_passes_after_the_bytes_before_it() -> None:
     pipeline, _ = composed()
-    out = exchange(pipeline, SSE_HEAD[:5], Reset(DOWN))
-    assert out[-1] == Reset(DOWN)
+    out = exchange(pipeline, SSE_HEAD + EVENT_CHUNK, Reset(DOWN))
+    assert client_bytes(out) == SSE_HEAD + EVENT_CHUNK and out[-1] == Reset(DOWN)
+
+
+def test_a_close_delimited_body_ends_whole_at_the_upstream_s_close() -> None:
+    pipeline, reports = composed()
+    response = b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + EVENT
+    out = exchange(pipeline, response, Eof(DOWN))
+    assert client_bytes(out) == response and out[-1] == Eof(DOWN)
+    assert not stage_reports(reports)
 
 
 def test_with_no_http_aware_fault_the_stage_steps_aside_and_nothing_is_framed() -> None:

@@ -19,6 +19,13 @@ answers by where the bad bytes are:
   (no terminal chunk) and the upstream one. The body bytes before the bad ones went on.
 - after a `Connection: close` response: "upstream sent data after final chunk" or more
   than Content-Length; nginx drops those bytes and the upstream connection's keep-alive.
+- no complete head at all: the upstream closes (or resets) with a request outstanding
+  before the head's end. `ngx_http_upstream_process_header` reads 0 bytes ("upstream
+  prematurely closed connection while reading response header from upstream") or a
+  recv() error and calls `ngx_http_upstream_next(NGX_HTTP_UPSTREAM_FT_ERROR)`; with no
+  other server to try it finalizes with 502 and nginx's page. The partial head it held
+  never reaches the client. A client that already left (its FIN went upstream) gets
+  nothing: nginx finalized that request (499) before the upstream's close.
 
 nginx keeps the client connection after a 502 and dials the upstream again for the next
 request; middlebox has one upstream connection per client connection, so it closes both
@@ -43,6 +50,12 @@ from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
 
 # ngx_http_upstream_next: NGX_HTTP_UPSTREAM_FT_INVALID_HEADER finalizes with Bad Gateway.
 INVALID_HEADER_STATUS = 502
+# ngx_http_upstream_next: NGX_HTTP_UPSTREAM_FT_ERROR (a close or recv() error while
+# reading the head) with no next upstream finalizes with Bad Gateway too.
+PREMATURE_CLOSE_STATUS = 502
+PREMATURE_CLOSE_MESSAGE = (
+    "upstream prematurely closed connection while reading response header from upstream"
+)
 
 
 @dataclass
@@ -54,6 +67,9 @@ class FailClosedResponse(Fault):
 
     connection_closed: bool = field(init=False, repr=False, default=False)
     _framer: Http1Framer | None = field(init=False, repr=False, default=None)
+    # The request stream where it leaves for the upstream: is a request outstanding?
+    _requests: Http1Framer | None = field(init=False, repr=False, default=None)
+    _client_left: bool = field(init=False, repr=False, default=False)
     _held: bytearray = field(init=False, repr=False, default_factory=bytearray)
     _passed: int = field(init=False, repr=False, default=0)  # response bytes passed on
     _discarding: bool = field(init=False, repr=False, default=False)
@@ -63,6 +79,7 @@ class FailClosedResponse(Fault):
         position = context.framing
         if position is not None:
             self._framer = position.down.http
+            self._requests = position.up.http
 
     @property
     def finished(self) -> bool:
@@ -72,11 +89,15 @@ class FailClosedResponse(Fault):
         if self.connection_closed:
             return []  # closed as nginx closes: nothing more goes anywhere
         framer = self._framer
+        if item.direction is UP and not isinstance(item, Chunk):
+            self._client_left = True  # nginx finalizes the request: no answer after this
         if item.direction is UP or framer is None:
             return [item]
         if self._discarding:
             return [] if isinstance(item, Chunk) else [item]
         if not isinstance(item, Chunk):
+            if self._head_cut_short(framer):
+                return self._premature_close(framer, now)
             # The end of the stream: the framer passed what it held on (as OPAQUE).
             return [*self._release(framer.offset), item]
         refusal = framer.refusal
@@ -88,6 +109,35 @@ class FailClosedResponse(Fault):
             return self._release(framer.offset)
         self._held += item.data
         return self._refuse(refusal, now)
+
+    def _head_cut_short(self, framer: Http1Framer) -> bool:
+        """At the upstream's close or reset (the framer has had its end): no complete head
+        of the response to an outstanding request came, and the client is still there."""
+        if self._client_left or framer.tunnel or framer.degraded is not None:
+            return False
+        if framer.truncated and not framer.in_body:
+            return True  # part of a head (its bytes are held here), then the end
+        requests = self._requests
+        if requests is None or not framer.message_complete:
+            return False
+        # No byte of the next response: did a whole request head go up for it to answer?
+        sent = requests.message + (1 if requests.in_body else 0)
+        return not requests.tunnel and sent > framer.message
+
+    def _premature_close(self, framer: Http1Framer, now: float) -> list[Item]:
+        held = len(self._held)
+        self._held.clear()  # nginx parses a whole head before it sends one: none of it
+        self._passed = framer.offset
+        self.connection_closed = True
+        self.report(
+            now,
+            "refused",
+            status=PREMATURE_CLOSE_STATUS,
+            reason="premature_close",
+            message=PREMATURE_CLOSE_MESSAGE,
+            byte=framer.offset - held,
+        )
+        return [Chunk(DOWN, error_response(PREMATURE_CLOSE_STATUS)), Eof(DOWN), Eof(UP)]
 
     def _release(self, upto: int) -> list[Item]:
         """The held bytes before stream offset `upto`, as one chunk."""
