@@ -21,7 +21,7 @@ from faults._proxy.upstream_unreachable import UpstreamUnreachable
 from faults.presets import PRESETS
 from middlebox.core.fault import Fault
 from middlebox.scenario.convert import Problem, ScenarioError
-from middlebox.scenario.load import load_scenario
+from middlebox.scenario.load import load_scenario, load_scenario_text
 from middlebox.scenario.model import ProxyOptions, Scenario
 from middlebox.scenario.schema import scenario_json_schema
 
@@ -59,6 +59,14 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
 
 def load(path: str | Path) -> Scenario:
     return load_scenario(path, REGISTRY, sections=scenario_sections(), presets=PRESETS)
+
+
+def load_text(text: str, name: str = "<string>") -> Scenario:
+    """A scenario from YAML text, as `load` reads a file: the same faults, sections and
+    presets (the control API's PUT /scenario and POST /faults)."""
+    return load_scenario_text(
+        text, REGISTRY, file=name, sections=scenario_sections(), presets=PRESETS
+    )
 
 
 def validate_paths(paths: Iterable[str | Path]) -> tuple[list[Scenario], list[Problem]]:

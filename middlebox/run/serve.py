@@ -17,13 +17,8 @@ from typing import Any
 
 import trio
 
-from middlebox.compose import (
-    PROXY_STAGES,
-    SCENARIO_SUFFIXES,
-    load,
-    registry,
-    scenario_sections,
-)
+from middlebox.compose import PROXY_STAGES, SCENARIO_SUFFIXES, load
+from middlebox.compose import load_text as load_scenario_text_with_presets
 from middlebox.observe.journal import (
     DEFAULT_REDACTION,
     MAX_JOURNAL_BYTES,
@@ -32,7 +27,6 @@ from middlebox.observe.journal import (
     Redaction,
 )
 from middlebox.scenario.convert import ScenarioError
-from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import Scenario, TlsOptions
 from middlebox.shell.control import ControlledProxy, check_control_access, run_controlled_proxy
 from middlebox.shell.server import Address, ProxyServer, relay_clock_offset, run_proxy
@@ -49,7 +43,7 @@ class LibraryScenarios:
         return load(path)
 
     def text(self, text: str, name: str = "<control>") -> Scenario:
-        return load_scenario_text(text, registry(), file=name, sections=scenario_sections())
+        return load_scenario_text_with_presets(text, name)
 
 
 LIBRARY_SCENARIOS = LibraryScenarios()
