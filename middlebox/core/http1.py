@@ -360,7 +360,18 @@ class Http1Framer:
         if self._eof:
             raise RuntimeError("feed() after feed_eof()")
         out: list[Piece] = []
-        self._buf += data
+        if self._buf:
+            self._buf += data
+        else:
+            # Nothing held: cut what can be cut straight from `data`, and buffer only
+            # the rest (the same pieces as the buffered way, without copying body bytes
+            # through the buffer twice).
+            if not isinstance(data, bytes):
+                data = bytes(data)
+            taken = self._cut_direct(data, out)
+            if taken == len(data):
+                return out
+            self._buf += data[taken:] if taken else data
         while self._buf and self._step(out):
             pass
         return out
@@ -402,6 +413,67 @@ class Http1Framer:
         self._offset += n
         if kind is PieceKind.BODY:
             self._body_received += n
+
+    def _cut_direct(self, data: bytes, out: list[Piece]) -> int:
+        """The fast path for bytes whose boundaries are known (content-length and chunk
+        data, chunk-size lines and the CRLF after chunk data, bodies read until close,
+        tunnels) when nothing is held: pieces are slices of `data` itself. Returns how
+        many bytes it cut; anything else (a head, trailers, a line cut short, a last or
+        malformed chunk) is left to `_step`, which decides it exactly as before."""
+        pos = 0
+        size = len(data)
+        while pos < size:
+            state = self._state
+            if state is _State.LENGTH or state is _State.CHUNK_DATA:
+                n = min(self._remaining, size - pos)
+                self._remaining -= n
+                done = self._remaining == 0
+                last = done and state is _State.LENGTH
+                pos = self._cut(out, PieceKind.BODY, data, pos, n, last)
+                if last:
+                    self._next_message()
+                elif done:
+                    self._state = _State.CHUNK_CRLF
+            elif state is _State.CHUNK_SIZE:
+                nl = data.find(b"\n", pos)
+                if nl < 0 or nl - pos >= MAX_CHUNK_LINE_BYTES:
+                    return pos
+                match = _CHUNK_LINE.match(data, pos, nl + 1)
+                if match is None:
+                    return pos
+                chunk = int(match.group(1), 16)
+                if chunk == 0 or chunk > MAX_BODY_SIZE:
+                    return pos
+                pos = self._cut(out, PieceKind.CHUNK_HEADER, data, pos, nl + 1 - pos, False)
+                self._remaining = chunk
+                self._state = _State.CHUNK_DATA
+            elif state is _State.CHUNK_CRLF:
+                if data[pos] == _LF:
+                    n = 1
+                elif data[pos] == _CR and pos + 1 < size and data[pos + 1] == _LF:
+                    n = 2
+                else:
+                    return pos
+                pos = self._cut(out, PieceKind.CHUNK_TRAILER_CRLF, data, pos, n, False)
+                self._state = _State.CHUNK_SIZE
+            elif state is _State.UNTIL_CLOSE:
+                pos = self._cut(out, PieceKind.BODY, data, pos, size - pos, False)
+            elif state is _State.OPAQUE:
+                pos = self._cut(out, PieceKind.OPAQUE, data, pos, size - pos, False)
+            else:
+                return pos
+        return pos
+
+    def _cut(
+        self, out: list[Piece], kind: PieceKind, data: bytes, pos: int, n: int, end: bool
+    ) -> int:
+        """`_emit` for `data[pos:pos + n]` (nothing held); returns the position after it."""
+        piece = data if n == len(data) else data[pos : pos + n]
+        out.append(Piece(kind, piece, self._message, self._offset, None, end))
+        self._offset += n
+        if kind is PieceKind.BODY:
+            self._body_received += n
+        return pos + n
 
     def _next_message(self) -> None:
         self._message += 1
