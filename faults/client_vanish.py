@@ -32,6 +32,7 @@ from typing import ClassVar, Literal
 from faults._lib.checks import check_choice
 from faults._lib.triggers import Triggered
 from middlebox.core.fault import Fault
+from middlebox.core.scenario_state import increment
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset, is_end
 
 How = Literal["fin", "rst", "close"]
@@ -61,8 +62,7 @@ class ClientVanish(Triggered, Fault):
             )
 
     def on_open(self, now: float) -> list[Item]:
-        opened = self.context.shared.get("connections_opened", 0)
-        self.context.shared["connections_opened"] = opened + 1
+        opened = increment(self.context.shared, "connections_opened") - 1
         if self.connections is None or opened < self.connections:
             self.arm(now)
         return []

@@ -167,7 +167,13 @@ class Handoff(Triggered, Fault):
             now, "outage", offset=self.downstream_bytes, event=self.downstream_events,
             until=end, outcome=self.outcome,
         )  # fmt: skip
-        self.context.shared["outage"] = {"start": now, "end": end, "outcome": self.outcome}
+        window: dict[str, Any] = {"start": now, "end": end, "outcome": self.outcome}
+        # setdefault, one atomic step: when two connections (maybe in two workers) trigger
+        # at once, both follow the outage that was stored first, as one network does.
+        stored: dict[str, Any] = self.context.shared.setdefault("outage", window)
+        if stored != window:
+            self._go_dark(stored["end"], stored["outcome"])
+            return
         self._go_dark(end, self.outcome)
 
     def _go_dark(self, until: float, ending: Outcome) -> None:

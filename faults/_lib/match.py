@@ -35,6 +35,7 @@ from middlebox.core.http1 import (
     Piece,
     PieceKind,
 )
+from middlebox.core.scenario_state import SharedState, increment
 from middlebox.core.stream import Chunk, Direction, Item
 
 
@@ -194,7 +195,7 @@ class RequestMatch:
         return self.probability >= 1.0 or rng.random() < self.probability
 
     @staticmethod
-    def start(shared: dict[str, Any], now: float, key: str = "match") -> None:
+    def start(shared: SharedState, now: float, key: str = "match") -> None:
         """Note a connection opening: the first one sets the epoch of the window."""
         shared.setdefault(f"{key}.epoch", now)
 
@@ -203,7 +204,7 @@ class RequestMatch:
         request: RequestInfo,
         now: float,
         rng: random.Random,
-        shared: dict[str, Any],
+        shared: SharedState,
         key: str = "match",
     ) -> int | None:
         """The request's cross-connection index if this exchange is affected, else None.
@@ -214,8 +215,9 @@ class RequestMatch:
         epoch = shared.setdefault(f"{key}.epoch", now)
         if not self.accepts(request) or not self.within(now - epoch):
             return None
-        index: int = shared.get(f"{key}.count", 0)
-        shared[f"{key}.count"] = index + 1
+        # One atomic increment, so "first: 3" stays three across workers and proxies that
+        # share a store (a get then a set could hand two requests the same index).
+        index = increment(shared, f"{key}.count") - 1
         return index if self.chooses(index, rng) else None
 
 

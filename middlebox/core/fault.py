@@ -21,11 +21,12 @@ before the request reaches the server) or reset both sides at once.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
 from middlebox.core.framed import FramedStream, PathFraming, Position
+from middlebox.core.scenario_state import SharedState, for_fault
 from middlebox.core.stream import Chunk, Direction, Item
 
 
@@ -60,16 +61,17 @@ ReportSink = Callable[[FaultReport], None]
 class FaultContext:
     """What the shell hands each fault of a new connection.
 
-    `shared` is one dict per fault position in the scenario, kept for the scenario's
-    lifetime in one proxy process, for decisions that span connections ("the first
-    three requests get a 429"). The proxy drives all pipelines from one thread, so
-    it needs no lock.
+    `shared` is one mapping per fault position in the scenario, kept for the scenario's
+    lifetime, for decisions that span connections ("the first three requests get a
+    429"): a dict in one proxy process (driven from one thread, so it needs no lock) or
+    a store shared by workers and proxies (`middlebox.core.scenario_state`); counters go
+    through `scenario_state.increment`, which is atomic on both.
     """
 
     connection_id: int = 0
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     report: ReportSink | None = None
-    shared: dict[str, Any] = field(default_factory=dict)
+    shared: SharedState = field(default_factory=dict)
     framing: Position | None = None
     """The framed streams at this fault's place in the path (`middlebox.core.framed`),
     set by the `Pipeline` when a fault in it reads HTTP; None for a fault on its own,
@@ -88,6 +90,10 @@ class Fault:
     """
 
     name: ClassVar[str] = "passthrough"
+    shared_in_process: ClassVar[bool] = False
+    """True for a fault whose `shared` values are changed in place (a list appended to):
+    the shell then gives it a dict of its process rather than a store shared by workers
+    and proxies, whose values are copies (`middlebox.core.scenario_state`)."""
 
     rng: random.Random = field(init=False, repr=False, compare=False)
     context: FaultContext = field(init=False, repr=False, compare=False)
@@ -196,11 +202,11 @@ class Pipeline(Fault):
     def __repr__(self) -> str:
         return f"Pipeline({self.faults!r})"
 
-    def bind(self, context: FaultContext, shared: list[dict[str, Any]] | None = None) -> None:
+    def bind(self, context: FaultContext, shared: Sequence[SharedState] | None = None) -> None:
         """Bind every fault with its own rng drawn from the connection's, in path order.
 
-        `shared` gives each fault position its scenario-lifetime dict (the server keeps
-        them); without it the faults share the connection context's dict.
+        `shared` gives each fault position its scenario-lifetime state (the server keeps
+        them); without it the faults share the connection context's.
         """
         self.context = context
         self.rng = context.rng
@@ -225,7 +231,10 @@ class Pipeline(Fault):
                     connection_id=context.connection_id,
                     rng=random.Random(context.rng.getrandbits(64)),
                     report=context.report,
-                    shared=shared[index] if shared is not None else context.shared,
+                    shared=for_fault(
+                        shared[index] if shared is not None else context.shared,
+                        fault.shared_in_process,
+                    ),
                     framing=framing.position(index) if framing is not None else None,
                     client_mss=context.client_mss,
                 )
