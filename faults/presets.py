@@ -7,6 +7,11 @@ Caddy 2.6.2) by `make calibrate`; docs/calibration.md has the table, the toleran
 and what a preset does not reproduce. The values are each proxy's *defaults*; a
 scenario that needs another timeout writes the faults out with its own values.
 
+`PRESET_PROXY` holds what a preset sets of the proxy's own behaviour, which is not a fault:
+the nginx presets turn on nginx's client timers (faults/_proxy/request_timeouts.py). The
+composition root joins both into the presets the loader reads; a scenario's own `proxy:`
+block wins over a preset's (`proxy: {keepalive_timeout: null}` turns one off).
+
 What was measured, in short (a 60-token stream at 20 ms ITL through each):
 - nginx with its defaults buffers: ~4 KiB bursts, the first with the head, and learns
   at once (≈1 ms) that the client left (it watches the client socket,
@@ -112,4 +117,19 @@ PRESETS: dict[str, str] = {
     # Caddy ends a started stream with a clean terminal chunk and no [DONE]: write
     # `idle_reaper: {timeout: ..., after_headers: finish}` after this preset.
     "caddy-default": "[]",
+}
+
+# nginx's client timers, on in every nginx unless configured otherwise (ngx_http_core_module
+# docs and ngx_http_core_module.c's merge defaults): `client_header_timeout 60s` for every
+# request head, `keepalive_timeout 75s` for an idle kept-alive connection (closed silently),
+# `client_body_timeout 60s` between two body reads (408 "Request Time-out"). Each preset that
+# models nginx carries them, as each of those nginx runs them.
+_NGINX_CLIENT_TIMERS = (
+    "{client_header_timeout: 60s, keepalive_timeout: 75s, client_body_timeout: 60s}"
+)
+
+PRESET_PROXY: dict[str, str] = {
+    "nginx-default": _NGINX_CLIENT_TIMERS,
+    "nginx-streaming": _NGINX_CLIENT_TIMERS,
+    "nginx-gzip": _NGINX_CLIENT_TIMERS,
 }

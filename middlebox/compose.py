@@ -18,14 +18,21 @@ from faults._proxy.fail_closed_response import FailClosedResponse
 from faults._proxy.proxy_read_timeout import ProxyReadTimeout
 from faults._proxy.request_timeouts import RequestTimeouts
 from faults._proxy.upstream_unreachable import UpstreamUnreachable
-from faults.presets import PRESETS
+from faults.presets import PRESET_PROXY
+from faults.presets import PRESETS as PRESET_PATHS
 from middlebox.core.fault import Fault
 from middlebox.scenario.convert import Problem, ScenarioError
 from middlebox.scenario.load import load_scenario, load_scenario_text
 from middlebox.scenario.model import ProxyOptions, Scenario
+from middlebox.scenario.presets import preset_text
 from middlebox.scenario.schema import scenario_json_schema
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
+
+# The presets as the loader reads them: each one's faults with its `proxy:` options.
+PRESETS: dict[str, str] = {
+    name: preset_text(path, PRESET_PROXY.get(name)) for name, path in PRESET_PATHS.items()
+}
 
 
 def scenario_sections() -> dict[str, type | None]:

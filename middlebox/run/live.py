@@ -298,9 +298,7 @@ def load_scenario(
             compose.registry(),
             file="<dict>",
             sections=compose.scenario_sections(),
-            # compose imports PRESETS without re-exporting it; a compose.load_text (the
-            # composition root's to add) would make this a plain call
-            presets=compose.PRESETS,  # type: ignore[attr-defined]
+            presets=compose.PRESETS,
         )
     path = Path(scenario)
     if root is not None and not path.exists() and (root / path).exists():

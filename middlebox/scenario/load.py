@@ -26,8 +26,8 @@ from middlebox.scenario.convert import (
     ScenarioError,
     did_you_mean,
 )
-from middlebox.scenario.model import FaultSpec, ProxyOptions, Scenario, scenario_warnings
-from middlebox.scenario.presets import expand_preset
+from middlebox.scenario.model import FaultSpec, Scenario, scenario_warnings
+from middlebox.scenario.presets import expand_preset, scenario_proxy
 
 # A scenario is a page of YAML; anything this big is a mistake (or an attack), refused
 # before parsing so a stray multi-gigabyte file cannot exhaust memory.
@@ -209,6 +209,7 @@ def load_scenario_text(
     values: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     path_node: yaml.Node | None = None
+    proxy_node: yaml.Node | None = None
     allowed = [*TOP_LEVEL, *sections]
     for key_node, value_node in convert.mapping_pairs(root, "scenario"):
         key = key_node.value
@@ -226,7 +227,7 @@ def load_scenario_text(
                     convert.convert(value_node, list[str], "quiet_faults")
                 )
             elif key == "proxy":
-                values["proxy"] = convert.dataclass(value_node, ProxyOptions, "proxy")
+                proxy_node = value_node  # read with the path's presets, below
             elif key in sections:
                 schema = sections[key]
                 extra[key] = (
@@ -251,6 +252,10 @@ def load_scenario_text(
             specs = load_path(path_node, registry, convert, presets or {})
         except Invalid:
             pass
+    try:  # a preset's `proxy:` fields, under the scenario's own (scenario/presets.py)
+        values["proxy"] = scenario_proxy(proxy_node, path_node, convert, presets or {})
+    except Invalid:
+        pass
     if problems.problems:
         raise ScenarioError(problems.problems)
     scenario = Scenario(path=specs, sections=extra, source=file, **values)

@@ -1,20 +1,27 @@
 """Presets in a scenario's path: `- preset: NAME` expands to a calibrated hop's faults.
 
-A preset is the YAML text of a `path:` list (faults/presets.py holds the library's,
-passed in by the composition root). `set:` changes fields of the preset's faults, checked
-like any fault config; a preset's own bug is reported at the line that uses it.
+A preset is the YAML text of a `path:` list, or of a mapping with that list as `path:` and
+a `proxy:` block (faults/presets.py holds the library's, passed in by the composition
+root). `set:` changes fields of the preset's faults, checked like any fault config; a
+preset's own bug is reported at the line that uses it.
+
+A preset's `proxy:` block is the hop's own behaviour that is not a fault (nginx's client
+timers: `keepalive_timeout`, `client_body_timeout`). The presets a scenario uses lend their
+`proxy:` fields to the scenario's `proxy:` options, in path order; a field the scenario
+writes in its own `proxy:` block wins (`scenario_proxy`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import yaml
 
 from middlebox.core.fault import Fault
 from middlebox.scenario.convert import Converter, Invalid, Problem, did_you_mean
-from middlebox.scenario.model import FaultSpec
+from middlebox.scenario.model import FaultSpec, ProxyOptions
 
 PathLoader = Callable[
     [yaml.Node, Mapping[str, type[Fault]], Converter, Mapping[str, str]], tuple[FaultSpec, ...]
@@ -59,11 +66,7 @@ def expand_preset(
             + f"; valid presets: {', '.join(sorted(presets))}",
         )
         return ()
-    loader = yaml.SafeLoader(presets[name])
-    try:
-        root = loader.get_single_node()
-    finally:
-        loader.dispose()
+    loader, root, _ = preset_document(presets[name])
     inner = Converter(loader, convert.problems)
     before = len(convert.problems.problems)
     specs = load_path(root, registry, inner, presets) if root is not None else ()
@@ -76,6 +79,86 @@ def expand_preset(
             f"{where}: preset {name!r} is invalid: {problem.message}",
         )
     return apply_overrides(specs, overrides, convert, f"{where} preset {name!r}")
+
+
+def preset_document(text: str) -> tuple[yaml.SafeLoader, yaml.Node | None, yaml.Node | None]:
+    """A preset's text as its loader, its path node and its `proxy:` node (or None)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+    finally:
+        loader.dispose()
+    if not isinstance(root, yaml.MappingNode):
+        return loader, root, None  # the plain form: the text is the path list
+    parts = {key.value: value for key, value in root.value if isinstance(key, yaml.ScalarNode)}
+    return loader, parts.get("path"), parts.get("proxy")
+
+
+def preset_text(path: str, proxy: str | None = None) -> str:
+    """The text of a preset with the path list `path` and the `proxy:` mapping `proxy`."""
+    if proxy is None:
+        return path
+    return yaml.safe_dump({"path": yaml.safe_load(path) or [], "proxy": yaml.safe_load(proxy)})
+
+
+def _preset_name(entry: yaml.Node) -> tuple[str, yaml.Node] | None:
+    """The preset a path entry uses (`- preset: NAME` or `- preset: {name: NAME}`)."""
+    if not (isinstance(entry, yaml.MappingNode) and len(entry.value) == 1):
+        return None
+    key, value = entry.value[0]
+    if getattr(key, "value", None) != "preset":
+        return None
+    if isinstance(value, yaml.ScalarNode):
+        return str(value.value), value
+    if isinstance(value, yaml.MappingNode):
+        for field_key, field_value in value.value:
+            if getattr(field_key, "value", None) == "name":
+                return str(field_value.value), value
+    return None
+
+
+def preset_proxy_fields(
+    path_node: yaml.Node | None,
+    convert: Converter,
+    presets: Mapping[str, str],
+    seen: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """The `proxy:` fields the presets in a path lend, in path order (a later one wins);
+    presets inside presets included. Unknown presets are `expand_preset`'s to report."""
+    fields: dict[str, Any] = {}
+    if not isinstance(path_node, yaml.SequenceNode):
+        return fields
+    for entry in path_node.value:
+        used = _preset_name(entry)
+        if used is None or used[0] not in presets or used[0] in seen:
+            continue
+        name, node = used
+        loader, root, proxy = preset_document(presets[name])
+        inner = Converter(loader, convert.problems)
+        fields.update(preset_proxy_fields(root, inner, presets, seen | {name}))
+        if proxy is None:
+            continue
+        try:
+            fields.update(inner.fields_of(proxy, ProxyOptions, f"preset {name!r} proxy"))
+        except Invalid:
+            convert.problems.add(node, f"preset {name!r} has an invalid proxy: block")
+    return fields
+
+
+def scenario_proxy(
+    proxy_node: yaml.Node | None,
+    path_node: yaml.Node | None,
+    convert: Converter,
+    presets: Mapping[str, str],
+) -> ProxyOptions:
+    """The scenario's `proxy:` options: its presets' fields, then its own (which win)."""
+    fields = preset_proxy_fields(path_node, convert, presets)
+    fields.update(convert.fields_of(proxy_node, ProxyOptions, "proxy"))
+    try:
+        return ProxyOptions(**fields)
+    except (TypeError, ValueError) as error:
+        convert.problems.add(proxy_node or path_node, f"proxy: {error}")
+        raise Invalid from None
 
 
 def apply_overrides(
