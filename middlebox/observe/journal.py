@@ -134,14 +134,6 @@ _HEADER_LINE = re.compile(rb"(?m)^([!#$%&'*+.^_`|~0-9A-Za-z-]+)[ \t]*:[^\r\n]*")
 _QUERY_PARAMETER = re.compile(rb"(?m)([?&]|^)([^=&?\s\"#/]+)=([^&\s\"#]*)")
 # "name": "string value" anywhere in a JSON text (escapes inside the value kept whole).
 _JSON_STRING_FIELD = re.compile(rb'("((?:[^"\\]|\\.){1,200})"\s*:\s*)"(?:[^"\\]|\\.)*"')
-SECRET_HEADERS = {
-    "authorization",
-    "proxy-authorization",
-    "api-key",
-    "x-api-key",
-    "cookie",
-    "set-cookie",
-}
 
 
 def _unquote(name: bytes) -> str:
