@@ -120,10 +120,12 @@ PRESETS: dict[str, str] = {
 }
 
 # nginx's client timers, on in every nginx unless configured otherwise (ngx_http_core_module
-# docs and ngx_http_core_module.c's merge defaults): `client_header_timeout 60s` for every
-# request head, `keepalive_timeout 75s` for an idle kept-alive connection (closed silently),
-# `client_body_timeout 60s` between two body reads (408 "Request Time-out"). Each preset that
-# models nginx carries them, as each of those nginx runs them.
+# docs; ngx_http_core_module.c's merge defaults: ngx_http_core_merge_srv_conf's
+# client_header_timeout 60000, ngx_http_core_merge_loc_conf's client_body_timeout 60000 and
+# keepalive_timeout 75000 ms): `client_header_timeout 60s` for every request head,
+# `keepalive_timeout 75s` for an idle kept-alive connection (closed silently),
+# `client_body_timeout 60s` between two body reads (408 "Request Time-out"). Each preset
+# that models nginx carries them, as each of those nginx runs them.
 _NGINX_CLIENT_TIMERS = (
     "{client_header_timeout: 60s, keepalive_timeout: 75s, client_body_timeout: 60s}"
 )
