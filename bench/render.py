@@ -89,15 +89,47 @@ def render(results: dict[str, Any]) -> str:
     ]
     big = {r["path"]: r for r in results["bulk_big"]}
     conn = {r["path"]: r for r in results["connect"]}
-    for r in results["bulk_64k"]:
-        name = r["path"]
+    bulk = {r["path"]: r for r in results["bulk_64k"]}
+    for name in [n for n in labels if n in bulk or n in conn]:
+        r = bulk.get(name, {})
         c = conn.get(name, {})
         lines.append(
-            f"| {labels.get(name, name)} | {_f(r['mb_per_s'], 0)} | "
+            f"| {labels.get(name, name)} | {_f(r.get('mb_per_s'), 0)} | "
             f"{_f(big.get(name, {}).get('mb_per_s'), 0)} | {_f(c.get('per_s'), 0)} | "
             f"{_f(c.get('p50_ms'), 2)} / {_f(c.get('p99_ms'), 2)} |"
         )
+    lines += journal_cost(results)
     return "\n".join(lines) + "\n"
+
+
+JOURNALED = {"middlebox": "middlebox_journal", "middlebox_faults": "middlebox_faults_journal"}
+
+
+def journal_cost(results: dict[str, Any]) -> list[str]:
+    """`--journal`'s cost: the same path with and without it, at each stream count."""
+    rows = {(r["path"], r["streams"]): r for r in results["stream"]}
+    labels: dict[str, str] = results["paths"]
+    out = [
+        "",
+        "### The journal's cost",
+        "",
+        "| streams | path | CPU µs/frame without / with --journal | KiB/stream without / with |",
+        "|---:|---|---:|---:|",
+    ]
+    found = False
+    for (name, streams), plain in rows.items():
+        journaled = rows.get((JOURNALED.get(name, ""), streams))
+        if journaled is None or streams == 1:
+            continue
+        found = True
+        out.append(
+            f"| {streams} | {labels.get(name, name)} | "
+            f"{_f(plain.get('proxy_cpu_us_per_frame'), 1)} / "
+            f"{_f(journaled.get('proxy_cpu_us_per_frame'), 1)} | "
+            f"{_f(plain.get('rss_kib_per_stream'), 1)} / "
+            f"{_f(journaled.get('rss_kib_per_stream'), 1)} |"
+        )
+    return out if found else []
 
 
 def update_document(path: Path, results: dict[str, Any]) -> None:

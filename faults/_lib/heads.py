@@ -7,10 +7,11 @@ from typing import Any, Literal
 
 from faults._lib.items import joined_chunk
 from faults._lib.match import REQUESTS, RESPONSES, HttpMatched
-from middlebox.core.framed import Framed
+from middlebox.core.framed import Framed, FramedStream
 from middlebox.core.http1 import (
     Head,
     Piece,
+    moved_piece,
     serialize_head,
 )
 from middlebox.core.stream import Chunk, Direction, Item
@@ -58,14 +59,24 @@ class HeadRewriter(HttpMatched):
         if target is Direction.UPSTREAM:
             framed = self.gate_framed(framed)
         elif (
-            not self._shift
-            and isinstance(item, Chunk)
+            isinstance(item, Chunk)
             and all(entry.piece.head is None for entry in framed)
             and sum(len(entry.piece.data) for entry in framed) == len(item.data)
         ):
-            # Body bytes with nothing shifted: they go on as they came, pieces and all
-            # (no head is held, so the bytes are exactly the pieces').
-            self.publish(target, framed)
+            # Body bytes after the head: they go on as they came, pieces and all (no
+            # head is held, so the bytes are exactly the pieces'), only moved by what
+            # an earlier head's rewrite added; no head, so nothing to decide per piece.
+            shift = self._shift
+            if not shift:
+                self.publish(target, framed)
+                return [item]
+            stream = self._published(target)
+            if stream is not None and framed and not stream.read:
+                # nobody past this fault reads the pieces: count them, make none
+                last = framed[-1].piece
+                stream.pass_unread(len(framed), last.offset + len(last.data) + shift)
+            else:
+                self.publish(target, [_shifted(entry, shift) for entry in framed])
             return [item]
         parts: list[bytes] = []
         out_framed: list[Framed] = []
@@ -112,9 +123,12 @@ class HeadRewriter(HttpMatched):
         self.publish_end(target)
         return [*out, item]
 
+    def _published(self, direction: Direction) -> FramedStream | None:
+        """The stream this fault publishes `direction`'s pieces to, if any."""
+        framing = self._fault.context.framing
+        return framing.publish.get(direction) if framing is not None else None
+
 
 def _shifted(entry: Framed, shift: int) -> Framed:
     """`entry` at `shift` bytes further into the stream (a head before it changed size)."""
-    p = entry.piece
-    moved = Piece(p.kind, p.data, p.message, p.offset + shift, p.head, p.end_of_message)
-    return Framed(moved, entry.lines, entry.body_offset)
+    return Framed(moved_piece(entry.piece, shift), entry.lines, entry.body_offset)

@@ -148,6 +148,18 @@ class FramedStream:
             self.emitted = last.offset + len(last.data)
         self.received = max(self.received, self.emitted)
 
+    @property
+    def read(self) -> bool:
+        """Whether anyone takes this stream's pieces (a reader or a listener)."""
+        return bool(self._readers or self._listeners)
+
+    def pass_unread(self, count: int, end: int) -> None:
+        """What `publish` does with `count` pieces ending at stream offset `end` when
+        nobody reads them (see `read`), without the pieces being made."""
+        self._base += count
+        self.emitted = end
+        self.received = max(self.received, end)
+
     def publish_end(self) -> None:
         if not self.ended:
             self.ended = True

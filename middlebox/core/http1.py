@@ -155,6 +155,48 @@ class Piece:
     end_of_message: bool = False
 
 
+# A frozen dataclass's __init__ sets each field through object.__setattr__ (about 1 us
+# for a Piece, and the framer makes three per SSE frame); the slots' own descriptors set
+# the same fields in half the time. Used only where pieces are made per body read.
+_new = object.__new__
+_SET_PIECE = tuple(
+    getattr(Piece, name).__set__
+    for name in ("kind", "data", "message", "offset", "head", "end_of_message")
+)
+
+
+def new_piece(
+    kind: PieceKind,
+    data: bytes,
+    message: int,
+    offset: int,
+    head: Head | None = None,
+    end_of_message: bool = False,
+) -> Piece:
+    """`Piece(kind, data, message, offset, head, end_of_message)`, made faster."""
+    piece: Piece = _new(Piece)
+    set_kind, set_data, set_message, set_offset, set_head, set_end = _SET_PIECE
+    set_kind(piece, kind)
+    set_data(piece, data)
+    set_message(piece, message)
+    set_offset(piece, offset)
+    set_head(piece, head)
+    set_end(piece, end_of_message)
+    return piece
+
+
+def moved_piece(piece: Piece, shift: int) -> Piece:
+    """`piece` `shift` bytes further into its stream (a rewrite before it changed size)."""
+    return new_piece(
+        piece.kind,
+        piece.data,
+        piece.message,
+        piece.offset + shift,
+        piece.head,
+        piece.end_of_message,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """The first message on a stream that an intermediary must not pass on as it is
@@ -469,7 +511,7 @@ class Http1Framer:
     ) -> int:
         """`_emit` for `data[pos:pos + n]` (nothing held); returns the position after it."""
         piece = data if n == len(data) else data[pos : pos + n]
-        out.append(Piece(kind, piece, self._message, self._offset, None, end))
+        out.append(new_piece(kind, piece, self._message, self._offset, None, end))
         self._offset += n
         if kind is PieceKind.BODY:
             self._body_received += n
