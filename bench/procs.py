@@ -117,5 +117,5 @@ class Proc:
                     except ProcessLookupError:
                         pass
                 self.popen.wait(5)
-        if self.log is not subprocess.DEVNULL:
+        if not isinstance(self.log, int):  # subprocess.DEVNULL is an int
             self.log.close()
