@@ -9,8 +9,11 @@ from __future__ import annotations
 from faults.bandwidth import Bandwidth
 from faults.client_vanish import ClientVanish
 from faults.coalescer import Coalescer
+from faults.connection_limit import ConnectionLimit
 from faults.cut import Cut
+from faults.goaway import Goaway
 from faults.gzip_encoding import GzipEncoding
+from faults.h2_window import H2Window
 from faults.handoff import Handoff
 from faults.http10_upstream import Http10Upstream
 from faults.http_error import HttpError
@@ -19,8 +22,10 @@ from faults.ignore_client_close import IgnoreClientClose
 from faults.inband_error import InbandError
 from faults.latency import Latency
 from faults.link import Link
+from faults.max_concurrent_streams import MaxConcurrentStreams
 from faults.max_duration import MaxDuration
 from faults.proxy_buffering import ProxyBuffering
+from faults.rst_stream import RstStream
 from faults.set_header import SetHeader
 from faults.slicer import Slicer
 from faults.slow_reader import SlowReader
@@ -53,6 +58,11 @@ REGISTRY: dict[str, type[Fault]] = {
         SseRetry,
         ClientVanish,
         IgnoreClientClose,
+        ConnectionLimit,
+        Goaway,
+        RstStream,
+        H2Window,
+        MaxConcurrentStreams,
     )
 }
 

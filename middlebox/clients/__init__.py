@@ -50,6 +50,8 @@ Built-in clients (BUILTIN_CLIENTS: name -> argv):
 - `openai`: the official SDK with its default timeout and retries (raises on RST, silent
   on a clean close without `[DONE]`);
 - `httpx-sse`: httpx + httpx-sse `aconnect_sse`/`aiter_sse` until `[DONE]` or the end;
+- `httpx-h2`: the same over `httpx.AsyncClient(http2=True)`: concurrent requests are
+  streams of one HTTP/2 connection to a TLS proxy (scored where a scenario names it);
 - `resilient`: the reference client (timeouts from max_tokens, finish_reason/[DONE]
   checks, bounded retries honouring Retry-After, Last-Event-ID resume without
   duplicates, UTF-8-safe reassembly, prompt cancellation);
@@ -117,6 +119,7 @@ BUILTIN_CLIENTS = ClientRegistry(
         "raw": [sys.executable, "-m", "middlebox.clients.raw"],
         "openai": [sys.executable, "-m", "middlebox.clients.openai_sdk"],
         "httpx-sse": [sys.executable, "-m", "middlebox.clients.httpx_sse_reader"],
+        "httpx-h2": [sys.executable, "-m", "middlebox.clients.httpx_h2"],
         "resilient": [sys.executable, "-m", "middlebox.clients.resilient"],
         "browser": [sys.executable, "-m", "middlebox.clients.browser"],
         "browser-eventsource": [
@@ -134,7 +137,7 @@ BUILTIN_CLIENTS = ClientRegistry(
 
 # Agent clients (issue 19, docs/clients.md "Agent streams"): scored in the scenarios whose
 # `workload.clients` names them (tool calls, JSON answers, reasoning), never by default.
-SCENARIO_CLIENTS = ("tools-naive", "openai-tools")
+SCENARIO_CLIENTS = ("tools-naive", "openai-tools", "httpx-h2")
 
 # What `middlebox run` scores when no --client is given (browsers only with Chromium): the
 # matrix's clients (docs/compatibility.md) are scored when named, or all by `make matrix`.

@@ -28,6 +28,7 @@ from middlebox.run.processes import CHILDREN
 from middlebox.scenario.model import Scenario
 from middlebox.scenario.workload import Workload, request_tag, workload_file
 from middlebox.shell.server import Address, ProxyServer, listen, relay_clock_offset
+from middlebox.shell.tls import LocalCA
 
 # after the client exits, how long the proxy may carry the last closes to the upstream
 PROXY_SETTLE = 2.0
@@ -94,6 +95,21 @@ class ClientRun:
     samples: list[tuple[float, float, float]] = field(default_factory=list)
 
 
+def tls_client_env(scenario: Scenario, port: int) -> dict[str, str]:
+    """A scenario with `proxy: {tls: ...}` (docs/tls-http2.md): the clients get an https://
+    URL and the local CA to trust (SSL_CERT_FILE: OpenSSL, httpx and aiohttp read it;
+    MIDDLEBOX_CA_FILE for a client that sets its own trust, like the browser's)."""
+    tls = scenario.proxy.tls
+    if tls is None:
+        return {}
+    ca = str(LocalCA.load_or_create(tls.ca_dir).cert_path)
+    return {
+        "OPENAI_BASE_URL": f"https://127.0.0.1:{port}/v1",
+        "SSL_CERT_FILE": ca,
+        "MIDDLEBOX_CA_FILE": ca,
+    }
+
+
 async def run_client(
     spec: ClientSpec,
     scenario: Scenario,
@@ -133,6 +149,7 @@ async def run_client(
             "OPENAI_API_KEY": "sk-middlebox-test",
             "MIDDLEBOX_WORKLOAD": str(workload_path),
             "MIDDLEBOX_RESULT": str(result_path),
+            **tls_client_env(scenario, port),
         }
         with stderr_path.open("wb") as stderr:
             process = await CHILDREN.get().start(spec.argv, env=env, stdout=stderr, stderr=stderr)

@@ -18,6 +18,11 @@ Ends, both ways (docs/tls-http2.md):
   client sees a reset, never a clean end on half an answer;
 - the client's TCP connection closes or resets -> every stream's relay is reset at once:
   one dropped HTTP/2 connection kills all its multiplexed streams.
+
+Connection-level faults (`core/h2_faults.py`: goaway, rst_stream, h2_window,
+max_concurrent_streams) are pure; the session feeds them stream opens, DATA and closes with
+`now`, wakes them at their deadlines, and executes the actions they return (a GOAWAY, an
+RST_STREAM with their code, a dropped connection) and the send credit they grant.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import math
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import h2.config
 import h2.connection
@@ -36,6 +42,7 @@ import h2.settings
 import hyperframe.frame
 import trio
 
+from middlebox.core.fault import Fault, FaultReport, ReportSink
 from middlebox.core.h2_bridge import (
     NO_ERROR,
     REFUSED_STREAM,
@@ -48,11 +55,22 @@ from middlebox.core.h2_bridge import (
     ResponseEvent,
     ResponseHead,
 )
+from middlebox.core.h2_faults import (
+    DropConnection,
+    H2Action,
+    H2Fault,
+    ResetStream,
+    SendGoaway,
+    earliest,
+)
 from middlebox.shell.tls import READ_SIZE, loopback_pair
 
 # Relays one stream's HTTP/1.1 connection (the proxy's end of its loopback pair) until it
-# ends: `ProxyServer.relay_stream`, which gives it a connection id and counts it.
-RelayStream = Callable[[socket.socket], Awaitable[None]]
+# ends: `ProxyServer.relay_stream`, which gives it a connection id (told to a callback,
+# when given one) and counts it.
+RelayStream = Callable[..., Awaitable[None]]
+# The report sink of a connection id's journal (the server's `report_sink_factory`).
+SinkFor = Callable[[int], ReportSink | None]
 
 log = logging.getLogger("middlebox.shell.h2_streams")
 
@@ -83,9 +101,25 @@ class H2Session:
     """One client's HTTP/2 connection over `tls`; `run()` serves it until the client goes."""
 
     def __init__(
-        self, relay: RelayStream, tls: trio.SSLStream[trio.SocketStream], connection_id: int
+        self,
+        relay: RelayStream,
+        tls: trio.SSLStream[trio.SocketStream],
+        connection_id: int,
+        faults: Sequence[H2Fault] = (),
+        sink_for: SinkFor | None = None,
     ) -> None:
         self.relay = relay
+        self.faults = list(faults)
+        # The faults' reports go to the journal of the stream they name (their stream's
+        # HTTP/1.1 connection), delivered when that stream ends, while its journal is open;
+        # a connection-wide report goes to the first stream that ends after it.
+        self._sink_for = sink_for
+        self._relay_ids: dict[int, int] = {}  # stream id -> its relay's connection id
+        self._pending_reports: list[FaultReport] = []
+        for fault in self.faults:
+            if isinstance(fault, Fault) and sink_for is not None:
+                fault.context.report = self._pending_reports.append
+        self._timers = trio.lowlevel.ParkingLot()
         self.tls = tls
         self.connection_id = connection_id
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
@@ -100,18 +134,23 @@ class H2Session:
         self._raw_frames: list[bytes] = []
 
     async def run(self) -> None:
-        self.conn.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
-            },
-        )
+        settings = {
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
+        }
+        for fault in self.faults:
+            for code, value in fault.h2_settings().items():
+                settings[h2.settings.SettingCodes(code)] = value
+        self.conn.local_settings = h2.settings.Settings(client=False, initial_values=settings)
         self.conn.initiate_connection()
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 nursery.start_soon(self._write_loop)
+                if self.faults:
+                    now = trio.current_time()
+                    self._execute([a for f in self.faults for a in f.on_connection_open(now)])
+                    nursery.start_soon(self._timer_loop)
                 self._kick()
                 await self._read_loop()
                 self._reset_every_stream()
@@ -175,6 +214,7 @@ class H2Session:
             if stream is not None:
                 stream.ended = True
                 self._reset_relay(stream)
+                self._stream_closed(stream)
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             self._window.unpark_all()
 
@@ -200,7 +240,10 @@ class H2Session:
         bridge = trio.SocketStream(trio.socket.from_stdlib_socket(proxy_end))
         stream = _Stream(stream_id, bridge, encoder, ResponseDecoder(encoder.method))
         self.streams[stream_id] = stream
-        self.nursery.start_soon(self.relay, relay_end)
+        if self._sink_for is None:
+            self.nursery.start_soon(self.relay, relay_end)
+        else:  # told the stream's connection id, for its journal
+            self.nursery.start_soon(self.relay, relay_end, partial(self._note_relay, stream_id))
         # Unbounded in frames, bounded in bytes: the client may only send what its stream
         # and connection windows allow, and they reopen as the relay takes the bytes.
         send, receive = trio.open_memory_channel[tuple[bytes, int]](math.inf)
@@ -208,6 +251,7 @@ class H2Session:
         self.nursery.start_soon(self._upstream_writer, stream, receive)
         self.nursery.start_soon(self._respond, stream)
         self._to_upstream(stream, head)
+        self._feed_faults(lambda fault, now: fault.on_stream_open(stream_id, now))
 
     def _to_upstream(self, stream: _Stream, data: bytes, window: int = 0) -> None:
         if (data or window) and stream.inbound is not None:
@@ -247,7 +291,8 @@ class H2Session:
                 if not data:
                     break
         finally:
-            self.streams.pop(stream.stream_id, None)
+            if self.streams.pop(stream.stream_id, None) is not None:
+                self._stream_closed(stream)
             self._kick()  # a drained connection closes after its last stream
             if not stream.ended:
                 # Cancelled mid-answer (the connection is going): the stream is abandoned,
@@ -297,12 +342,17 @@ class H2Session:
             except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, KeyError):
                 stream.ended = True
                 return
+            credit = self._credit(stream.stream_id)
+            if credit is not None:
+                window = min(window, credit)
             if window <= 0:
                 await self._window.park()
                 continue
-            piece, view = view[:window], view[window:]
-            self._guarded(self.conn.send_data, stream.stream_id, bytes(piece))
+            piece, view = bytes(view[:window]), view[window:]
+            self._guarded(self.conn.send_data, stream.stream_id, piece)
             self._kick()
+            if self.faults:
+                self._stream_data(stream.stream_id, piece)
 
     def _send_reset(self, stream_id: int, code: int) -> None:
         self._guarded(self.conn.reset_stream, stream_id, code)
@@ -336,16 +386,114 @@ class H2Session:
         (NO_ERROR) naming the last stream it will serve (RFC 9113 §6.8); streams in flight
         finish, newer ones are refused (REFUSED_STREAM: safe to retry elsewhere), and the
         connection closes once the last stream has ended."""
+        self._goaway(self.conn.highest_inbound_stream_id, NO_ERROR)
+
+    def _goaway(self, last_stream_id: int, error_code: int) -> None:
         if self._drain_from is not None:
             return
-        self._drain_from = self.conn.highest_inbound_stream_id
+        self._drain_from = last_stream_id
         # h2's close_connection() would also forbid the in-flight streams' frames (its
         # state machine is CLOSED after a GOAWAY), so the frame is written beside it.
         goaway = hyperframe.frame.GoAwayFrame(0)
-        goaway.last_stream_id = self._drain_from
-        goaway.error_code = NO_ERROR
+        goaway.last_stream_id = last_stream_id
+        goaway.error_code = error_code
         self._raw_frames.append(goaway.serialize())
+        # Streams the client opened past it are refused (REFUSED_STREAM, RFC 9113 §8.7).
+        for stream in list(self.streams.values()):
+            if stream.stream_id > last_stream_id and not stream.ended:
+                self._cancel_stream(stream, REFUSED_STREAM)
         self._kick()
+
+    # ------------------------------------------------------------ connection-level faults
+
+    def _feed_faults(self, hook: Callable[[H2Fault, float], list[H2Action]]) -> None:
+        if not self.faults:
+            return
+        now = trio.current_time()
+        self._execute([action for fault in self.faults for action in hook(fault, now)])
+        self._timers.unpark_all()  # a deadline may have moved
+
+    def _stream_data(self, stream_id: int, piece: bytes) -> None:
+        self._feed_faults(lambda fault, now: fault.on_stream_data(stream_id, piece, now))
+
+    def _stream_closed(self, stream: _Stream) -> None:
+        self._feed_faults(lambda fault, now: fault.on_stream_close(stream.stream_id, now))
+        self._deliver_reports(stream.stream_id)
+
+    def _note_relay(self, stream_id: int, connection_id: int) -> None:
+        self._relay_ids[stream_id] = connection_id
+
+    def _deliver_reports(self, stream_id: int) -> None:
+        relay_id = self._relay_ids.get(stream_id)
+        if self._sink_for is None or relay_id is None or not self._pending_reports:
+            return
+        sink = self._sink_for(relay_id)
+        kept = []
+        for report in self._pending_reports:
+            named = report.details.get("stream_id")
+            if named is None or named == stream_id:
+                if sink is not None:
+                    sink(report)
+            else:
+                kept.append(report)
+        self._pending_reports[:] = kept
+
+    def _credit(self, stream_id: int) -> int | None:
+        """The smallest send credit a fault grants the stream now (None: the windows')."""
+        now = trio.current_time()
+        credits = [fault.send_credit(stream_id, now) for fault in self.faults]
+        granted = [c for c in credits if c is not None]
+        return min(granted) if granted else None
+
+    def _execute(self, actions: Sequence[H2Action]) -> None:
+        for action in actions:
+            if isinstance(action, ResetStream):
+                stream = self.streams.get(action.stream_id)
+                if stream is not None and not stream.ended:
+                    self._cancel_stream(stream, action.error_code)
+            elif isinstance(action, SendGoaway):
+                self._goaway(action.last_stream_id, action.error_code)
+            elif isinstance(action, DropConnection):
+                self._drop_connection(action.how)
+
+    def _cancel_stream(self, stream: _Stream, error_code: int) -> None:
+        """RST_STREAM toward the client, an RST into the stream's relay toward the upstream."""
+        stream.ended = True
+        self._send_reset(stream.stream_id, error_code)
+        self._reset_relay(stream)
+
+    def _drop_connection(self, how: str) -> None:
+        """The TCP connection goes without a GOAWAY: every stream's relay is reset, then the
+        client's socket is closed (with an RST for `rst`: SO_LINGER 0)."""
+        self._reset_every_stream()
+        if how == "rst":
+            try:
+                self.tls.transport_stream.socket.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT
+                )
+            except OSError:
+                pass
+        self.nursery.cancel_scope.cancel()
+
+    async def _timer_loop(self) -> None:
+        """Wake the faults at their deadlines; a deadline that fired without moving waits
+        for the next event (a send credit that is there but unused)."""
+        fired: float | None = None
+        while True:
+            due = earliest([fault.h2_deadline() for fault in self.faults])
+            if due is None or (fired is not None and due <= fired):
+                await self._timers.park()
+                fired = None
+                continue
+            with trio.move_on_at(due) as timer:
+                await self._timers.park()
+            if not timer.cancelled_caught:
+                continue  # an event came first: recompute
+            fired = due
+            now = trio.current_time()
+            self._execute([a for f in self.faults for a in f.on_h2_deadline(now)])
+            self._window.unpark_all()  # a send credit may have grown
+            self._kick()
 
     async def _write_loop(self) -> None:
         while True:
@@ -371,10 +519,14 @@ async def serve_h2(
     tls: trio.SSLStream[trio.SocketStream],
     connection_id: int,
     sessions: set[H2Session] | None = None,
+    faults: Sequence[H2Fault] = (),
+    sink_for: SinkFor | None = None,
 ) -> None:
     """Serve one HTTP/2 client connection until it closes; `relay` relays each stream.
-    The session is in `sessions` meanwhile (the server drains them at shutdown)."""
-    session = H2Session(relay, tls, connection_id)
+    The session is in `sessions` meanwhile (the server drains them at shutdown); `faults`
+    are the connection's HTTP/2 faults, bound to it, their reports journaled per stream
+    through `sink_for`."""
+    session = H2Session(relay, tls, connection_id, faults, sink_for)
     if sessions is not None:
         sessions.add(session)
     try:
