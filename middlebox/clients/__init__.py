@@ -56,6 +56,8 @@ Built-in clients (BUILTIN_CLIENTS: name -> argv):
   checks, bounded retries honouring Retry-After, Last-Event-ID resume without
   duplicates, UTF-8-safe reassembly, prompt cancellation);
 - `browser`: headless Chromium running fetch() streaming, only when Chromium is installed;
+- `browser-tls`: the `browser` page against a TLS proxy (`--ignore-certificate-errors`):
+  Chromium's own HTTP/2, or HTTP/1.1 with its six connections per origin;
 - `browser-eventsource`: headless Chromium following a resumable server's stream with
   `EventSource` (its own reconnect sends Last-Event-ID), only when Chromium is installed.
 The compatibility matrix's clients (docs/compatibility.md), scored when named or by
@@ -128,6 +130,7 @@ BUILTIN_CLIENTS = ClientRegistry(
             "middlebox.clients.browser",
             "--eventsource",
         ],
+        "browser-tls": [sys.executable, "-m", "middlebox.clients.browser_tls"],
         "aiohttp-lines": [sys.executable, "-m", "middlebox.clients.aiohttp_lines"],
         "aiohttp-naive": [sys.executable, "-m", "middlebox.clients.aiohttp_naive"],
         "tools-naive": [sys.executable, "-m", "middlebox.clients.tools_naive"],
@@ -137,7 +140,7 @@ BUILTIN_CLIENTS = ClientRegistry(
 
 # Agent clients (issue 19, docs/clients.md "Agent streams"): scored in the scenarios whose
 # `workload.clients` names them (tool calls, JSON answers, reasoning), never by default.
-SCENARIO_CLIENTS = ("tools-naive", "openai-tools", "httpx-h2")
+SCENARIO_CLIENTS = ("tools-naive", "openai-tools", "httpx-h2", "browser-tls")
 
 # What `middlebox run` scores when no --client is given (browsers only with Chromium): the
 # matrix's clients (docs/compatibility.md) are scored when named, or all by `make matrix`.
