@@ -224,6 +224,13 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
     type=click.Path(exists=True, dir_okay=False),
     help="A CA file (PEM) an https:// upstream's certificate may chain to, besides the system's.",
 )
+@click.option(
+    "--state",
+    metavar="URL",
+    help="Keep cross-connection fault state (match first:/every:, one handoff) in this "
+    "Redis (redis://HOST:PORT/DB), shared by every proxy pointed at it; default: this "
+    "process, one state for all --workers.",
+)
 def proxy(
     listen_at: str,
     upstream: str,
@@ -245,6 +252,7 @@ def proxy(
     ca_dir: str | None,
     upstream_insecure: bool,
     upstream_ca: str | None,
+    state: str | None,
 ) -> None:
     """Run the proxy: relay every connection byte-exact through the scenario's faults.
 
@@ -278,6 +286,7 @@ def proxy(
         ca_dir=ca_dir,
         upstream_insecure=upstream_insecure,
         upstream_ca=upstream_ca,
+        state=state,
     )
     problem = upstream_problem(upstream)
     if problem:

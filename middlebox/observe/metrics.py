@@ -204,3 +204,40 @@ def _labels(**labels: str) -> str:
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+# Gauges whose value is the same in every worker (not a share of a total): a sum over
+# workers would multiply them, so the sum keeps the largest.
+SAME_IN_EVERY_WORKER = frozenset({"middlebox_scenario_info"})
+
+
+def sum_expositions(texts: list[str]) -> str:
+    """One exposition for several workers' `render`s: each series summed over them, as
+    Prometheus' multiprocess mode sums counters and live gauges (connections active,
+    journals held); HELP/TYPE lines once, in the order first seen."""
+    order: list[str] = []  # comment lines and series keys, first seen first
+    values: dict[str, float] = {}
+    for text in texts:
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            if line.startswith("#"):
+                if line not in order:
+                    order.append(line)
+                continue
+            series, _, number = line.rpartition(" ")
+            try:
+                value = float(number)
+            except ValueError:
+                continue
+            if series not in values:
+                order.append(series)
+                values[series] = value
+            elif series.split("{", 1)[0] in SAME_IN_EVERY_WORKER:
+                values[series] = max(values[series], value)
+            else:
+                values[series] += value
+    lines = [
+        entry if entry not in values else f"{entry} {_number(values[entry])}" for entry in order
+    ]
+    return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ together), so the command line can show them as its own errors.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.model import Scenario, TlsOptions
 from middlebox.shell.control import ControlledProxy, check_control_access, run_controlled_proxy
 from middlebox.shell.server import Address, ProxyServer, relay_clock_offset, run_proxy
+from middlebox.shell.state import HostClock, open_backend, scoped
 from middlebox.shell.tls import LocalCA
-from middlebox.shell.workers import run_workers
+from middlebox.shell.workers import WorkersControl, run_workers
 
 
 class LibraryScenarios:
@@ -84,6 +86,23 @@ class ProxySettings:
     ca_dir: str | None = None
     upstream_insecure: bool = False
     upstream_ca: str | None = None
+    # Where cross-connection fault state lives (middlebox.shell.state): None keeps it in
+    # the process (shared memory among --workers); redis://HOST:PORT/DB shares it with
+    # every proxy pointed at that Redis.
+    state: str | None = None
+
+    def shared_state(self) -> dict[str, Any]:
+        """The ProxyServer keywords of --state (a store every serving path passes on)."""
+        if self.state is None:
+            return {}
+        try:
+            return {"shared_state": scoped(open_backend(self.state))}
+        except (ValueError, RuntimeError, OSError) as error:
+            raise SettingsError(f"--state: {error}") from error
+
+    def clock(self) -> dict[str, Any]:
+        """trio.run's clock keyword: with --state, times agree across this host's proxies."""
+        return {"clock": HostClock()} if self.state is not None else {}
 
     def tls_options(self, listen: Address) -> TlsOptions | None:
         """--tls as the server's TLS block: the default names plus the listen host."""
@@ -110,8 +129,9 @@ class ProxySettings:
     def check(self) -> None:
         if self.control is None and (self.allow_scenario_header or self.control_token):
             raise OptionConflict("--allow-scenario-header and --control-token need --control")
-        if self.control is not None and self.workers > 1:
-            raise OptionConflict("--control serves one proxy process; drop --workers")
+        if self.control is not None and self.workers > 1 and self.allow_scenario_header:
+            # With workers the control API serves the summed /metrics only (shell/workers.py).
+            raise OptionConflict("--allow-scenario-header needs one process; drop --workers")
         if self.allow_scenario_header and not self.scenario_dir:
             raise OptionConflict("--allow-scenario-header needs --scenario-dir")
 
@@ -164,7 +184,7 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
     """Serve until a signal; `say` gets each line to show (flushed by the caller). Returns
     the closing summary."""
     what = loaded(settings)
-    if what.control is not None:
+    if what.control is not None and settings.workers == 1:
         return _serve_controlled(settings, what, what.control, say)
     journal = _journal_writer(settings)
     server = ProxyServer(
@@ -185,11 +205,19 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
         connection_ended=journal.connection_ended if journal is not None else None,
         tick=journal.tick if journal is not None else None,
         **settings.tls_server_options(what.listen),
+        **settings.shared_state(),
     )
     if settings.workers > 1:
+        control = _workers_control(what.control, settings.control_token)
 
         def workers_ready(port: int, pids: list[int]) -> None:
-            say(banner(what, port, server.tls))
+            if control is None:
+                say(banner(what, port, server.tls))
+            else:
+                host, control_port = control.listener.getsockname()[:2]
+                say(
+                    f"{banner(what, port, server.tls)}; control API on http://{host}:{control_port}"
+                )
             say(f"workers: {' '.join(map(str, pids))}")
 
         def finish(index: int, _server: ProxyServer) -> None:
@@ -205,11 +233,13 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
             grace=settings.grace,
             backlog=settings.backlog,
             finish=finish,
+            control=control,
             max_connections=server.max_connections,
             observer_factory=server.observer_factory,
             report_sink_factory=server.report_sink_factory,
             connection_ended=server.connection_ended,
             tick=server.tick,
+            shared_state=server.shared_state,
             **settings.tls_server_options(what.listen),
         )
         return f"stopped: {result.summary()}"
@@ -223,7 +253,8 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
                 server=server,
                 grace=settings.grace,
                 backlog=settings.backlog,
-            )
+            ),
+            **settings.clock(),
         )
     except KeyboardInterrupt:  # a signal before the handlers were installed
         pass
@@ -254,6 +285,16 @@ def _journal_writer(settings: ProxySettings) -> JournalWriter | None:
     )
 
 
+def _workers_control(address: Address | None, token: str | None) -> WorkersControl | None:
+    """The supervisor's control listener for --workers (GET /metrics summed), if asked."""
+    if address is None:
+        return None
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    listener = socket.create_server((address.host, address.port), family=family)
+    listener.setblocking(False)
+    return WorkersControl(listener, token=token)
+
+
 def _serve_controlled(
     settings: ProxySettings, what: Loaded, control: Address, say: Callable[[str], None]
 ) -> str:
@@ -273,6 +314,7 @@ def _serve_controlled(
             redaction=settings.redaction,
         ),
         **settings.tls_server_options(what.listen),
+        **settings.shared_state(),
     )
 
     def ready(port: int, control_port: int) -> None:
@@ -288,7 +330,8 @@ def _serve_controlled(
                 ready=ready,
                 grace=settings.grace,
                 backlog=settings.backlog,
-            )
+            ),
+            **settings.clock(),
         )
     except KeyboardInterrupt:
         pass

@@ -53,6 +53,7 @@ import trio
 import yaml
 
 from middlebox.core.fault import Pipeline
+from middlebox.core.scenario_state import SharedState
 from middlebox.observe.journal import JournalStore
 from middlebox.observe.metrics import CONTENT_TYPE, Metrics
 from middlebox.scenario.convert import ScenarioError
@@ -170,7 +171,7 @@ class ControlledProxy(ProxyServer):
     scenario_dir: Path | None = None
     allow_scenario_header: bool = False
     loader: ScenarioLoader = field(kw_only=True)
-    _shared_by_scenario: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    _shared_by_scenario: dict[str, list[SharedState]] = field(default_factory=dict)
     _loaded: dict[str, Scenario] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -194,9 +195,11 @@ class ControlledProxy(ProxyServer):
         """The active scenario with an edited path, for new connections (live ones keep
         theirs). Untouched faults keep their cross-connection state (a count of requests
         seen); an added or changed one starts fresh."""
-        shared = [self.shared[i] if i is not None else {} for i in edit.kept]
         self.scenario = dataclasses.replace(self.scenario, path=edit.path)
-        self.shared = shared
+        self.shared = [
+            self.shared[kept] if kept is not None else self.new_shared(self.scenario, index)[0]
+            for index, kept in enumerate(edit.kept)
+        ]
 
     def named_scenarios(self) -> list[str]:
         if self.scenario_dir is None or not self.scenario_dir.is_dir():
@@ -224,9 +227,9 @@ class ControlledProxy(ProxyServer):
             return super().make_pipeline(scenario, connection_id)
         # A header-chosen scenario keeps its own cross-connection fault state.
         saved = self.shared
-        self.shared = self._shared_by_scenario.setdefault(
-            scenario.name, [{} for _ in scenario.path]
-        )
+        if scenario.name not in self._shared_by_scenario:
+            self._shared_by_scenario[scenario.name] = self.new_shared(scenario)
+        self.shared = self._shared_by_scenario[scenario.name]
         try:
             return super().make_pipeline(scenario, connection_id)
         finally:

@@ -38,6 +38,8 @@ connection (shell/h2_streams.py). An `https://` upstream is dialled, wrapped in 
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import logging
 import math
 import random
@@ -53,11 +55,13 @@ from urllib.parse import urlsplit
 import trio
 
 from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline
+from middlebox.core.h2_faults import H2Fault
+from middlebox.core.scenario_state import SharedState
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
 from middlebox.observe.observer import RelayObserver
 from middlebox.scenario.model import ProxyOptions, Scenario, TlsOptions
 from middlebox.shell.h2_streams import H2Session, serve_h2
-from middlebox.shell.relay import ProxyStage, Relay, apply_buffer_sizes, arm_reset
+from middlebox.shell.relay import ProxyStage, Relay, apply_buffer_sizes, arm_reset, proxy_stages
 from middlebox.shell.tls import (
     HANDSHAKE_TIMEOUT,
     handshake,
@@ -146,6 +150,12 @@ async def dial(address: Address) -> socket.socket:
                 raise
             error = exc
     raise error or OSError(f"cannot resolve {address}")
+
+
+def state_scope(scenario: str, index: int, fault: str, config: Any) -> str:
+    """A fault position's name in a shared store: the same in every proxy that runs it."""
+    options = json.dumps(config, sort_keys=True, default=repr).encode()
+    return f"{scenario}/{index}.{fault}.{hashlib.sha256(options).hexdigest()[:12]}"
 
 
 def relay_clock_offset() -> float:
@@ -253,10 +263,13 @@ class ProxyServer:
     reset_at_shutdown: int = 0
     closed_idle_at_shutdown: int = 0  # idle kept-alive connections closed with a FIN
     active: int = 0
-    shared: list[dict[str, Any]] = field(default_factory=list)
+    shared: list[SharedState] = field(default_factory=list)
+    # Where cross-connection fault state lives (scope -> store; middlebox.shell.state):
+    # None keeps it in this process, as dicts.
+    shared_state: Callable[[str], SharedState] | None = None
     live: set[LiveConnection] = field(default_factory=set, init=False, repr=False)
     _observers: dict[int, RelayObserver] = field(default_factory=dict, init=False, repr=False)
-    _stage_shared: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
+    _stage_shared: dict[str, SharedState] = field(default_factory=dict, init=False, repr=False)
     _accept_scope: trio.CancelScope | None = field(default=None, init=False, repr=False)
     _listener: socket.socket | None = field(default=None, init=False, repr=False)
     _idle: trio.lowlevel.ParkingLot = field(
@@ -274,7 +287,20 @@ class ProxyServer:
     def set_scenario(self, scenario: Scenario) -> None:
         """Swap the scenario for new connections; live ones keep the pipeline they have."""
         self.scenario = scenario
-        self.shared = [{} for _ in scenario.path]
+        self.shared = self.new_shared(scenario)
+
+    def new_shared(self, scenario: Scenario, only: int | None = None) -> list[SharedState]:
+        """Fresh state for each fault position of `scenario` (or for position `only`).
+
+        A store names a position by scenario, index, fault and options, so proxies running
+        one scenario share it and an edited fault starts afresh."""
+        if self.shared_state is None:
+            return [{} for _ in scenario.path]
+        return [
+            self.shared_state(state_scope(scenario.name, index, spec.name, spec.config))
+            for index, spec in enumerate(scenario.path)
+            if only is None or index == only
+        ]
 
     def connection_limit(self) -> int | None:
         if self.max_connections is not None:
@@ -419,7 +445,7 @@ class ProxyServer:
             pipeline = self.make_pipeline(scenario, connection_id)
             pipeline.set_client_mss(client_mss(client))
             apply_buffer_sizes(client, upstream, pipeline.socket_buffers())
-            stages = [fault for fault in pipeline.faults if isinstance(fault, _Stage)]
+            stages = proxy_stages(pipeline.faults)
             live.relay = Relay(client, upstream, pipeline, observer=observer, stages=stages)
             await live.relay.run()
         finally:
@@ -452,7 +478,16 @@ class ProxyServer:
                 self.live.add(live)
                 try:
                     with live.scope:
-                        await serve_h2(self.relay_stream, stream, connection_id, self._h2_sessions)
+                        pipeline = self.make_pipeline(self.scenario, connection_id)
+                        h2_faults = [f for f in pipeline.faults if isinstance(f, H2Fault)]
+                        await serve_h2(
+                            self.relay_stream,
+                            stream,
+                            connection_id,
+                            self._h2_sessions,
+                            h2_faults,
+                            self.report_sink_factory,
+                        )
                 finally:
                     self.live.discard(live)
                 return
@@ -470,11 +505,15 @@ class ProxyServer:
                 if client.fileno() != -1:
                     client.close()
 
-    async def relay_stream(self, relay_end: socket.socket) -> None:
+    async def relay_stream(
+        self, relay_end: socket.socket, told: Callable[[int], None] | None = None
+    ) -> None:
         """One HTTP/2 stream's HTTP/1.1 connection (shell/h2_streams.py), relayed like any
-        client: its own connection id, pipeline, upstream connection and journal."""
+        client: its own connection id (`told` it), pipeline, upstream connection and journal."""
         self.connections_accepted += 1
         self.active += 1
+        if told is not None:
+            told(self.connections_accepted)
         await self.handle(relay_end, self.connections_accepted)
 
     def server_context(self, tls: TlsOptions) -> ssl.SSLContext:
@@ -507,15 +546,22 @@ class ProxyServer:
             client_side, upstream_side = self.stages.around(scenario.proxy)
             path = [*client_side, *path, *upstream_side]
             shared = [
-                *(self._stage_shared.setdefault(s.name, {}) for s in client_side),
+                *(self._stage_state(s.name) for s in client_side),
                 *shared,
-                *(self._stage_shared.setdefault(s.name, {}) for s in upstream_side),
+                *(self._stage_state(s.name) for s in upstream_side),
             ]
             sink = self._counting_sink(connection_id, sink)
         pipeline = Pipeline(path)
         rng = random.Random(f"{scenario.seed}:{connection_id}")
         pipeline.bind(FaultContext(connection_id, rng, sink), shared)
         return pipeline
+
+    def _stage_state(self, name: str) -> SharedState:
+        if name not in self._stage_shared:
+            self._stage_shared[name] = (
+                {} if self.shared_state is None else self.shared_state(f"proxy/{name}")
+            )
+        return self._stage_shared[name]
 
     def _counting_sink(
         self, connection_id: int, inner: Callable[[FaultReport], None] | None

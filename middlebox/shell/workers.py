@@ -26,13 +26,26 @@ through the parent. A worker dies with its supervisor: a SIGKILL of the parent s
 each worker SIGTERM (Linux's parent-death signal, `die_with_supervisor`), which drains it
 as a stop does. Per-worker counters live in a small shared memory block the parent
 reads; a worker writes its accept count there on every accept.
+
+The scenario's cross-connection fault state (`FaultContext.shared`) is one for all workers:
+a second shared memory block under a lock (`middlebox.shell.state.MemoryBackend`), unless
+the caller passes a store of its own (`--state redis://...`). The workers run trio on
+CLOCK_MONOTONIC (`HostClock`), so the times kept there agree between them.
+
+With `--control`, each worker counts what it relays (`observe.metrics.Metrics`) and writes
+its exposition to a shared `MetricsBoard` every tick; the supervisor answers `GET /metrics`
+with the sum (`WorkersControl`), so every connection is counted once, whichever worker took
+it. The other control routes change one process's pipelines and stay single-process.
 """
 
 from __future__ import annotations
 
+import hmac
+import json
 import logging
 import mmap
 import os
+import select
 import signal
 import socket
 import struct
@@ -44,8 +57,11 @@ from typing import Any
 
 import trio
 
+from middlebox.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from middlebox.observe.metrics import Metrics, sum_expositions
 from middlebox.scenario.model import Scenario
 from middlebox.shell.server import Address, ProxyServer, run_proxy
+from middlebox.shell.state import HostClock, MemoryBackend, scoped
 
 log = logging.getLogger("middlebox.shell.workers")
 
@@ -66,6 +82,8 @@ class WorkerServer(ProxyServer):
     worker_count: int = 1
     # Called on every accept, so a replacement worker continues the numbering exactly.
     publish: Callable[[ProxyServer], None] | None = None
+    # This worker's live counters (with --control), published to the supervisor's board.
+    metrics: Metrics | None = None
 
     async def handle(self, client: socket.socket, connection_id: int) -> None:
         if self.publish is not None:
@@ -105,6 +123,106 @@ class WorkersResult:
         )
         restarted = f"; {self.restarts} workers restarted" if self.restarts else ""
         return f"connections accepted: {self.accepted} [{per_worker}]{restarted}"
+
+
+class MetricsBoard:
+    """Each worker's latest `/metrics` text in shared memory, one slot per worker, which the
+    supervisor sums (`sum_expositions`) when asked; a worker rewrites its slot every
+    `TICK_INTERVAL` and once more after draining. A slot is written length last, so a
+    reader sees the old text or the new one (the supervisor reads between its waits)."""
+
+    SLOT = 256 * 1024
+
+    def __init__(self, workers: int) -> None:
+        self.block = mmap.mmap(-1, self.SLOT * workers)
+        self.workers = workers
+
+    def publish(self, index: int, text: str) -> None:
+        data = text.encode()[: self.SLOT - 8]
+        start = index * self.SLOT
+        self.block[start : start + 8] = (0).to_bytes(8, "little")
+        self.block[start + 8 : start + 8 + len(data)] = data
+        self.block[start : start + 8] = len(data).to_bytes(8, "little")
+
+    def texts(self) -> list[str]:
+        out = []
+        for index in range(self.workers):
+            start = index * self.SLOT
+            length = int.from_bytes(self.block[start : start + 8], "little")
+            out.append(self.block[start + 8 : start + 8 + length].decode(errors="replace"))
+        return out
+
+    def render(self) -> str:
+        return sum_expositions(self.texts())
+
+
+@dataclass
+class WorkersControl:
+    """`--control` with `--workers`: the supervisor answers `GET /metrics` with the sum over
+    workers on this listener, between its signal waits. Changing the scenario or the faults
+    is per process (each worker holds its own pipelines), so those routes answer 501."""
+
+    listener: socket.socket
+    token: str | None = None
+    board: MetricsBoard | None = None
+
+    def answer(self, conn: socket.socket) -> None:
+        conn.settimeout(CONTROL_READ_TIMEOUT)
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 64 * 1024:
+            data = conn.recv(4096)
+            if not data:
+                return
+            head += data
+        lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+        method, _, rest = lines[0].partition(" ")
+        path = rest.partition(" ")[0].split("?", 1)[0]
+        headers = {
+            name.strip().lower(): value.strip()
+            for name, _, value in (line.partition(":") for line in lines[1:])
+        }
+        if self.token is not None and not hmac.compare_digest(
+            headers.get("authorization", "").encode(), f"Bearer {self.token}".encode()
+        ):
+            self._send(conn, 401, b'{"error": "unauthorised"}\n', "application/json")
+        elif method == "GET" and path == "/metrics" and self.board is not None:
+            self._send(conn, 200, self.board.render().encode(), METRICS_CONTENT_TYPE)
+        else:
+            why = (
+                "with --workers the control API serves GET /metrics (summed over the "
+                "workers); scenario, fault and journal routes need one process"
+            )
+            body = json.dumps({"error": why, "routes": ["GET /metrics"]}).encode() + b"\n"
+            self._send(conn, 501, body, "application/json")
+
+    @staticmethod
+    def _send(conn: socket.socket, status: int, body: bytes, content_type: str) -> None:
+        reason = {200: "OK", 401: "Unauthorized", 501: "Not Implemented"}[status]
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        conn.sendall(head.encode() + body)
+
+    def serve_for(self, seconds: float) -> None:
+        """Answer the requests that arrive within `seconds` (one at a time: it is a
+        scrape endpoint), then return so the supervisor can look at its signals."""
+        readable, _, _ = select.select([self.listener], [], [], seconds)
+        if not readable:
+            return
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        with conn:
+            try:
+                self.answer(conn)
+            except (OSError, UnicodeError, ValueError) as error:  # one scraper's problem
+                log.info("control request failed: %s", error)
+
+
+# How long the supervisor waits for a scraper's request head; it answers signals after.
+CONTROL_READ_TIMEOUT = 2.0
 
 
 # prctl(2) option: the signal this process gets when its parent dies.
@@ -157,7 +275,9 @@ class _Supervisor:
         make_server: Callable[[int], ProxyServer],
         grace: float,
         finish: Callable[[int, ProxyServer], None] | None,
+        control: WorkersControl | None = None,
     ) -> None:
+        self.control = control
         self.address = address
         self.listeners = listeners
         self.make_server = make_server
@@ -183,6 +303,8 @@ class _Supervisor:
                 for other, sock in enumerate(self.listeners):
                     if other != index:
                         sock.close()
+                if self.control is not None:
+                    self.control.listener.close()  # the supervisor's, not a worker's
                 server = self.make_server(index)
                 publish = self._publisher(index)
                 # A replacement continues its predecessor's counters and connection ids.
@@ -192,6 +314,8 @@ class _Supervisor:
                 server.connections_refused = refused
                 if isinstance(server, WorkerServer):
                     server.publish = publish
+                    if self.control is not None and self.control.board is not None:
+                        self._publish_metrics(server, index, self.control.board)
                 trio.run(
                     partial(
                         run_proxy,
@@ -201,9 +325,12 @@ class _Supervisor:
                         server=server,
                         grace=self.grace,
                         listener=self.listeners[index],
-                    )
+                    ),
+                    clock=HostClock(),  # times in the shared state agree across workers
                 )
                 publish(server)
+                if server.tick is not None:
+                    server.tick()  # the final counters (and journal flush) after draining
                 if self.finish is not None:
                     self.finish(index, server)
             except BaseException:
@@ -213,6 +340,29 @@ class _Supervisor:
                 os._exit(code)
         self.pids[pid] = index
         self.last_pid[index] = pid
+
+    @staticmethod
+    def _publish_metrics(server: WorkerServer, index: int, board: MetricsBoard) -> None:
+        """Count this worker's bytes and fault reports, and write its exposition to the
+        board on every tick (run_proxy ticks every TICK_INTERVAL)."""
+        metrics = server.metrics = Metrics()
+        observer, sink, tick = (
+            server.observer_factory, server.report_sink_factory, server.tick,
+        )  # fmt: skip
+        server.observer_factory = lambda cid, scenario: metrics.observe(
+            observer(cid, scenario) if observer is not None else None
+        )
+        server.report_sink_factory = lambda cid: metrics.sink(
+            cid, sink(cid) if sink is not None else None
+        )
+
+        def ticked() -> None:
+            if tick is not None:
+                tick()
+            board.publish(index, metrics.render(server, None))
+
+        server.tick = ticked
+        ticked()  # a worker that was just (re)started shows at once
 
     def _publisher(self, index: int) -> Callable[[ProxyServer], None]:
         def publish(server: ProxyServer) -> None:
@@ -294,6 +444,7 @@ def run_workers(
     grace: float = 10.0,
     backlog: int = 1024,
     finish: Callable[[int, ProxyServer], None] | None = None,
+    control: WorkersControl | None = None,
     **server_options: Any,
 ) -> WorkersResult:
     """Fork `workers` proxy processes on one port and supervise them until SIGTERM/SIGINT.
@@ -305,6 +456,13 @@ def run_workers(
     from the main thread of a process without a running event loop (it forks)."""
     if workers < 1:
         raise ValueError("workers must be at least 1")
+
+    # One scenario state for all workers ("first: 3" is three in all): memory shared by
+    # the forks unless the caller brings a store (a Redis shared by several proxies).
+    memory = None
+    if server_options.get("shared_state") is None:
+        memory = MemoryBackend()
+        server_options["shared_state"] = scoped(memory)
 
     def make_server(index: int) -> ProxyServer:
         return WorkerServer(
@@ -318,14 +476,24 @@ def run_workers(
     listeners = reuseport_listeners(listen_address, workers, backlog)
     waited = _STOP_SIGNALS | {signal.SIGCHLD}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
-    supervisor = _Supervisor(listen_address, listeners, make_server, grace, finish)
+    if control is not None and control.board is None:
+        control.board = MetricsBoard(workers)
+    supervisor = _Supervisor(listen_address, listeners, make_server, grace, finish, control)
     try:
         for index in range(workers):
             supervisor.spawn(index)
         if ready is not None:
             ready(supervisor.result.port, list(supervisor.last_pid))
         while True:
-            info = signal.sigwaitinfo(waited)
+            if control is None:
+                info = signal.sigwaitinfo(waited)
+            else:
+                # Signals stay blocked (pending) while the supervisor answers a scrape.
+                control.serve_for(0.1)
+                found = signal.sigtimedwait(waited, 0)
+                if found is None:
+                    continue
+                info = found
             if info.si_signo in _STOP_SIGNALS:
                 break
             supervisor.reap(restart=True)
@@ -334,4 +502,6 @@ def run_workers(
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         for sock in listeners:
             sock.close()
+        if memory is not None:
+            memory.close()
     return supervisor.collect()

@@ -24,7 +24,12 @@ UPSTREAM = "http://127.0.0.1:8000"
     [
         (ProxySettings(upstream=UPSTREAM, control_token="t"), "need --control"),
         (ProxySettings(upstream=UPSTREAM, allow_scenario_header=True), "need --control"),
-        (ProxySettings(upstream=UPSTREAM, control="127.0.0.1:0", workers=2), "drop --workers"),
+        (
+            ProxySettings(
+                upstream=UPSTREAM, control="127.0.0.1:0", workers=2, allow_scenario_header=True
+            ),
+            "drop --workers",
+        ),
         (
             ProxySettings(upstream=UPSTREAM, control="127.0.0.1:0", allow_scenario_header=True),
             "needs --scenario-dir",
