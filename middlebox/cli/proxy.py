@@ -142,7 +142,8 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
     "--journal",
     "journal_file",
     type=click.Path(dir_okay=False),
-    help="Write the connection journal (NDJSON) here on shutdown; secrets redacted.",
+    help="Write the connection journal (NDJSON) here as the proxy goes: each connection "
+    "appended when it ends, open ones at least every second; secrets redacted.",
 )
 @click.option(
     "--ready-file",
