@@ -180,3 +180,26 @@ def test_redis_counts_with_incr_and_keeps_first_values(redis_url: str) -> None:
 def test_redis_that_is_not_there_fails_at_start() -> None:
     with pytest.raises(OSError):
         open_backend("redis://127.0.0.1:1/0")
+
+
+def test_new_state_for_one_edited_position_is_scoped_to_that_position(
+    memory: MemoryBackend,
+) -> None:
+    from faults.http_error import HttpError
+    from middlebox.scenario.model import FaultSpec
+
+    path = (FaultSpec(HttpError, {"status": 429}), FaultSpec(HttpError, {"status": 503}))
+    scenario = Scenario(name="edited", path=path)
+    server = ProxyServer(Address("127.0.0.1", 1), scenario, shared_state=scoped(memory))
+    assert [repr(state)[:28] for state in server.shared] == [
+        "ScopedStore('edited/0.http_e",
+        "ScopedStore('edited/1.http_e",
+    ]
+    (only,) = server.new_shared(scenario, only=1)
+    first, second = server.shared
+    assert isinstance(only, ScopedStore) and isinstance(second, ScopedStore)
+    assert only.prefix == second.prefix
+    # Another proxy running the same scenario names the same keys.
+    assert isinstance(first, ScopedStore)
+    increment(first, "match.count")
+    assert increment(ScopedStore(memory, first.prefix[:-1]), "match.count") == 2

@@ -148,8 +148,11 @@ def test_a_worker_counts_its_bytes_and_faults_and_publishes_them_each_tick() -> 
     assert parse_text(board.texts()[1])["middlebox_connections_total"] == 0
     assert server.observer_factory is not None and server.report_sink_factory is not None
     observer = server.observer_factory(2, server.scenario)
+    assert observer is not None
     observer.read("client", Direction.UPSTREAM, b"hello", 0.0)
-    server.report_sink_factory(2)(FaultReport("http_error", 0.0, "answered", {}))
+    sink = server.report_sink_factory(2)
+    assert sink is not None
+    sink(FaultReport("http_error", 0.0, "answered", {}))
     server.connections_accepted = 1
     assert server.tick is not None
     server.tick()
