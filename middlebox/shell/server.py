@@ -478,8 +478,13 @@ class ProxyServer:
                 self.live.add(live)
                 try:
                     with live.scope:
-                        pipeline = self.make_pipeline(self.scenario, connection_id)
-                        h2_faults = [f for f in pipeline.faults if isinstance(f, H2Fault)]
+                        # Only its HTTP/2 faults, bound alone: no framing is made (and left
+                        # pending in the journal) for a connection that relays no bytes itself.
+                        h2_faults = [
+                            f for f in self.build_faults(self.scenario) if isinstance(f, H2Fault)
+                        ]
+                        rng = random.Random(f"{self.scenario.seed}:{connection_id}")
+                        Pipeline(h2_faults).bind(FaultContext(connection_id, rng))
                         await serve_h2(
                             self.relay_stream,
                             stream,
