@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint fmt bench calibrate soak clean vllm test-vllm matrix
+.PHONY: run test lint fmt bench calibrate soak journal-100k clean vllm test-vllm matrix
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,13 @@ calibrate: $(STAMP)
 # fails unless memory, fds and tasks stay flat. Figures: docs/reliability.md.
 soak: $(STAMP)
 	$(BIN)/python -m middlebox.tools.soak --seconds $${SOAK_SECONDS:-600} --json reports/soak.json
+
+# Issue 14's acceptance run: 100,000 short connections through `proxy --journal` in a
+# network namespace of its own (needs root); RSS sampled, the journal read back. Never part
+# of `make test`. JOURNAL_CONNECTIONS=20000 JOURNAL_KILL_AT=10000 for the SIGKILL variant.
+journal-100k: $(STAMP)
+	$(BIN)/python -m tests.reliability.many_connections --connections $${JOURNAL_CONNECTIONS:-100000} \
+		--kill-at $${JOURNAL_KILL_AT:-0} --json reports/journal-100k.json
 
 clean:
 	rm -rf $(VENV) reports build *.egg-info
