@@ -71,7 +71,7 @@ def rss_kib(pids: Sequence[int]) -> int:
     return total
 
 
-def wait_listening(port: int, deadline_s: float = 10.0) -> None:
+def wait_listening(port: int, deadline_s: float = 30.0) -> None:
     """Poll until 127.0.0.1:port accepts a connection (or raise after `deadline_s`)."""
     end = time.monotonic() + deadline_s
     while True:
