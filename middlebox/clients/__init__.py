@@ -85,6 +85,7 @@ from collections.abc import Iterator, MutableMapping
 
 from middlebox.clients import envs
 from middlebox.clients.node import NODE_CLIENTS, node_available
+from middlebox.clients.node.launch import ensure_installed as ensure_node_packages
 
 
 class ClientRegistry(MutableMapping[str, list[str]]):
@@ -100,6 +101,10 @@ class ClientRegistry(MutableMapping[str, list[str]]):
         if name in envs.LOCKED_CLIENTS and name not in self._argvs:
             envs.ensure(name)
             return envs.argv(name)
+        if name in NODE_CLIENTS and node_available():
+            # `npm ci` takes ~30 s on a loaded machine: once, before the scenario's client
+            # bound starts, not inside it (the first run of a fresh clone scored a hang)
+            ensure_node_packages()
         return self._argvs[name]
 
     def __setitem__(self, name: str, argv: list[str]) -> None:

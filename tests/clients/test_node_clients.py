@@ -717,3 +717,21 @@ def test_node_eventsource_resumes_a_resumable_stream_with_last_event_id_by_itsel
     # the server starts a new generation, appended to what was shown.
     assert shown["node-fetch-event-source"] == ["contradicted"]
     assert shown["node-openai"] == shown["node-fetch-naive"] == ["truncation_detected"]
+
+
+def test_looking_a_node_client_up_installs_its_packages_before_any_scenario_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # npm ci inside the client's bound made a fresh clone's first run a hang: the
+    # registry installs when a Node client is looked up, listing names installs nothing
+    import middlebox.clients as registry
+
+    calls: list[str] = []
+    monkeypatch.setattr(registry, "node_available", lambda: True)
+    monkeypatch.setattr(registry, "ensure_node_packages", lambda: calls.append("npm ci"))
+    assert "node-fetch-naive" in list(registry.BUILTIN_CLIENTS) and calls == []
+    argv = registry.BUILTIN_CLIENTS["node-fetch-naive"]
+    assert argv[-2:] == ["middlebox.clients.node.launch", "node-fetch-naive"] or argv
+    assert calls == ["npm ci"]
+    registry.BUILTIN_CLIENTS["raw"]
+    assert calls == ["npm ci"]  # only Node clients
