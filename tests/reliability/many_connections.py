@@ -35,7 +35,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MIDDLEBOX = [sys.executable, "-c", "from middlebox.cli.main import main; main()"]
-GET = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+# each request names its number, so the journal's connections map back to the client's
+GET = "GET /c/{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
 NAMESPACE_SYSCTLS = ("net.ipv4.ip_local_port_range=1024 65535", "net.ipv4.tcp_tw_reuse=1")
 
@@ -77,12 +78,14 @@ class Driver:
         self.errors: list[str] = []
         self.deadline = time.monotonic() + args.max_seconds
         self.killed_after: int | None = None
+        self.finished_at: dict[int, float] = {}  # request number: when the client had it all
+        self.killed_at = 0.0
 
-    async def one(self, source: int) -> None:
-        local = (f"127.0.0.{2 + source % self.args.sources}", 0) if self.args.sources else None
+    async def one(self, number: int) -> None:
+        local = (f"127.0.0.{2 + number % self.args.sources}", 0) if self.args.sources else None
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=local)
         try:
-            writer.write(GET)
+            writer.write(GET.format(number).encode())
             data = await reader.read()
         finally:
             writer.close()
@@ -94,8 +97,9 @@ class Driver:
             if time.monotonic() > self.deadline:
                 return
             self.started += 1
+            number = self.started
             try:
-                await self.one(self.started)
+                await self.one(number)
             except (OSError, RuntimeError) as error:
                 if self.killed_after is not None:
                     return  # cut by our own SIGKILL: not a finished connection
@@ -106,6 +110,7 @@ class Driver:
             if self.killed_after is not None:
                 return
             self.finished += 1
+            self.finished_at[number] = time.monotonic()
             if self.finished % self.args.sample_every == 0:
                 self.samples.append((self.finished, rss_mib(self.proxy_pid)))
                 print(
@@ -114,17 +119,27 @@ class Driver:
             if self.args.kill_at and self.finished == self.args.kill_at:
                 # the others are mid-exchange: those are the open connections' tail
                 self.killed_after = self.finished
+                self.killed_at = time.monotonic()
                 os.kill(self.proxy_pid, signal.SIGKILL)  # the proxy we started, by PID
 
     async def run(self) -> None:
         await asyncio.gather(*(self.worker() for _ in range(self.args.concurrency)))
 
 
-def check_journal(path: Path, expected: int | None) -> dict[str, Any]:
+def check_journal(path: Path, finished_at: dict[int, float], killed_at: float) -> dict[str, Any]:
     """Streams the journal: which connections have a summary, whose client-side download
-    ends in the answer's body, the writer's totals. `expected` ids 1..N must all be there."""
+    ends in the answer's body, which request number each carried, the writer's totals.
+
+    Without a kill, the ids are 1..N, each complete and carrying one of the N requests.
+    With one (`killed_at`), every request the client had finished more than a second
+    before it must be a complete connection. Those finished in the last second may be
+    missing: the proxy passes the upstream's FIN on at once (faithful ends), so the
+    client has its EOF while the proxy still waits for the client's FIN, and a
+    connection is written whole when it ends at the proxy; the open ones' records are
+    written by the writer's 1 s tick (observe.journal.JournalWriter)."""
     summaries: set[int] = set()
     answered: set[int] = set()
+    number_of: dict[int, int] = {}
     opened: set[int] = set()
     totals: dict[str, Any] = {}
     cut_last_line = False
@@ -150,6 +165,9 @@ def check_journal(path: Path, expected: int | None) -> dict[str, Any]:
                 and base64.b64decode(line["base64"]).endswith(b"\r\n\r\nok")
             ):
                 answered.add(cid)
+            elif kind == "bytes" and (line["leg"], line["direction"]) == ("client", "upstream"):
+                request = base64.b64decode(line["base64"])
+                number_of[cid] = int(request.split(b" ", 2)[1].rsplit(b"/", 1)[1])
     complete = summaries & answered
     result: dict[str, Any] = {
         "journal_bytes": path.stat().st_size,
@@ -160,10 +178,21 @@ def check_journal(path: Path, expected: int | None) -> dict[str, Any]:
         "cut_last_line": cut_last_line,
         "totals": totals,
     }
-    if expected is not None:
-        wanted = set(range(1, expected + 1))
-        result["missing_ids"] = sorted(wanted - complete)[:20]
-        result["missing_count"] = len(wanted - complete)
+    numbers_complete = {number_of[cid] for cid in complete if cid in number_of}
+    missing = set(finished_at) - numbers_complete
+    if killed_at:
+        recent = {n for n in missing if killed_at - finished_at[n] <= 1.0}
+        result["finished_in_the_last_second"] = sum(
+            killed_at - at <= 1.0 for at in finished_at.values()
+        )
+        result["of_which_missing"] = len(recent)
+        missing -= recent
+    result["finished_at_client_missing"] = sorted(missing)[:20]
+    result["missing_count"] = len(missing)
+    if not killed_at:
+        wanted = set(range(1, len(finished_at) + 1))
+        result["ids_not_1_to_n"] = len(wanted ^ complete)
+        result["missing_count"] += len(wanted ^ complete)
     return result
 
 
@@ -243,7 +272,6 @@ def inside(args: argparse.Namespace) -> dict[str, Any]:
             if child is not None and child.poll() is None:
                 child.kill()  # the processes we started, by their handles
                 child.wait()
-    expected = driver.killed_after if driver.killed_after is not None else driver.finished
     report: dict[str, Any] = {
         "connections_asked": args.connections,
         "client_finished": driver.finished,
@@ -256,7 +284,7 @@ def inside(args: argparse.Namespace) -> dict[str, Any]:
         "rss_samples": [(n, round(mib, 1)) for n, mib in driver.samples],
         "proxy_exit": proxy.returncode if proxy else None,
     }
-    report["journal"] = check_journal(journal, expected)
+    report["journal"] = check_journal(journal, driver.finished_at, driver.killed_at)
     report["pcap"] = pcap_sample(journal, workdir, args.pcap_sample)
     return report
 
