@@ -115,3 +115,39 @@ def test_a_rewriter_past_which_nobody_reads_counts_its_pieces_and_keeps_bytes_an
     assert len(client_bytes(counted)) == len(upstream) + 2 * added
     assert client_bytes(counted).replace(b"X-Accel-Buffering: no\r\n", b"") == upstream
     assert client_bytes(made).count(b"X-Accel-Buffering: no\r\n") == 2
+
+
+def chunk(event: bytes) -> bytes:
+    return b"%x\r\n" % len(event) + event + b"\r\n"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [HEAD, HEAD.replace(b"\r\n\r\n", b"\r\nX-Accel-Buffering: no\r\n\r\n")],
+    ids=["head rewritten", "head already right"],
+)
+def test_reads_that_end_inside_a_chunk_line_pass_byte_exact_in_order(head: bytes) -> None:
+    """Regression: a read that starts with the end of the last read's unfinished chunk
+    line and ends inside the next one carries as many bytes as its pieces, but not the
+    same bytes; it must not pass as it came (a byte was lost, then sent twice)."""
+    events = [chunk(b"data: %d%s\n\n" % (i, b"x" * 20)) for i in range(3)]
+    body = b"".join(events) + b"0\r\n\r\n"
+    first, second = len(events[0]) + 1, len(events[0]) + len(events[1]) + 1
+    reads = [body[:first], body[first:second], body[second:]]
+    timeline: list[tuple[float, Item]] = [(0.0, Chunk(UP, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"))]
+    timeline += [(0.1, Chunk(DOWN, head))]
+    timeline += [(0.2 + 0.1 * i, Chunk(DOWN, data)) for i, data in enumerate(reads)]
+    out, _ = run_timeline([SetHeader()], timeline)
+    expected = head.replace(b"\r\n\r\n", b"\r\nX-Accel-Buffering: no\r\n\r\n", 1)
+    if b"X-Accel" in head:
+        expected = head
+    assert client_bytes(out) == expected + body
+
+
+def run_timeline(
+    faults: list[Fault], timeline: list[tuple[float, Item]]
+) -> tuple[list[tuple[float, Item]], list[FaultReport]]:
+    reports: list[FaultReport] = []
+    pipeline = Pipeline(faults)
+    pipeline.bind(FaultContext(1, random.Random(0), reports.append))
+    return replay(pipeline, timeline, bind=False), reports

@@ -32,6 +32,8 @@ class HeadRewriter(HttpMatched):
     direction: HeaderDirection = "response"
 
     _shift: int = field(init=False, repr=False, compare=False, default=0)
+    # response bytes the framer held after the last item (an unfinished chunk line)
+    _held_bytes: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         if self.direction not in ("response", "request"):
@@ -58,26 +60,15 @@ class HeadRewriter(HttpMatched):
         framed = self._flow.framed
         if target is Direction.UPSTREAM:
             framed = self.gate_framed(framed)
-        elif (
-            isinstance(item, Chunk)
-            and all(entry.piece.head is None for entry in framed)
-            and sum(len(entry.piece.data) for entry in framed) == len(item.data)
-        ):
-            # Body bytes after the head: they go on as they came, pieces and all (no
-            # head is held, so the bytes are exactly the pieces'), only moved by what
-            # an earlier head's rewrite added; no head, so nothing to decide per piece.
-            shift = self._shift
-            if not shift:
-                self.publish(target, framed)
-                return [item]
-            stream = self._published(target)
-            if stream is not None and framed and not stream.read:
-                # nobody past this fault reads the pieces: count them, make none
-                last = framed[-1].piece
-                stream.pass_unread(len(framed), last.offset + len(last.data) + shift)
-            else:
-                self.publish(target, [_shifted(entry, shift) for entry in framed])
-            return [item]
+        else:
+            held_before, self._held_bytes = self._held_bytes, self._flow.responses.held
+            if (
+                not held_before
+                and not self._held_bytes
+                and isinstance(item, Chunk)
+                and all(entry.piece.head is None for entry in framed)
+            ):
+                return self._body_as_it_came(item, framed)
         parts: list[bytes] = []
         out_framed: list[Framed] = []
         for entry in framed:
@@ -127,6 +118,24 @@ class HeadRewriter(HttpMatched):
         """The stream this fault publishes `direction`'s pieces to, if any."""
         framing = self._fault.context.framing
         return framing.publish.get(direction) if framing is not None else None
+
+    def _body_as_it_came(self, item: Chunk, framed: list[Framed]) -> list[Item]:
+        """Body bytes after the head, none held before or after them, so the bytes are
+        exactly the pieces': they go on as they came, only moved by what an earlier
+        head's rewrite added; no head, so nothing to decide per piece."""
+        shift = self._shift
+        target = self._target
+        if not shift:
+            self.publish(target, framed)
+            return [item]
+        stream = self._published(target)
+        if stream is not None and framed and not stream.read:
+            # nobody past this fault reads the pieces: count them, make none
+            last = framed[-1].piece
+            stream.pass_unread(len(framed), last.offset + len(last.data) + shift)
+        else:
+            self.publish(target, [_shifted(entry, shift) for entry in framed])
+        return [item]
 
 
 def _shifted(entry: Framed, shift: int) -> Framed:
