@@ -348,6 +348,10 @@ def main() -> int:
             Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
         journal = report["journal"]
         ok = journal["missing_count"] == 0 and report["client_failed"] == 0
+        # a run cut by --max-seconds is not the run asked for
+        ok = ok and (
+            report["killed_after"] is not None or report["client_finished"] == args.connections
+        )
         return 0 if ok else 1
     if args.json:
         args.json = str(Path(args.json).resolve())
