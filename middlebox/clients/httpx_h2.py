@@ -10,26 +10,13 @@ It trusts `MIDDLEBOX_CA_FILE` when set (the runner sets it for `proxy: {tls: ...
 
 from __future__ import annotations
 
-import json
 import os
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
-from httpx_sse import aconnect_sse
-
-from middlebox.clients.contract import (
-    ClientEnv,
-    Handler,
-    Recorder,
-    RequestSpec,
-    apply_chunk,
-    auth_headers,
-    chunk_info,
-    non_stream_info,
-    run_client,
-)
+from middlebox.clients import httpx_sse_reader
+from middlebox.clients.contract import ClientEnv, Handler, run_client
 
 
 def trust() -> ssl.SSLContext | bool:
@@ -39,25 +26,8 @@ def trust() -> ssl.SSLContext | bool:
 
 @asynccontextmanager
 async def session(env: ClientEnv) -> AsyncIterator[Handler]:
-    async with httpx.AsyncClient(http2=True, verify=trust()) as http:
-
-        async def handle(spec: RequestSpec, rec: Recorder) -> None:
-            rec.attempts += 1
-            url = env.url(spec.endpoint)
-            if not spec.streaming:
-                response = await http.post(url, json=spec.body, headers=auth_headers(env))
-                response.raise_for_status()
-                apply_chunk(rec, non_stream_info(response.json()))
-                return
-            async with aconnect_sse(
-                http, "POST", url, json=spec.body, headers=auth_headers(env)
-            ) as source:
-                async for sse in source.aiter_sse():
-                    if sse.data == "[DONE]":
-                        rec.saw_done = True
-                        break
-                    apply_chunk(rec, chunk_info(json.loads(sse.data)))
-
+    # httpx-sse's reading, on a client that offers h2 (the reading is one function)
+    async with httpx_sse_reader.session(env, http2=True, verify=trust()) as handle:
         yield handle
 
 

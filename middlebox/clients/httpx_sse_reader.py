@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from httpx_sse import aconnect_sse
@@ -31,8 +32,9 @@ from middlebox.clients.contract import (
 
 
 @asynccontextmanager
-async def session(env: ClientEnv) -> AsyncIterator[Handler]:
-    async with httpx.AsyncClient() as http:
+async def session(env: ClientEnv, **client_options: Any) -> AsyncIterator[Handler]:
+    """`client_options` go to `httpx.AsyncClient` (`httpx-h2`: http2=True and its CA)."""
+    async with httpx.AsyncClient(**client_options) as http:
 
         async def handle(spec: RequestSpec, rec: Recorder) -> None:
             rec.attempts += 1
