@@ -240,6 +240,9 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
             connection_ended=server.connection_ended,
             tick=server.tick,
             shared_state=server.shared_state,
+            # the proxy's own stages (header timeout, unreachable upstream, fail closed)
+            # apply in every worker as in one process
+            stages=PROXY_STAGES,
             **settings.tls_server_options(what.listen),
         )
         return f"stopped: {result.summary()}"

@@ -130,3 +130,38 @@ async def test_two_workers_share_connections_survive_a_death_and_leave_no_child(
     assert len(ids[1]) == counts[1]
     assert ids[0] and max(ids[0] | ids[1]) <= 2 * max(counts)
     assert all(_gone(pid) for pid in pids)
+
+
+async def test_every_worker_answers_an_unreachable_upstream_with_nginxs_502_as_one_process_does(
+    tmp_path: Path,
+) -> None:
+    # The proxy's own stages (faults/_proxy: unreachable upstream, header timeout, fail
+    # closed) were not passed to the workers: a client got a bare close, not the 502 page
+    with trio.socket.socket() as probe:  # a loopback port nothing listens on
+        await probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    argv = [sys.executable, "-c", "from middlebox.cli.main import main; main()", "proxy",
+            "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{dead}", "--workers", "2",
+            "--grace", "0"]  # fmt: skip
+    proxy = await trio.lowlevel.open_process(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    assert proxy.stdout is not None
+    output = b""
+    try:
+        with trio.fail_after(30):
+            while b"workers:" not in output or not output.endswith(b"\n"):
+                output += await proxy.stdout.receive_some(4096)
+            port = int(re.search(rb"listening on http://127.0.0.1:(\d+)", output)[1])  # type: ignore[index]
+            for _ in range(6):  # enough connections for both workers (SO_REUSEPORT hash)
+                client = await trio.open_tcp_stream("127.0.0.1", port)
+                await client.send_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                received, _ = await read_all(client)
+                await client.aclose()
+                assert received.startswith(b"HTTP/1.1 502 Bad Gateway\r\n"), received
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        with trio.move_on_after(10):
+            await proxy.wait()
+        if proxy.returncode is None:
+            proxy.kill()
