@@ -106,8 +106,12 @@ def server_env() -> dict[str, str]:
     return env
 
 
-# Tool calls as agents use them (tests/real_vllm/test_tool_calls.py): auto and required
-# tool_choice need a parser; requests without tools are answered as without the flags.
+# Tool calls as agents use them (tests/real_vllm/test_tool_calls.py starts its own server
+# with these): auto and required tool_choice need a parser. Not on the tier's main server:
+# with them vLLM 0.32 answers plain text differently (the last frame's delta carries
+# `content: ""`) and exports two more metric families (vllm:tool_call_parser_invocations),
+# so the conformance of the emulator's default profile is measured without them, as vLLM
+# is served by default.
 TOOL_CALL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 
@@ -117,7 +121,7 @@ def command(py: Path, model: Path, port: int, extra: list[str] | None = None) ->
         "--model", str(model), "--served-model-name", SERVED_NAME,
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
-        *TOOL_CALL_FLAGS, *(extra or []),
+        *(extra or []),
     ]  # fmt: skip
 
 

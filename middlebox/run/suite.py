@@ -174,11 +174,18 @@ def in_decoding_time(
             judged.append(check)
             continue
         bound = check.expected * itl_ms / server_ms_per_token
-        passed = check.actual >= bound if check.condition == "min" else check.actual <= bound
+        if check.condition == "min":
+            passed = check.actual >= bound
+            step = ""
+        else:
+            # A real engine learns of an abort between decode steps, so the step in flight
+            # when the client left completes: one token the emulator's exact abort has not.
+            passed = check.actual <= bound + 1
+            step = " + the step in flight"
         note = (
             f"judged in decoding time: {check.expected} tokens at the scenario's "
             f"{itl_ms:g} ms = {check.expected * itl_ms:g} ms = {bound:.1f} tokens at the "
-            f"server's {server_ms_per_token:g} ms"
+            f"server's {server_ms_per_token:g} ms{step}"
         )
         judged.append(dataclasses.replace(check, passed=passed, note=note))
     return judged

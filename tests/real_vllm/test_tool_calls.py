@@ -1,11 +1,12 @@
 """Tool calls against a real vLLM 0.32.0 (`--enable-auto-tool-choice --tool-call-parser hermes`,
-realvllm/serve.py) and the emulator's `vllm-0.32` profile: the same requests, the same shapes.
+realvllm/serve.TOOL_CALL_FLAGS: a server of this module's own, since those flags change plain
+answers too) and the emulator's `vllm-0.32` profile: the same requests, the same shapes.
 
 The random-weight model cannot choose a tool under `auto` (it answers in text), but guided
 decoding makes it call one under a named or `required` tool_choice, which is what is compared:
 frames masked as wirecompare masks them (ids, created, text, counts, fingerprint hash) plus the
 argument fragments, a run of identical shapes counted once (their number is the token count);
-the 400s of vLLM's check_tool_usage byte for byte. About a second on top of the tier's server.
+the 400s of vLLM's check_tool_usage byte for byte. A second server start (~50 s) and a second.
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ WEATHER = {
     },
 }
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serve.Server]:
+    """This module's real vLLM, with the tool-call parser (overrides the tier's)."""
+    server = serve.start(
+        extra_args=list(serve.TOOL_CALL_FLAGS), log_dir=tmp_path_factory.mktemp("vllm-tools")
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")

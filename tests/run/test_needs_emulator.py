@@ -135,20 +135,28 @@ def test_a_bound_on_wasted_tokens_is_judged_in_the_real_servers_decoding_time() 
     judged = in_decoding_time(as_written, scenario, 3.0)
     wasted, abandoned = judged
     assert wasted.passed and wasted.actual == 14 and wasted.expected == 3  # reported as measured
-    assert "45 ms = 15.0 tokens at the server's 3 ms" in wasted.note
+    assert "45 ms = 15.0 tokens at the server's 3 ms + the step in flight" in wasted.note
     assert abandoned == as_written[1]  # other names as written
-    # 16 tokens is more than 45 ms: fails, and says how it was judged
-    (over, _) = in_decoding_time(
+    # 17 tokens is more than 45 ms and the step decoding when the client left: fails
+    (edge, _) = in_decoding_time(
         evaluate_expect(expect, "raw", {**metrics, "server.tokens_wasted": 16}, ["raw"]),
         scenario,
         3.0,
     )
-    assert not over.passed and over.describe().endswith("at the server's 3 ms)")
+    assert edge.passed  # 15 tokens' time and the step in flight
+    (over, _) = in_decoding_time(
+        evaluate_expect(expect, "raw", {**metrics, "server.tokens_wasted": 17}, ["raw"]),
+        scenario,
+        3.0,
+    )
+    assert not over.passed and over.describe().endswith(
+        "at the server's 3 ms + the step in flight)"
+    )
     line = failure_message({"name": "abandon-direct", "description": ""}, "raw", vars(over))
-    assert line.startswith("server.tokens_wasted max 3: got 16 (judged in decoding time")
+    assert line.startswith("server.tokens_wasted max 3: got 17 (judged in decoding time")
     # a slower server than the scenario: fewer tokens fill the same time
     (slow, _) = in_decoding_time(as_written, scenario, 30.0)
-    assert not slow.passed and "1.5 tokens" in slow.note
+    assert not slow.passed and "1.5 tokens" in slow.note  # 14 > 1.5 + 1
     # a minimum scales the same way (tokens the server went on generating for nobody)
     (floor,) = in_decoding_time(
         [Check("server.tokens_wasted", "min", 200, 700, True)], scenario, 3.0
