@@ -22,23 +22,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from middlebox.core.fault import Fault, FaultContext
+from middlebox.core.fault import FaultContext
 from middlebox.core.http1 import Http1Framer
 from middlebox.core.responses import error_response
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
 
+from .refusing import RefusingStage
+
 
 @dataclass
-class FailClosed(Fault):
+class FailClosed(RefusingStage):
     """Answer a request the framer refuses with nginx's status and close both sides."""
 
     name: ClassVar[str] = "fail_closed"
 
-    connection_closed: bool = field(init=False, repr=False, default=False)
-    _framer: Http1Framer | None = field(init=False, repr=False, default=None)
     _responses: Http1Framer | None = field(init=False, repr=False, default=None)
-    _passed: int = field(init=False, repr=False, default=0)  # request bytes passed on
-    _discarding: bool = field(init=False, repr=False, default=False)
 
     def bind(self, context: FaultContext) -> None:
         super().bind(context)
@@ -47,17 +45,11 @@ class FailClosed(Fault):
             self._framer = position.up.http
             self._responses = position.down.http
 
-    @property
-    def finished(self) -> bool:
-        return self._framer is None and not self.connection_closed
-
     def on_item(self, item: Item, now: float) -> list[Item]:
-        if self.connection_closed:
-            return []  # closed as nginx closes: nothing more goes anywhere
-        if item.direction is DOWN or self._framer is None:
-            return [item]
-        if self._discarding:
-            return [] if isinstance(item, Chunk) else [item]
+        settled = self.settled(item, UP)
+        if settled is not None:
+            return settled
+        assert self._framer is not None  # settled() answered for no framer
         refusal = self._framer.refusal
         if not isinstance(item, Chunk) or refusal is None:
             if isinstance(item, Chunk):

@@ -43,10 +43,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from middlebox.core.fault import Fault, FaultContext
+from middlebox.core.fault import FaultContext
 from middlebox.core.http1 import Http1Framer, Refusal
 from middlebox.core.responses import error_response
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
+
+from .refusing import RefusingStage
 
 # ngx_http_upstream_next: NGX_HTTP_UPSTREAM_FT_INVALID_HEADER finalizes with Bad Gateway.
 INVALID_HEADER_STATUS = 502
@@ -59,20 +61,16 @@ PREMATURE_CLOSE_MESSAGE = (
 
 
 @dataclass
-class FailClosedResponse(Fault):
+class FailClosedResponse(RefusingStage):
     """Answer an upstream response the framer refuses as nginx does (502 before its head
     reached the client, a close after it) and close both sides."""
 
     name: ClassVar[str] = "fail_closed_response"
 
-    connection_closed: bool = field(init=False, repr=False, default=False)
-    _framer: Http1Framer | None = field(init=False, repr=False, default=None)
     # The request stream where it leaves for the upstream: is a request outstanding?
     _requests: Http1Framer | None = field(init=False, repr=False, default=None)
     _client_left: bool = field(init=False, repr=False, default=False)
     _held: bytearray = field(init=False, repr=False, default_factory=bytearray)
-    _passed: int = field(init=False, repr=False, default=0)  # response bytes passed on
-    _discarding: bool = field(init=False, repr=False, default=False)
 
     def bind(self, context: FaultContext) -> None:
         super().bind(context)
@@ -81,20 +79,14 @@ class FailClosedResponse(Fault):
             self._framer = position.down.http
             self._requests = position.up.http
 
-    @property
-    def finished(self) -> bool:
-        return self._framer is None and not self.connection_closed
-
     def on_item(self, item: Item, now: float) -> list[Item]:
-        if self.connection_closed:
-            return []  # closed as nginx closes: nothing more goes anywhere
-        framer = self._framer
-        if item.direction is UP and not isinstance(item, Chunk):
+        if item.direction is UP and not isinstance(item, Chunk) and not self.connection_closed:
             self._client_left = True  # nginx finalizes the request: no answer after this
-        if item.direction is UP or framer is None:
-            return [item]
-        if self._discarding:
-            return [] if isinstance(item, Chunk) else [item]
+        settled = self.settled(item, DOWN)
+        if settled is not None:
+            return settled
+        framer = self._framer
+        assert framer is not None  # settled() answered for no framer
         if not isinstance(item, Chunk):
             if self._head_cut_short(framer):
                 return self._premature_close(framer, now)
