@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.reliability.support import MIDDLEBOX, journalled_proxy, listening_port
+
 ROOT = Path(__file__).resolve().parents[2]
-MIDDLEBOX = [sys.executable, "-c", "from middlebox.cli.main import main; main()"]
 # each request names its number, so the journal's connections map back to the client's
 GET = "GET /c/{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
@@ -234,25 +235,13 @@ def inside(args: argparse.Namespace) -> dict[str, Any]:
         assert upstream.stdout is not None
         upstream_port = int(upstream.stdout.readline())
         proxy = subprocess.Popen(
-            [
-                *MIDDLEBOX,
-                "proxy",
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                f"http://127.0.0.1:{upstream_port}",
-                "--grace",
-                "1",
-                "--journal",
-                str(journal),
-            ],
+            journalled_proxy(upstream_port, journal),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
         )
         assert proxy.stdout is not None
-        first = proxy.stdout.readline().decode()
-        port = int(first.split("http://127.0.0.1:", 1)[1].split()[0])
+        port = listening_port(proxy.stdout.readline().decode())
         if args.proxy_nice is not None:
             # the proxy is the work being measured: on a shared machine its fair share
             # of the CPU, not the journal, sets the pace

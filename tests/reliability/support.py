@@ -21,6 +21,8 @@ __all__ = [
     "blackhole",
     "fds_back_to",
     "first_line",
+    "journalled_proxy",
+    "listening_port",
     "open_fds",
     "rss_bytes",
     "settle",
@@ -28,6 +30,29 @@ __all__ = [
 ]
 
 MIDDLEBOX = [sys.executable, "-c", "from middlebox.cli.main import main; main()"]
+
+
+def journalled_proxy(upstream_port: int, journal: object, *extra: str) -> list[str]:
+    """`middlebox proxy` on an ephemeral loopback port in front of `upstream_port`, with a
+    1 s grace and a journal: the command every journal and shutdown test starts."""
+    return [
+        *MIDDLEBOX,
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        f"http://127.0.0.1:{upstream_port}",
+        "--grace",
+        "1",
+        "--journal",
+        str(journal),
+        *extra,
+    ]
+
+
+def listening_port(first: str) -> int:
+    """The port in the proxy's first line ("... http://127.0.0.1:PORT ...")."""
+    return int(first.split("http://127.0.0.1:", 1)[1].split()[0])
 
 
 async def first_line(process: trio.Process) -> str:

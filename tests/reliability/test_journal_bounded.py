@@ -19,7 +19,13 @@ import trio
 from middlebox.observe.journal import read_ndjson
 from middlebox.observe.pcap import write_pcap
 from tests.harness import read_all
-from tests.reliability.support import MIDDLEBOX, first_line, rss_bytes, settle
+from tests.reliability.support import (
+    first_line,
+    journalled_proxy,
+    listening_port,
+    rss_bytes,
+    settle,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONNECTIONS = 3000
@@ -68,25 +74,12 @@ async def start_proxy(
     listeners = await nursery.start(partial(trio.serve_tcp, short_upstream, 0, host="127.0.0.1"))
     upstream_port = listeners[0].socket.getsockname()[1]
     process = await trio.lowlevel.open_process(
-        [
-            *MIDDLEBOX,
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            f"http://127.0.0.1:{upstream_port}",
-            "--grace",
-            "1",
-            "--journal",
-            str(journal),
-            *extra,
-        ],
+        journalled_proxy(upstream_port, journal, *extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         cwd=ROOT,
     )
-    line = await first_line(process)
-    return process, int(line.split("http://127.0.0.1:", 1)[1].split()[0])
+    return process, listening_port(await first_line(process))
 
 
 async def stop(process: trio.Process) -> None:

@@ -16,7 +16,13 @@ import pytest
 import trio
 
 from tests.harness import read_all
-from tests.reliability.support import MIDDLEBOX, first_line, settle
+from tests.reliability.support import (
+    MIDDLEBOX,
+    first_line,
+    journalled_proxy,
+    listening_port,
+    settle,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,27 +54,14 @@ async def test_sigterm_drains_live_streams_within_grace_then_resets_and_writes_t
         )
         upstream_port = listeners[0].socket.getsockname()[1]
         process = await trio.lowlevel.open_process(
-            [
-                *MIDDLEBOX,
-                "proxy",
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                f"http://127.0.0.1:{upstream_port}",
-                "--grace",
-                "1",
-                "--backlog",
-                "7",
-                "--journal",
-                str(journal),
-            ],
+            journalled_proxy(upstream_port, journal, "--backlog", "7"),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
         )
         try:
             line = await first_line(process)
-            port = int(line.split("http://127.0.0.1:", 1)[1].split()[0])
+            port = listening_port(line)
             listening = subprocess.run(
                 ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, timeout=5
             ).stdout.split()
