@@ -50,8 +50,6 @@ pytestmark = [pytest.mark.e2e]
 with_node = needs(node_available(), "node (>= 20) and npm")
 
 NODE = list(NODE_CLIENTS)
-# node-eventsource follows only a resumable server's stream (GET /v1/streams/{id}).
-POSTING = [c for c in NODE if c != "node-eventsource"]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -273,21 +271,6 @@ def test_a_refused_connection_is_an_error_in_the_result_and_the_exit_status_is_0
 # --- each library on exact wire conditions ---------------------------------------------------
 
 
-def node_workload(client: str) -> dict[str, Any]:
-    """The built-in clients' wire conditions; node-eventsource skips the resumable one, whose
-    GET /v1/streams/{id} the scripted server (POSTs only) cannot answer."""
-    workload = workload_for(client)
-    if client == "node-eventsource":
-        workload["requests"] = [
-            {**r, "index": i}
-            for i, r in enumerate(
-                r for r in workload["requests"] if r["body"]["model"] != "resumable"
-            )
-        ]
-        workload["concurrency"] = len(workload["requests"])
-    return workload
-
-
 # Five Node processes start at once (the AI SDK's import alone takes a second): on a loaded
 # 2-core machine they need longer than the Python clients' 20 s bound; alone, 4 s each.
 NODE_PROCESS_LIMIT_S = 90.0
@@ -307,7 +290,7 @@ def runs(npm_installed: None, tmp_path_factory: pytest.TempPathFactory) -> Itera
     # with_node skips these tests before this runs, except under CI=true: there it fails.
     assert node_available(), "node >= 20 and npm are needed (.ci/run installs them)"
     tmp = tmp_path_factory.mktemp("node-clients")
-    started = [NodeStarted(c, BUILTIN_CLIENTS[c], tmp, node_workload(c)) for c in NODE]
+    started = [NodeStarted(c, BUILTIN_CLIENTS[c], tmp, workload_for(c)) for c in NODE]
     try:
         yield {s.client: s.finish() for s in started}
     finally:
@@ -341,7 +324,7 @@ def test_every_node_result_file_follows_the_contract(runs: dict[str, Run], clien
 
 
 @with_node
-@pytest.mark.parametrize("client", POSTING)
+@pytest.mark.parametrize("client", NODE)
 def test_a_complete_vllm_stream_is_shown_whole_with_its_finish_reason(
     runs: dict[str, Run], client: str
 ) -> None:
@@ -355,18 +338,21 @@ def test_a_complete_vllm_stream_is_shown_whole_with_its_finish_reason(
 
 @with_node
 def test_only_the_readers_that_see_done_themselves_say_so(runs: dict[str, Run]) -> None:
-    saw = {c: entry(runs, c, "complete")["saw_done"] for c in POSTING}
+    saw = {c: entry(runs, c, "complete")["saw_done"] for c in NODE}
     # Both SDKs consume [DONE] in their parsers and never tell the caller.
     assert saw == {
         "node-openai": False,
         "node-ai-sdk": False,
+        "node-eventsource": True,
         "node-fetch-event-source": True,
         "node-fetch-naive": True,
     }
 
 
 @with_node
-@pytest.mark.parametrize("client", ["node-openai", "node-ai-sdk", "node-fetch-event-source"])
+@pytest.mark.parametrize(
+    "client", ["node-openai", "node-ai-sdk", "node-eventsource", "node-fetch-event-source"]
+)
 def test_the_libraries_decode_a_split_character_correctly(
     runs: dict[str, Run], client: str
 ) -> None:
@@ -481,11 +467,12 @@ def test_a_429_with_retry_after_is_waited_out_by_both_sdks_and_fetch_event_sourc
 
 @with_node
 def test_an_in_band_error_frame_is_surfaced_by_every_posting_client(runs: dict[str, Run]) -> None:
-    errors = {c: outcome(runs, c, "inband-error") for c in POSTING}
+    errors = {c: outcome(runs, c, "inband-error") for c in NODE}
     assert all(text == "Hello" for text, _ in errors.values()), errors
     assert errors["node-openai"][1] == "APIError: Internal server error"
     assert errors["node-fetch-naive"][1] == "Error: Internal server error"
     assert errors["node-fetch-event-source"][1] == "Error: Internal server error"
+    assert errors["node-eventsource"][1] == "Error: Internal server error"
     # The AI SDK hands on the frame's error object as is (not an Error): its message is shown.
     assert errors["node-ai-sdk"][1] == "Error: Internal server error"
 
@@ -514,20 +501,48 @@ def test_an_event_stream_with_ids_cut_short_is_no_resume_for_the_others(
 
 
 @with_node
-def test_node_eventsource_refuses_a_server_that_is_not_resumable(runs: dict[str, Run]) -> None:
-    for name in ["complete", "clean-close", "rst", "utf8-split", "slow"]:
-        text, error = outcome(runs, "node-eventsource", name)
-        assert (text, error) == (
-            "",
-            "Error: the server offers no resumable stream (no X-Stream-Id)",
-        )
-    text, error = outcome(runs, "node-eventsource", "rate-limited")
-    assert text == ""
-    assert (error or "").startswith("Error: HTTP 429: ")
+@pytest.mark.parametrize("cut", ["clean-close", "rst", "truncated-chunked"])
+def test_node_eventsource_reconnects_after_any_end_without_done_and_appends_the_new_answer(
+    runs: dict[str, Run], cut: str
+) -> None:
+    r = entry(runs, "node-eventsource", cut)
+    # An EventSource reads the end of a response (clean or broken) as a lost connection and
+    # reconnects after its default 3 s, re-sending the POST: the answer starts again and is
+    # appended to what was shown. Only [DONE] (the app closing the source) stops it.
+    assert (r["text"], r["error"], r["attempts"], r["resumes"]) == (CUT + FULL, None, 2, 0)
+    first, second = runs["node-eventsource"].server.requests_for(cut)
+    assert second.at - first.at >= 2.9
+    assert second.headers["accept"] == "text/event-stream"
+    assert "last-event-id" not in second.headers  # vLLM's events carry no id:
 
 
 @with_node
-@pytest.mark.parametrize("client", POSTING)
+def test_node_eventsource_fails_the_connection_on_a_429_without_retrying(
+    runs: dict[str, Run],
+) -> None:
+    r = entry(runs, "node-eventsource", "rate-limited")
+    # The spec's rule: a non-200 answer fails the connection for good, Retry-After unread.
+    assert (r["text"], r["attempts"]) == ("", 1)
+    assert r["error"] == (
+        "Error: EventSource gave up after 1 failed connection(s): Non-200 status code (429)"
+    )
+    assert len(runs["node-eventsource"].server.requests_for("rate-limited")) == 1
+
+
+@with_node
+def test_node_eventsource_resumes_with_the_stream_id_and_its_last_event_id(
+    runs: dict[str, Run],
+) -> None:
+    r = entry(runs, "node-eventsource", "resumable")
+    first, second = runs["node-eventsource"].server.requests_for("resumable")
+    assert "last-event-id" not in first.headers and "x-stream-id" not in first.headers
+    assert (second.headers["last-event-id"], second.headers["x-stream-id"]) == ("3", "s-42")
+    # This server replays from id 3 inclusive, and EventSource delivers what it is sent.
+    assert (r["text"], r["error"], r["resumes"]) == ("Hello,," + " world!", None, 1)
+
+
+@with_node
+@pytest.mark.parametrize("client", NODE)
 def test_abandoning_after_three_tokens_stops_reading_and_closes_the_connection(
     runs: dict[str, Run], client: str
 ) -> None:
@@ -539,7 +554,7 @@ def test_abandoning_after_three_tokens_stops_reading_and_closes_the_connection(
 
 
 @with_node
-@pytest.mark.parametrize("client", POSTING)
+@pytest.mark.parametrize("client", NODE)
 def test_abandoning_after_a_second_of_silence_closes_the_connection_promptly(
     runs: dict[str, Run], client: str
 ) -> None:
@@ -552,7 +567,7 @@ def test_abandoning_after_a_second_of_silence_closes_the_connection_promptly(
 
 
 @with_node
-@pytest.mark.parametrize("client", POSTING)
+@pytest.mark.parametrize("client", NODE)
 def test_keep_alive_comments_are_no_text(runs: dict[str, Run], client: str) -> None:
     assert outcome(runs, client, "heartbeats") == (FULL, None)
 
@@ -628,33 +643,30 @@ def test_the_ci_subset_meets_the_pinned_expectations_for_every_node_client(
             # node-fetch-naive shows mojibake there only when the slices stay separate reads
             failed = [f for f in failed if f[0] != "node-fetch-naive"]
         assert failed == [], outcome_.scenario.name
-        # node-eventsource drops its POST after the head (it follows GET /v1/streams/{id}),
-        # so a fault that cuts the POST's stream never fires for it: the run says so.
-        for problem in outcome_.problems:
-            assert problem.startswith(f"{outcome_.scenario.name}/node-eventsource: declared fault")
+        assert outcome_.problems == [], outcome_.scenario.name
 
 
 @with_node
-def test_an_rst_mid_stream_is_detected_except_by_fetch_event_source_which_redraws(
+def test_an_rst_mid_stream_is_detected_except_by_the_event_source_readers_which_redraw(
     matrix: dict[str, Any],
 ) -> None:
     assert verdicts(matrix, "reset-mid-stream") == {
         "node-openai": ["truncation_detected"],
         "node-ai-sdk": ["truncation_detected"],
-        "node-eventsource": ["error_reported"],  # refuses a server without X-Stream-Id
+        "node-eventsource": ["contradicted"],  # reconnects: the POST again, a new answer
         "node-fetch-event-source": ["contradicted"],
         "node-fetch-naive": ["truncation_detected"],
     }
 
 
 @with_node
-def test_a_clean_close_without_done_is_silent_truncation_except_for_the_ai_sdk(
+def test_a_clean_close_without_done_is_silent_truncation_but_for_the_ai_sdk_and_eventsource(
     matrix: dict[str, Any],
 ) -> None:
     assert verdicts(matrix, "clean-close-without-done") == {
         "node-openai": ["silent_truncation"],
         "node-ai-sdk": ["truncation_detected"],
-        "node-eventsource": ["error_reported"],
+        "node-eventsource": ["contradicted"],  # no [DONE]: it reconnects and asks again
         "node-fetch-event-source": ["silent_truncation"],
         "node-fetch-naive": ["silent_truncation"],
     }
@@ -664,9 +676,8 @@ def test_a_clean_close_without_done_is_silent_truncation_except_for_the_ai_sdk(
 def test_sliced_utf8_is_mojibake_only_for_the_naive_fetch_reader(matrix: dict[str, Any]) -> None:
     for scenario in ["utf8-sliced-stream", "utf8-sliced-apart"]:
         shown = verdicts(matrix, scenario)
-        for client in ["node-openai", "node-ai-sdk", "node-fetch-event-source"]:
+        for client in ["node-openai", "node-ai-sdk", "node-eventsource", "node-fetch-event-source"]:
             assert shown[client] == ["complete"], (scenario, client)
-        assert shown["node-eventsource"] == ["error_reported"]
     assert verdicts(matrix, "utf8-sliced-apart")["node-fetch-naive"] == ["mojibake"]
     assert verdicts(matrix, "utf8-sliced-stream")["node-fetch-naive"] in (
         ["complete"],
@@ -698,7 +709,7 @@ def test_a_vanished_client_hangs_every_node_client_without_a_read_timeout(
     assert verdicts(matrix, "client-vanishes") == {
         "node-openai": ["hang"],
         "node-ai-sdk": ["hang"],
-        "node-eventsource": ["error_reported"],
+        "node-eventsource": ["hang"],
         "node-fetch-event-source": ["hang"],
         "node-fetch-naive": ["hang"],
     }

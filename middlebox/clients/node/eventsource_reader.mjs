@@ -1,15 +1,20 @@
-// `node-eventsource`: the `eventsource` package (the WHATWG EventSource for Node) following a
-// resumable server's stream, the pattern of the `browser-eventsource` client.
+// `node-eventsource`: the `eventsource` package (the WHATWG EventSource for Node) reading an
+// OpenAI-compatible stream, the way an app does with it.
 //
-// EventSource only GETs, so the generation is started with a POST (fetch), whose
-// `X-Stream-Id` names the stream; that response is dropped and `new EventSource(
-// ${base}/streams/{id})` follows it. Its own reconnect (default 3 s, or the server's
-// `retry:`) sends `Last-Event-ID`, so it resumes by itself after a network change; a
-// server that is not resumable (no `X-Stream-Id`) is an error here, as in the browser page,
-// and, as there, more than MAX_RECONNECTS reconnects in a row without an event give up.
-// The bearer token travels through the package's documented `fetch` option (its README's
-// header example), wrapped to count attempts. A non-2xx POST is an error; an in-band
-// `{"error": ...}` frame is surfaced.
+// An EventSource only GETs; this package's documented `fetch` option ("can also be used to
+// alter the request/response behaviour", its README's header example) is how a Node app
+// makes it POST the chat request itself: the wrapper adds the method, the JSON body and the
+// bearer token to the package's own init (Accept: text/event-stream, and Last-Event-ID once
+// an event carried an id). The app closes the source on `data: [DONE]`: an EventSource treats
+// the end of a response as a dropped connection and reconnects (default 3 s, or the server's
+// `retry:`), which re-sends the POST. So a stream that ends without [DONE], or breaks, is
+// re-requested and the new answer is appended to what was shown: the library's own
+// behaviour, scored as such. When the first response named a resumable stream
+// (`X-Stream-Id`, the gateway pattern), the wrapper sends it back on the reconnect beside
+// the package's Last-Event-ID, so such a server resumes instead of starting again.
+// A non-200 answer or a wrong content type fails the connection (no reconnect, the spec's
+// rule): an error here, as is more than MAX_RECONNECTS reconnects in a row without an event.
+// An in-band `{"error": ...}` frame is surfaced.
 
 import { EventSource } from "eventsource";
 
@@ -17,11 +22,26 @@ import { Abandoned, applyChunk, chunkInfo, countingFetch, runClient } from "./co
 
 const MAX_RECONNECTS = 5;
 
-function follow(url, env, rec, signal) {
+function stream(url, spec, env, rec, signal) {
   return new Promise((resolve, reject) => {
+    let streamId = null;
     const source = new EventSource(url, {
-      fetch: (input, init) =>
-        countingFetch(input, { ...init, headers: { ...init.headers, Authorization: `Bearer ${env.apiKey}` } }),
+      fetch: async (input, init) => {
+        const headers = {
+          ...init.headers,
+          "Content-Type": "application/json",
+          Authorization: `Bearer ${env.apiKey}`,
+          ...(streamId ? { "X-Stream-Id": streamId } : {}),
+        };
+        const response = await countingFetch(input, {
+          ...init,
+          method: "POST",
+          headers,
+          body: JSON.stringify(spec.body),
+        });
+        streamId = response.headers.get("x-stream-id") ?? streamId;
+        return response;
+      },
     });
     let failures = 0;
     const finish = (error) => {
@@ -34,7 +54,7 @@ function follow(url, env, rec, signal) {
       failures = 0;
       if (event.data === "[DONE]") {
         rec.sawDone = true;
-        finish();
+        finish(); // else the EventSource reconnects and asks again
         return;
       }
       try {
@@ -50,8 +70,8 @@ function follow(url, env, rec, signal) {
       if (source.readyState === EventSource.CLOSED || failures > MAX_RECONNECTS) {
         const why = event.message ? `: ${event.message}` : "";
         finish(new Error(`EventSource gave up after ${failures} failed connection(s)${why}`));
-      } else {
-        rec.resumes += 1;
+      } else if (streamId) {
+        rec.resumes += 1; // a resumable server continues; any other starts the answer again
       }
     });
   });
@@ -59,22 +79,18 @@ function follow(url, env, rec, signal) {
 
 runClient("node-eventsource", async (env) => {
   return async (spec, rec, signal) => {
-    const start = new AbortController();
-    signal.addEventListener("abort", () => start.abort(), { once: true });
+    if (spec.streaming) {
+      await stream(env.url(spec.endpoint), spec, env, rec, signal);
+      return;
+    }
+    // Nothing to stream: the app's plain fetch.
     const response = await countingFetch(env.url(spec.endpoint), {
       method: "POST",
       headers: { "Content-Type": "application/json", Authorization: `Bearer ${env.apiKey}` },
       body: JSON.stringify(spec.body),
-      signal: start.signal,
+      signal,
     });
     if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 300)}`);
-    if (!spec.streaming) {
-      applyChunk(rec, chunkInfo(await response.json()));
-      return;
-    }
-    const id = response.headers.get("x-stream-id");
-    start.abort(); // the EventSource reads the stream; a resumable server keeps generating
-    if (!id) throw new Error("the server offers no resumable stream (no X-Stream-Id)");
-    await follow(`${env.baseUrl}/streams/${encodeURIComponent(id)}`, env, rec, signal);
+    applyChunk(rec, chunkInfo(await response.json()));
   };
 });
