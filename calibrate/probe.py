@@ -49,17 +49,26 @@ class Decoded:
     message_complete: bool  # the HTTP framing ended properly (terminal chunk or length)
     gzip: bool
     text: str = ""
+    # The tokens the upstream said it had generated, in the last whole event that carried
+    # a choice (vLLM's `continuous_usage_stats`): an event count undercounts when the
+    # upstream merged late tokens into one frame; None when no event carried usage.
+    usage_tokens: int | None = None
 
 
-def request_bytes(port: int, max_tokens: int, prompt: str = "calibrate") -> bytes:
-    body = json.dumps(
-        {
-            "model": "middlebox/emulated-7b",
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "stream": True,
-        }
-    ).encode()
+def request_bytes(
+    port: int, max_tokens: int, prompt: str = "calibrate", usage: bool = False
+) -> bytes:
+    """`usage`: ask for vLLM's per-chunk usage (`continuous_usage_stats`), so the client
+    can count tokens even where the upstream merged several into one frame."""
+    fields: dict[str, object] = {
+        "model": "middlebox/emulated-7b",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    if usage:
+        fields["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    body = json.dumps(fields).encode()
     head = (
         "POST /v1/completions HTTP/1.1\r\n"
         f"Host: 127.0.0.1:{port}\r\n"
@@ -80,6 +89,7 @@ def stream(
     abandon_after: int | None = None,
     abandon_by: str = "fin",
     prompt: str = "calibrate",
+    usage: bool = False,
 ) -> Reads:
     """Send one streamed completion to 127.0.0.1:`port` and time every read.
 
@@ -94,7 +104,7 @@ def stream(
     reads = Reads(sent_at=time.time())
     deadline = start + limit
     try:
-        sock.sendall(request_bytes(port, max_tokens, prompt))
+        sock.sendall(request_bytes(port, max_tokens, prompt, usage))
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -204,6 +214,7 @@ def decode(reads: Reads) -> Decoded:
         events = events[:-1]  # an event is only dispatched at its blank line
         tokens = sum(1 for e in events if e.strip() != b"data: [DONE]")
     return Decoded(
+        usage_tokens=_usage_tokens(events),
         status=status,
         first_event_at=first_event_at,
         events=len(events),
@@ -213,3 +224,17 @@ def decode(reads: Reads) -> Decoded:
         gzip=gzip,
         text=bytes(text).decode("utf-8", "replace"),
     )
+
+
+def _usage_tokens(events: list[bytes]) -> int | None:
+    """The largest `usage.completion_tokens` of the whole events that carry a choice."""
+    counts = []
+    for event in events:
+        try:
+            chunk = json.loads(event.partition(b"data:")[2])
+        except ValueError:
+            continue
+        usage = chunk.get("usage") if isinstance(chunk, dict) else None
+        if chunk.get("choices") and isinstance(usage, dict):
+            counts.append(int(usage.get("completion_tokens") or 0))
+    return max(counts) if counts else None

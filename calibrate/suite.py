@@ -3,7 +3,9 @@
 For every preset: the same emulator streams go through the real proxy (Debian
 package, minimal config, foreground) and through `middlebox proxy` with the preset,
 one after the other, and the measuring client compares what it saw:
-- stream: 60 tokens at 20 ms ITL: first byte, first event, bursts, largest gap, end;
+- stream: 60 tokens at 20 ms ITL: first byte, first event, bursts, largest gap, end,
+  taken twice on each side, the take with the smaller largest gap counting (a stall of
+  the shared machine only adds gaps);
 - abandon: the client closes (FIN) after 10 token events of a 200-token stream; the
   emulator's ledger says when the upstream learned and how many tokens came after;
 - idle: the stream pauses 2.5 s after 10 tokens; the preset's read timeout is set to
@@ -162,9 +164,26 @@ def calibrate_one(
     return real, mine
 
 
+STREAM_TAKES = 2  # the emulator stream is taken twice on each side; the less disturbed counts
+
+
+def least_disturbed(takes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of several takes of one stream through one side, the one with the smallest largest
+    gap. A stall of this shared machine (another engineer's job taking both cores) only
+    ever adds a gap and, on the emulator, merges late tokens into fewer bursts (grid run 2:
+    the pass-through Caddy at 0.343 s and 46 bursts against 0.104 s and 60); a proxy's own
+    holding shows in every take. Chosen alike on both sides, as the bench takes its best."""
+    return min(takes, key=lambda take: take["largest_gap"])
+
+
 def measure(port: int, upstream: int, tag: str) -> dict[str, Any]:
-    reads = probe.stream(port, STREAM_TOKENS, limit=PROBE_LIMIT, prompt=f"{tag}-stream")
-    out = compare.stream_measures(reads, probe.decode(reads))
+    takes = []
+    for take in range(STREAM_TAKES):
+        prompt = f"{tag}-stream-{take}"
+        reads = probe.stream(port, STREAM_TOKENS, limit=PROBE_LIMIT, prompt=prompt)
+        takes.append(compare.stream_measures(reads, probe.decode(reads)))
+    out = least_disturbed(takes)
+    out["takes"] = [{k: take[k] for k in ("bursts", "largest_gap")} for take in takes]
     prompt = f"{tag}-abandon"
     reads = probe.stream(
         port, ABANDON_TOKENS, limit=PROBE_LIMIT, abandon_after=ABANDON_AFTER, prompt=prompt
@@ -174,9 +193,13 @@ def measure(port: int, upstream: int, tag: str) -> dict[str, Any]:
 
 
 def idle(port: int) -> dict[str, Any]:
-    reads = probe.stream(port, STREAM_TOKENS, limit=PROBE_LIMIT, prompt="idle")
+    """How the paused stream ended and the tokens the client got before that end, counted
+    from vLLM's per-chunk usage: under load the emulator merges late tokens into one
+    frame as vLLM does, so 10 tokens can come as 8 events (grid run 2's 10 vs 8)."""
+    reads = probe.stream(port, STREAM_TOKENS, limit=PROBE_LIMIT, prompt="idle", usage=True)
     decoded = probe.decode(reads)
-    return {"idle_end": compare.end_kind(reads, decoded), "idle_tokens": decoded.tokens}
+    tokens = decoded.tokens if decoded.usage_tokens is None else decoded.usage_tokens
+    return {"idle_end": compare.end_kind(reads, decoded), "idle_tokens": tokens}
 
 
 def ledger(upstream: int, prompt: str) -> dict[str, Any]:

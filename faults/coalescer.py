@@ -14,6 +14,12 @@ end follows the flushed bytes). The other direction passes untouched.
 the client (TCP_MAXSEG, which the shell reads from the accepted socket: 65,483 on
 loopback, 1,448 on Ethernet), as the kernel's cork does for HAProxy's MSG_MORE; `size`
 is the fallback when the shell knows none (a replay in a test).
+
+As the kernel's cork (MSG_MORE or TCP_CORK with TCP_NODELAY), `window` is one RTO: a
+partial segment held with nothing in flight leaves when the probe timer fires
+(tcp_check_probe_timer: max(RTO, TCP_RTO_MIN) from the write that left it queued), so it
+counts from the first held byte, and the first byte after a release (or after a pause)
+starts the next. haproxy-default sets 204 ms, loopback's RTO at HZ=250.
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ What was measured, in short (a 60-token stream at 20 ms ITL through each):
   ngx_http_upstream_check_broken_connection). On `proxy_read_timeout` after the head
   it closes without the terminal chunk.
 - HAProxy forwards every read but sends it with MSG_MORE, so Linux corks it until a
-  full segment or 200 ms: bursts every 200 ms on loopback (every MSS elsewhere);
-  `option http-no-delay` turns it off. A client's FIN is not an abort: it learns when
-  a write fails, after the cork released the first one (224 ms, 12 tokens).
+  full segment or one RTO (204 ms on loopback): bursts every ~200 ms on loopback
+  (every MSS elsewhere); `option http-no-delay` turns it off. A client's FIN is not an
+  abort: it learns when a write fails, after the cork released the first one (224 ms,
+  12 tokens).
 - Apache's mod_proxy_http flushes every read; it learns when the second write after
   the client's FIN fails (≈2 tokens).
 - Caddy flushes text/event-stream at once and aborts the upstream request as soon as
@@ -88,15 +89,23 @@ PRESETS: dict[str, str] = {
     # client 50000, server 50000). No body buffering, but without `option http-no-delay`
     # (configuration manual, section 4) it sends with MSG_MORE, which Linux treats like
     # TCP_CORK: held until a full MSS (`segment: auto`: the client socket's TCP_MAXSEG,
-    # 65,483 on loopback, 1,448 on Ethernet, the fallback) or 200 ms from the first held
-    # byte. Without `option abortonclose` a client's FIN after its request is not an
-    # abort: HAProxy learns when a write to the client fails, which the cork delays:
-    # the first write after the FIN is corked 200 ms, and the write after it fails.
-    # `timeout server` is an idle timeout on the server side: 504 before the head,
-    # a close without the terminal chunk after it.
+    # 65,483 on loopback, 1,448 on Ethernet, the fallback) or until the kernel's timer
+    # sends it. That timer is the zero-window probe timer (tcp_check_probe_timer arms
+    # ICSK_TIME_PROBE0 for max(RTO, TCP_RTO_MIN) when a write leaves data queued and
+    # nothing is in flight), so it runs from the first held byte for one RTO: TCP_RTO_MIN
+    # (200 ms) plus the smoothed RTT, rounded up to whole jiffies, 51 at Debian's HZ=250:
+    # 204 ms, what `ss -ti` shows as `rto:204` on loopback. Measured (docs/calibration.md):
+    # a lone MSG_MORE write left 204-217 ms after it; a second one 203 ms after the first
+    # joined it every time. A window of 200 ms split every stream whose frames fall on a
+    # 200 ms grid (frame 10 of a 20 ms stream, keep-alive comments every 100 ms) one
+    # burst earlier than HAProxy did. Without `option abortonclose` a client's FIN after
+    # its request is not an abort: HAProxy learns when a write to the client fails, which
+    # the cork delays: the first write after the FIN is corked one RTO, and the write
+    # after it fails. `timeout server` is an idle timeout on the server side: 504 before
+    # the head, a close without the terminal chunk after it.
     "haproxy-default": """
-  - coalescer: {direction: downstream, window: 200ms, size: 1448, segment: auto}
-  - ignore_client_close: {until: write_fails, cork: 200ms}
+  - coalescer: {direction: downstream, window: 204ms, size: 1448, segment: auto}
+  - ignore_client_close: {until: write_fails, cork: 204ms}
   - idle_reaper: {timeout: 50s, before_headers: "504", after_headers: close}
 """,
     # Apache httpd 2.4 mod_proxy_http with `ProxyPass` and nothing else: it flushes

@@ -5,11 +5,12 @@ table judge every measure. Loopback only, bounded; no timing is asserted."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
 
-from calibrate import compare, probe
+from calibrate import compare, probe, suite
 from calibrate.grid import compare_grid, measure_shape, render_grid, settled_entry
 from calibrate.probe import Reads
 from calibrate.shapes import (
@@ -156,3 +157,37 @@ def test_a_wider_burst_gap_keeps_10ms_frames_apart() -> None:
     seen = Reads(sent_at=0.0, times=times, sizes=[30] * 10)
     assert len(compare.bursts(seen)) < 10
     assert len(compare.bursts(seen, gap=0.005)) == 10
+
+
+def _completion(text: str, tokens: int) -> bytes:
+    chunk = {"choices": [{"index": 0, "text": text}], "usage": {"completion_tokens": tokens}}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def test_the_idle_measure_counts_tokens_from_usage_when_the_upstream_merged_frames() -> None:
+    # Tokens 1-8 one per frame, then 9 and 10 merged into one frame by a late writer, then
+    # half of an 11th event: 9 whole events but 10 tokens; the cut event does not count.
+    frames = [_completion(f"t{i}", i) for i in range(1, 9)] + [_completion("t9t10", 10)]
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+    body = head + b"".join(frames) + _completion("t11", 11)[:20]
+    reads = Reads(sent_at=0.0, times=[0.1], sizes=[len(body)], data=bytearray(body), end="eof")
+    decoded = probe.decode(reads)
+    assert (decoded.tokens, decoded.usage_tokens) == (9, 10)
+    assert b'"continuous_usage_stats": true' in probe.request_bytes(1, 60, "idle", usage=True)
+    assert b"stream_options" not in probe.request_bytes(1, 60, "idle")
+
+
+def test_an_upstream_without_usage_leaves_the_event_count() -> None:
+    event = b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
+    body = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(event), event)
+    reads = Reads(sent_at=0.0, times=[0.1], sizes=[len(body)], data=bytearray(body), end="eof")
+    decoded = probe.decode(reads)
+    assert (decoded.tokens, decoded.usage_tokens, decoded.message_complete) == (1, None, True)
+
+
+def test_of_two_takes_the_one_with_the_smaller_largest_gap_counts() -> None:
+    stalled = {"largest_gap": 0.343, "bursts": 46}
+    clean = {"largest_gap": 0.104, "bursts": 60}
+    assert suite.least_disturbed([stalled, clean]) is clean
+    assert suite.least_disturbed([clean, stalled]) is clean
+    assert suite.STREAM_TAKES == 2

@@ -129,6 +129,26 @@ def test_segment_auto_holds_up_to_the_links_mss(mss: int, sizes: list[int]) -> N
         assert [t for t, _ in out] == [0.2]
 
 
+def test_a_write_just_inside_the_window_joins_and_a_pause_starts_a_new_one() -> None:
+    # A kernel cork's edge (haproxy-default: one RTO, 204 ms): a write 203 ms after the
+    # first held byte leaves with it; nothing is held through a pause, and the first write
+    # after it is held a whole window again, with what comes within it.
+    fault = Coalescer(window=0.204)
+    timeline: list[TimedItem] = [
+        (0.0, Chunk(DOWN, b"head")),
+        (0.203, Chunk(DOWN, b"f10")),
+        (0.820, Chunk(DOWN, b"f11")),
+        (0.840, Chunk(DOWN, b"f12")),
+        (1.030, Chunk(DOWN, b"f21")),
+    ]
+    out = replay(fault, timeline)
+    assert [(round(t, 3), i.data) for t, i in out if isinstance(i, Chunk)] == [
+        (0.204, b"headf10"),
+        (1.024, b"f11f12"),
+        (1.234, b"f21"),
+    ]
+
+
 def test_segment_auto_without_a_known_link_falls_back_to_size() -> None:
     fault = _bound_with_mss(Coalescer(window=0.2, size=1000, segment="auto"), None)
     out = replay(fault, [(0.0, Chunk(DOWN, b"x" * 2500))], bind=False)
