@@ -39,6 +39,7 @@ and becomes a `Reset` travelling away from it.
 
 from __future__ import annotations
 
+import heapq
 import math
 import select
 import socket
@@ -83,6 +84,14 @@ class ReadHub:
         self.callbacks: dict[int, Callable[[], None]] = {}
         self.users = 0
         self.scope = trio.CancelScope()
+        # The process's one deadline heap: (due, ticket, callback). An entry is live while
+        # `tickets[ticket]` is its callback; a relay whose deadline moves later keeps its
+        # entry (it fires early and re-arms, nginx's lazy timers), so a fault that pushes
+        # its deadline on every read (idle_reaper) costs no heap push per read.
+        self.timers: list[tuple[float, int, Callable[[], None]]] = []
+        self.tickets: dict[int, Callable[[], None]] = {}
+        self.next_ticket = 0
+        self.waiting: trio.CancelScope | None = None
 
     def register(self, sock: socket.socket, callback: Callable[[], None]) -> None:
         fd = sock.fileno()
@@ -104,16 +113,57 @@ class ReadHub:
     def resume(self, sock: socket.socket) -> None:
         self.epoll.modify(sock.fileno(), select.EPOLLIN)
 
+    def schedule(self, due: float, callback: Callable[[], None]) -> int:
+        """Call `callback` (in the hub's task) once trio's clock reaches `due`; returns
+        the ticket that `cancel` takes."""
+        ticket = self.next_ticket
+        self.next_ticket += 1
+        self.tickets[ticket] = callback
+        heapq.heappush(self.timers, (due, ticket, callback))
+        if self.waiting is not None and due < self.waiting.deadline:
+            self.waiting.deadline = due  # the hub sleeps on a later one: wake it sooner
+        return ticket
+
+    def cancel(self, ticket: int) -> None:
+        self.tickets.pop(ticket, None)
+
+    def _fire_due(self) -> None:
+        timers, tickets = self.timers, self.tickets
+        now = trio.current_time()
+        due: list[Callable[[], None]] = []
+        while timers and timers[0][0] <= now:
+            _, ticket, callback = heapq.heappop(timers)
+            if tickets.pop(ticket, None) is callback:
+                due.append(callback)
+        # Deadlines set by these callbacks wait for the next turn of the loop (which
+        # yields to trio), so a fault that keeps asking for "now" cannot starve the run.
+        for callback in due:
+            callback()
+
+    def _earliest(self) -> float:
+        timers, tickets = self.timers, self.tickets
+        while timers and timers[0][1] not in tickets:
+            heapq.heappop(timers)  # cancelled: dropped when it reaches the top
+        return timers[0][0] if timers else math.inf
+
     async def run(self) -> None:
         try:
             with self.scope:
                 while True:
-                    await trio.lowlevel.wait_readable(self.epoll.fileno())
+                    # Sleep until a socket is readable or the earliest deadline, in one
+                    # wait: readiness and timers are served by the same wake-up.
+                    with trio.CancelScope(deadline=self._earliest()) as waiting:
+                        self.waiting = waiting
+                        await trio.lowlevel.wait_readable(self.epoll.fileno())
+                    self.waiting = None
+                    if self.timers:
+                        self._fire_due()
                     for fd, _ in self.epoll.poll(0, 1024):
                         callback = self.callbacks.get(fd)
                         if callback is not None:
                             callback()
         finally:
+            self.waiting = None
             self.epoll.close()
 
 
@@ -254,6 +304,9 @@ class Relay:
         self._hub: ReadHub | None = None
         self._hub_callbacks: dict[str, Callable[[], None]] = {}
         self._hub_paused: set[str] = set()
+        # This relay's entry on the hub's deadline heap: its ticket and when it fires.
+        self._timer_ticket: int | None = None
+        self._timer_due: float | None = None
         self._failure: Exception | None = None
 
     def destination(self, direction: Direction) -> Side:
@@ -266,13 +319,12 @@ class Relay:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                if self.passthrough:
-                    try:
-                        self._hub = acquire_read_hub()
-                    except OSError:
-                        # No fd left for the hub's epoll (EMFILE under a flood): this
-                        # connection reads with a task per socket instead of failing.
-                        self._hub = None
+                try:
+                    self._hub = acquire_read_hub()
+                except OSError:
+                    # No fd left for the hub's epoll (EMFILE under a flood): this
+                    # connection reads with a task per socket (and a timer task) instead.
+                    self._hub = None
                 if self._hub is not None:
                     for side in (self.client, self.upstream):
                         callback = self._hub_callbacks[side.leg] = self._readable(side)
@@ -285,6 +337,9 @@ class Relay:
                 await self._done.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            if self._timer_ticket is not None and self._hub is not None:
+                self._hub.cancel(self._timer_ticket)
+                self._timer_ticket = None
             for side in (self.client, self.upstream):
                 self._leave_hub(side)
                 if not side.closed:
@@ -405,12 +460,16 @@ class Relay:
                     if status == _DRAINED:
                         return
             except Exception as error:  # a bug must fail this connection, not the hub
-                self._failure = error
-                for each in (self.client, self.upstream):
-                    self._leave_hub(each)
-                self._done.set()
+                self._fail(error)
 
         return readable
+
+    def _fail(self, error: Exception) -> None:
+        """An error in a hub callback: `run` raises it, after closing this relay only."""
+        self._failure = error
+        for each in (self.client, self.upstream):
+            self._leave_hub(each)
+        self._done.set()
 
     def _join_hub(self, side: Side) -> None:
         if side.read_done or side.closed or self._hub is None:
@@ -460,7 +519,10 @@ class Relay:
     def _after_pipeline_call(self) -> None:
         if self.stages:
             self._drop_finished_stages()
-        if self._timer_scope is not None:
+        if self._hub is not None:
+            if not self.passthrough:
+                self._arm_hub_timer()
+        elif self._timer_scope is not None:
             due = self.pipeline.deadline()
             self._timer_scope.deadline = math.inf if due is None else due
         elif (
@@ -487,12 +549,50 @@ class Relay:
         if pipeline.faults:
             return
         self.passthrough = True
+        if self._hub is not None:
+            return  # already read by the hub; a timer entry left fires and finds nothing
         try:
             self._hub = acquire_read_hub()
         except OSError:
             return  # no fd for the hub's epoll: the reader tasks carry on, still fast
         # Each reader task hands its socket to the hub when it next wakes up.
         self._state_lot.unpark_all()
+
+    def _arm_hub_timer(self) -> None:
+        """Put the pipeline's deadline on the hub's heap. An entry due no later stays:
+        it fires early, finds the deadline moved and re-arms (see ReadHub)."""
+        due = self.pipeline.deadline()
+        if due is None or self._hub is None:
+            return
+        if self._timer_due is not None and self._timer_due <= due:
+            return
+        if self._timer_ticket is not None:
+            self._hub.cancel(self._timer_ticket)
+        self._timer_ticket = self._hub.schedule(due, self._on_hub_timer)
+        self._timer_due = due
+
+    def _on_hub_timer(self) -> None:
+        """The hub's clock reached this relay's entry: what `_timer_loop` does on a wake."""
+        self._timer_ticket = None
+        self._timer_due = None
+        if self._done.is_set():
+            return
+        try:
+            due = self.pipeline.deadline()
+            now = self.clock()
+            if due is not None and due <= now:
+                self._draining = True
+                try:
+                    self._dispatch(self.pipeline.on_deadline(now))
+                    while self._incoming:
+                        self._dispatch(
+                            self.pipeline.on_item(self._incoming.popleft(), self.clock())
+                        )
+                finally:
+                    self._draining = False
+            self._after_pipeline_call()
+        except Exception as error:  # a bug must fail this connection, not the hub
+            self._fail(error)
 
     async def _timer_loop(self) -> None:
         while True:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -165,10 +166,47 @@ async def test_a_client_that_stops_reading_starts_a_writer_and_backpressure_boun
     await relay_between(Pipeline([]), work, buffer=64 * 1024)
 
 
-async def test_a_fault_with_a_deadline_gets_its_timer_task_only_once_it_holds_bytes() -> None:
+async def test_a_faulted_connection_is_read_by_the_hub_and_its_deadline_is_a_heap_entry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheduled: list[float] = []
+    schedule = relay_module.ReadHub.schedule
+
+    def recording(hub: relay_module.ReadHub, due: float, callback: Callable[[], None]) -> int:
+        scheduled.append(due)
+        return schedule(hub, due, callback)
+
+    monkeypatch.setattr(relay_module.ReadHub, "schedule", recording)
+
     async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
         assert not relay.passthrough
-        assert not relay._timer_started
+        sent_at = trio.current_time()
+        await send_all(upstream, b"held for a moment")
+        assert await receive_exactly(client, 17) == b"held for a moment"
+        assert relay._hub is not None and set(relay._hub_callbacks) == {"client", "upstream"}
+        # Latency held the bytes 20 ms: one entry on the hub's heap released them, and
+        # no reader, writer or timer task was started.
+        assert len(scheduled) == 1 and scheduled[0] >= sent_at + 0.02
+        assert relay._timer_ticket is None and not relay._timer_started
+        assert relay._writers == set()
+        upstream.shutdown(socket.SHUT_WR)
+        assert await receive_end(client) == "fin"
+        client.shutdown(socket.SHUT_WR)
+        assert await receive_end(upstream) == "fin"
+
+    await relay_between(Pipeline([Latency(delay=0.02)]), work)
+
+
+async def test_without_an_fd_for_the_hub_a_faulted_connection_uses_its_timer_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_fds_left() -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(relay_module.select, "epoll", no_fds_left)
+
+    async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
+        assert relay._hub is None and not relay._timer_started
         await send_all(upstream, b"held for a moment")
         assert await receive_exactly(client, 17) == b"held for a moment"
         assert relay._timer_started
