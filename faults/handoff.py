@@ -64,6 +64,7 @@ class Handoff(Triggered, Fault):
     _give_up_at: float | None = field(init=False, repr=False, default=None)
     _held: list[Item] = field(init=False, repr=False, default_factory=list)
     _link: Link | None = field(init=False, repr=False, default=None)
+    _seen_window: dict[str, Any] | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -149,13 +150,19 @@ class Handoff(Triggered, Fault):
     # ---------------------------------------------------------------- phases
 
     def _window(self) -> dict[str, Any] | None:
-        window: dict[str, Any] | None = self.context.shared.get("outage")
-        return window
+        """The scenario's outage, once one is stored. It is stored once (`setdefault`) and
+        never changed, so a window read is kept for the connection: with `--state redis://`
+        every read is a round trip, and a stream would otherwise pay one per item."""
+        if self._seen_window is None:
+            self._seen_window = self.context.shared.get("outage")
+        return self._seen_window
 
     def _catch_up(self, now: float) -> list[Item]:
         """Join an outage another connection started (or apply its outcome if it is over)."""
+        if self._phase != "before":
+            return []  # in or past the outage: nothing to join, no store read
         window = self._window()
-        if self._phase != "before" or window is None or now < window["start"]:
+        if window is None or now < window["start"]:
             return []
         self.report(now, "outage_seen", start=window["start"], end=window["end"])
         self._go_dark(window["end"], window["outcome"])
