@@ -11,7 +11,8 @@ has ended. What is still open after `worker_shutdown_timeout` is closed: a cut m
 - `at: S`: the GOAWAY goes out S seconds after the connection opened, naming the highest
   stream opened so far;
 - `grace: S` (optional): streams still open S seconds after the GOAWAY are cut: the
-  connection is reset (nginx's `worker_shutdown_timeout`); without it they finish;
+  connection is closed without close_notify, a bare TCP FIN, as nginx's
+  `worker_shutdown_timeout` does (measured); without it they finish;
 - `error_code` (default NO_ERROR; ENHANCE_YOUR_CALM or INTERNAL_ERROR for a server that
   gives up on the connection).
 
@@ -103,7 +104,10 @@ class Goaway(H2Fault, Fault):
             return self._send(now)
         self._cut = True
         self.report(now, "cut_after_grace", streams=sorted(self._open))
-        return [DropConnection("rst")]
+        # nginx 1.22 at worker_shutdown_timeout closes the socket without close_notify or
+        # RST_STREAM: the client reads a TCP FIN mid-stream (a ragged EOF; measured, see
+        # docs/tls-http2.md "Reference: nginx ssl http2").
+        return [DropConnection("fin")]
 
     def _send(self, now: float) -> list[H2Action]:
         self._sent_at = now

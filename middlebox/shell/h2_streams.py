@@ -132,6 +132,7 @@ class H2Session:
         # beside h2's own output.
         self._drain_from: int | None = None
         self._raw_frames: list[bytes] = []
+        self._stream_limit = MAX_CONCURRENT_STREAMS  # as announced (a fault may lower it)
 
     async def run(self) -> None:
         settings = {
@@ -143,6 +144,14 @@ class H2Session:
                 settings[h2.settings.SettingCodes(code)] = value
         self.conn.local_settings = h2.settings.Settings(client=False, initial_values=settings)
         self.conn.initiate_connection()
+        # The preface announces the limit; the session enforces it, as nginx does: a stream
+        # past it is refused alone (RST_STREAM REFUSED_STREAM, RFC 9113 §5.1.2, measured
+        # against nginx 1.22 in docs/tls-http2.md), where h2 would fail the whole connection
+        # (TooManyStreamsError: a PROTOCOL_ERROR GOAWAY and every stream lost).
+        limit = h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS
+        self._stream_limit = settings[limit]
+        settings[limit] = 2**31 - 1
+        self.conn.local_settings = h2.settings.Settings(client=False, initial_values=settings)
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
@@ -227,6 +236,11 @@ class H2Session:
     def _open_stream(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
         if self._drain_from is not None and stream_id > self._drain_from:
+            self._send_reset(stream_id, REFUSED_STREAM)
+            return
+        if sum(not s.ended for s in self.streams.values()) >= self._stream_limit:
+            log.info("stream %d refused: over the %d streams announced", stream_id,
+                     self._stream_limit)  # fmt: skip
             self._send_reset(stream_id, REFUSED_STREAM)
             return
         encoder = RequestEncoder()

@@ -30,7 +30,7 @@ def test_at_a_time_it_names_the_highest_stream_opened_so_far() -> None:
 def test_streams_still_open_after_the_grace_are_cut_with_the_connection() -> None:
     fault = Goaway(after_streams=1, grace=2.0)
     out = h2_replay(fault, [(0.0, ("open", 1)), (0.5, ("data", 1, b"data: x\n\n"))])
-    assert out == [(0.0, SendGoaway(1, 0)), (2.0, DropConnection("rst"))]
+    assert out == [(0.0, SendGoaway(1, 0)), (2.0, DropConnection("fin"))]
     assert fault.reports[-1].action == "cut_after_grace"
 
 

@@ -117,3 +117,26 @@ async def test_max_concurrent_streams_is_announced_in_the_servers_settings(tmp_p
             await client.until(client.all_over)
     assert client.conn.remote_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] == 2
     assert client.answers[stream_id].ended
+
+
+async def test_a_stream_past_the_announced_limit_is_refused_alone_as_nginx_does(
+    tmp_path: Path,
+) -> None:
+    """nginx 1.22 answers the 129th concurrent stream with RST_STREAM REFUSED_STREAM and
+    serves the other 128 (docs/tls-http2.md); h2 alone would fail the whole connection."""
+    scenario = tls_scenario("  - max_concurrent_streams: {limit: 2}\n", tmp_path)
+    seen = Seen()
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        async with proxied(streaming_upstream(seen, pause=0.02), scenario) as running:
+            client = await H2Client.connect(running.proxy_port, ca)
+            # sent before the client read the server's SETTINGS, so its h2 lets it through
+            ids = [await client.post(f"/{n}") for n in range(3)]
+            await client.until(client.all_over)
+            await seen.wait_for(2)
+    first, second, third = (client.answers[i] for i in ids)
+    assert third.reset == 0x7 and third.data == b""  # REFUSED_STREAM: safe to retry
+    assert first.ended and first.data == SSE + b"POST /0 HTTP/1.1"
+    assert second.ended and second.data == SSE + b"POST /1 HTTP/1.1"
+    assert len(seen.requests) == 2  # the refused stream never reached the upstream
+    assert client.conn.state_machine.state.name != "CLOSED"  # the connection lives on
