@@ -13,8 +13,8 @@ in-band `{"error": ...}` frame shows no text and no error (the loop does not loo
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 
 import aiohttp
 
@@ -46,8 +46,19 @@ def show_line(rec: Recorder, line: bytes) -> bool:
     return False
 
 
+LineReader = Callable[[aiohttp.ClientResponse], AsyncGenerator[bytes]]
+
+
+async def whole_lines(response: aiohttp.ClientResponse) -> AsyncGenerator[bytes]:
+    """aiohttp's own line iterator: whole lines, decoded later, so never split inside one."""
+    async for line in response.content:
+        yield line
+
+
 @asynccontextmanager
-async def session(env: ClientEnv) -> AsyncIterator[Handler]:
+async def line_session(env: ClientEnv, read_lines: LineReader) -> AsyncIterator[Handler]:
+    """The loop both aiohttp clients share (default session, `raise_for_status()`, each
+    `data:` line shown, stop at `[DONE]`); they differ only in how lines come off the body."""
     async with aiohttp.ClientSession() as http:
 
         async def handle(spec: RequestSpec, rec: Recorder) -> None:
@@ -59,11 +70,16 @@ async def session(env: ClientEnv) -> AsyncIterator[Handler]:
                 if not spec.streaming:
                     apply_chunk(rec, non_stream_info(await response.json()))
                     return
-                async for line in response.content:
-                    if show_line(rec, line):
-                        break
+                async with aclosing(read_lines(response)) as lines:
+                    async for line in lines:
+                        if show_line(rec, line):
+                            break
 
         yield handle
+
+
+def session(env: ClientEnv) -> AbstractAsyncContextManager[Handler]:
+    return line_session(env, whole_lines)
 
 
 def main() -> int:

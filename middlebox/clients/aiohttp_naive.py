@@ -14,22 +14,13 @@ stops at `[DONE]`, no retries, no `finish_reason` check.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator
+from contextlib import AbstractAsyncContextManager
 
 import aiohttp
 
-from middlebox.clients.aiohttp_lines import show_line
-from middlebox.clients.contract import (
-    ClientEnv,
-    Handler,
-    Recorder,
-    RequestSpec,
-    apply_chunk,
-    auth_headers,
-    non_stream_info,
-    run_client,
-)
+from middlebox.clients.aiohttp_lines import line_session
+from middlebox.clients.contract import ClientEnv, Handler, run_client
 
 
 class NaiveLines:
@@ -44,26 +35,16 @@ class NaiveLines:
         return lines
 
 
-@asynccontextmanager
-async def session(env: ClientEnv) -> AsyncIterator[Handler]:
-    async with aiohttp.ClientSession() as http:
+async def naive_lines(response: aiohttp.ClientResponse) -> AsyncGenerator[bytes]:
+    """`iter_any()` reads, each decoded on its own, split into lines."""
+    lines = NaiveLines()
+    async for data in response.content.iter_any():
+        for line in lines.feed(data):
+            yield line.encode()
 
-        async def handle(spec: RequestSpec, rec: Recorder) -> None:
-            rec.attempts += 1
-            async with http.post(
-                env.url(spec.endpoint), json=spec.body, headers=auth_headers(env)
-            ) as response:
-                response.raise_for_status()
-                if not spec.streaming:
-                    apply_chunk(rec, non_stream_info(await response.json()))
-                    return
-                lines = NaiveLines()
-                async for data in response.content.iter_any():
-                    for line in lines.feed(data):
-                        if show_line(rec, line.encode()):
-                            return
 
-        yield handle
+def session(env: ClientEnv) -> AbstractAsyncContextManager[Handler]:
+    return line_session(env, naive_lines)
 
 
 def main() -> int:

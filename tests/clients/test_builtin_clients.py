@@ -161,9 +161,9 @@ def resumable(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
 UTF8_PIECES = ["Grüße", " aus", " 東京", " 🙂"]
 
 
-def utf8_split(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
-    """Each multi-byte frame is cut inside a character, across two HTTP chunks sent as
-    separate TCP writes, as a re-chunking proxy may do."""
+def write_utf8_split(conn: Conn, gap: float) -> bool:
+    """The UTF8_PIECES answer with each frame cut after its first multi-byte character's
+    lead byte, the two halves sent as separate HTTP chunks `gap` seconds apart."""
     conn.write(SSE_HEAD + b"\r\n")
     frames = [chat_frame(None, role=True)]
     frames += [
@@ -173,9 +173,15 @@ def utf8_split(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
     for frame in [*frames, DONE_FRAME]:
         cut = next((i + 1 for i, b in enumerate(frame) if b >= 0xC0), len(frame) // 2)
         conn.write(http_chunk(frame[:cut]))
-        time.sleep(0.02)
+        time.sleep(gap)
         conn.write(http_chunk(frame[cut:]))
     return conn.write(END_CHUNK)
+
+
+def utf8_split(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
+    """Each multi-byte frame is cut inside a character, across two HTTP chunks sent as
+    separate TCP writes, as a re-chunking proxy may do."""
+    return write_utf8_split(conn, 0.02)
 
 
 SLOW_TOKENS = 100

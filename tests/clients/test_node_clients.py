@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,15 +33,11 @@ from tests.clients.test_builtin_clients import (
     Run,
     Started,
     workload_for,
+    write_utf8_split,
 )
 from tests.clients.wire_server import (
-    DONE_FRAME,
-    END_CHUNK,
-    SSE_HEAD,
     Conn,
     WireServer,
-    chat_frame,
-    http_chunk,
 )
 from tests.harness import free_port, needs
 
@@ -364,18 +359,7 @@ def utf8_split_apart(conn: Conn, attempt: int, headers: dict[str, str]) -> bool:
     long enough that a reader busy starting up (or on a loaded machine) still reads them
     as two reads, which is what per-read decoding needs to go wrong (20 ms is not: five
     Node processes starting at once coalesced both halves into one read here)."""
-    conn.write(SSE_HEAD + b"\r\n")
-    frames = [chat_frame(None, role=True)]
-    frames += [
-        chat_frame(p, "stop" if i == len(UTF8_PIECES) - 1 else None)
-        for i, p in enumerate(UTF8_PIECES)
-    ]
-    for frame in [*frames, DONE_FRAME]:
-        cut = next((i + 1 for i, b in enumerate(frame) if b >= 0xC0), len(frame) // 2)
-        conn.write(http_chunk(frame[:cut]))
-        time.sleep(0.3)
-        conn.write(http_chunk(frame[cut:]))
-    return conn.write(END_CHUNK)
+    return write_utf8_split(conn, 0.3)
 
 
 @with_node
