@@ -226,6 +226,12 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
     help="A CA file (PEM) an https:// upstream's certificate may chain to, besides the system's.",
 )
 @click.option(
+    "--tls-keylog",
+    type=click.Path(dir_okay=False),
+    help="Append the TLS session keys (NSS key log lines, SSLKEYLOGFILE's format) to FILE, "
+    "so Wireshark or tshark (-o tls.keylog_file:FILE) decrypts a capture of both legs.",
+)
+@click.option(
     "--state",
     metavar="URL",
     help="Keep cross-connection fault state (match first:/every:, one handoff) in this "
@@ -253,6 +259,7 @@ def proxy(
     ca_dir: str | None,
     upstream_insecure: bool,
     upstream_ca: str | None,
+    tls_keylog: str | None,
     state: str | None,
 ) -> None:
     """Run the proxy: relay every connection byte-exact through the scenario's faults.
@@ -289,6 +296,9 @@ def proxy(
         upstream_ca=upstream_ca,
         state=state,
     )
+    if tls_keylog:
+        # Through the environment, so every --workers process inherits it (shell/tls.py).
+        os.environ["SSLKEYLOGFILE"] = os.path.abspath(tls_keylog)
     problem = upstream_problem(upstream)
     if problem:
         click.echo(f"warning: {problem}", err=True)

@@ -194,7 +194,18 @@ def server_context(options: TlsOptions, ca: LocalCA | None = None) -> ssl.SSLCon
         _write_private(key_file, key)
         context.load_cert_chain(cert_file, key_file)
     context.set_alpn_protocols(list(options.alpn))
+    _log_keys(context)
     return context
+
+
+def _log_keys(context: ssl.SSLContext) -> None:
+    """SSLKEYLOGFILE (`proxy --tls-keylog`): the session keys as NSS key log lines, so
+    Wireshark decrypts a real capture into the HTTP/2 frames or HTTP/1.1 bytes the relay
+    saw. Set here rather than left to create_default_context's own reading of it, which
+    `sys.flags.ignore_environment` (python -E) turns off."""
+    keylog = os.environ.get("SSLKEYLOGFILE")
+    if keylog:
+        context.keylog_filename = keylog
 
 
 def upstream_context(*, insecure: bool = False, cafile: str | None = None) -> ssl.SSLContext:
@@ -206,6 +217,7 @@ def upstream_context(*, insecure: bool = False, cafile: str | None = None) -> ss
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     context.set_alpn_protocols(["http/1.1"])
+    _log_keys(context)
     return context
 
 
