@@ -12,7 +12,8 @@ of the journal, framed once); what the client did comes from its result file's o
 Per request, worst first, these replace the text verdict (which cannot see them: a tool
 call's answer has no text, so a cut call "shows" the whole empty answer):
 - `acted_on_partial_call`: it executed arguments that are not the complete arguments of
-  a finished call the upstream sent, or not valid JSON;
+  a call the upstream sent (a call is complete when its response finished or a later
+  call began: `SentResponse.complete_calls`), or not valid JSON;
 - `side_effect_repeated`: it executed one logical call (same tool and call index within
   the request) more than once without the same idempotency key each time;
 - `acted_on_invalid_json`: it acted on JSON that does not parse, or that is not the
@@ -98,6 +99,18 @@ class SentResponse:
     @property
     def fragments(self) -> int:
         return sum(call.fragments for call in self.calls.values())
+
+    def complete_calls(self) -> list[SentCall]:
+        """The calls a correct client may run, judged from the wire as it arrived: every
+        call of a finished response, and in one that did not finish (a `max_tokens` cut,
+        an error frame, a cut stream) each call after which another began. vLLM streams
+        call N+1's name only once call N's arguments closed (the hermes parser after
+        `</tool_call>`; `tool_choice: required` after the array's next object opens), so
+        a later call proves the earlier one's arguments final. Seen on a real vLLM 0.32:
+        `required` runs to `length` after two whole calls and the start of a third, and
+        a named call ends `stop` with an empty delta (tests/run/captures/)."""
+        calls = list(self.calls.values())  # in the order the calls began
+        return calls if self.finished else calls[:-1]
 
 
 def _record(leg: LegRecord | tuple[bytes, bytes]) -> LegRecord:
@@ -202,14 +215,17 @@ def judge_request(
     found = RequestAgent()
     if result is None:
         return found
+    # by call index where the client says which call it ran: two calls of one answer can
+    # carry the same arguments, and only one of them may be complete
     complete_calls = {
-        (call.name, _canonical(value))
+        (index, call.name, _canonical(value))
         for response in responses
-        if response.finished
-        for call in response.calls.values()
+        for call in response.complete_calls()
+        for index in [next(i for i, c in response.calls.items() if c is call)]
         for ok, value in [_parsed(call.arguments)]
         if ok
     }
+    any_index = {(name, value) for _, name, value in complete_calls}
     groups: dict[tuple[str, str], list[Any]] = {}
     for executed in result.get("tool_calls_executed") or []:
         if not isinstance(executed, Mapping):
@@ -217,9 +233,14 @@ def judge_request(
         found.executed += 1
         name = str(executed.get("name") or "")
         ok, value = _parsed(executed.get("arguments"))
-        if not ok or (name, _canonical(value)) not in complete_calls:
-            found.partial += 1
         index = executed.get("index")
+        known = (
+            (index, name, _canonical(value)) in complete_calls
+            if isinstance(index, int)
+            else (name, _canonical(value)) in any_index
+        )
+        if not ok or not known:
+            found.partial += 1
         logical = str(index) if isinstance(index, int) else (_canonical(value) if ok else "?")
         groups.setdefault((name, logical), []).append(executed.get("idempotency_key"))
     for keys in groups.values():

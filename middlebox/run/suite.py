@@ -28,6 +28,7 @@ from middlebox.clients import BUILTIN_CLIENTS, SCENARIO_CLIENTS
 from middlebox.compose import expand_paths, load
 from middlebox.core.stream import Direction
 from middlebox.observe.journal import ConnectionJournal, fault_proof
+from middlebox.observe.requests import BURST_GAP
 from middlebox.report.layout import run_directory
 from middlebox.report.progress import Progress
 from middlebox.report.scorecard import write_reports
@@ -65,7 +66,7 @@ from middlebox.run.upstream import (
     UpstreamClient,
     UpstreamError,
     amodel,
-    aseconds_per_token,
+    apace,
     sampled,
     settled_ledger,
 )
@@ -111,15 +112,36 @@ REAL_BODY_EXTRA = {"ignore_eos": True}
 request is exactly that long (the scenario's stream length), while a model stops at
 its own EOS (the tier's random-weight model anywhere, often within 20 tokens, so an
 abandoning client would see a complete answer instead). `ignore_eos` is vLLM's
-sampling parameter for exactly `max_tokens` tokens."""
+sampling parameter for exactly `max_tokens` tokens. Not on a structured answer (see
+`real_body_extra`)."""
+
+
+def real_body_extra(workload: Workload) -> dict[str, Any]:
+    """What a real server's requests get added: REAL_BODY_EXTRA, except where the answer is
+    a tool call or a JSON document. Guided decoding closes those and then allows only the
+    EOS; with `ignore_eos` vLLM 0.32 pads the closed JSON with whitespace to `max_tokens`
+    and ends it `finish_reason: "length"` (measured on the tier's server: a named call's
+    arguments `3422129e42878` then `length`; without it `stop`, as agents see it), so
+    every call would be one `max_tokens` cut, which no correct client runs."""
+    if workload.tools or workload.tool_choice or workload.response_format:
+        return {}
+    return dict(REAL_BODY_EXTRA)
+
 
 MAX_PACED_TOKENS = 4000
 """The most tokens a paced workload asks for (the real tier's model serves 8192)."""
+FRAME_MARGIN = 1.5
+"""How many more frames' worth of tokens than measured a paced stream asks for (`paced`)."""
 ABANDON_MARGIN = 5.0
 """Seconds an abandoning stream outlasts the scenario's against a real server (`paced`)."""
 
 
-def paced(workload: Workload, scenario: Scenario, seconds_per_token: float | None) -> Workload:
+def paced(
+    workload: Workload,
+    scenario: Scenario,
+    seconds_per_token: float | None,
+    tokens_per_frame: float = 1.0,
+) -> Workload:
     """The workload against a real server, sized in time rather than tokens.
 
     A scenario's stream is as long as its `upstream:` timing makes it (`max_tokens`
@@ -128,7 +150,15 @@ def paced(workload: Workload, scenario: Scenario, seconds_per_token: float | Non
     speed (the tier's tiny model: ~2-5 ms a token, against the library's 10-15 ms), so
     the same token count would be over before a client that leaves after 20 tokens has
     left, and no abort could be seen. So `max_tokens` grows by the ratio of the two
-    speeds, never shrinks; every token count scored is still the real server's."""
+    speeds, never shrinks; every token count scored is still the real server's.
+
+    And as long in frames: a fault counts what the stream carries (a cut `after: tokens,
+    count: 12` counts token-bearing events, one a token from the emulator), and a vLLM
+    whose API server lags its engine merges several tokens into one frame
+    (`tokens_per_frame`, measured with the pace): 40 tokens in 14 frames left a cut after
+    12 unfired for one client in four (reset-mid-stream, clean-close-without-done). So the
+    stream asks for the scenario's frames' worth of tokens at that rate, FRAME_MARGIN
+    over it, since merging moves with the load between the measurement and the run."""
     block: Any = scenario.sections.get("upstream")
     itl = float(getattr(block, "itl", 0.0) or 0.0)
     if not seconds_per_token:
@@ -143,10 +173,11 @@ def paced(workload: Workload, scenario: Scenario, seconds_per_token: float | Non
         # generates no more for it, and a hop that holds the whole stream (gzip) still
         # releases it at its end, only later.
         seconds += ABANDON_MARGIN
-    if seconds <= workload.max_tokens * seconds_per_token:
+    framed = workload.max_tokens * tokens_per_frame * FRAME_MARGIN if tokens_per_frame > 1 else 0
+    scaled = min(max(math.ceil(seconds / seconds_per_token), math.ceil(framed)), MAX_PACED_TOKENS)
+    if scaled <= workload.max_tokens:
         return workload
-    scaled = min(math.ceil(seconds / seconds_per_token), MAX_PACED_TOKENS)
-    return dataclasses.replace(workload, max_tokens=max(scaled, workload.max_tokens))
+    return dataclasses.replace(workload, max_tokens=scaled)
 
 
 PACE_BOUND_METRICS = ("server.tokens_wasted",)
@@ -254,16 +285,24 @@ async def run_scenario(
         upstream = UpstreamClient(base_url)
         model = await amodel(upstream)
         if emulator is None:
-            pace = await aseconds_per_token(upstream, model)
-            workload = paced(workload, scenario, pace)
+            pace = await apace(upstream, model)
+            workload = paced(
+                workload,
+                scenario,
+                None if pace is None else pace.seconds_per_token,
+                1.0 if pace is None else pace.tokens_per_frame,
+            )
             outcome.paced = {
-                "server_ms_per_token": None if pace is None else round(pace * 1000, 2),
+                "server_ms_per_token": None
+                if pace is None
+                else round(pace.seconds_per_token * 1000, 2),
+                "tokens_per_frame": None if pace is None else round(pace.tokens_per_frame, 2),
                 "max_tokens": workload.max_tokens,
             }
         address = Address.parse(base_url)
         one_client = partial(
             run_client, scenario=scenario, workload=workload, upstream=address, model=model,
-            workdir=workdir, body_extra=REAL_BODY_EXTRA if emulator is None else None,
+            workdir=workdir, body_extra=real_body_extra(workload) if emulator is None else None,
         )  # fmt: skip
         if emulator is None:
             # A real server has no ledger: run the clients one at a time so its /metrics
@@ -334,6 +373,7 @@ def score_runs(
             score.checks = in_decoding_time(
                 score.checks, scenario, outcome.paced.get("server_ms_per_token")
             )
+            score.checks = at_server_lumpiness(score.checks, score.metrics)
         if run.result is None and not run.hang:
             outcome.problems.append(
                 f"{scenario.name}/{run.spec.name}: the client wrote no "
@@ -380,12 +420,64 @@ def real_server_score(run: ClientRun, metrics: dict[str, Any]) -> dict[str, Any]
         for r in results
         if r.get("ended_at") and int(r["index"]) < len(run.tags)
     }
-    measured = real_server_metrics(upstream_exchanges(run), run.samples, left)
+    exchanges = upstream_exchanges(run)
+    measured = real_server_metrics(exchanges, run.samples, left)
     bursts = metrics.get("client.bursts") or 0
     measured["client.tokens_per_burst"] = (
         measured["server.tokens_generated"] / bursts if bursts else 0.0
     )
+    arrived = sum(len(arrivals(e.token_times)) for e in exchanges)
+    measured[SERVER_TOKENS_PER_BURST] = (
+        measured["server.tokens_generated"] / arrived if arrived else 0.0
+    )
     return measured
+
+
+SERVER_TOKENS_PER_BURST = "server.tokens_per_burst"
+"""A real server's own lumpiness as it reached the proxy: the tokens it generated over
+the bursts its token frames arrived in on the upstream leg (frames within BURST_GAP of
+each other, as the client's bursts are counted)."""
+
+
+def arrivals(times: Sequence[float]) -> list[float]:
+    """The start of each burst of `times` (sorted; a gap over BURST_GAP starts one)."""
+    starts: list[float] = []
+    last: float | None = None
+    for at in sorted(times):
+        if last is None or at - last > BURST_GAP:
+            starts.append(at)
+        last = at
+    return starts
+
+
+def at_server_lumpiness(checks: list[Check], metrics: dict[str, Any]) -> list[Check]:
+    """A `max` bound on `client.tokens_per_burst` judged against what a real server sent.
+
+    The bound is written for the emulator, whose frames come one token each, `itl`
+    apart: `max: 2` says no hop between it and the client lumped them. A real vLLM's
+    stream reaches the proxy lumpy already: several tokens per frame when its API server
+    lags its engine, frames closer than BURST_GAP (10 ms) when it decodes in 3-10 ms.
+    No hop can deliver a stream smoother than it was sent, so the bound is tokens per
+    burst *relative to the server's* (`server.tokens_per_burst`, the same 10 ms rule on
+    the upstream leg): `max: 2` allows twice the server's own lumps. The emulator's are
+    1, so it is the same check there. A `min` bound (a hop that buffers) stays as
+    written: the server's lumps only add to the client's."""
+    server = metrics.get(SERVER_TOKENS_PER_BURST)
+    if not isinstance(server, int | float) or server <= 1:
+        return checks
+    judged = []
+    for check in checks:
+        numeric = isinstance(check.expected, int | float) and isinstance(check.actual, int | float)
+        if check.name != "client.tokens_per_burst" or check.condition != "max" or not numeric:
+            judged.append(check)
+            continue
+        bound = check.expected * server
+        note = (
+            f"judged against the server's own lumps: it sent {server:.2f} tokens per burst "
+            f"to the proxy, so max {check.expected} = {bound:.2f} tokens per burst"
+        )
+        judged.append(dataclasses.replace(check, passed=check.actual <= bound, note=note))
+    return judged
 
 
 def proof_problems(

@@ -189,18 +189,29 @@ async def sampled(
 PACE_TOKENS = 48
 
 
-def seconds_per_token(
-    upstream: UpstreamClient, model: str, tokens: int = PACE_TOKENS
-) -> float | None:
-    """How fast the server generates now: one streamed chat completion of `tokens` tokens
-    (`ignore_eos`, a vLLM sampling parameter, so it is that long), timed from asking to
-    its end. None when the server does not stream so."""
+@dataclass(frozen=True)
+class Pace:
+    """How fast a real server generates now, and how it frames what it generates."""
+
+    seconds_per_token: float
+    tokens_per_frame: float
+    """Generated tokens per token-bearing SSE frame: 1 on an idle vLLM (`--stream-interval
+    1`), more when its API server falls behind the engine (vLLM V1's output collector
+    merges the deltas its consumer has not taken yet into one chunk: measured here, 40
+    tokens in 14 frames on the 2 loaded cores)."""
+
+
+def pace(upstream: UpstreamClient, model: str, tokens: int = PACE_TOKENS) -> Pace | None:
+    """One streamed chat completion of `tokens` tokens (`ignore_eos`, a vLLM sampling
+    parameter, so it is exactly that long), timed from asking to its end. None when the
+    server does not stream so."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "pace"}],
         "max_tokens": tokens,
         "stream": True,
         "ignore_eos": True,
+        "stream_options": {"include_usage": True},
     }
     request = urllib.request.Request(
         upstream.base_url + "/v1/chat/completions",
@@ -208,17 +219,34 @@ def seconds_per_token(
         headers={"Content-Type": "application/json"},
     )
     began = time.time()
-    count = 0
+    frames = 0
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT * 3) as response:
             for line in response:
                 if line.startswith(b"data: {") and b'"content"' in line and b'"role"' not in line:
-                    count += 1
+                    frames += 1
+                elif line.startswith(b"data: {") and b'"usage"' in line:
+                    usage = json.loads(line[len(b"data: ") :]).get("usage") or {}
+                    tokens = int(usage.get("completion_tokens") or tokens)
     except (OSError, ValueError):
         return None
-    # the whole request over its tokens: chunks arrive in bursts (several per read), so
-    # gaps between arrivals say nothing; a short prompt's prefill is a token's worth
-    return (time.time() - began) / count if count >= tokens // 2 else None
+    if not frames:
+        return None
+    # The whole request over its tokens (not its frames, which merge under load); chunks
+    # arrive in bursts (several per read), so gaps between arrivals say nothing; a short
+    # prompt's prefill is a token's worth.
+    return Pace((time.time() - began) / tokens, max(tokens / frames, 1.0))
+
+
+def seconds_per_token(
+    upstream: UpstreamClient, model: str, tokens: int = PACE_TOKENS
+) -> float | None:
+    measured = pace(upstream, model, tokens)
+    return None if measured is None else measured.seconds_per_token
+
+
+async def apace(upstream: UpstreamClient, model: str) -> Pace | None:
+    return await trio.to_thread.run_sync(pace, upstream, model)
 
 
 async def aseconds_per_token(upstream: UpstreamClient, model: str) -> float | None:
