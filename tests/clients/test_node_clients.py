@@ -730,3 +730,18 @@ def test_looking_a_node_client_up_installs_its_packages_before_any_scenario_star
     assert calls == ["npm ci"]
     registry.BUILTIN_CLIENTS["raw"]
     assert calls == ["npm ci"]  # only Node clients
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_the_guard_on_the_node_tests_skips_only_outside_ci(
+    monkeypatch: pytest.MonkeyPatch, ci: str
+) -> None:
+    # `needs` (with_node, and the matrix test's Node-registry guard) is a skipif whose
+    # condition is fixed when the mark is made: under CI=true a missing part must fail.
+    monkeypatch.setenv("CI", ci)
+    missing = needs(False, "node (>= 20) and npm")
+    assert missing.name == "skipif"
+    assert missing.args[0] is (ci == "")
+    assert needs(True, "node (>= 20) and npm").args[0] is False
+    if os.environ.get("CI") == "true":
+        assert with_node.args[0] is False  # this very run: no Node test may skip
