@@ -11,7 +11,14 @@ import socket
 import pytest
 
 from calibrate import compare, probe, suite
-from calibrate.grid import compare_grid, measure_shape, render_grid, settled_entry
+from calibrate.grid import (
+    compare_grid,
+    least_disturbed,
+    measure_shape,
+    render_grid,
+    retake,
+    settled_entry,
+)
 from calibrate.probe import Reads
 from calibrate.shapes import (
     FRAME_OVERHEAD,
@@ -191,3 +198,23 @@ def test_of_two_takes_the_one_with_the_smaller_largest_gap_counts() -> None:
     assert suite.least_disturbed([stalled, clean]) is clean
     assert suite.least_disturbed([clean, stalled]) is clean
     assert suite.STREAM_TAKES == 2
+
+
+def test_only_a_disagreeing_stream_shape_is_taken_again() -> None:
+    stream_shape, cancel_shape = SHAPES["250B-20ms"], SHAPES["cancel-fin"]
+    real = {"250B-20ms": {"bursts": 60}, "cancel-fin": {"abandon_tokens": 0}}
+    mine = {"250B-20ms": {"bursts": 40}, "cancel-fin": {"abandon_tokens": 9}}
+    rows = compare_grid("p", real, mine)
+    assert retake([stream_shape, cancel_shape], rows) == [stream_shape]
+    agreeing = compare_grid("p", real, {**mine, "250B-20ms": {"bursts": 60}})
+    assert retake([stream_shape, cancel_shape], agreeing) == []
+
+
+def test_each_side_keeps_its_take_with_the_smaller_gap_whatever_the_other_side_did() -> None:
+    stalled = {"largest_gap": 0.186, "bursts": 70}
+    clean = {"largest_gap": 0.039, "bursts": 98}
+    assert least_disturbed(stalled, clean) == {**clean, "takes": 2}
+    assert least_disturbed(clean, stalled) == {**clean, "takes": 2}
+    rows = compare_grid("p", {"s": {"bursts": 60}}, {"s": {"bursts": 60}})
+    assert "| p @ s (2 takes) |" in render_grid(rows, frozenset({"p @ s"}))
+    assert "| p @ s |" in render_grid(rows)
