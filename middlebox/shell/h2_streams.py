@@ -45,6 +45,7 @@ import trio
 from middlebox.core.fault import Fault, FaultReport, ReportSink
 from middlebox.core.h2_bridge import (
     NO_ERROR,
+    PROTOCOL_ERROR,
     REFUSED_STREAM,
     RequestEncoder,
     RequestError,
@@ -79,6 +80,8 @@ log = logging.getLogger("middlebox.shell.h2_streams")
 MAX_CONCURRENT_STREAMS = 128
 # SETTINGS_MAX_HEADER_LIST_SIZE: h2's own default (against HPACK bombs, CVE-2016-6581).
 MAX_HEADER_LIST_SIZE = 64 * 1024
+# How long a connection failing on a protocol error may take to write its GOAWAY.
+GOAWAY_FLUSH_SECONDS = 1.0
 _LINGER_ABORT = b"\x01\x00\x00\x00\x00\x00\x00\x00"
 
 
@@ -133,6 +136,9 @@ class H2Session:
         self._drain_from: int | None = None
         self._raw_frames: list[bytes] = []
         self._stream_limit = MAX_CONCURRENT_STREAMS  # as announced (a fault may lower it)
+        self.protocol_errors = 0
+        self._closing = False  # a protocol error: the write loop flushes h2's GOAWAY, then ends
+        self._flushed = trio.Event()
 
     async def run(self) -> None:
         settings = {
@@ -191,8 +197,21 @@ class H2Session:
             try:
                 events = self.conn.receive_data(data)
             except h2.exceptions.ProtocolError as error:
+                # Bytes h2 cannot frame (a bad preface, an HTTP/1.1 request on an h2
+                # connection, a malformed frame) fail the connection closed: every stream's
+                # relay is reset first (no byte passes its faults unseen), then h2's GOAWAY
+                # with the error code goes out (RFC 9113 §5.4.1), bounded, and the close.
                 log.info("connection %d: HTTP/2 protocol error: %s", self.connection_id, error)
+                self.protocol_errors += 1
+                self._reset_every_stream()
+                # h2 queues its GOAWAY for a bad frame, not for a bad preface (checked
+                # before its frame loop): then it is ours (refused quietly if h2's is there).
+                self._guarded(self.conn.close_connection, PROTOCOL_ERROR)
+                self._closing = True
                 self._kick()
+                with trio.move_on_after(GOAWAY_FLUSH_SECONDS):
+                    await self._flushed.wait()
+                    await self._lingering_close()
                 return
             for event in events:
                 if isinstance(event, h2.events.ConnectionTerminated):
@@ -200,6 +219,19 @@ class H2Session:
                     return
                 self._on_event(event)
             self._kick()
+
+    async def _lingering_close(self) -> None:
+        """FIN after the GOAWAY, then the client's bytes read and dropped until it closes:
+        closing with unread bytes would send an RST, and the client's kernel would drop the
+        GOAWAY unread (nginx's lingering_close, bounded by the caller)."""
+        transport = self.tls.transport_stream
+        assert isinstance(transport, trio.SocketStream)
+        try:
+            transport.socket.shutdown(socket.SHUT_WR)
+            while await transport.receive_some(READ_SIZE):
+                pass
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
 
     def _on_event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):
@@ -516,6 +548,9 @@ class H2Session:
                 data += b"".join(self._raw_frames)
                 self._raw_frames.clear()
             if not data:
+                if self._closing:
+                    self._flushed.set()
+                    return
                 if self._drain_from is not None and not self.streams:
                     self.nursery.cancel_scope.cancel()  # drained: everything is written
                     return

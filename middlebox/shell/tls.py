@@ -32,6 +32,7 @@ import socket
 import ssl
 import struct
 import tempfile
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,8 +195,15 @@ def server_context(options: TlsOptions, ca: LocalCA | None = None) -> ssl.SSLCon
         _write_private(key_file, key)
         context.load_cert_chain(cert_file, key_file)
     context.set_alpn_protocols(list(options.alpn))
+    if "http/1.1" not in options.alpn:
+        _ONLY_ALPN[context] = tuple(options.alpn)
     _log_keys(context)
     return context
+
+
+# Contexts whose ALPN list leaves HTTP/1.1 out (`alpn: [h2]`): a client that picks none of
+# their protocols is refused after the handshake (see `handshake`).
+_ONLY_ALPN: weakref.WeakKeyDictionary[ssl.SSLContext, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
 
 def _log_keys(context: ssl.SSLContext) -> None:
@@ -333,6 +341,13 @@ async def handshake(
     )
     try:
         await stream.do_handshake()
+        only = _ONLY_ALPN.get(context)
+        if only is not None and stream.selected_alpn_protocol() not in only:
+            # OpenSSL completes a handshake without ALPN when nothing overlaps (the server
+            # callback answers NOACK), which would serve HTTP/1.1 on an h2-only path and pass
+            # its HTTP/2 faults by: fail closed instead (RFC 7301 §3.2's
+            # no_application_protocol, as a failed handshake).
+            raise ssl.SSLError(f"no application protocol: the client offered none of {only}")
     except BaseException:
         _abort_transport(stream)
         await trio.aclose_forcefully(transport)

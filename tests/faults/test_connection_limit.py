@@ -87,3 +87,31 @@ def test_alone_on_a_virtual_clock_the_bytes_pass_whole_and_in_order() -> None:
 def test_a_bad_config_is_refused(config: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ConnectionLimit(**config)  # type: ignore[arg-type]
+
+
+def test_bytes_that_are_no_http_request_take_a_slot_and_wait_like_any_request() -> None:
+    """No bypass (issue 14's rule): the cap counts bytes, not parsed requests, so garbage or
+    a malformed request line over the limit is held as a browser's request would be."""
+    shared: dict[str, Any] = {}
+    first = opened(shared, 1, limit=1)
+    garbage = Chunk(UP, b"\x16\x03\x01\x02\x00 not HTTP at all\r\n\r\n")
+    assert first.on_item(garbage, 0.0) == [garbage]  # the one slot
+    second = opened(shared, 2, limit=1)
+    malformed = Chunk(UP, b"GET\r\n\r\n")
+    assert second.on_item(malformed, 0.1) == []  # held, not passed by
+    first.on_item(Chunk(DOWN, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"), 0.5)
+    assert second.on_deadline(0.51) == [malformed]
+
+
+def test_an_unframeable_response_keeps_its_slot_until_its_connection_ends() -> None:
+    """A response with no readable end never frees the slot early: the next request waits
+    for the connection's end, the conservative side (a browser's socket stays busy too)."""
+    shared: dict[str, Any] = {}
+    first = opened(shared, 1, limit=1)
+    first.on_item(REQUEST, 0.0)
+    second = opened(shared, 2, limit=1)
+    assert second.on_item(REQUEST, 0.1) == []
+    first.on_item(Chunk(DOWN, b"\x00\x01garbage, no status line\r\n\r\n"), 0.2)
+    assert second.on_deadline(0.3) == []  # still busy
+    first.on_item(Eof(DOWN), 0.4)
+    assert second.on_deadline(0.41) == [REQUEST]
