@@ -266,7 +266,12 @@ async def session(env: ClientEnv, eventsource: bool = False) -> AsyncIterator[Ha
     loop = asyncio.get_running_loop()
     if main is not None:
         loop.add_signal_handler(signal.SIGTERM, main.cancel)
-    with tempfile.TemporaryDirectory(prefix="middlebox-chromium-") as profile:
+    # Chromium's helper processes can still be writing the profile when the main one has
+    # exited: a failed removal must not cost the run its result (seen: "Directory not
+    # empty: 'Default'", and the client wrote no result).
+    with tempfile.TemporaryDirectory(
+        prefix="middlebox-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         # Popen returns once Chromium is forked; the loop is not held while it runs.
         browser = subprocess.Popen(  # noqa: ASYNC220
             [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"http://127.0.0.1:{port}/"],
