@@ -8,6 +8,7 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -241,26 +242,10 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
 def proxy(
     listen_at: str,
     upstream: str,
-    scenario_file: str | None,
-    grace: float,
-    max_connections: int | None,
-    backlog: int,
-    journal_file: str | None,
-    ready_file: str | None,
-    journal_secrets: bool,
     journal_max_bytes: str,
-    redact_names: tuple[str, ...],
-    workers: int,
-    control: str | None,
-    control_token: str | None,
-    allow_scenario_header: bool,
-    scenario_dir: str | None,
-    tls: bool,
-    ca_dir: str | None,
-    upstream_insecure: bool,
-    upstream_ca: str | None,
+    ready_file: str | None,
     tls_keylog: str | None,
-    state: str | None,
+    **options: Any,
 ) -> None:
     """Run the proxy: relay every connection byte-exact through the scenario's faults.
 
@@ -274,27 +259,9 @@ def proxy(
         max_bytes = parse_size(journal_max_bytes)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--journal-max-bytes") from None
+    # Every other option is named as its ProxySettings field (click's parameter names).
     settings = ProxySettings(
-        listen=listen_at,
-        upstream=upstream,
-        scenario_file=scenario_file,
-        grace=grace,
-        max_connections=max_connections,
-        backlog=backlog,
-        journal_file=journal_file,
-        journal_secrets=journal_secrets,
-        journal_max_bytes=max_bytes,
-        redact_names=redact_names,
-        workers=workers,
-        control=control,
-        control_token=control_token,
-        allow_scenario_header=allow_scenario_header,
-        scenario_dir=scenario_dir,
-        tls=tls,
-        ca_dir=ca_dir,
-        upstream_insecure=upstream_insecure,
-        upstream_ca=upstream_ca,
-        state=state,
+        listen=listen_at, upstream=upstream, journal_max_bytes=max_bytes, **options
     )
     if tls_keylog:
         # Through the environment, so every --workers process inherits it (shell/tls.py).
