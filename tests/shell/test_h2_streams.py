@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import trio
 from middlebox.run.serve import load_text
 from middlebox.scenario.model import Scenario, TlsOptions
 from middlebox.shell.tls import LocalCA
-from tests.harness import proxied, read_all, reset
+from tests.harness import Handler, Running, proxied, read_all, reset
 
 SSE = b'data: {"choices":[{"delta":{"content":"caf\xc3\xa9"}}]}\n\ndata: [DONE]\n\n'
 
@@ -176,21 +178,31 @@ class H2Client:
         return all(a.ended or a.reset is not None for a in self.answers.values())
 
 
+@asynccontextmanager
+async def h2_proxy(
+    tmp_path: Path, handler: Handler, scenario: Scenario | None = None
+) -> AsyncIterator[tuple[Running, H2Client]]:
+    """A TLS proxy (its CA in `tmp_path`, or the scenario's `proxy: {tls:}`) in front of
+    `handler`, and an HTTP/2 client connected to it; all within 10 s."""
+    ca = LocalCA.load_or_create(tmp_path)
+    options: dict[str, object] = {}
+    if scenario is None:
+        options["tls"] = TlsOptions(ca_dir=str(tmp_path))
+    with trio.fail_after(10):
+        async with proxied(handler, scenario, **options) as running:
+            yield running, await H2Client.connect(running.proxy_port, ca)
+
+
 async def test_two_multiplexed_streams_each_get_their_own_upstream_connection(
     tmp_path: Path,
 ) -> None:
     seen = Seen()
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(
-            streaming_upstream(seen, pause=0.01), tls=TlsOptions(ca_dir=str(tmp_path))
-        ) as running:
-            client = await H2Client.connect(running.proxy_port, ca)
-            first = await client.post("/one", b'{"n":1}')
-            second = await client.post("/two", b'{"n":2}')
-            await client.until(client.all_over)
-            await seen.wait_for(2)
-            assert running.server.connections_accepted == 3  # the TLS connection + 2 streams
+    async with h2_proxy(tmp_path, streaming_upstream(seen, pause=0.01)) as (running, client):
+        first = await client.post("/one", b'{"n":1}')
+        second = await client.post("/two", b'{"n":2}')
+        await client.until(client.all_over)
+        await seen.wait_for(2)
+        assert running.server.connections_accepted == 3  # the TLS connection + 2 streams
     one, two = client.answers[first], client.answers[second]
     assert one.data == SSE + b"POST /one HTTP/1.1" and one.ended
     assert two.data == SSE + b"POST /two HTTP/1.1" and two.ended
@@ -213,12 +225,12 @@ async def test_a_fault_in_the_path_acts_on_each_stream_on_its_own(tmp_path: Path
         proxy=type(scenario.proxy)(tls=TlsOptions(ca_dir=str(tmp_path))),
     )
     seen = Seen()
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(streaming_upstream(seen, pause=0.01), scenario) as running:
-            client = await H2Client.connect(running.proxy_port, ca)
-            ids = [await client.post(f"/{n}") for n in range(3)]
-            await client.until(client.all_over)
+    async with h2_proxy(tmp_path, streaming_upstream(seen, pause=0.01), scenario) as (
+        _running,
+        client,
+    ):
+        ids = [await client.post(f"/{n}") for n in range(3)]
+        await client.until(client.all_over)
     for stream_id in ids:
         answer = client.answers[stream_id]
         assert answer.reset == 0x2  # INTERNAL_ERROR: the upstream leg was reset
@@ -231,24 +243,19 @@ async def test_a_client_rst_stream_resets_that_streams_upstream_connection_only(
     tmp_path: Path,
 ) -> None:
     seen = Seen()
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(
-            streaming_upstream(seen, forever=True), tls=TlsOptions(ca_dir=str(tmp_path))
-        ) as running:
-            client = await H2Client.connect(running.proxy_port, ca)
-            cancelled = await client.post("/cancelled")
-            kept = await client.post("/kept")
-            await client.until(
-                lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
-            )
-            client.conn.reset_stream(cancelled, error_code=0x8)
-            await client.flush()
-            await seen.wait_for(1)
-            assert seen.ends == ["rst"]
-            assert not client.answers[kept].ended and client.answers[kept].reset is None
-            await client.stream.aclose()
-            await seen.wait_for(2)
+    async with h2_proxy(tmp_path, streaming_upstream(seen, forever=True)) as (_running, client):
+        cancelled = await client.post("/cancelled")
+        kept = await client.post("/kept")
+        await client.until(
+            lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
+        )
+        client.conn.reset_stream(cancelled, error_code=0x8)
+        await client.flush()
+        await seen.wait_for(1)
+        assert seen.ends == ["rst"]
+        assert not client.answers[kept].ended and client.answers[kept].reset is None
+        await client.stream.aclose()
+        await seen.wait_for(2)
     assert seen.ends == ["rst", "rst"]
 
 
@@ -256,21 +263,16 @@ async def test_dropping_the_connection_resets_every_multiplexed_stream_at_once(
     tmp_path: Path,
 ) -> None:
     seen = Seen()
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(
-            streaming_upstream(seen, forever=True), tls=TlsOptions(ca_dir=str(tmp_path))
-        ) as running:
-            client = await H2Client.connect(running.proxy_port, ca)
-            for n in range(4):
-                await client.post(f"/{n}")
-            await client.until(
-                lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
-            )
-            transport = client.stream.transport_stream
-            assert isinstance(transport, trio.SocketStream)
-            reset(transport)
-            await seen.wait_for(4)
+    async with h2_proxy(tmp_path, streaming_upstream(seen, forever=True)) as (_running, client):
+        for n in range(4):
+            await client.post(f"/{n}")
+        await client.until(
+            lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
+        )
+        transport = client.stream.transport_stream
+        assert isinstance(transport, trio.SocketStream)
+        reset(transport)
+        await seen.wait_for(4)
     assert seen.ends == ["rst"] * 4
 
 
@@ -283,12 +285,9 @@ async def test_an_upstream_reset_mid_answer_is_an_rst_stream_for_that_stream(
         await trio.sleep(0.05)
         reset(stream)
 
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(reset_after_head, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
-            client = await H2Client.connect(running.proxy_port, ca)
-            stream_id = await client.post("/x")
-            await client.until(client.all_over)
+    async with h2_proxy(tmp_path, reset_after_head) as (_running, client):
+        stream_id = await client.post("/x")
+        await client.until(client.all_over)
     answer = client.answers[stream_id]
     assert answer.data == b"hello" and answer.reset == 0x2 and not answer.ended
 
@@ -301,30 +300,22 @@ async def test_an_upstream_that_closes_cleanly_mid_chunked_body_is_still_a_reset
         await stream.send_all(chunked_response(SSE)[0] + b"5\r\nhello\r\n")
         await stream.aclose()
 
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(close_early, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
-            client = await H2Client.connect(running.proxy_port, ca)
-            stream_id = await client.post("/x")
-            await client.until(client.all_over)
+    async with h2_proxy(tmp_path, close_early) as (_running, client):
+        stream_id = await client.post("/x")
+        await client.until(client.all_over)
     assert client.answers[stream_id].reset == 0x2  # never a clean END_STREAM on half an answer
 
 
 async def test_a_clean_end_of_an_h2_connection_leaves_no_stream_running(tmp_path: Path) -> None:
     seen = Seen()
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(
-            streaming_upstream(seen), tls=TlsOptions(ca_dir=str(tmp_path))
-        ) as running:
-            client = await H2Client.connect(running.proxy_port, ca)
-            await client.post("/x")
-            await client.until(client.all_over)
-            client.conn.close_connection()
-            await client.flush()
-            await client.stream.aclose()
-            while running.server.active:
-                await trio.sleep(0.01)
+    async with h2_proxy(tmp_path, streaming_upstream(seen)) as (running, client):
+        await client.post("/x")
+        await client.until(client.all_over)
+        client.conn.close_connection()
+        await client.flush()
+        await client.stream.aclose()
+        while running.server.active:
+            await trio.sleep(0.01)
     assert running.server.active == 0 and seen.ends == ["closed"]
 
 
@@ -377,23 +368,18 @@ async def test_a_request_body_larger_than_the_initial_window_arrives_whole(
 
 async def test_shutdown_resets_an_http2_connection_and_its_open_streams(tmp_path: Path) -> None:
     seen = Seen()
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(
-            streaming_upstream(seen, forever=True), tls=TlsOptions(ca_dir=str(tmp_path))
-        ) as running:
-            client = await H2Client.connect(running.proxy_port, ca)
-            for n in range(2):
-                await client.post(f"/{n}")
-            await client.until(
-                lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
-            )
-            await running.server.shutdown(grace=0.05)
-            await seen.wait_for(2)
-            assert running.server.active == 0
-            with pytest.raises(trio.BrokenResourceError):
-                while await client.stream.receive_some(65536):
-                    pass
+    async with h2_proxy(tmp_path, streaming_upstream(seen, forever=True)) as (running, client):
+        for n in range(2):
+            await client.post(f"/{n}")
+        await client.until(
+            lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
+        )
+        await running.server.shutdown(grace=0.05)
+        await seen.wait_for(2)
+        assert running.server.active == 0
+        with pytest.raises(trio.BrokenResourceError):
+            while await client.stream.receive_some(65536):
+                pass
     assert seen.ends == ["rst", "rst"]
     assert running.server.reset_at_shutdown >= 1
 
