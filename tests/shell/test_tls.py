@@ -22,7 +22,7 @@ from middlebox.core.stream import Direction
 from middlebox.scenario.model import Scenario, TlsOptions
 from middlebox.shell.server import Address, ProxyServer, listen
 from middlebox.shell.tls import LocalCA, loopback_pair, server_context, upstream_context
-from tests.harness import proxied, read_all, reset
+from tests.harness import Handler, proxied, read_all, reset
 
 RESPONSE = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
@@ -209,7 +209,8 @@ async def test_an_upstream_reset_reaches_the_tls_client_as_a_reset_not_a_clean_e
             assert (body, end) == (RESPONSE[:60], "rst")
 
 
-async def test_the_tls_clients_close_reaches_the_upstream_as_a_fin(tmp_path: Path) -> None:
+def recording_upstream() -> tuple[list[tuple[bytes, str]], trio.Event, Handler]:
+    """An upstream that notes what one connection sent and how it ended ("fin"/"rst")."""
     seen: list[tuple[bytes, str]] = []
     done = trio.Event()
 
@@ -217,6 +218,11 @@ async def test_the_tls_clients_close_reaches_the_upstream_as_a_fin(tmp_path: Pat
         seen.append(await read_all(stream))
         done.set()
 
+    return seen, done, record
+
+
+async def test_the_tls_clients_close_reaches_the_upstream_as_a_fin(tmp_path: Path) -> None:
+    seen, done, record = recording_upstream()
     ca = LocalCA.load_or_create(tmp_path)
     with trio.fail_after(10):
         async with proxied(record, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
@@ -228,13 +234,7 @@ async def test_the_tls_clients_close_reaches_the_upstream_as_a_fin(tmp_path: Pat
 
 
 async def test_the_tls_clients_reset_reaches_the_upstream_as_a_reset(tmp_path: Path) -> None:
-    seen: list[tuple[bytes, str]] = []
-    done = trio.Event()
-
-    async def record(stream: trio.SocketStream) -> None:
-        seen.append(await read_all(stream))
-        done.set()
-
+    seen, done, record = recording_upstream()
     ca = LocalCA.load_or_create(tmp_path)
     with trio.fail_after(10):
         async with proxied(record, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
