@@ -108,7 +108,9 @@ CLIENT_FACTS: dict[str, ClientFacts] = {
         },
     ),
     "browser-eventsource": ClientFacts(
-        "chromium", "chromium", "none", "reconnects after errors (at most 5 in a row here)",
+        "chromium", "chromium", "none",
+        "reconnects after errors (at most 5 in a row here); GET only: needs a resumable "
+        "server's stream, else an error",
         "Last-Event-ID (EventSource's own)",
         {
             "silent_truncation": "close on [DONE] only and treat other ends as errors",
@@ -130,8 +132,10 @@ CLIENT_FACTS: dict[str, ClientFacts] = {
         },
     ),
     "node-eventsource": ClientFacts(
-        "eventsource", "node", "none", "reconnects (server retry: or 3 s)",
-        "Last-Event-ID (its own reconnect)",
+        "eventsource", "node", "none",
+        "reconnects after any end but [DONE] (3 s, or the server's retry:), re-sending the "
+        "POST: a new answer appended; none after a non-200",
+        "Last-Event-ID (its own reconnect), with X-Stream-Id when the server named one",
         {
             "silent_truncation": "close on [DONE] only and treat other ends as errors",
             "hang": "a stall timer that closes the EventSource and reconnects",

@@ -28,6 +28,18 @@ LEGEND = (
     "was still importing its library (litellm takes 10-15 s on a loaded 2-core machine)."
 )
 
+# What a column's cells mean beyond the verdicts: the libraries whose behaviour on an
+# OpenAI-compatible endpoint needs a sentence (docs/clients.md has the long form).
+CLIENT_NOTES = (
+    "`browser-eventsource`: a browser's EventSource only GETs (no method, body or headers "
+    "of its own), so the page POSTs and follows the answer only where a resumable server "
+    "names it (X-Stream-Id, GET /v1/streams/{id}); every other server is an error, pinned "
+    "as such in each scenario (wifi-to-lte-resume is the resumable one). "
+    "`node-eventsource`: the eventsource package POSTs through its `fetch` option and is "
+    "closed on [DONE]; any other end of a response, clean or broken, is a lost connection "
+    "to an EventSource, so 3 s later it asks again and appends a new answer (REDRAWN)."
+)
+
 
 def _escape(text: str) -> str:
     return text.replace("|", "\\|")
@@ -56,15 +68,18 @@ def compatibility_markdown(matrix: dict[str, Any]) -> str:
         "",
         "## Clients and their defaults",
         "",
-        "| client | library and version | timeout | retries | resume |",
-        "|---|---|---|---|---|",
+        "| client | library and version | timeout | retries | resume | measured |",
+        "|---|---|---|---|---|---|",
     ]
     for client in clients:
         lines.append(
             f"| `{client['name']}` | {_escape(_version(client))} | {_escape(client['timeout'])} "
-            f"| {_escape(client['retries'])} | {_escape(client['resume'])} |"
+            f"| {_escape(client['retries'])} | {_escape(client['resume'])} "
+            f"| {_escape(client.get('ran') or '?')} |"
         )
-    lines += ["", "## Verdicts", "", LEGEND, ""]
+    lines += ["", "## Verdicts", "", LEGEND, "", CLIENT_NOTES, ""]
+    if matrix.get("notes"):
+        lines += [matrix["notes"], ""]
     header = " | ".join(f"`{c['name']}` ({_escape(_version(c))})" for c in clients)
     lines += [f"| scenario | {header} |", "|---|" + "---|" * len(clients)]
     for scenario in matrix["scenarios"]:

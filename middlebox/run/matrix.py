@@ -124,10 +124,13 @@ def prepare(name: str) -> None:
         launch.ensure_installed()
 
 
-def client_row(name: str) -> dict[str, Any]:
+def client_row(name: str, ran: str = "") -> dict[str, Any]:
+    """The client's library, version and defaults; `ran` says when its column was measured
+    (an --update keeps older columns, so the page says which run each came from)."""
     facts = CLIENT_FACTS.get(name, ClientFacts("?", "?", "?", "?", "?"))
     return {
         "name": name,
+        "ran": ran,
         "library": facts.library,
         "version": client_version(name, facts),
         "runtime": facts.runtime,
@@ -190,17 +193,22 @@ def run_matrix(
         print(f"matrix: [{number}/{len(groups)}] {', '.join(group)}", file=sys.stderr, flush=True)
         for name in group:
             prepare(name)
-        suite = run_suite(
-            targets, client_names=group, jobs=jobs, report_dir=report_dir / "-".join(group)
-        )
-        document = suite.document()
+        started = datetime.datetime.now(datetime.UTC)
+        # No report_dir: the full reports draw a timeline PNG per scenario and client,
+        # minutes per batch on a loaded machine for a page the matrix does not need; the
+        # batch's report.json is kept (journals stay in the run's scratch folder).
+        document = run_suite(targets, client_names=group, jobs=jobs).document()
+        batch_dir = report_dir / "-".join(group)
+        batch_dir.mkdir(parents=True, exist_ok=True)
+        (batch_dir / "report.json").write_text(json.dumps(document, indent=1))
         for scenario in document["scenarios"]:
             if scenario["name"] not in scenarios:
                 scenarios.append(scenario["name"])
+        ran = f"{started:%Y-%m-%d %H:%M}-{datetime.datetime.now(datetime.UTC):%H:%M} UTC"
         for name in group:
             # an update over some scenarios keeps the client's other rows
             cells[name] = {**earlier_cells.get(name, {}), **cells_of(document, name)}
-            rows.append(client_row(name))
+            rows.append(client_row(name, ran))
         on_client(matrix_document(targets, jobs, rows, scenarios, cells))
     return matrix_document(targets, jobs, rows, scenarios, cells)
 

@@ -8,8 +8,9 @@ hash like `.venv`'s stamp, then becomes `node DRIVER.mjs`. The drivers share the
 
 - `node-openai`: the official `openai` package (`openai_sdk.mjs`);
 - `node-ai-sdk`: the Vercel AI SDK, `streamText` over `@ai-sdk/openai-compatible` (`ai_sdk.mjs`);
-- `node-eventsource`: the `eventsource` package following a resumable server's stream, which
-  reconnects with `Last-Event-ID` by itself (`eventsource_reader.mjs`);
+- `node-eventsource`: the `eventsource` package POSTing the request through its `fetch`
+  option, closed on `[DONE]`; any other end makes it reconnect and ask again, with
+  `Last-Event-ID` (`eventsource_reader.mjs`);
 - `node-fetch-event-source`: `@microsoft/fetch-event-source` (`fetch_event_source.mjs`);
 - `node-fetch-naive`: fetch() decoding each read with `new TextDecoder().decode(chunk)`,
   without `{stream: true}`: the mojibake producer (`fetch_naive.mjs`).
