@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 Endpoint = Literal["chat", "completions"]
 
@@ -365,6 +365,29 @@ def run_client(
         return 1
     write_result(env.result_path, name, records)
     return 0
+
+
+def run_client_and_leave(name: str, session: Session) -> NoReturn:
+    """`run_client`, then leave at once (`os._exit`) once the result is written.
+
+    For the heavy libraries (LangChain, LiteLLM): their exit hooks (background logging and
+    telemetry workers) can hold the interpreter for tens of seconds, which the runner
+    would count against the scenario's bound as a hang the user never saw."""
+    code = run_client(name, session)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def split_options(body: Mapping[str, Any], named: set[str], consumed: set[str]) -> dict[str, Any]:
+    """Keyword arguments for a library call from a request body: the fields the library
+    names itself as they are, the ones the call consumes left out, the rest sent as
+    `extra_body` (the openai SDK's way through, which LangChain and LiteLLM pass on)."""
+    options = {k: v for k, v in body.items() if k in named}
+    extra = {k: v for k, v in body.items() if k not in named | consumed}
+    if extra:
+        options["extra_body"] = extra
+    return options
 
 
 # ---------------------------------------------------------------------------------------

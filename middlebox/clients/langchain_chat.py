@@ -16,8 +16,6 @@ The completions endpoint uses `langchain_openai.OpenAI`, the same way.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,7 +29,8 @@ from middlebox.clients.contract import (
     Recorder,
     RequestSpec,
     apply_chunk,
-    run_client,
+    run_client_and_leave,
+    split_options,
 )
 
 # body fields ChatOpenAI / OpenAI take as constructor arguments of the same name
@@ -42,11 +41,7 @@ CALL = {"messages", "prompt", "stream", "stream_options"}
 
 def model_options(body: dict[str, Any]) -> dict[str, Any]:
     """Constructor arguments for the workload's request body."""
-    options = {k: v for k, v in body.items() if k in NAMED}
-    extra = {k: v for k, v in body.items() if k not in NAMED | CALL}
-    if extra:
-        options["extra_body"] = extra
-    return options
+    return split_options(body, NAMED, CALL)
 
 
 def usage_of(metadata: Any) -> dict[str, Any] | None:
@@ -96,15 +91,9 @@ async def session(env: ClientEnv) -> AsyncIterator[Handler]:
     yield handle
 
 
-def main() -> int:
-    code = run_client("langchain-openai", session)
-    # The result is written: leave now. The library's exit hooks (background logging
-    # and telemetry workers) can hold the interpreter for tens of seconds, which the
-    # runner would count against the scenario's bound as a hang the user never saw.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+def main() -> None:
+    run_client_and_leave("langchain-openai", session)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

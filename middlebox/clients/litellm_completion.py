@@ -18,7 +18,6 @@ proxy.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -35,7 +34,8 @@ from middlebox.clients.contract import (
     apply_chunk,
     chunk_info,
     non_stream_info,
-    run_client,
+    run_client_and_leave,
+    split_options,
 )
 
 # OpenAI body fields litellm takes as keyword arguments of the same name
@@ -47,11 +47,8 @@ CALL = {"model", "messages", "prompt", "stream"}
 
 
 def call_options(body: dict[str, Any]) -> dict[str, Any]:
-    options = {k: v for k, v in body.items() if k in NAMED}
-    extra = {k: v for k, v in body.items() if k not in NAMED | CALL}
-    if extra:
-        options["extra_body"] = extra
-    return options
+    """Keyword arguments of the call for the workload's request body."""
+    return split_options(body, NAMED, CALL)
 
 
 def as_dict(obj: Any) -> Any:
@@ -83,15 +80,9 @@ async def session(env: ClientEnv) -> AsyncIterator[Handler]:
     yield handle
 
 
-def main() -> int:
-    code = run_client("litellm", session)
-    # The result is written: leave now. The library's exit hooks (background logging
-    # and telemetry workers) can hold the interpreter for tens of seconds, which the
-    # runner would count against the scenario's bound as a hang the user never saw.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+def main() -> None:
+    run_client_and_leave("litellm", session)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -375,3 +375,51 @@ def test_the_resilient_client_pins_one_seed_per_logical_request_so_a_restart_red
     own = RequestSpec(index=3, endpoint="chat", body={**spec.body, "seed": 42})
     assert resilient.with_pinned_seed(own).body["seed"] == 42  # the caller's seed is kept
     assert "seed" not in spec.body  # the workload itself is not changed
+
+
+def test_split_options_keeps_named_fields_and_sends_the_rest_as_extra_body() -> None:
+    from middlebox.clients.contract import split_options
+
+    body = {"model": "m", "messages": [], "max_tokens": 5, "top_k": 3, "ignore_eos": True}
+    assert split_options(body, {"max_tokens"}, {"model", "messages"}) == {
+        "max_tokens": 5,
+        "extra_body": {"top_k": 3, "ignore_eos": True},
+    }
+    assert split_options({"max_tokens": 5}, {"max_tokens"}, set()) == {"max_tokens": 5}
+
+
+LINGERING_CLIENT = """
+import sys, threading, time
+from contextlib import asynccontextmanager
+from middlebox.clients.contract import run_client_and_leave
+
+@asynccontextmanager
+async def session(env):
+    async def handle(spec, rec):
+        rec.attempts += 1
+    yield handle
+
+# a library's exit hook: a non-daemon worker the interpreter would wait 60 s for
+threading.Thread(target=time.sleep, args=(60,)).start()
+run_client_and_leave("lingering", session)
+"""
+
+
+def test_run_client_and_leave_exits_once_the_result_is_written(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "w.json").write_text(json.dumps({"requests": [{"index": 0, "body": {}}]}))
+    environ = {
+        **os.environ,
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "MIDDLEBOX_WORKLOAD": str(tmp_path / "w.json"),
+        "MIDDLEBOX_RESULT": str(tmp_path / "r.json"),
+    }
+    # bounded: without os._exit the worker would hold the process for 60 s
+    done = subprocess.run(
+        [sys.executable, "-c", LINGERING_CLIENT], env=environ, timeout=30, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+    (entry,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert (entry["index"], entry["attempts"], entry["error"]) == (0, 1, None)
