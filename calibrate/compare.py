@@ -116,11 +116,14 @@ def abandon_measures(reads: Reads, decoded: Decoded, ledger: dict[str, Any]) -> 
                 "client_tokens": decoded.tokens}  # fmt: skip
     learned = ledger.get("aborted_at") or ledger.get("disconnected_at")
     after = sum(1 for t in ledger.get("token_times", []) if t > closed)
+    last_read = reads.times[-1] if reads.times else 0.0
     return {
         "client": "abandoned",
         "abandon_latency": None if learned is None else max(0.0, learned - closed),
         "abandon_tokens": after,
         "client_tokens": decoded.tokens,
+        # seconds from the read that gave it its tokens to the close (the client's own lag)
+        "client_delay": max(0.0, (reads.ended_at or last_read) - last_read),
     }
 
 

@@ -102,18 +102,28 @@ def calibrate_grid(
 
 
 def retake(shapes: list[Shape], rows: list[compare.Row]) -> list[Shape]:
-    """The stream shapes (not the cancelling ones) with a measure outside its tolerance:
-    taken again on both sides (docs/calibration.md, "Load")."""
+    """The shapes with a measure outside its tolerance: taken again on both sides
+    (docs/calibration.md, "Load")."""
     failed = {row.preset.split(" @ ", 1)[1] for row in rows if not row.ok}
-    return [shape for shape in shapes if shape.name in failed and shape.cancel is None]
+    return [shape for shape in shapes if shape.name in failed]
+
+
+def disturbance(take: dict[str, Any]) -> tuple[float, ...]:
+    """How much the machine disturbed one take (smaller is cleaner), judged on the take
+    alone. A stream: fewer token events first (a take that lost the stream, say to a port
+    another process took, is no cleaner for its lack of gaps), then the largest gap, which
+    a stall only ever adds to. A cancelling client: how long it took to close after its
+    last read (a client late under load closes onto the next burst and resets)."""
+    if "largest_gap" in take:
+        return (-float(take.get("tokens") or 0), float(take["largest_gap"]))
+    return (float(take.get("client_delay") or 0.0),)
 
 
 def least_disturbed(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
-    """Of two takes of one shape through one side, the one with the smaller largest gap,
-    chosen on each side alone (never by agreement): a stall of this shared machine only
-    adds a gap, and splits or merges bursts with it, while what a proxy holds shows in
-    both takes. The result says it was taken twice."""
-    kept = min((first, second), key=lambda take: take["largest_gap"])
+    """Of two takes of one shape through one side, the less disturbed, chosen on each side
+    alone (never by agreement): what a proxy holds shows in both takes. The result says
+    it was taken twice."""
+    kept = min((first, second), key=disturbance)
     return {**kept, "takes": 2}
 
 

@@ -175,12 +175,13 @@ STREAM_TAKES = 2  # the emulator stream is taken twice on each side; the less di
 
 
 def least_disturbed(takes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Of several takes of one stream through one side, the one with the smallest largest
-    gap. A stall of this shared machine (another engineer's job taking both cores) only
-    ever adds a gap and, on the emulator, merges late tokens into fewer bursts (grid run 2:
-    the pass-through Caddy at 0.343 s and 46 bursts against 0.104 s and 60); a proxy's own
+    """Of several takes of one stream through one side, the least disturbed
+    (grid.disturbance: the most token events, then the smallest largest gap). A stall of
+    this shared machine (another engineer's job taking both cores) only ever adds a gap
+    and, on the emulator, merges late tokens into fewer bursts (grid run 2: the
+    pass-through Caddy at 0.343 s and 46 bursts against 0.104 s and 60); a proxy's own
     holding shows in every take. Chosen alike on both sides, as the bench takes its best."""
-    return min(takes, key=lambda take: take["largest_gap"])
+    return min(takes, key=grid.disturbance)
 
 
 def measure(port: int, upstream: int, tag: str) -> dict[str, Any]:

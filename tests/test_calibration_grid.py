@@ -193,28 +193,45 @@ def test_an_upstream_without_usage_leaves_the_event_count() -> None:
 
 
 def test_of_two_takes_the_one_with_the_smaller_largest_gap_counts() -> None:
-    stalled = {"largest_gap": 0.343, "bursts": 46}
-    clean = {"largest_gap": 0.104, "bursts": 60}
+    stalled = {"largest_gap": 0.343, "bursts": 46, "tokens": 60}
+    clean = {"largest_gap": 0.104, "bursts": 60, "tokens": 60}
     assert suite.least_disturbed([stalled, clean]) is clean
     assert suite.least_disturbed([clean, stalled]) is clean
     assert suite.STREAM_TAKES == 2
 
 
-def test_only_a_disagreeing_stream_shape_is_taken_again() -> None:
+def test_only_a_disagreeing_shape_is_taken_again() -> None:
     stream_shape, cancel_shape = SHAPES["250B-20ms"], SHAPES["cancel-fin"]
     real = {"250B-20ms": {"bursts": 60}, "cancel-fin": {"abandon_tokens": 0}}
     mine = {"250B-20ms": {"bursts": 40}, "cancel-fin": {"abandon_tokens": 9}}
     rows = compare_grid("p", real, mine)
-    assert retake([stream_shape, cancel_shape], rows) == [stream_shape]
+    assert retake([stream_shape, cancel_shape], rows) == [stream_shape, cancel_shape]
     agreeing = compare_grid("p", real, {**mine, "250B-20ms": {"bursts": 60}})
-    assert retake([stream_shape, cancel_shape], agreeing) == []
+    assert retake([stream_shape, cancel_shape], agreeing) == [cancel_shape]
+    assert retake([stream_shape, cancel_shape], compare_grid("p", real, real)) == []
 
 
 def test_each_side_keeps_its_take_with_the_smaller_gap_whatever_the_other_side_did() -> None:
-    stalled = {"largest_gap": 0.186, "bursts": 70}
-    clean = {"largest_gap": 0.039, "bursts": 98}
+    stalled = {"largest_gap": 0.186, "bursts": 70, "tokens": 100}
+    clean = {"largest_gap": 0.039, "bursts": 98, "tokens": 100}
     assert least_disturbed(stalled, clean) == {**clean, "takes": 2}
     assert least_disturbed(clean, stalled) == {**clean, "takes": 2}
+    # A take that lost the stream has no gaps and is still not the cleaner one.
+    lost = {"largest_gap": 0.0, "bursts": 1, "tokens": 0}
+    assert least_disturbed(lost, stalled) == {**stalled, "takes": 2}
+    # A cancelling client: the take where it closed sooner after its last read.
+    late = {"abandon_latency": 0.006, "abandon_tokens": 1, "client_delay": 0.2}
+    prompt = {"abandon_latency": 0.24, "abandon_tokens": 12, "client_delay": 0.001}
+    assert least_disturbed(late, prompt) == {**prompt, "takes": 2}
     rows = compare_grid("p", {"s": {"bursts": 60}}, {"s": {"bursts": 60}})
     assert "| p @ s (2 takes) |" in render_grid(rows, frozenset({"p @ s"}))
     assert "| p @ s |" in render_grid(rows)
+
+
+def test_a_cancelling_clients_delay_is_from_its_last_read_to_its_close() -> None:
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    reads = Reads(sent_at=0.0, times=[0.1, 0.3], sizes=[len(head), 0], data=bytearray(head))
+    reads.end, reads.ended_at, reads.closed_wall = "abandoned", 0.35, 1.0
+    measured = compare.abandon_measures(reads, probe.decode(reads), {"token_times": [1.1]})
+    assert measured["client_delay"] == pytest.approx(0.05)
+    assert measured["abandon_tokens"] == 1
