@@ -300,6 +300,29 @@ class Run:
     by_name: dict[str, dict[str, Any]]
 
 
+def assert_left_after_three_tokens(run: Run) -> None:
+    """The "slow" request (abandon_after_tokens 3): three pieces shown, then the client
+    closed: the server's writes fail once it has (its kernel answers with RST), long
+    before the stream's end."""
+    r = run.by_name["slow"]
+    assert (r["abandoned"], r["error"]) == (True, None)
+    assert [piece for _, piece in r["chunks"]] == [" t0", " t1", " t2"]
+    gone = run.server.first_note("slow")["gone_after_token"]
+    assert gone is not None and gone < SLOW_TOKENS - 10
+
+
+def assert_left_after_a_second_of_silence(run: Run) -> None:
+    """The "hang" request (abandon_after_seconds 1): one attempt, left after 1 s, the
+    connection closed; bounds loose enough for a loaded 2-core machine, far below the
+    server's 10 s silence."""
+    r = run.by_name["hang"]
+    assert (r["abandoned"], r["error"], r["attempts"]) == (True, None, 1)
+    assert CUT.startswith(r["text"])  # all of it, unless this machine is very busy
+    assert 0.99 <= r["ended_at"] - r["started_at"] < 4.0
+    closed_at = run.server.first_note("hang")["closed_at"]
+    assert closed_at is not None and closed_at - r["started_at"] < 4.0
+
+
 class Started:
     """A client process running a workload against its own wire server."""
 
@@ -539,26 +562,14 @@ def test_a_character_split_across_writes_is_never_shown_as_mojibake(
 def test_abandoning_after_three_tokens_stops_reading_and_closes_the_connection(
     runs: dict[str, Run], client: str
 ) -> None:
-    r = entry(runs, client, "slow")
-    assert (r["abandoned"], r["error"]) == (True, None)
-    assert [piece for _, piece in r["chunks"]] == [" t0", " t1", " t2"]
-    # The server's writes fail once the client has closed (its kernel answers with RST),
-    # long before the stream's end.
-    gone = runs[client].server.first_note("slow")["gone_after_token"]
-    assert gone is not None and gone < SLOW_TOKENS - 10
+    assert_left_after_three_tokens(runs[client])
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_abandoning_after_a_second_of_silence_closes_the_connection_promptly(
     runs: dict[str, Run], client: str
 ) -> None:
-    r = entry(runs, client, "hang")
-    assert (r["abandoned"], r["error"], r["attempts"]) == (True, None, 1)
-    assert CUT.startswith(r["text"])  # all of it, unless this machine is very busy
-    # Bounds loose enough for a loaded 2-core machine, far below the server's 10 s silence.
-    assert 0.99 <= r["ended_at"] - r["started_at"] < 4.0
-    closed_at = runs[client].server.first_note("hang")["closed_at"]
-    assert closed_at is not None and closed_at - r["started_at"] < 4.0
+    assert_left_after_a_second_of_silence(runs[client])
 
 
 def test_the_example_client_in_the_docs_follows_the_contract(runs: dict[str, Run]) -> None:
