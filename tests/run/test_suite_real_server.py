@@ -1,6 +1,6 @@
 """`--upstream` against a real vLLM: what the suite asks it for and how it judges what it
 sent (suite.real_body_extra, suite.paced with merged frames, upstream.pace,
-suite.at_server_lumpiness)."""
+suite.at_server_lumpiness, suite.decoding_ms_per_token)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from middlebox.compose import load
-from middlebox.run.score import Check, evaluate_expect
+from middlebox.run.score import Check, UpstreamExchange, evaluate_expect
 from middlebox.run.suite import (
     FRAME_MARGIN,
     REAL_BODY_EXTRA,
     SERVER_TOKENS_PER_BURST,
     arrivals,
     at_server_lumpiness,
+    decoding_ms_per_token,
     paced,
     real_body_extra,
 )
@@ -138,3 +139,20 @@ def test_a_max_on_tokens_per_burst_is_judged_against_the_servers_own_lumps() -> 
     # a min (a buffering hop shown) is not converted
     floor = [Check("client.tokens_per_burst", "min", 4, 5.0, True)]
     assert at_server_lumpiness(floor, metrics) == floor
+
+
+def exchange(*times: float) -> UpstreamExchange:
+    return UpstreamExchange(body="", sent_at=0.0, status=200, text="", finished=False,
+                            token_times=times)  # fmt: skip
+
+
+def test_the_decoding_pace_is_the_clients_own_generations_first_to_last_frame() -> None:
+    # 21 tokens from 1.0 s to 1.2 s: 20 steps of 10 ms, whatever the probe said before
+    assert decoding_ms_per_token([exchange(1.0, 1.05, 1.2)], 21) == 10.0
+    # two generations: spans and steps add up (0.2 s + 0.1 s over 20 + 10 steps)
+    assert decoding_ms_per_token([exchange(1.0, 1.2), exchange(2.0, 2.1)], 32) == 10.0
+    # one frame, no tokens, or no time between frames: unknown
+    assert decoding_ms_per_token([exchange(1.0)], 21) is None
+    assert decoding_ms_per_token([exchange(1.0, 1.2)], 1) is None
+    assert decoding_ms_per_token([exchange(1.0, 1.0)], 21) is None
+    assert decoding_ms_per_token([], 0) is None
