@@ -448,7 +448,6 @@ class PathFraming:
         up, down = Direction.UPSTREAM, Direction.DOWNSTREAM
         # up_at[p] / down_at[p]: the stream at place p (between faults p-1 and p).
         self.up_at: list[FramedStream] = []
-        self.down_at: list[FramedStream] = [FramedStream(down)] * (size + 1)
         stream = FramedStream(up)
         self.up_at.append(stream)
         self.fed_after: dict[tuple[int, Direction], FramedStream] = {}
@@ -458,14 +457,17 @@ class PathFraming:
                 if up not in publishes[index]:
                     self.fed_after[(index, up)] = stream
             self.up_at.append(stream)
+        # Built server side first, then put in place order (each place's stream made
+        # once: a placeholder list would frame a stream nobody reads, per connection).
         stream = FramedStream(down)
-        self.down_at[size] = stream
+        down_from_server = [stream]
         for index in reversed(range(size)):
             if down in changes[index]:
                 stream = FramedStream(down, frames=down not in publishes[index])
                 if down not in publishes[index]:
                     self.fed_after[(index, down)] = stream
-            self.down_at[index] = stream
+            down_from_server.append(stream)
+        self.down_at: list[FramedStream] = down_from_server[::-1]
         # A response stream takes its request methods from the request stream where it
         # enters (its server-most place); a request stream its tunnel from the response
         # stream where it enters (its client-most place).

@@ -19,6 +19,12 @@ class Direction(enum.Enum):
     UPSTREAM = "upstream"
     DOWNSTREAM = "downstream"
 
+    # Enum's own __hash__ is a Python call (hash of the name) on every dict or set
+    # lookup keyed by a direction: the pipeline's routing does several per item, and its
+    # setup dozens per connection. Members are singletons compared by identity, so the
+    # identity hash agrees with ==, at C speed.
+    __hash__ = object.__hash__
+
     @property
     def opposite(self) -> Direction:
         return Direction.DOWNSTREAM if self is Direction.UPSTREAM else Direction.UPSTREAM

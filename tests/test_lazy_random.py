@@ -1,0 +1,65 @@
+"""A pipeline's faults get generators that seed on their first draw (setup cost), and draw
+exactly what `random.Random(seed)` would, so every seeded replay is unchanged."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from faults.latency import Latency
+from middlebox.core.fault import FaultContext, LazyRandom, Pipeline
+
+
+def draws(rng: random.Random) -> list[object]:
+    return [
+        rng.random(),
+        rng.uniform(1, 9),
+        rng.randint(0, 100),
+        rng.choice("abcdef"),
+        rng.getrandbits(64),
+        rng.gauss(0, 1),
+        rng.randrange(10**30),
+        rng.sample(range(100), 5),
+        rng.expovariate(2.0),
+        rng.random(),
+    ]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2**64 - 1])
+def test_a_lazy_generator_draws_what_random_random_draws(seed: int) -> None:
+    assert draws(LazyRandom(seed)) == draws(random.Random(seed))
+
+
+@pytest.mark.parametrize("first", ["random", "getrandbits", "choice", "getstate"])
+def test_whatever_comes_first_seeds_it_and_the_rest_follows_random_random(first: str) -> None:
+    lazy, eager = LazyRandom(99), random.Random(99)
+    if first == "getrandbits":
+        assert lazy.getrandbits(7) == eager.getrandbits(7)
+    elif first == "choice":
+        assert lazy.choice(range(1000)) == eager.choice(range(1000))
+    elif first == "getstate":
+        assert lazy.getstate() == eager.getstate()
+    else:
+        assert lazy.random() == eager.random()
+    assert draws(lazy) == draws(eager)
+
+
+def test_it_is_not_seeded_until_it_draws_and_reseeding_or_a_state_replaces_the_seed() -> None:
+    lazy = LazyRandom(5)
+    assert lazy._seed_later == 5
+    lazy.seed(6)
+    assert lazy._seed_later is None and draws(lazy) == draws(random.Random(6))
+    other = LazyRandom(7)
+    other.setstate(random.Random(8).getstate())
+    assert draws(other) == draws(random.Random(8))
+
+
+def test_a_pipeline_binds_each_fault_with_a_lazy_generator_seeded_in_path_order() -> None:
+    faults = [Latency(delay=0.01, jitter=0.005) for _ in range(3)]
+    Pipeline(faults).bind(FaultContext(rng=random.Random("7:1")))
+    seeds = random.Random("7:1")
+    for fault in faults:
+        assert isinstance(fault.rng, LazyRandom)
+        assert fault.rng._seed_later is not None  # nothing drew yet: nothing seeded
+        assert draws(fault.rng) == draws(random.Random(seeds.getrandbits(64)))
