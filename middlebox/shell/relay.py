@@ -1,9 +1,10 @@
 """The per-connection relay: the thin trio shell around a pure fault pipeline.
 
-Two sockets (client, upstream), each read by one task and written by one task, and
-a timer task that wakes the pipeline at its deadline. Every pipeline call happens
-synchronously between awaits, so the pipeline is only ever driven by one piece of
-code at a time and its faults need no locks (the design's "one driver").
+Two sockets (client, upstream), read by the process's read hub (or, without one, a task
+each) and written at once or by a writer task when a socket would block, and the
+pipeline woken at its deadline by the hub's deadline heap (or a timer task). Every
+pipeline call happens synchronously between awaits, so the pipeline is only ever driven
+by one piece of code at a time and its faults need no locks (the design's "one driver").
 
 The hot path is the anchors' fastest trio variant (shared/reference/
 performance-anchors.md): raw non-blocking sockets, `recv`/`send` tried first and
@@ -17,12 +18,18 @@ are started only when first needed (a socket that would block, a fault that asks
 deadline), so a pass-through connection runs two tasks, not five; and with an empty
 pipeline, whose `on_item` is the identity and which never pauses reading or sets a
 deadline, a chunk read goes straight to the other side's outbox without being wrapped
-in an item and routed, while ends still go through the pipeline. Pass-through
-connections are also read by one `ReadHub` per process instead of a reader task per
-socket: the hub waits on its own epoll set (registered once per socket, level-
-triggered, so no re-arm per read) and, when sockets are readable, runs their reads
-synchronously in one task wake-up, the way an asyncio protocol or nginx's event loop
-handles readiness; it halved the CPU per frame of a loaded pass-through relay.
+in an item and routed, while ends still go through the pipeline. Every connection, faulted
+or not, is also read by one `ReadHub` per process instead of a reader task per socket: the
+hub waits on its own epoll set (registered once per socket, level-triggered, so no re-arm
+per read) and, when sockets are readable, runs their reads (and the pipeline's call for
+each) synchronously in one task wake-up, the way an asyncio protocol or nginx's event loop
+handles readiness; it halved the CPU per frame of a loaded pass-through relay. A fault
+that holds items until a time (latency, a reaper's deadline, pacing) says so through
+`deadline()`, and that deadline goes on the hub's one deadline heap (nginx's timer tree,
+with its lazy re-arm: a deadline that only moves later keeps its entry), served by the
+same wait as readiness, so a faulted connection starts no reader or timer task either.
+Only without an fd for the hub's epoll (EMFILE) does a connection fall back to a reader
+task per socket and a timer task.
 
 The proxy's own nginx behaviour (header timeout, read timeout, faults/_proxy) is pure stages
 in the pipeline like any fault; the relay reads two flags of theirs (`ProxyStage`): a stage
@@ -70,7 +77,7 @@ _DRAINED, _MORE, _OVER = 0, 1, 2
 
 
 class ReadHub:
-    """Readiness for pass-through relays, one per trio run (see the module docstring).
+    """Readiness and deadlines for relays, one per trio run (see the module docstring).
 
     Sockets stay registered (EPOLLIN, level-triggered) while their relay reads them;
     a paused side is modified to no events and back, so data left unread fires again.
@@ -84,11 +91,12 @@ class ReadHub:
         self.callbacks: dict[int, Callable[[], None]] = {}
         self.users = 0
         self.scope = trio.CancelScope()
-        # The process's one deadline heap: (due, ticket, callback). An entry is live while
-        # `tickets[ticket]` is its callback; a relay whose deadline moves later keeps its
-        # entry (it fires early and re-arms, nginx's lazy timers), so a fault that pushes
-        # its deadline on every read (idle_reaper) costs no heap push per read.
-        self.timers: list[tuple[float, int, Callable[[], None]]] = []
+        # The process's one deadline heap: (due, ticket). An entry is live while its
+        # ticket is in `tickets` (which holds the callback, so a cancelled entry keeps no
+        # relay alive); a relay whose deadline moves later keeps its entry (it fires early
+        # and re-arms, nginx's lazy timers), so a fault that pushes its deadline on every
+        # read (idle_reaper) costs no heap push per read.
+        self.timers: list[tuple[float, int]] = []
         self.tickets: dict[int, Callable[[], None]] = {}
         self.next_ticket = 0
         self.waiting: trio.CancelScope | None = None
@@ -119,21 +127,28 @@ class ReadHub:
         ticket = self.next_ticket
         self.next_ticket += 1
         self.tickets[ticket] = callback
-        heapq.heappush(self.timers, (due, ticket, callback))
+        heapq.heappush(self.timers, (due, ticket))
         if self.waiting is not None and due < self.waiting.deadline:
             self.waiting.deadline = due  # the hub sleeps on a later one: wake it sooner
         return ticket
 
     def cancel(self, ticket: int) -> None:
         self.tickets.pop(ticket, None)
+        # Short connections with long deadlines (a 60 s reaper, thousands of connections
+        # a second) would fill the heap with dead entries: rebuild it once they are
+        # most of it, which keeps the cost per cancel constant on average.
+        if len(self.timers) > 64 and len(self.timers) > 2 * len(self.tickets):
+            self.timers = [entry for entry in self.timers if entry[1] in self.tickets]
+            heapq.heapify(self.timers)
 
     def _fire_due(self) -> None:
         timers, tickets = self.timers, self.tickets
         now = trio.current_time()
         due: list[Callable[[], None]] = []
         while timers and timers[0][0] <= now:
-            _, ticket, callback = heapq.heappop(timers)
-            if tickets.pop(ticket, None) is callback:
+            _, ticket = heapq.heappop(timers)
+            callback = tickets.pop(ticket, None)
+            if callback is not None:
                 due.append(callback)
         # Deadlines set by these callbacks wait for the next turn of the loop (which
         # yields to trio), so a fault that keeps asking for "now" cannot starve the run.

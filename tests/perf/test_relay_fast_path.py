@@ -10,6 +10,7 @@ import errno
 import os
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import trio
@@ -17,7 +18,7 @@ import trio
 import middlebox.shell.relay as relay_module
 from faults.latency import Latency
 from middlebox.core.fault import Fault, FaultContext, Pipeline
-from middlebox.core.stream import Direction
+from middlebox.core.stream import Direction, Eof, Item
 from middlebox.shell.relay import Relay
 
 
@@ -195,6 +196,48 @@ async def test_a_faulted_connection_is_read_by_the_hub_and_its_deadline_is_a_hea
         assert await receive_end(upstream) == "fin"
 
     await relay_between(Pipeline([Latency(delay=0.02)]), work)
+
+
+@dataclass
+class Reaper(Fault):
+    """idle_reaper's timing alone: its deadline moves 60 s past every item it sees."""
+
+    last: float = 0.0
+    ended: bool = False
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        self.last = now
+        self.ended = self.ended or isinstance(item, Eof)
+        return [item]
+
+    def deadline(self) -> float | None:
+        return self.last + 60.0 if self.last and not self.ended else None
+
+
+async def test_a_deadline_that_only_moves_later_keeps_one_heap_entry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheduled: list[float] = []
+    schedule = relay_module.ReadHub.schedule
+
+    def recording(hub: relay_module.ReadHub, due: float, callback: Callable[[], None]) -> int:
+        scheduled.append(due)
+        return schedule(hub, due, callback)
+
+    monkeypatch.setattr(relay_module.ReadHub, "schedule", recording)
+
+    async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
+        for n in range(20):
+            await send_all(upstream, b"data: %d\n\n" % n)
+            assert await receive_exactly(client, len(b"data: %d\n\n" % n))
+        # Twenty moves of the deadline, one entry: it fires early and re-arms then.
+        assert len(scheduled) == 1
+        upstream.shutdown(socket.SHUT_WR)
+        assert await receive_end(client) == "fin"
+        client.shutdown(socket.SHUT_WR)
+        assert await receive_end(upstream) == "fin"
+
+    await relay_between(Pipeline([Reaper()]), work)
 
 
 async def test_without_an_fd_for_the_hub_a_faulted_connection_uses_its_timer_task(
