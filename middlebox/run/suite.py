@@ -427,10 +427,8 @@ def real_server_score(run: ClientRun, metrics: dict[str, Any]) -> dict[str, Any]
     measured["client.tokens_per_burst"] = (
         measured["server.tokens_generated"] / bursts if bursts else 0.0
     )
-    # Tokens generated for nobody came mostly after the last frame the proxy read: left
-    # out, the pace errs slow, so the bound converted at it errs tight, never lenient.
-    measured[SERVER_MS_PER_TOKEN] = decoding_ms_per_token(
-        exchanges, measured["server.tokens_generated"] - measured["server.tokens_wasted"]
+    measured[SERVER_MS_PER_TOKEN] = sampled_ms_per_token(
+        run.samples, min(left.values(), default=None)
     )
     arrived = sum(len(arrivals(e.token_times)) for e in exchanges)
     measured[SERVER_TOKENS_PER_BURST] = (
@@ -440,23 +438,32 @@ def real_server_score(run: ClientRun, metrics: dict[str, Any]) -> dict[str, Any]
 
 
 SERVER_MS_PER_TOKEN = "server.ms_per_token"
-"""A real server's decoding pace during the client's own generations (`decoding_ms_per_token`)."""
+"""A real server's decoding pace during the client's own generations (`sampled_ms_per_token`)."""
 
 
-def decoding_ms_per_token(exchanges: Sequence[UpstreamExchange], tokens: int) -> float | None:
-    """How fast the server decoded while it served this client: from each generation's first
-    token frame to its last at the proxy, over `tokens` (vLLM's counter, less those generated
-    for nobody) less one per generation. The pace probed before the scenario is one moment;
-    on these shared cores the load swings within a minute (probes read 5.8 to 64.7 ms a token
-    within one library run at load average 15-22), and a bound on tokens generated for
-    nobody is the time vLLM went on decoding *then*. None when no generation streamed two
-    frames apart."""
-    streamed = [e.token_times for e in exchanges if len(e.token_times) >= 2]
-    span = sum(times[-1] - times[0] for times in streamed)
-    steps = tokens - len(streamed)
-    if not streamed or span <= 0 or steps <= 0:
+def sampled_ms_per_token(
+    samples: Sequence[tuple[float, float, float]], until: float | None
+) -> float | None:
+    """How fast the server decoded while it served this client, from its own /metrics: the
+    generation-token counter's rise over the time between the first and the last sample
+    taken while a request ran (before `until`, the client's leaving, when given). The pace
+    probed before the scenario is one moment; on these shared cores the load swings within
+    a minute (probes read 5.8 to 64.7 ms a token within one library run at load average
+    15-22), and a bound on tokens generated for nobody is the time vLLM went on decoding
+    *then*. Not the frames at the proxy: a hop that holds bytes back (haproxy's cork) slows
+    the proxy's reads, not vLLM's decoding. None with fewer than two such samples or no
+    rise between them."""
+    running = [
+        (at, generated)
+        for at, busy, generated in samples
+        if busy >= 1 and (until is None or at <= until)
+    ]
+    if len(running) < 2:
         return None
-    return round(span * 1000 / steps, 2)
+    (first, low), (last, high) = running[0], running[-1]
+    if high <= low or last <= first:
+        return None
+    return round((last - first) * 1000 / (high - low), 2)
 
 
 SERVER_TOKENS_PER_BURST = "server.tokens_per_burst"

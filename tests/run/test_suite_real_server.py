@@ -1,6 +1,6 @@
 """`--upstream` against a real vLLM: what the suite asks it for and how it judges what it
 sent (suite.real_body_extra, suite.paced with merged frames, upstream.pace,
-suite.at_server_lumpiness, suite.decoding_ms_per_token)."""
+suite.at_server_lumpiness, suite.sampled_ms_per_token)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from middlebox.compose import load
-from middlebox.run.score import Check, UpstreamExchange, evaluate_expect
+from middlebox.run.score import Check, evaluate_expect
 from middlebox.run.suite import (
     FRAME_MARGIN,
     REAL_BODY_EXTRA,
     SERVER_TOKENS_PER_BURST,
     arrivals,
     at_server_lumpiness,
-    decoding_ms_per_token,
     paced,
     real_body_extra,
+    sampled_ms_per_token,
 )
 from middlebox.run.upstream import PACE_TOKENS, Pace, UpstreamClient, pace
 from middlebox.scenario.workload import Workload
@@ -141,18 +141,19 @@ def test_a_max_on_tokens_per_burst_is_judged_against_the_servers_own_lumps() -> 
     assert at_server_lumpiness(floor, metrics) == floor
 
 
-def exchange(*times: float) -> UpstreamExchange:
-    return UpstreamExchange(body="", sent_at=0.0, status=200, text="", finished=False,
-                            token_times=times)  # fmt: skip
-
-
-def test_the_decoding_pace_is_the_clients_own_generations_first_to_last_frame() -> None:
-    # 21 tokens from 1.0 s to 1.2 s: 20 steps of 10 ms, whatever the probe said before
-    assert decoding_ms_per_token([exchange(1.0, 1.05, 1.2)], 21) == 10.0
-    # two generations: spans and steps add up (0.2 s + 0.1 s over 20 + 10 steps)
-    assert decoding_ms_per_token([exchange(1.0, 1.2), exchange(2.0, 2.1)], 32) == 10.0
-    # one frame, no tokens, or no time between frames: unknown
-    assert decoding_ms_per_token([exchange(1.0)], 21) is None
-    assert decoding_ms_per_token([exchange(1.0, 1.2)], 1) is None
-    assert decoding_ms_per_token([exchange(1.0, 1.0)], 21) is None
-    assert decoding_ms_per_token([], 0) is None
+def test_the_decoding_pace_is_the_counters_rise_while_the_clients_request_ran() -> None:
+    samples = [
+        (0.0, 0.0, 100.0),  # idle before
+        (1.0, 1.0, 110.0),
+        (1.2, 1.0, 130.0),
+        (1.5, 1.0, 160.0),  # 50 tokens in 0.5 s since 1.0 s: 10 ms a token
+        (2.0, 1.0, 200.0),  # after the client left
+        (3.0, 0.0, 200.0),  # idle after
+    ]
+    assert sampled_ms_per_token(samples, until=1.6) == 10.0
+    # without `until` the last running sample counts: 90 tokens over 1.0 s
+    assert sampled_ms_per_token(samples, until=None) == round(1000 / 90, 2)
+    # fewer than two running samples, or no rise: unknown
+    assert sampled_ms_per_token(samples, until=1.1) is None
+    assert sampled_ms_per_token([(1.0, 1.0, 5.0), (2.0, 1.0, 5.0)], None) is None
+    assert sampled_ms_per_token([], None) is None
