@@ -1,5 +1,5 @@
 """middlebox's HTTP/2 faults against a real nginx `listen ... ssl http2` (Debian's nginx),
-frame by frame, where they claim to model nginx (docs/tls-http2.md "Reference: nginx ssl
+frame by frame, where they claim to model nginx (docs/calibration.md "TLS and HTTP/2: nginx ssl
 http2"): the announced stream limit and the stream past it, a slow reader's window, a reload's
 GOAWAY drain with worker_shutdown_timeout against `goaway`, a dead worker against
 `rst_stream: {scope: connection}`.
