@@ -99,7 +99,11 @@ def fixes_section(matrix: dict[str, Any]) -> list[str]:
         column = matrix["cells"].get(client["name"], {})
         for symptom, words in SYMPTOMS.items():
             where = [
-                s for s in matrix["scenarios"] if symptom in column.get(s, {}).get("verdicts", [])
+                s
+                for s in matrix["scenarios"]
+                if symptom in column.get(s, {}).get("verdicts", [])
+                # a client that never started says nothing of how its library streams
+                and not column[s].get("cell", "").endswith("(not started)")
             ]
             if not where:
                 continue
