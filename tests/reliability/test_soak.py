@@ -17,4 +17,6 @@ async def test_ten_seconds_of_mixed_load_leave_memory_fds_and_tasks_flat() -> No
     # every connection and task gone after the load
     assert report.after["fds"] <= report.baseline["fds"]
     assert report.after["tasks"] <= report.baseline["tasks"]
-    assert len(report.samples) >= 24
+    # 8 s at 0.25 s is 32 samples on an idle machine; a sampler woken late under load
+    # (18-20 at load 25) still gives the halves check() compares: ask for half the nominal.
+    assert len(report.samples) >= 16, report.summary()
