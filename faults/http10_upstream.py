@@ -103,7 +103,14 @@ class Http10Upstream(HttpMatched, Fault):
             if self._close_delimited(piece, head):
                 self._rechunking = True
                 self.report(now, "rechunking", response=piece.message, byte=piece.offset)
-                kept = rebuilt_head(head, remove_headers=("Connection", "Keep-Alive"))
+                # nginx writes its own status line, always `HTTP/1.1` toward an HTTP/1.1
+                # client (ngx_http_header_filter): an upstream that answered `HTTP/1.0`
+                # (aiohttp echoes the request's version; uvicorn says 1.1) must not reach
+                # the client as a 1.0 response with chunked framing, which RFC 9112 §6.1
+                # makes faulty framing (Chromium then reads the chunk-size lines as body).
+                kept = rebuilt_head(
+                    replace(head, version="HTTP/1.1"), remove_headers=("Connection", "Keep-Alive")
+                )
                 return build_head(kept, [("Transfer-Encoding", "chunked"), ("Connection", "close")])
             return piece.data
         if not self._rechunking:

@@ -81,6 +81,24 @@ def test_a_close_delimited_answer_is_chunked_and_the_fin_adds_the_terminal_chunk
     assert [r.action for r in fault.reports] == ["rewrote_request", "rechunking", "terminated"]
 
 
+def test_an_http_1_0_answer_reaches_the_client_as_http_1_1_when_it_is_chunked() -> None:
+    """An upstream that answers the 1.0 request in 1.0 (aiohttp echoes the version) still
+    reaches the HTTP/1.1 client with nginx's `HTTP/1.1` status line: chunked framing on a
+    1.0 response is faulty framing (RFC 9112 §6.1), and Chromium hands its chunk-size
+    lines to the page."""
+    out = replay(
+        Http10Upstream(),
+        [
+            (0.0, Chunk(UP, REQUEST)),
+            (1.0, Chunk(DOWN, CLOSE_HEAD.replace(b"HTTP/1.1", b"HTTP/1.0", 1) + event("a"))),
+            (2.0, Eof(DOWN)),
+        ],
+    )
+    down = joined(out, DOWN)
+    assert down.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Transfer-Encoding: chunked" in down and down.endswith(LAST_CHUNK_BYTES)
+
+
 def test_a_hop_that_gives_up_ends_the_body_without_the_terminal_chunk() -> None:
     out = replay(
         Http10Upstream(),
