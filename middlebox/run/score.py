@@ -81,6 +81,10 @@ METRICS: dict[str, str] = {
     "server.inband_errors": 'data: {"error": ...} frames the upstream sent',
     "server.x_accel_buffering_no": "responses that sent X-Accel-Buffering: no",
     "server.upstream_ttft_ms": "the upstream's own time to first token (list)",
+    "server.ms_per_token": "a real upstream's decoding pace while the run's requests ran, "
+    "from its token counter (--upstream only: wasted-token bounds are judged at it)",
+    "server.tokens_per_burst": "a real upstream's own lumps at the proxy, in tokens per frame "
+    "(--upstream only: client.tokens_per_burst's max is judged against it)",
     **AGENT_METRICS,  # tool calls, JSON answers, reasoning (run/agent_checks.py)
 }
 
