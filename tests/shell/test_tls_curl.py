@@ -160,6 +160,48 @@ def test_middlebox_proxy_tls_names_its_ca_and_curl_http2_trusts_it(
     assert proxy.returncode == 0
 
 
+def test_tls_with_two_workers_serves_curl_http2_from_one_ca_and_counts_every_connection(
+    emulator: EmulatorProcess, tmp_path: Path
+) -> None:
+    """`--tls --workers 2`: each worker issues its certificate from the one CA the banner
+    names, so curl trusting that file gets every answer over h2, and the supervisor's
+    stop line counts each TLS connection and each stream's relay once (3 + 3)."""
+    ready = tmp_path / "ready"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ca_file = tmp_path / "ca" / "ca.pem"
+    argv = [sys.executable, "-m", "middlebox", "proxy", "--tls", "--workers", "2",
+            "--ca-dir", str(tmp_path / "ca"), "--listen", "127.0.0.1:0",
+            "--upstream", emulator.url, "--ready-file", str(ready)]  # fmt: skip
+    proxy = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() or not ready.read_text().strip():
+            assert proxy.poll() is None, proxy.stdout.read() if proxy.stdout else b""
+            assert time.monotonic() < deadline, "the proxy never became ready"
+            time.sleep(0.05)
+        banner = ready.read_text().strip()
+        assert f"TLS CA: {ca_file}" in banner
+        port = banner.split("https://127.0.0.1:")[1].split()[0]
+        for _ in range(3):
+            done = subprocess.run(
+                curl_argv(f"https://127.0.0.1:{port}", "--http2", "--cacert", str(ca_file),
+                          "-w", "%{http_version}"),
+                capture_output=True,
+                timeout=30,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.endswith(b"data: [DONE]\n\n2")
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        try:
+            output = proxy.communicate(timeout=20)[0].decode()
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+            output = proxy.communicate()[0].decode()
+    assert proxy.returncode == 0, output
+    assert "stopped: connections accepted: 6 " in output, output
+
+
 async def test_httpx_with_http2_and_the_openai_sdk_on_it_stream_through_the_tls_proxy(
     emulator: EmulatorProcess, tmp_path: Path
 ) -> None:
