@@ -29,17 +29,28 @@ GRID_EXACT = (*compare.EXACT, "tokens")
 
 
 def measure_shape(port: int, upstream: FixedUpstream, shape: Shape, tag: str) -> dict[str, Any]:
-    """One probe of `shape` through the proxy at `port`."""
+    """One probe of `shape` through the proxy at `port`, with how late the upstream's
+    writes ran (`upstream_lateness`: the take's disturbance, see `disturbance`)."""
     prompt = prompt_for(shape, tag)
     limit = shape.duration + PROBE_SLACK
     if shape.cancel is None:
         reads = probe.stream(port, shape.frames, limit=limit, prompt=prompt)
-        return compare.stream_measures(reads, probe.decode(reads), gap=shape.period / 2)
+        measured = compare.stream_measures(reads, probe.decode(reads), gap=shape.period / 2)
+        # read as the client finished: the writes that made what it saw (a timeout shape's
+        # upstream may sleep on for seconds before it learns the proxy left)
+        return {**measured, "upstream_lateness": worst_lateness(upstream.ledger(tag))}
     reads = probe.stream(
         port, shape.frames, limit=limit, prompt=prompt,
         abandon_after=shape.cancel_after, abandon_by=shape.cancel,
     )  # fmt: skip
-    return compare.abandon_measures(reads, probe.decode(reads), settled_entry(upstream, tag))
+    entry = settled_entry(upstream, tag)
+    measured = compare.abandon_measures(reads, probe.decode(reads), entry)
+    return {**measured, "upstream_lateness": worst_lateness(entry)}
+
+
+def worst_lateness(entry: dict[str, Any]) -> float:
+    """The latest any of the upstream's writes ran against its schedule (seconds)."""
+    return max(entry.get("lateness") or [], default=0.0)
 
 
 def settled_entry(upstream: FixedUpstream, tag: str) -> dict[str, Any]:
@@ -110,13 +121,21 @@ def retake(shapes: list[Shape], rows: list[compare.Row]) -> list[Shape]:
 
 def disturbance(take: dict[str, Any]) -> tuple[float, ...]:
     """How much the machine disturbed one take (smaller is cleaner), judged on the take
-    alone. A stream: fewer token events first (a take that lost the stream, say to a port
-    another process took, is no cleaner for its lack of gaps), then the largest gap, which
-    a stall only ever adds to. A cancelling client: how long it took to close after its
-    last read (a client late under load closes onto the next burst and resets)."""
-    if "largest_gap" in take:
-        return (-float(take.get("tokens") or 0), float(take["largest_gap"]))
-    return (float(take.get("client_delay") or 0.0),)
+    alone and on the machine's side of it, never on what the proxy did: a proxy's own
+    holding makes gaps and bursts in every take (pause-600ms through HAProxy: a 10th frame
+    split off the head's burst makes the largest gap smaller, 0.616 s against 0.821 s,
+    so "the smaller gap" preferred the take a late frame had split).
+
+    A stream: fewer token events first (a take that lost the stream, say to a port
+    another process took, is no cleaner for its quiet upstream), then how late the
+    upstream's writes ran against their schedule (`upstream_lateness`: a stall of the
+    machine makes a write late). A cancelling client: that lateness plus the client's own
+    from its last read to its close (`client_delay`: a client late under load closes onto
+    the next burst and resets)."""
+    lateness = float(take.get("upstream_lateness") or 0.0)
+    if "stream_end" in take:
+        return (-float(take.get("tokens") or 0), lateness)
+    return (lateness + float(take.get("client_delay") or 0.0),)
 
 
 def least_disturbed(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:

@@ -86,6 +86,12 @@ GRID: tuple[Shape, ...] = (
     Shape("250B-20ms", frame_bytes=250, period=0.020, frames=60),
     Shape("1KB-10ms", frame_bytes=1024, period=0.010, frames=150),
     Shape("1KB-100ms", frame_bytes=1024, period=0.100, frames=20),
+    # Every other shape's frames sit on a 200 ms grid from the head (periods 10, 20, 100
+    # ms; the 10th frame before a pause or a cancel at 200 ms), on the edge of HAProxy's
+    # cork (one RTO, 204 ms on loopback: docs/calibration.md), where a few ms of scheduling
+    # decide which burst a frame joins. At 170 ms each cork takes two frames, 34 ms inside
+    # its edge, the next frame 136 ms past it: the cork judged without the coin.
+    Shape("250B-170ms", frame_bytes=250, period=0.170, frames=12),
     # a prefill before the head, an idle pause after it, the same pause kept alive
     Shape("prefill-800ms", frame_bytes=250, period=0.020, frames=40, pause_before_head=0.8),
     Shape("pause-600ms", frame_bytes=250, period=0.020, frames=40, pause_after=10, pause=0.6),
@@ -149,8 +155,10 @@ class FixedUpstream:
         self._accepting.join(timeout=5)
 
     def ledger(self, tag: str) -> dict[str, Any]:
+        """A copy of the entry (its lists too: the writer goes on appending)."""
         with self._lock:
-            return dict(self._entries.get(tag, {}))
+            entry = self._entries.get(tag, {})
+            return {k: list(v) if isinstance(v, list) else v for k, v in entry.items()}
 
     def _accept(self) -> None:
         while not self._closing.is_set():
@@ -175,7 +183,9 @@ class FixedUpstream:
             if shape is None:
                 connection.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
                 return
-            entry: dict[str, Any] = {"prompt": tag, "token_times": [], "finished_at": None}
+            entry: dict[str, Any] = {
+                "prompt": tag, "token_times": [], "lateness": [], "finished_at": None,
+            }  # fmt: skip
             with self._lock:
                 self._entries[tag] = entry
             _play(connection, shape, http10, entry)
@@ -217,7 +227,13 @@ def _client_left(connection: socket.socket) -> bool:
 
 
 def _play(connection: socket.socket, shape: Shape, http10: bool, entry: dict[str, Any]) -> None:
-    def send(data: bytes) -> bool:
+    """Write `shape` on its schedule. Every write's lateness (seconds after it was due, once
+    the bytes left `sendall`) goes to the entry's `lateness`: how much the machine
+    disturbed this take, measured where nothing a proxy holds can show (calibrate/grid.py
+    `disturbance`). The schedule is absolute, so one late wake-up does not shift the rest."""
+    lateness: list[float] = entry.setdefault("lateness", [])
+
+    def send(data: bytes, due: float) -> bool:
         if _client_left(connection):
             entry["disconnected_at"] = time.time()
             return False
@@ -226,35 +242,38 @@ def _play(connection: socket.socket, shape: Shape, http10: bool, entry: dict[str
         except OSError:
             entry["disconnected_at"] = time.time()
             return False
+        lateness.append(max(time.monotonic() - due, 0.0))
         return True
 
-    def wait(seconds: float) -> bool:
-        """Sleep `seconds`, sending heartbeats if the shape has them; False if it left."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            step = min(left, shape.heartbeat) if shape.heartbeat else left
-            time.sleep(step)
-            beat = shape.heartbeat and end - time.monotonic() > 0.001
-            if beat and not send(framed(HEARTBEAT, http10)):
+    def wait(start: float, seconds: float) -> bool:
+        """Until `start + seconds`, with heartbeats on their own schedule if the shape has
+        them; False if the client left."""
+        end = start + seconds
+        beat = 1
+        while shape.heartbeat and (due := start + beat * shape.heartbeat) < end - 0.001:
+            time.sleep(max(due - time.monotonic(), 0.0))
+            if not send(framed(HEARTBEAT, http10), due):
                 return False
+            beat += 1
+        time.sleep(max(end - time.monotonic(), 0.0))
         return True
 
-    if shape.pause_before_head:
-        time.sleep(shape.pause_before_head)
-    if not send(response_head(http10)):
+    next_at = time.monotonic() + shape.pause_before_head
+    time.sleep(max(next_at - time.monotonic(), 0.0))
+    if not send(response_head(http10), next_at):
         return
-    next_at = time.monotonic()
     for index in range(shape.frames):
         next_at += shape.period
         time.sleep(max(next_at - time.monotonic(), 0.0))
-        if not send(framed(shape.frame(index), http10)):
+        if not send(framed(shape.frame(index), http10), next_at):
             return
         entry["token_times"].append(time.time())
         if shape.pause_after is not None and index + 1 == shape.pause_after:
-            if not wait(shape.pause):
+            if not wait(next_at, shape.pause):
                 return
-            next_at = time.monotonic()
-    if send(framed(DONE, http10)) and (http10 or send(b"0\r\n\r\n")):
+            next_at += shape.pause
+    done_at = time.monotonic()
+    if send(framed(DONE, http10), done_at) and (http10 or send(b"0\r\n\r\n", done_at)):
         entry["finished_at"] = time.time()
     if http10:
         try:

@@ -18,6 +18,7 @@ from calibrate.grid import (
     render_grid,
     retake,
     settled_entry,
+    worst_lateness,
 )
 from calibrate.probe import Reads
 from calibrate.shapes import (
@@ -192,12 +193,23 @@ def test_an_upstream_without_usage_leaves_the_event_count() -> None:
     assert (decoded.tokens, decoded.usage_tokens, decoded.message_complete) == (1, None, True)
 
 
-def test_of_two_takes_the_one_with_the_smaller_largest_gap_counts() -> None:
-    stalled = {"largest_gap": 0.343, "bursts": 46, "tokens": 60}
-    clean = {"largest_gap": 0.104, "bursts": 60, "tokens": 60}
+def test_of_two_emulator_takes_the_one_whose_tokens_came_on_time_counts() -> None:
+    stalled = {"stream_end": "complete", "largest_gap": 0.343, "tokens": 60,
+               "upstream_lateness": 0.240}  # fmt: skip
+    clean = {"stream_end": "complete", "largest_gap": 0.104, "tokens": 60,
+             "upstream_lateness": 0.003}  # fmt: skip
     assert suite.least_disturbed([stalled, clean]) is clean
     assert suite.least_disturbed([clean, stalled]) is clean
     assert suite.STREAM_TAKES == 2
+
+
+def test_the_emulators_lateness_is_its_latest_token_against_one_every_itl() -> None:
+    on_time = [10.0 + i * suite.ITL for i in range(5)]
+    assert suite.schedule_lateness(on_time) == pytest.approx(0.0, abs=1e-9)
+    # a 120 ms stall before the 4th token: it and every later one come 120 ms late
+    stalled = [*on_time[:3], *(t + 0.120 for t in on_time[3:])]
+    assert suite.schedule_lateness(stalled) == pytest.approx(0.120)
+    assert suite.schedule_lateness([]) == 0.0
 
 
 def test_only_a_disagreeing_shape_is_taken_again() -> None:
@@ -211,21 +223,99 @@ def test_only_a_disagreeing_shape_is_taken_again() -> None:
     assert retake([stream_shape, cancel_shape], compare_grid("p", real, real)) == []
 
 
-def test_each_side_keeps_its_take_with_the_smaller_gap_whatever_the_other_side_did() -> None:
-    stalled = {"largest_gap": 0.186, "bursts": 70, "tokens": 100}
-    clean = {"largest_gap": 0.039, "bursts": 98, "tokens": 100}
-    assert least_disturbed(stalled, clean) == {**clean, "takes": 2}
-    assert least_disturbed(clean, stalled) == {**clean, "takes": 2}
-    # A take that lost the stream has no gaps and is still not the cleaner one.
-    lost = {"largest_gap": 0.0, "bursts": 1, "tokens": 0}
-    assert least_disturbed(lost, stalled) == {**stalled, "takes": 2}
-    # A cancelling client: the take where it closed sooner after its last read.
-    late = {"abandon_latency": 0.006, "abandon_tokens": 1, "client_delay": 0.2}
-    prompt = {"abandon_latency": 0.24, "abandon_tokens": 12, "client_delay": 0.001}
-    assert least_disturbed(late, prompt) == {**prompt, "takes": 2}
+def stream_take(gap: float, lateness: float, tokens: int = 40) -> dict[str, object]:
+    return {"stream_end": "complete", "largest_gap": gap, "tokens": tokens,
+            "upstream_lateness": lateness}  # fmt: skip
+
+
+def test_the_take_whose_upstream_ran_on_schedule_counts_not_the_smaller_gap() -> None:
+    # pause-600ms through HAProxy (run 4): a 10th frame written 6 ms late missed the
+    # cork's 204 ms and went alone, which made the largest gap *smaller* (0.616 s); the
+    # on-time take sent it with the head (0.821 s). The on-time take counts.
+    split_by_a_late_frame = stream_take(gap=0.616, lateness=0.006)
+    on_time = stream_take(gap=0.821, lateness=0.0004)
+    assert least_disturbed(split_by_a_late_frame, on_time) == {**on_time, "takes": 2}
+    assert least_disturbed(on_time, split_by_a_late_frame) == {**on_time, "takes": 2}
+    # a stall of the pass-through Caddy: the late take, whatever its gap
+    assert least_disturbed(stream_take(0.186, 0.150), stream_take(0.039, 0.002))[
+        "largest_gap"
+    ] == pytest.approx(0.039)
+
+
+def test_a_take_that_lost_the_stream_is_not_the_cleaner_one_for_its_quiet_upstream() -> None:
+    lost = stream_take(gap=0.0, lateness=0.0, tokens=0)
+    late = stream_take(gap=0.3, lateness=0.2)
+    assert least_disturbed(lost, late) == {**late, "takes": 2}
+
+
+def test_a_cancelling_take_counts_the_clients_lateness_and_the_upstreams() -> None:
+    # the client closed 200 ms after its last read, onto the next corked burst
+    late_client = {"abandon_latency": 0.006, "abandon_tokens": 1, "client_delay": 0.2,
+                   "upstream_lateness": 0.001}  # fmt: skip
+    prompt = {"abandon_latency": 0.24, "abandon_tokens": 12, "client_delay": 0.001,
+              "upstream_lateness": 0.002}  # fmt: skip
+    assert least_disturbed(late_client, prompt) == {**prompt, "takes": 2}
+    late_upstream = {**prompt, "upstream_lateness": 0.3}
+    assert least_disturbed(late_upstream, late_client) == {**late_client, "takes": 2}
     rows = compare_grid("p", {"s": {"bursts": 60}}, {"s": {"bursts": 60}})
     assert "| p @ s (2 takes) |" in render_grid(rows, frozenset({"p @ s"}))
     assert "| p @ s |" in render_grid(rows)
+
+
+def test_the_fixed_upstream_records_how_late_each_write_ran(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    beating = Shape("beats-late", 40, 0.002, 4, pause_after=2, pause=0.05, heartbeat=0.01)
+    monkeypatch.setitem(SHAPES, beating.name, beating)
+    with FixedUpstream() as upstream:
+        measured = measure_shape(upstream.port, upstream, beating, "late")
+        entry = upstream.ledger("late")
+    # the head, 4 frames, 4 heartbeats (at 10-40 ms of the 50 ms pause), [DONE], the
+    # terminal chunk: one lateness each, none negative
+    assert len(entry["lateness"]) == 1 + 4 + 4 + 2
+    assert min(entry["lateness"]) >= 0.0
+    assert measured["upstream_lateness"] == max(entry["lateness"])
+    assert worst_lateness({}) == 0.0
+
+
+def test_the_single_shape_abandon_is_taken_again_only_when_it_disagrees() -> None:
+    real = {"abandon_latency": 0.268, "abandon_tokens": 14, "client": "abandoned",
+            "client_delay": 0.001, "upstream_lateness": 0.09, "bursts": 6}  # fmt: skip
+    mine = {**real, "abandon_latency": 0.359, "abandon_tokens": 18, "upstream_lateness": 0.002}
+    asked: list[str] = []
+
+    def again(side: str) -> dict[str, object]:
+        asked.append(side)
+        return {"abandon_latency": 0.233, "abandon_tokens": 12, "client": "abandoned",
+                "client_delay": 0.001, "upstream_lateness": 0.003}  # fmt: skip
+
+    retaken = suite.retake_abandon("haproxy-default", real, mine, again)
+    assert asked == ["real", "preset"]
+    assert retaken is not None
+    kept_real, kept_mine = retaken
+    # the real side's first take ran 90 ms late: its second counts; the preset's first
+    # ran closer to schedule than its second: it keeps its first
+    assert (kept_real["abandon_latency"], kept_real["abandon_takes"]) == (0.233, 2)
+    assert (kept_mine["abandon_latency"], kept_mine["abandon_takes"]) == (0.359, 2)
+    assert "bursts" not in kept_real  # only the abandon measures are replaced
+    asked.clear()
+    assert suite.retake_abandon("haproxy-default", real, real, again) is None
+    assert asked == []
+    rows = suite.marked(compare.compare("haproxy-default", kept_real, kept_mine), kept_real)
+    labels = {row.measure: row.preset for row in rows}
+    assert labels["abandon_latency"] == "haproxy-default (2 takes)"
+    assert labels["client"] == "haproxy-default (2 takes)"
+
+
+def test_one_grid_shape_keeps_its_frames_off_the_corks_200ms_edge() -> None:
+    cork = 0.204  # haproxy-default's window (faults/presets.py)
+    off = [s for s in GRID if s.cancel is None and s.pause_after is None
+           and round(0.2 / s.period, 6) % 1]  # fmt: skip
+    assert [s.name for s in off] == ["250B-170ms"]
+    (period,) = [s.period for s in off]
+    # a cork starts at a write and takes the next frame `period` later, 34 ms inside its
+    # edge; the frame after that comes 136 ms past the edge and starts the next cork
+    assert cork - period > 0.03 and 2 * period - cork > 0.03
 
 
 def test_a_cancelling_clients_delay_is_from_its_last_read_to_its_close() -> None:

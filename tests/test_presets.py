@@ -212,6 +212,21 @@ def test_haproxy_default_holds_the_first_write_after_a_pause_again() -> None:
     assert down_bytes(out) == down_bytes(sent)
 
 
+def test_haproxy_default_sends_two_frames_a_cork_off_the_200ms_grid() -> None:
+    # The grid's 250B-170ms (calibrate/shapes.py): each cork takes the frame 170 ms after
+    # its first write, 34 ms inside its 204 ms edge; the next frame, 136 ms past it,
+    # starts a new cork. No frame sits on the edge, so no coin toss on either side.
+    sent: list[TimedItem] = [(0.0, Chunk(UP, REQUEST)), (LATE, Chunk(DOWN, SSE_HEAD))]
+    sent += [(0.17 * i + LATE, Chunk(DOWN, FRAME_250)) for i in range(1, 12)]
+    out = replay(loopback_haproxy(), sent, bind=False)
+    writes = down_writes(out)
+    assert writes[0] == (pytest.approx(LATE + 0.204), len(SSE_HEAD) + len(FRAME_250))
+    assert writes[1:6] == [
+        (pytest.approx(0.17 * i + LATE + 0.204), 2 * len(FRAME_250)) for i in (2, 4, 6, 8, 10)
+    ]
+    assert down_bytes(out) == down_bytes(sent)
+
+
 def test_haproxy_default_learns_the_client_left_when_a_write_after_the_cork_fails() -> None:
     sent = [*stream()[:11], (11 * ITL + 0.001, Eof(UP)), *stream()[11:]]
     out = replay(pipeline("haproxy-default"), sent)
