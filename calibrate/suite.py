@@ -200,14 +200,27 @@ def least_disturbed(takes: list[dict[str, Any]]) -> dict[str, Any]:
     return min(takes, key=grid.disturbance)
 
 
-def schedule_lateness(token_times: list[float], itl: float = ITL) -> float:
-    """How late the emulator's tokens came against its schedule (`itl_jitter: 0`: one
-    token every `itl` from the first): the latest token's delay, in seconds. A stalled
-    engine loop makes every token after the stall late."""
-    if not token_times:
+PREFILL = 0.100  # EMULATOR's prefill_overhead: the first token is due this long after the request
+PREFILL_PER_TOKEN = (
+    0.0002  # the emulator's default prefill per prompt token (vllm_emulator.schedule)
+)
+
+
+def schedule_lateness(entry: dict[str, Any], itl: float = ITL) -> float:
+    """How late the emulator ran against its schedule (`itl_jitter: 0`), in seconds, from
+    its ledger entry: the first token against the request's arrival plus the prefill, and
+    each later token against one every `itl` from the first. A stalled engine loop makes
+    the token it stalled before, and every one after it, late; a late first token is a
+    late first byte."""
+    times: list[float] = entry.get("token_times") or []
+    if not times:
         return 0.0
-    first = token_times[0]
-    return max(max(t - first - i * itl for i, t in enumerate(token_times)), 0.0)
+    first = times[0]
+    drift = max(t - first - i * itl for i, t in enumerate(times))
+    received = entry.get("received_at")
+    prefill = PREFILL + PREFILL_PER_TOKEN * float(entry.get("prompt_tokens") or 0)
+    head = first - received - prefill if received is not None else 0.0
+    return max(drift, head, 0.0)
 
 
 def measure(port: int, upstream: int, tag: str) -> dict[str, Any]:
@@ -216,7 +229,7 @@ def measure(port: int, upstream: int, tag: str) -> dict[str, Any]:
         prompt = f"{tag}-stream-{take}"
         reads = probe.stream(port, STREAM_TOKENS, limit=PROBE_LIMIT, prompt=prompt)
         measured = compare.stream_measures(reads, probe.decode(reads))
-        lateness = schedule_lateness(ledger(upstream, prompt).get("token_times") or [])
+        lateness = schedule_lateness(ledger(upstream, prompt))
         takes.append({**measured, "upstream_lateness": lateness})
     out = least_disturbed(takes)
     keys = ("bursts", "largest_gap", "upstream_lateness")
@@ -237,7 +250,7 @@ def abandon(port: int, upstream: int, prompt: str) -> dict[str, Any]:
     )
     entry = ledger(upstream, prompt)
     measured = compare.abandon_measures(reads, probe.decode(reads), entry)
-    return {**measured, "upstream_lateness": schedule_lateness(entry.get("token_times") or [])}
+    return {**measured, "upstream_lateness": schedule_lateness(entry)}
 
 
 def abandon_part(measured: dict[str, Any]) -> dict[str, Any]:

@@ -203,13 +203,20 @@ def test_of_two_emulator_takes_the_one_whose_tokens_came_on_time_counts() -> Non
     assert suite.STREAM_TAKES == 2
 
 
-def test_the_emulators_lateness_is_its_latest_token_against_one_every_itl() -> None:
-    on_time = [10.0 + i * suite.ITL for i in range(5)]
-    assert suite.schedule_lateness(on_time) == pytest.approx(0.0, abs=1e-9)
+def test_the_emulators_lateness_is_its_latest_token_against_its_schedule() -> None:
+    on_time = [10.1 + i * suite.ITL for i in range(5)]
+    entry = {"received_at": 10.0, "prompt_tokens": 0, "token_times": on_time}
+    assert suite.schedule_lateness(entry) == pytest.approx(0.0, abs=1e-9)
     # a 120 ms stall before the 4th token: it and every later one come 120 ms late
     stalled = [*on_time[:3], *(t + 0.120 for t in on_time[3:])]
-    assert suite.schedule_lateness(stalled) == pytest.approx(0.120)
-    assert suite.schedule_lateness([]) == 0.0
+    assert suite.schedule_lateness({**entry, "token_times": stalled}) == pytest.approx(0.120)
+    # a stall before the first token: every token on time after it, the first 80 ms late
+    late_start = [t + 0.080 for t in on_time]
+    assert suite.schedule_lateness({**entry, "token_times": late_start}) == pytest.approx(0.080)
+    # the prefill grows with the prompt (0.2 ms a token): 50 prompt tokens, 10 ms later
+    long_prompt = {**entry, "prompt_tokens": 50, "token_times": [t + 0.010 for t in on_time]}
+    assert suite.schedule_lateness(long_prompt) == pytest.approx(0.0, abs=1e-9)
+    assert suite.schedule_lateness({}) == 0.0
 
 
 def test_only_a_disagreeing_shape_is_taken_again() -> None:
