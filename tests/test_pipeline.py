@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from faults.latency import Latency
 from faults.testing import joined, replay
 from middlebox.core.fault import Fault, FaultContext, Pipeline
-from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset
+from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
 
 @dataclass
@@ -116,3 +116,98 @@ def test_pass_through_preserves_bytes_and_order_per_direction(
         )
         assert joined(out, direction) == expected
     assert out == timeline
+
+
+# -- faults that step aside (Fault.aside) ---------------------------------------------
+
+
+@dataclass
+class StepsAside(Fault):
+    """Tags what it sees; after `calls` items it steps aside for the responses."""
+
+    name: ClassVar[str] = "steps_aside"
+    label: bytes = b"!"
+    calls: int = 1
+    seen: list[bytes] = field(init=False, repr=False, default_factory=list)
+    rewrites: bool = False
+
+    def changes(self) -> frozenset[Direction]:
+        return frozenset({DOWN}) if self.rewrites else frozenset()
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        data = item.data if isinstance(item, Chunk) else b"<end>"
+        self.seen.append(data)
+        if len(self.seen) >= self.calls:
+            self.aside = frozenset({DOWN})
+        if isinstance(item, Chunk):
+            return [Chunk(item.direction, item.data + self.label)]
+        return [item]
+
+
+@dataclass
+class ReadsHttp(Fault):
+    """Makes the pipeline frame the path (a fault that reads HTTP), passing items on."""
+
+    name: ClassVar[str] = "reads_http"
+
+    def reads_http(self) -> bool:
+        return True
+
+
+def test_a_fault_that_stepped_aside_is_passed_over_in_that_direction_only() -> None:
+    aside = StepsAside(calls=1)
+    pipeline = Pipeline([Tag(label=b"1"), aside, Tag(label=b"3")])
+    out = replay(
+        pipeline,
+        [
+            (0.0, Chunk(DOWN, b"a")),  # it tags this one, then steps aside for DOWN
+            (0.1, Chunk(DOWN, b"b")),
+            (0.2, Chunk(UP, b"q")),
+            (0.3, Eof(DOWN)),
+        ],
+    )
+    assert out == [
+        (0.0, Chunk(DOWN, b"a3!1")),
+        (0.1, Chunk(DOWN, b"b31")),
+        (0.2, Chunk(UP, b"q1!3")),
+        (0.3, Eof(DOWN)),
+    ]
+    assert aside.seen == [b"a3", b"q1"]
+
+
+def test_a_fault_called_again_once_it_stops_stepping_aside() -> None:
+    aside = StepsAside(calls=1)
+    pipeline = Pipeline([aside])
+    replay(pipeline, [(0.0, Chunk(DOWN, b"a")), (0.1, Chunk(DOWN, b"b"))])
+    aside.aside = frozenset()
+    out = replay(pipeline, [(0.2, Chunk(DOWN, b"c"))])
+    assert out == [(0.2, Chunk(DOWN, b"c!"))]
+    assert aside.seen == [b"a", b"c"]
+
+
+def test_items_an_answering_fault_emits_pass_over_a_fault_stepping_aside() -> None:
+    aside = StepsAside(calls=0)
+    aside.aside = frozenset({DOWN})
+    pipeline = Pipeline([Tag(label=b"1"), aside, AnswerEarly()])
+    out = replay(pipeline, [(0.0, Chunk(UP, b"req"))])
+    assert out == [(0.0, Chunk(DOWN, b"5031")), (0.0, Eof(DOWN))]
+    assert aside.seen == [b"req1"]  # the request reached it; the answer passed it over
+
+
+def test_the_stream_after_a_rewriting_fault_that_steps_aside_is_still_framed() -> None:
+    # The fault may change responses, so the faults nearer the client read a stream of
+    # its own output; passed over, its output is its input, and that stream gets it.
+    aside = StepsAside(calls=1, label=b"", rewrites=True)
+    pipeline = Pipeline([ReadsHttp(), aside, ReadsHttp()])
+    pipeline.bind(FaultContext(rng=random.Random(0)))
+    response = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    first = pipeline.on_item(Chunk(DOWN, response), 0.0)
+    second = pipeline.on_item(Chunk(DOWN, b"hello"), 0.1)
+    assert first == [Chunk(DOWN, response)] and second == [Chunk(DOWN, b"hello")]
+    assert aside.seen == [response]
+    framing = pipeline.framing
+    assert framing is not None
+    after = framing.down_at[1]  # what the client-side fault reads: after the rewriter
+    assert after is not framing.down_at[2]
+    assert after.received == len(response) + 5
+    assert after.http is not None and after.http.message_complete

@@ -149,6 +149,14 @@ class Fault:
     rng: random.Random = field(init=False, repr=False, compare=False)
     context: FaultContext = field(init=False, repr=False, compare=False)
     reports: list[FaultReport] = field(init=False, repr=False, compare=False)
+    aside: frozenset[Direction] = field(init=False, repr=False, compare=False, default=frozenset())
+    """The directions this fault steps aside for, now: set by the fault itself (in a hook)
+    when it would hand every item of such a direction on unchanged and needs to see
+    none of them (a zero delay that has reported, a rewriter with nothing left to
+    decide). The pipeline then passes those items over it without calling `on_item`, as
+    if it had passed them on; it sets `aside` again when that stops. Not for a direction
+    whose framed pieces it reads (`HttpMatched.observe`) or publishes: its place's
+    reader or stream would fall behind."""
 
     def bind(self, context: FaultContext) -> None:
         """Attach the per-connection context; called once, before `on_open`."""
@@ -307,8 +315,9 @@ class Pipeline(Fault):
             return [item]
         if self.framing is not None:
             _feed(self.framing.entry(item.direction), item)
-        entry = 0 if item.direction is Direction.UPSTREAM else len(self.faults) - 1
-        self._deliver(entry, item, now, out)
+        self._onward(
+            0 if item.direction is Direction.UPSTREAM else len(self._faults) - 1, item, now, out
+        )
         return out
 
     def on_deadline(self, now: float) -> list[Item]:
@@ -350,20 +359,68 @@ class Pipeline(Fault):
         return any(fault.fired for fault in self.faults)
 
     def _deliver(self, index: int, item: Item, now: float, out: list[Item]) -> None:
-        for emitted in self.faults[index].on_item(item, now):
-            self._route(index, emitted, now, out)
+        """Hand `item` to the fault at `index` and what it emits on along the path.
+
+        A loop rather than a call per stage: an item that a fault passes on as one item
+        in its own direction (nearly every item) goes on to the next stage in this same
+        frame, and a fault that steps aside for the item's direction (`Fault.aside`) is
+        passed over without a call, as if it had handed the item on unchanged."""
+        faults = self._faults
+        count = len(faults)
+        fed_after = self._fed_after
+        while True:
+            fault = faults[index]
+            emitted = fault.on_item(item, now)
+            if len(emitted) != 1:
+                for each in emitted:
+                    self._route(index, each, now, out)
+                return
+            item = emitted[0]
+            direction = item.direction
+            if fed_after:
+                stream = fed_after.get((id(fault), direction))
+                if stream is not None:
+                    _feed(stream, item)  # this fault may have changed the bytes
+            step = 1 if direction is Direction.UPSTREAM else -1
+            index += step
+            while 0 <= index < count:
+                fault = faults[index]
+                if direction not in fault.aside:
+                    break
+                if fed_after:
+                    stream = fed_after.get((id(fault), direction))
+                    if stream is not None:
+                        _feed(stream, item)  # it passed the bytes on as they came
+                index += step
+            else:
+                out.append(item)
+                return
 
     def _route(self, index: int, item: Item, now: float, out: list[Item]) -> None:
+        """`item`, emitted by the fault at `index`, on to the next stage that takes it."""
         if self._fed_after:
-            stream = self._fed_after.get((id(self.faults[index]), item.direction))
+            stream = self._fed_after.get((id(self._faults[index]), item.direction))
             if stream is not None:
                 _feed(stream, item)  # this fault may have changed the bytes: a new stream
-        step = 1 if item.direction is Direction.UPSTREAM else -1
-        following = index + step
-        if 0 <= following < len(self.faults):
-            self._deliver(following, item, now, out)
-        else:
-            out.append(item)
+        self._onward(index + (1 if item.direction is Direction.UPSTREAM else -1), item, now, out)
+
+    def _onward(self, index: int, item: Item, now: float, out: list[Item]) -> None:
+        """`item` to the fault at `index` or, past the faults stepping aside for its
+        direction, the next one; past the last, out."""
+        faults = self._faults
+        direction = item.direction
+        step = 1 if direction is Direction.UPSTREAM else -1
+        while 0 <= index < len(faults):
+            fault = faults[index]
+            if direction not in fault.aside:
+                self._deliver(index, item, now, out)
+                return
+            if self._fed_after:
+                stream = self._fed_after.get((id(fault), direction))
+                if stream is not None:
+                    _feed(stream, item)  # it passed the bytes on as they came
+            index += step
+        out.append(item)
 
 
 def _feed(stream: FramedStream, item: Item) -> None:
