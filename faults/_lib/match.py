@@ -180,6 +180,11 @@ class RequestMatch:
             request.model is not None and fnmatch.fnmatchcase(request.model, self.model)
         )
 
+    @property
+    def windowed(self) -> bool:
+        """Whether `after`/`before` restrict the request's time (then the epoch matters)."""
+        return self.after > 0 or self.before is not None
+
     def within(self, elapsed: float) -> bool:
         """The time window, in seconds since the epoch (see `start`)."""
         return elapsed >= self.after and (self.before is None or elapsed < self.before)
@@ -196,7 +201,8 @@ class RequestMatch:
 
     @staticmethod
     def start(shared: SharedState, now: float, key: str = "match") -> None:
-        """Note a connection opening: the first one sets the epoch of the window."""
+        """Note a connection opening: the first one sets the epoch of the window (a
+        store round trip with `--state redis://`: call it only for a `windowed` match)."""
         shared.setdefault(f"{key}.epoch", now)
 
     def decide(
@@ -212,9 +218,13 @@ class RequestMatch:
         Call once per request: a request that passes the filters and the window takes
         the next index from `shared[key + ".count"]`.
         """
-        epoch = shared.setdefault(f"{key}.epoch", now)
-        if not self.accepts(request) or not self.within(now - epoch):
+        if not self.accepts(request):
             return None
+        if self.windowed:
+            # Only a window needs the epoch: without one, no store round trip for it.
+            epoch = shared.setdefault(f"{key}.epoch", now)
+            if not self.within(now - epoch):
+                return None
         # One atomic increment, so "first: 3" stays three across workers and proxies that
         # share a store (a get then a set could hand two requests the same index).
         index = increment(shared, f"{key}.count") - 1
@@ -329,7 +339,8 @@ class HttpMatched:
         self._flow.responses.close()
 
     def on_open(self, now: float) -> list[Item]:
-        RequestMatch.start(self._fault.context.shared, now, self._key)
+        if self.match.windowed:  # the window's epoch: the scenario's first connection
+            RequestMatch.start(self._fault.context.shared, now, self._key)
         return []
 
     def publish(self, direction: Direction, framed: list[Framed]) -> None:

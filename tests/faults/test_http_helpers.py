@@ -125,7 +125,19 @@ def test_the_index_counts_only_requests_that_pass_the_filters_across_connections
     first.on_item(Chunk(UP, post()), 0.5)
     assert [first.selected(m) for m in range(3)] == [None, None, None]
     assert [second.selected(m) for m in range(2)] == [None, 1]
-    assert shared == {"probe.match.epoch": 0.0, "probe.match.count": 3}
+    # No window: no epoch is stored (a store round trip per connection with redis://)
+    assert shared == {"probe.match.count": 3}
+
+
+def test_windowed_matches_on_two_connections_share_the_first_connections_epoch() -> None:
+    shared: dict[str, Any] = {}
+    match = RequestMatch(after=1.0)
+    first = bound(Probe(match=match), shared, now=4.0)
+    second = bound(Probe(match=match), shared, now=4.5)
+    second.on_item(Chunk(UP, post()), 4.8)  # 0.8 s after the first connection: too early
+    first.on_item(Chunk(UP, post()), 5.2)
+    assert shared["probe.match.epoch"] == 4.0
+    assert [second.selected(0), first.selected(0)] == [None, 0]
 
 
 def test_the_window_counts_from_the_first_connection_of_the_scenario() -> None:
