@@ -200,10 +200,12 @@ class RequestMatch:
         return self.probability >= 1.0 or rng.random() < self.probability
 
     @staticmethod
-    def start(shared: SharedState, now: float, key: str = "match") -> None:
+    def start(shared: SharedState, now: float, key: str = "match") -> float:
         """Note a connection opening: the first one sets the epoch of the window (a
-        store round trip with `--state redis://`: call it only for a `windowed` match)."""
-        shared.setdefault(f"{key}.epoch", now)
+        store round trip with `--state redis://`: call it only for a `windowed` match).
+        Returns the epoch, which never changes once set: a connection may keep it."""
+        epoch: float = shared.setdefault(f"{key}.epoch", now)
+        return epoch
 
     def decide(
         self,
@@ -212,17 +214,20 @@ class RequestMatch:
         rng: random.Random,
         shared: SharedState,
         key: str = "match",
+        epoch: float | None = None,
     ) -> int | None:
         """The request's cross-connection index if this exchange is affected, else None.
 
         Call once per request: a request that passes the filters and the window takes
-        the next index from `shared[key + ".count"]`.
+        the next index from `shared[key + ".count"]`. `epoch`: the window's epoch as
+        `start` returned it, so the store is not asked again.
         """
         if not self.accepts(request):
             return None
         if self.windowed:
             # Only a window needs the epoch: without one, no store round trip for it.
-            epoch = shared.setdefault(f"{key}.epoch", now)
+            if epoch is None:
+                epoch = self.start(shared, now, key)
             if not self.within(now - epoch):
                 return None
         # One atomic increment, so "first: 3" stays three across workers and proxies that
@@ -318,6 +323,7 @@ class HttpMatched:
         init=False, repr=False, compare=False, default_factory=dict
     )
     _held: list[Framed] = field(init=False, repr=False, compare=False, default_factory=list)
+    _epoch: float | None = field(init=False, repr=False, compare=False, default=None)
 
     @property
     def _fault(self) -> Fault:
@@ -340,7 +346,7 @@ class HttpMatched:
 
     def on_open(self, now: float) -> list[Item]:
         if self.match.windowed:  # the window's epoch: the scenario's first connection
-            RequestMatch.start(self._fault.context.shared, now, self._key)
+            self._epoch = RequestMatch.start(self._fault.context.shared, now, self._key)
         return []
 
     def publish(self, direction: Direction, framed: list[Framed]) -> None:
@@ -440,7 +446,9 @@ class HttpMatched:
         if request is None:
             return None
         fault = self._fault
-        decision = self.match.decide(request, now, fault.rng, fault.context.shared, self._key)
+        decision = self.match.decide(
+            request, now, fault.rng, fault.context.shared, self._key, self._epoch
+        )
         self._decisions[message] = decision
         return decision
 

@@ -140,6 +140,26 @@ def test_windowed_matches_on_two_connections_share_the_first_connections_epoch()
     assert [second.selected(0), first.selected(0)] == [None, 0]
 
 
+class CountingStore(dict[str, Any]):
+    """A dict that counts `setdefault` calls: each is a round trip on a shared store."""
+
+    setdefaults = 0
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.setdefaults += 1
+        return super().setdefault(key, default)
+
+
+def test_a_connection_reads_its_windows_epoch_once_and_an_unwindowed_match_never() -> None:
+    windowed, plain = CountingStore(), CountingStore()
+    for shared, match in ((windowed, RequestMatch(before=10.0)), (plain, RequestMatch())):
+        fault = bound(Probe(match=match), shared)
+        for index in range(5):
+            fault.on_item(Chunk(UP, post()), 0.5 + index)
+        assert [fault.selected(m) for m in range(5)] == [0, 1, 2, 3, 4]
+    assert (windowed.setdefaults, plain.setdefaults) == (1, 0)
+
+
 def test_the_window_counts_from_the_first_connection_of_the_scenario() -> None:
     shared: dict[str, Any] = {}
     match = RequestMatch(after=2.0, before=10.0)
