@@ -11,8 +11,8 @@ shape's frames on its schedule (stdlib sockets, one thread per connection), so f
 and period are what the shape says and nothing else: not the emulator's tokenizer, not
 its jitter. It answers an HTTP/1.0 request (nginx's default `proxy_http_version 1.0`)
 close-delimited and an HTTP/1.1 one chunked, as uvicorn does, and keeps, per request, a
-ledger entry in the emulator's shape (`token_times`, `disconnected_at`) so the abandon
-measures read it the same way: it stops writing as soon as it learns the client left
+ledger entry in the emulator's shape (`received_at`, `token_times`, `disconnected_at`) so
+the abandon measures read it the same way: it stops writing as soon as it learns the client left
 (EOF on its read side, or a failed write), as vLLM aborts on disconnect.
 
 The shape travels in the request's `prompt`: `shape=NAME;tag=TAG`.
@@ -177,6 +177,7 @@ class FixedUpstream:
                 return
             if request is None:
                 return
+            received_at = time.time()
             http10, body = request
             name, tag = parse_prompt(str(json.loads(body or b"{}").get("prompt", "")))
             shape = SHAPES.get(name)
@@ -184,7 +185,8 @@ class FixedUpstream:
                 connection.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
                 return
             entry: dict[str, Any] = {
-                "prompt": tag, "token_times": [], "lateness": [], "finished_at": None,
+                "prompt": tag, "received_at": received_at, "token_times": [], "lateness": [],
+                "finished_at": None,
             }  # fmt: skip
             with self._lock:
                 self._entries[tag] = entry

@@ -229,17 +229,19 @@ def measure(port: int, upstream: int, tag: str) -> dict[str, Any]:
         prompt = f"{tag}-stream-{take}"
         reads = probe.stream(port, STREAM_TOKENS, limit=PROBE_LIMIT, prompt=prompt)
         measured = compare.stream_measures(reads, probe.decode(reads))
-        lateness = schedule_lateness(ledger(upstream, prompt))
-        takes.append({**measured, "upstream_lateness": lateness})
+        entry = ledger(upstream, prompt)
+        lateness = schedule_lateness(entry)
+        delay = grid.request_delay(reads, entry)
+        takes.append({**measured, "upstream_lateness": lateness, "request_delay": delay})
     out = least_disturbed(takes)
-    keys = ("bursts", "largest_gap", "upstream_lateness")
+    keys = ("bursts", "largest_gap", "upstream_lateness", "request_delay")
     out["takes"] = [{k: take[k] for k in keys} for take in takes]
     out.update(abandon(port, upstream, f"{tag}-abandon"))
     return out
 
 
 ABANDON_MEASURES = ("abandon_latency", "abandon_tokens", "client", "client_tokens",
-                    "client_delay", "upstream_lateness")  # fmt: skip
+                    "client_delay", "upstream_lateness", "request_delay")  # fmt: skip
 
 
 def abandon(port: int, upstream: int, prompt: str) -> dict[str, Any]:
@@ -250,7 +252,12 @@ def abandon(port: int, upstream: int, prompt: str) -> dict[str, Any]:
     )
     entry = ledger(upstream, prompt)
     measured = compare.abandon_measures(reads, probe.decode(reads), entry)
-    return {**measured, "upstream_lateness": schedule_lateness(entry)}
+    lateness = schedule_lateness(entry)
+    return {
+        **measured,
+        "upstream_lateness": lateness,
+        "request_delay": grid.request_delay(reads, entry),
+    }
 
 
 def abandon_part(measured: dict[str, Any]) -> dict[str, Any]:

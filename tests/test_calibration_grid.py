@@ -16,6 +16,7 @@ from calibrate.grid import (
     least_disturbed,
     measure_shape,
     render_grid,
+    request_delay,
     retake,
     settled_entry,
     worst_lateness,
@@ -249,6 +250,18 @@ def test_the_take_whose_upstream_ran_on_schedule_counts_not_the_smaller_gap() ->
     ] == pytest.approx(0.039)
 
 
+def test_a_request_that_reached_the_upstream_late_marks_a_disturbed_take() -> None:
+    # run 1: the preset's first byte on haproxy 1KB-10ms came 80 ms late with the same 20
+    # frames in its first burst: the proxy process forwarded the request late, which the
+    # upstream's write clock cannot see
+    reads = Reads(sent_at=100.0)
+    assert request_delay(reads, {"received_at": 100.080}) == pytest.approx(0.080)
+    assert request_delay(reads, {}) == 0.0
+    woken_late = {**stream_take(gap=0.2, lateness=0.001), "request_delay": 0.080}
+    prompt = {**stream_take(gap=0.2, lateness=0.008), "request_delay": 0.002}
+    assert least_disturbed(woken_late, prompt) == {**prompt, "takes": 2}
+
+
 def test_a_take_that_lost_the_stream_is_not_the_cleaner_one_for_its_quiet_upstream() -> None:
     lost = stream_take(gap=0.0, lateness=0.0, tokens=0)
     late = stream_take(gap=0.3, lateness=0.2)
@@ -282,6 +295,7 @@ def test_the_fixed_upstream_records_how_late_each_write_ran(
     assert len(entry["lateness"]) == 1 + 4 + 4 + 2
     assert min(entry["lateness"]) >= 0.0
     assert measured["upstream_lateness"] == max(entry["lateness"])
+    assert 0.0 <= measured["request_delay"] < 5.0 and entry["received_at"] > 0
     assert worst_lateness({}) == 0.0
 
 
