@@ -50,3 +50,14 @@ def test_a_bound_pipeline_of_faults_that_never_draw_makes_no_generator() -> None
     assert pipeline.deadline() == 0.01  # held by the first, as a delay line does
     for fault in faults:
         assert isinstance(fault.rng, LazyRandom) and fault.rng._generator is None
+
+
+def test_a_framed_streams_log_and_a_framers_methods_are_lists_not_deques() -> None:
+    # A deque allocates a 64-slot block up front (about 0.7 KiB) however little it holds:
+    # four framed streams and two framers a faulted connection were 4.5 KiB of it.
+    from middlebox.core.framed import FramedStream
+    from middlebox.core.stream import DOWN
+
+    stream = FramedStream(DOWN)
+    assert type(stream._log) is list
+    assert stream.http is not None and type(stream.http._methods) is list
