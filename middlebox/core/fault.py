@@ -256,9 +256,13 @@ class Pipeline(Fault):
         if any(fault.reads_http() for fault in self.faults):
             # Frame once (issue 11): each stream of the path is framed by one pass that
             # every HTTP-aware fault here, and the journal, reads.
+            changes = [fault.changes() for fault in self.faults]
             framing = PathFraming(
-                [fault.changes() for fault in self.faults],
-                [fault.publishes() & fault.changes() for fault in self.faults],
+                changes,
+                [
+                    _within(fault.publishes(), changed)
+                    for fault, changed in zip(self.faults, changes, strict=True)
+                ],
                 sse=any(fault.reads_sse() for fault in self.faults),
             )
             self._fed_after = {
@@ -403,6 +407,12 @@ class Pipeline(Fault):
                     _feed(stream, item)  # it passed the bytes on as they came
             index += step
         out.append(item)
+
+
+def _within(published: frozenset[Direction], changed: frozenset[Direction]) -> frozenset[Direction]:
+    """`published & changed`, without a new set when `published` is already within: the
+    framing keeps these per connection, and each new frozenset is 216 bytes."""
+    return published if published <= changed else published & changed
 
 
 def _feed(stream: FramedStream, item: Item) -> None:
