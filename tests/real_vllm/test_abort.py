@@ -132,8 +132,9 @@ def table(rows: list[Row], version: str) -> str:
         f"vLLM {version} (CPU), `ignore_eos`, max_tokens {MAX_TOKENS}; the client closes after "
         f"{LEAVE_AFTER_FRAMES} frames or {LEAVE_AFTER_S:.0f} s. Times are from the client's close, "
         "to within one /metrics sample (column `sample`, the mean interval around the close). "
-        "Tokens after the client left are an upper bound: counted from the last sample before the "
-        "close, which was `age` old.",
+        "Tokens after the client left are an upper bound, the tighter of two: counted from the "
+        "last sample before the close (which was `age` old), and the tokens in all less the "
+        "frames the client saw after the role chunk (each carries at least one token).",
         "",
         "| path | aborted | generation stopped | running → 0 | tokens after the client left "
         '| tokens in all | frames the client saw | sample | age | `finished_reason="abort"` +'
@@ -230,7 +231,13 @@ def measure(path: str, port: int, sampler: Sampler, note: str = "") -> Row:
         frames_seen=frames,
         stopped_ms=None if stopped is None else max(0.0, (stopped[0] - leave) * 1000),
         running_zero_ms=None if zero is None else (zero[0] - leave) * 1000,
-        tokens_after_leave=int(final - at_leave[1]),
+        # Two upper bounds, the tighter wins. The counter's: tokens since the last /metrics
+        # sample before the close, loose when that sample is old (a starved core answers
+        # /metrics late: 601 ms once, ~100 tokens). The client's: every frame after the role
+        # chunk carries at least one generated token (vLLM sends one chunk per decode step, an
+        # empty `content` when the detokeniser holds bytes back), so at most `total - (frames
+        # - 1)` tokens can have come after it left.
+        tokens_after_leave=int(min(final - at_leave[1], total - max(0, frames - 1))),
         leave_sample_age_ms=(leave - at_leave[0]) * 1000,
         counted_as_abort=sampler.aborts_counted - aborts_before,
         tokens_total=total,
