@@ -18,17 +18,8 @@ from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanage
 
 import aiohttp
 
-from middlebox.clients.contract import (
-    ClientEnv,
-    Handler,
-    Recorder,
-    RequestSpec,
-    apply_chunk,
-    auth_headers,
-    chunk_info,
-    non_stream_info,
-    run_client,
-)
+from middlebox.clients.contract import ClientEnv, Handler, Recorder, RequestSpec, run_client
+from middlebox.clients.plain_http import auth_headers, show_answer, show_chunk
 
 DATA = b"data:"
 
@@ -42,7 +33,7 @@ def show_line(rec: Recorder, line: bytes) -> bool:
         rec.saw_done = True
         return True
     if payload:
-        apply_chunk(rec, chunk_info(json.loads(payload)))
+        show_chunk(rec, json.loads(payload))
     return False
 
 
@@ -68,7 +59,7 @@ async def line_session(env: ClientEnv, read_lines: LineReader) -> AsyncIterator[
             ) as response:
                 response.raise_for_status()
                 if not spec.streaming:
-                    apply_chunk(rec, non_stream_info(await response.json()))
+                    show_answer(rec, await response.json())
                     return
                 async with aclosing(read_lines(response)) as lines:
                     async for line in lines:

@@ -478,7 +478,3 @@ def non_stream_info(obj: Any) -> ChunkInfo:
                     usage=obj.get("usage") if isinstance(obj.get("usage"), dict) else None,
                 )
     return chunk_info(obj)
-
-
-def auth_headers(env: ClientEnv) -> dict[str, str]:
-    return {"Authorization": f"Bearer {env.api_key}"}

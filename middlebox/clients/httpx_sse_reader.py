@@ -18,17 +18,8 @@ from typing import Any
 import httpx
 from httpx_sse import aconnect_sse
 
-from middlebox.clients.contract import (
-    ClientEnv,
-    Handler,
-    Recorder,
-    RequestSpec,
-    apply_chunk,
-    auth_headers,
-    chunk_info,
-    non_stream_info,
-    run_client,
-)
+from middlebox.clients.contract import ClientEnv, Handler, Recorder, RequestSpec, run_client
+from middlebox.clients.plain_http import auth_headers, show_answer, show_chunk
 
 
 @asynccontextmanager
@@ -42,7 +33,7 @@ async def session(env: ClientEnv, **client_options: Any) -> AsyncIterator[Handle
             if not spec.streaming:
                 response = await http.post(url, json=spec.body, headers=auth_headers(env))
                 response.raise_for_status()
-                apply_chunk(rec, non_stream_info(response.json()))
+                show_answer(rec, response.json())
                 return
             async with aconnect_sse(
                 http, "POST", url, json=spec.body, headers=auth_headers(env)
@@ -51,7 +42,7 @@ async def session(env: ClientEnv, **client_options: Any) -> AsyncIterator[Handle
                     if sse.data == "[DONE]":
                         rec.saw_done = True
                         break
-                    apply_chunk(rec, chunk_info(json.loads(sse.data)))
+                    show_chunk(rec, json.loads(sse.data))
 
         yield handle
 

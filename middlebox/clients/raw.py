@@ -19,17 +19,8 @@ from typing import Any
 
 import httpx
 
-from middlebox.clients.contract import (
-    ClientEnv,
-    Handler,
-    Recorder,
-    RequestSpec,
-    apply_chunk,
-    auth_headers,
-    chunk_info,
-    non_stream_info,
-    run_client,
-)
+from middlebox.clients.contract import ClientEnv, Handler, Recorder, RequestSpec, run_client
+from middlebox.clients.plain_http import auth_headers, show_answer, show_chunk
 from middlebox.core.sse import SseFramer, SseKind, SsePiece
 
 
@@ -44,7 +35,7 @@ def _show_line(rec: Recorder, piece: SsePiece) -> None:
         obj: Any = json.loads(payload)
     except ValueError:
         return
-    apply_chunk(rec, chunk_info(obj))
+    show_chunk(rec, obj)
 
 
 @asynccontextmanager
@@ -61,7 +52,7 @@ async def session(env: ClientEnv) -> AsyncIterator[Handler]:
                 "POST", env.url(spec.endpoint), json=spec.body, headers=auth_headers(env)
             ) as response:
                 if not spec.streaming:
-                    apply_chunk(rec, non_stream_info(json.loads(await response.aread())))
+                    show_answer(rec, json.loads(await response.aread()))
                     return
                 lines = SseFramer()
                 try:

@@ -60,11 +60,10 @@ from middlebox.clients.contract import (
     Recorder,
     RequestSpec,
     apply_chunk,
-    auth_headers,
     chunk_info,
-    non_stream_info,
     run_client,
 )
+from middlebox.clients.plain_http import auth_headers, show_answer
 from middlebox.core.sse import SseEvent, SseFramer
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -255,7 +254,7 @@ class _Attempt:
                 )
             resume.remember_stream_id(response)
             if not spec.streaming:
-                apply_chunk(rec, non_stream_info(json.loads(await response.aread())))
+                show_answer(rec, json.loads(await response.aread()))
                 return
             await self._read_events(response, rec, resume, turn)
 

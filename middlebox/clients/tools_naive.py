@@ -43,11 +43,11 @@ from middlebox.clients.contract import (
     Recorder,
     RequestSpec,
     apply_chunk,
-    auth_headers,
     chunk_info,
     non_stream_info,
     run_client,
 )
+from middlebox.clients.plain_http import auth_headers
 from middlebox.core.sse import SseFramer
 
 RETRIES = 2
