@@ -169,21 +169,21 @@ def load(
     Example:
       middlebox load --url http://127.0.0.1:9000 --streams 200 --duration 30
     """
-    from middlebox.tools.load import load_test
+    from middlebox.tools.load import LoadPlan, load_test
 
+    plan = LoadPlan(
+        url,
+        streams,
+        duration,
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        ramp=ramp,
+        max_requests=max_requests,
+        request_timeout=request_timeout,
+    )
     try:
-        report = load_test(
-            url,
-            streams,
-            duration,
-            model=model,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            ramp=ramp,
-            max_requests=max_requests,
-            request_timeout=request_timeout,
-            json_file=Path(json_file) if json_file else None,
-        )
+        report = load_test(plan, json_file=Path(json_file) if json_file else None)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     click.echo(report.text())

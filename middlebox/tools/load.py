@@ -246,35 +246,54 @@ class LoadReport:
         )
 
 
+@dataclass(frozen=True)
+class LoadPlan:
+    """What a load run does: `streams` users for `duration` seconds (then `request_timeout`
+    at most to finish), starting `ramp` users per second, and at most `max_requests`
+    requests, each a streaming chat completion of `max_tokens` for `prompt`."""
+
+    url: str
+    streams: int
+    duration: float
+    model: str = DEFAULT_MODEL
+    prompt: str = "Tell me a story."
+    max_tokens: int = 64
+    ramp: float = 100.0
+    max_requests: int = 100_000
+    request_timeout: float = 60.0
+
+
 async def run_load(
     url: str,
     streams: int,
     duration: float,
     *,
-    model: str = DEFAULT_MODEL,
-    prompt: str = "Tell me a story.",
-    max_tokens: int = 64,
-    ramp: float = 100.0,
-    max_requests: int = 100_000,
-    request_timeout: float = 60.0,
     progress: Callable[[LoadReport], None] | None = None,
+    **options: Any,
 ) -> LoadReport:
-    """Run `streams` users for `duration` seconds (then `request_timeout` at most to
-    finish), starting `ramp` users per second, and at most `max_requests` requests."""
-    if streams < 1 or duration <= 0 or ramp <= 0 or max_requests < 1:
+    """`run_plan` of `LoadPlan(url, streams, duration, **options)` (options: its other
+    fields), for callers inside a trio loop."""
+    return await run_plan(LoadPlan(url, streams, duration, **options), progress)
+
+
+async def run_plan(
+    plan: LoadPlan, progress: Callable[[LoadReport], None] | None = None
+) -> LoadReport:
+    """Run the plan in the current trio loop; `progress` gets the report every second."""
+    if plan.streams < 1 or plan.duration <= 0 or plan.ramp <= 0 or plan.max_requests < 1:
         raise ValueError("streams, duration, ramp and max_requests must be positive")
-    target = Target.parse(url)
-    request = target.request(chat_body(model, prompt, max_tokens))
-    report = LoadReport(url, streams, duration)
+    target = Target.parse(plan.url)
+    request = target.request(chat_body(plan.model, plan.prompt, plan.max_tokens))
+    report = LoadReport(plan.url, plan.streams, plan.duration)
     started = trio.current_time()
-    stop_starting = started + duration
-    budget = [max_requests]
+    stop_starting = started + plan.duration
+    budget = [plan.max_requests]
 
     async def user(index: int) -> None:
-        await trio.sleep(index / ramp)
+        await trio.sleep(index / plan.ramp)
         while trio.current_time() < stop_starting and budget[0] > 0:
             budget[0] -= 1
-            with trio.move_on_at(stop_starting + request_timeout) as scope:
+            with trio.move_on_at(stop_starting + plan.request_timeout) as scope:
                 result = await one_stream(target, request)
             if scope.cancelled_caught:
                 result = StreamResult(error="timeout: no end within the request timeout")
@@ -289,41 +308,17 @@ async def run_load(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(report_progress)
         async with trio.open_nursery() as users:
-            for index in range(streams):
+            for index in range(plan.streams):
                 users.start_soon(user, index)
         nursery.cancel_scope.cancel()
     report.elapsed_s = trio.current_time() - started
     return report
 
 
-def load_test(
-    url: str,
-    streams: int,
-    duration: float,
-    *,
-    model: str = DEFAULT_MODEL,
-    prompt: str = "Tell me a story.",
-    max_tokens: int = 64,
-    ramp: float = 100.0,
-    max_requests: int = 100_000,
-    request_timeout: float = 60.0,
-    json_file: Path | None = None,
-) -> LoadReport:
-    """`middlebox load`: `run_load` in its own trio loop; the report also written as JSON to
+def load_test(plan: LoadPlan, json_file: Path | None = None) -> LoadReport:
+    """`middlebox load`: `run_plan` in its own trio loop; the report also written as JSON to
     `json_file` when given."""
-    report = trio.run(
-        lambda: run_load(
-            url,
-            streams,
-            duration,
-            model=model,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            ramp=ramp,
-            max_requests=max_requests,
-            request_timeout=request_timeout,
-        )
-    )
+    report = trio.run(run_plan, plan)
     if json_file is not None:
         json_file.write_text(json.dumps(report.to_json(), indent=2) + "\n")
     return report
