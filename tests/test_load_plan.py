@@ -7,7 +7,6 @@ plan's bounds (one request) and the JSON report are what is checked, not timing.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,19 +14,12 @@ from click.testing import CliRunner
 
 from middlebox.cli.main import main
 from middlebox.tools.load import LoadPlan, load_test
-
-
-def closed_port() -> int:
-    """A loopback port that refused connections a moment ago (bound, then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
+from tests.harness import free_port
 
 
 def test_load_test_runs_the_plan_and_writes_its_report_as_json(tmp_path: Path) -> None:
     out = tmp_path / "load.json"
-    plan = LoadPlan(f"http://127.0.0.1:{closed_port()}", 2, 0.2, max_requests=1)
+    plan = LoadPlan(f"http://127.0.0.1:{free_port()}", 2, 0.2, max_requests=1)
     report = load_test(plan, json_file=out)
     written = json.loads(out.read_text())
     assert written == report.to_json()
@@ -42,7 +34,7 @@ def test_a_plan_that_cannot_run_is_refused_before_any_request() -> None:
 
 def test_the_load_command_passes_its_options_into_the_plan(tmp_path: Path) -> None:
     out = tmp_path / "load.json"
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     args = ["load", "--url", url, "--streams", "3", "--duration", "0.2"]
     result = CliRunner().invoke(main, [*args, "--max-requests", "2", "--json", str(out)])
     written = json.loads(out.read_text())
