@@ -479,7 +479,7 @@ class JournalSink:
     """A connection's fault-report sink; a pipeline that frames its streams also hands
     it its framing (`Pipeline.bind`), so the journal reads the legs from there."""
 
-    store: JournalStore | JournalWriter
+    store: JournalKeeper
     connection_id: int
 
     def __call__(self, report: FaultReport) -> None:
@@ -495,30 +495,53 @@ class JournalSink:
             self.store.pending_framing[self.connection_id] = framing
 
 
-def open_journal(
-    store: Any, connection_id: int, started_at: float, scenario: str, clock_offset: float | None
-) -> ConnectionJournal:
-    """A new connection's journal, as both stores (in memory, on disk) open it: their capture,
-    redaction and clock settings, and the pipeline framing that arrived before it."""
-    offset = next((o for o in (clock_offset, store.clock_offset) if o is not None), 0.0)
-    journal = ConnectionJournal(
-        connection_id,
-        started_at,
-        capture=store.capture,
-        max_capture_bytes=store.max_capture_bytes,
-        clock_offset=offset,
-        scenario=scenario,
-        redaction=store.redaction,
-    )
-    framing = store.pending_framing.pop(connection_id, None)
-    if framing is not None:
-        journal.attach_framing(framing)
-    store.journals[connection_id] = journal
-    return journal
+class JournalKeeper:
+    """What both stores of journals (`JournalStore` in memory, `JournalWriter` on disk) do
+    for the server: open a connection's journal with their capture, redaction and clock
+    settings (and the pipeline framing that arrived before it), and sink its fault reports."""
+
+    capture: bool
+    clock_offset: float | None
+    max_capture_bytes: int
+    redaction: Redaction
+    journals: dict[int, ConnectionJournal]
+    pending_framing: dict[int, PathFraming]
+
+    def observer(
+        self,
+        connection_id: int,
+        started_at: float,
+        scenario: str = "",
+        clock_offset: float | None = None,
+    ) -> ConnectionJournal:
+        """`clock_offset`: wall clock minus the relay's clock, from the shell
+        (shell.server.relay_clock_offset), since observe depends on no event loop."""
+        offset = next((o for o in (clock_offset, self.clock_offset) if o is not None), 0.0)
+        journal = ConnectionJournal(
+            connection_id,
+            started_at,
+            capture=self.capture,
+            max_capture_bytes=self.max_capture_bytes,
+            clock_offset=offset,
+            scenario=scenario,
+            redaction=self.redaction,
+        )
+        framing = self.pending_framing.pop(connection_id, None)
+        if framing is not None:
+            journal.attach_framing(framing)
+        self.journals[connection_id] = journal
+        self.opened(connection_id)
+        return journal
+
+    def opened(self, connection_id: int) -> None:
+        """Called once a connection's journal is open: a bounded store evicts here."""
+
+    def fault_sink(self, connection_id: int) -> JournalSink:
+        return JournalSink(self, connection_id)
 
 
 @dataclass
-class JournalStore:
+class JournalStore(JournalKeeper):
     """All journals of one proxy run; hands the server its observer and fault-report sink.
 
     `max_connections` bounds a long-running proxy (the control API keeps the latest
@@ -536,16 +559,7 @@ class JournalStore:
     _order: deque[int] = field(default_factory=deque, repr=False)
     pending_framing: dict[int, PathFraming] = field(default_factory=dict, repr=False)
 
-    def observer(
-        self,
-        connection_id: int,
-        started_at: float,
-        scenario: str = "",
-        clock_offset: float | None = None,
-    ) -> ConnectionJournal:
-        """`clock_offset`: wall clock minus the relay's clock, from the shell
-        (shell.server.relay_clock_offset), since observe depends on no event loop."""
-        journal = open_journal(self, connection_id, started_at, scenario, clock_offset)
+    def opened(self, connection_id: int) -> None:
         self._order.append(connection_id)
         if self.max_connections is not None:
             while len(self._order) > self.max_connections:
@@ -553,10 +567,6 @@ class JournalStore:
                 if old is not None:
                     self.evicted += 1
                     self.evicted_dropped += old.dropped
-        return journal
-
-    def fault_sink(self, connection_id: int) -> JournalSink:
-        return JournalSink(self, connection_id)
 
     def fault_reports(self) -> list[FaultReport]:
         return [report for journal in self.journals.values() for report in journal.faults]
@@ -585,7 +595,7 @@ FLUSH_INTERVAL = 1.0
 
 
 @dataclass
-class JournalWriter:
+class JournalWriter(JournalKeeper):
     """`proxy --journal FILE`: every connection's lines appended to FILE as it goes.
 
     The relay records into a `ConnectionJournal` as before; what it recorded is written
@@ -615,21 +625,6 @@ class JournalWriter:
     _file: IO[str] | None = field(default=None, repr=False)
     _dirty: bool = field(default=False, repr=False)
     _dropped_ids: set[int] = field(default_factory=set, repr=False)
-
-    def observer(
-        self,
-        connection_id: int,
-        started_at: float,
-        scenario: str = "",
-        clock_offset: float | None = None,
-    ) -> ConnectionJournal:
-        """`clock_offset`: wall clock minus the relay's clock, from the shell
-        (shell.server.relay_clock_offset), since observe depends on no event loop."""
-        journal = open_journal(self, connection_id, started_at, scenario, clock_offset)
-        return journal
-
-    def fault_sink(self, connection_id: int) -> JournalSink:
-        return JournalSink(self, connection_id)
 
     def connection_ended(self, connection_id: int) -> None:
         """Write the rest of a finished connection, flush, and forget it."""
@@ -706,6 +701,21 @@ class JournalView:
     captured: dict[tuple[str, str], bytes] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
 
+    def add(self, line: dict[str, Any]) -> None:
+        """File one journal line under its type. `open` and `bytes` lines are left to the
+        caller: a file gives them, a journal in memory has its start and captured bytes."""
+        kind = line.get("type")
+        if kind in ("read", "wrote"):
+            self.chunks.append(line)
+        elif kind == "end":
+            self.ends.append(line)
+        elif kind == "fault":
+            self.faults.append(line)
+        elif kind in ("http_head", "http_end", "sse_event"):
+            self.boundaries.append(line)
+        elif kind == "summary":
+            self.summary = line
+
 
 def read_ndjson(path: str | Path) -> list[JournalView]:
     """Every connection of a journal file, in connection order. A journal written as it
@@ -728,18 +738,10 @@ def read_ndjson(path: str | Path) -> list[JournalView]:
             kind = line.get("type")
             if kind == "open":
                 view.opened_at = float(line.get("time") or 0.0)
-            elif kind in ("read", "wrote"):
-                view.chunks.append(line)
-            elif kind == "end":
-                view.ends.append(line)
-            elif kind == "fault":
-                view.faults.append(line)
-            elif kind in ("http_head", "http_end", "sse_event"):
-                view.boundaries.append(line)
             elif kind == "bytes":
                 view.captured[(line["leg"], line["direction"])] = base64.b64decode(line["base64"])
-            elif kind == "summary":
-                view.summary = line
+            else:
+                view.add(line)
     return [views[cid] for cid in sorted(views)]
 
 

@@ -35,17 +35,7 @@ def journal_view(journal: ConnectionJournal) -> JournalView:
     unredacted: they never leave this process)."""
     view = JournalView(journal.connection_id, opened_at=journal.started_at)
     for line in journal.to_lines():
-        kind = line.get("type")
-        if kind in ("read", "wrote"):
-            view.chunks.append(line)
-        elif kind == "end":
-            view.ends.append(line)
-        elif kind == "fault":
-            view.faults.append(line)
-        elif kind in ("http_head", "http_end", "sse_event"):
-            view.boundaries.append(line)
-        elif kind == "summary":
-            view.summary = line
+        view.add(line)
     view.captured = {key: bytes(data) for key, data in journal.captured.items()}
     return view
 
