@@ -5,9 +5,7 @@ suite.at_server_lumpiness, suite.sampled_ms_per_token)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from middlebox.run.suite import (
 )
 from middlebox.run.upstream import PACE_TOKENS, Pace, UpstreamClient, pace
 from middlebox.scenario.workload import Workload
+from tests.run.http_stub import QuietHandler, stub_upstream
 
 ROOT = Path(__file__).resolve().parents[2]
 EMAIL = [{"type": "function", "function": {"name": "send_email", "parameters": {}}}]
@@ -59,7 +58,7 @@ def test_a_server_merging_tokens_into_frames_gets_the_scenarios_frames_worth() -
     assert paced(workload, scenario, 0.00001, 3.0).max_tokens == 4000  # bounded
 
 
-class Streaming(BaseHTTPRequestHandler):
+class Streaming(QuietHandler):
     """48 tokens in 16 frames of three, then the usage chunk and [DONE], as a vLLM whose
     API server lags its engine sends them."""
 
@@ -72,27 +71,14 @@ class Streaming(BaseHTTPRequestHandler):
         frames.append({"choices": [], "usage": {"completion_tokens": PACE_TOKENS}})
         body = b"".join(b"data: " + json.dumps(f).encode() + b"\n\n" for f in frames)
         body += b"data: [DONE]\n\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.answer(body, "text/event-stream")
 
 
 @pytest.fixture
 def streaming() -> Iterator[UpstreamClient]:
     Streaming.bodies = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Streaming)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield UpstreamClient(f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    with stub_upstream(Streaming) as client:
+        yield client
 
 
 def test_the_pace_is_per_token_and_says_how_many_tokens_a_frame_carried(

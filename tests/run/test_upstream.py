@@ -4,9 +4,7 @@ emulator's ledger look like to the runner."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import trio
@@ -20,6 +18,7 @@ from middlebox.run.upstream import (
     settled,
     settled_ledger,
 )
+from tests.run.http_stub import QuietHandler, stub_upstream
 
 # As vLLM 0.x exposes it through prometheus_client: HELP/TYPE lines, labels per model and
 # engine, a label value with a space, NaN and +Inf samples.
@@ -55,7 +54,7 @@ def test_a_sample_with_a_timestamp_is_read_by_its_value() -> None:
     assert parse_text('up{job="x"} 1 1700000000000\n') == {'up{job="x"}': 1.0}
 
 
-class FakeVllm(BaseHTTPRequestHandler):
+class FakeVllm(QuietHandler):
     """/v1/models, /emulator/requests (settling after two asks) and /metrics (counting up)."""
 
     asks = 0
@@ -74,26 +73,14 @@ class FakeVllm(BaseHTTPRequestHandler):
         else:
             self.send_error(404)
             return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.answer(body)
 
 
 @pytest.fixture
 def fake() -> Iterator[UpstreamClient]:
     FakeVllm.asks, FakeVllm.generated = 0, 100
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield UpstreamClient(f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    with stub_upstream(FakeVllm) as client:
+        yield client
 
 
 def test_the_client_reads_the_first_model_and_the_metrics(fake: UpstreamClient) -> None:
