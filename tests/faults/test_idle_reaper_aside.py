@@ -1,0 +1,112 @@
+"""idle_reaper does not step aside (`Fault.aside`) between deadlines, and why: its timer
+re-arms at the time of each upstream read (with `lazy`, only a read that moves it by the
+lazy delay, so the time of the last byte alone is not enough), its report counts the
+bytes of the response, and the faults nearer the client read the response pieces it
+publishes. These tests pin that behaviour in `make bench`'s three-fault path, where the
+zero-delay latency nearer the client does step aside."""
+
+from __future__ import annotations
+
+from faults.idle_reaper import IdleReaper
+from faults.latency import Latency
+from faults.set_header import SetHeader
+from faults.testing import TimedItem, replay
+from middlebox.core.fault import Fault, Pipeline
+from middlebox.core.http1 import LAST_CHUNK_BYTES
+from middlebox.core.responses import error_response
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
+from tests.faults.httpprops import SSE_HEAD, request, sse_chunks
+
+PING = b"a\r\n: ping\n\n\r\n"  # a keep-alive comment in its own chunk
+
+
+def bench_path(reaper: IdleReaper) -> tuple[Pipeline, Latency, list[Item]]:
+    latency = Latency(delay=0.0)
+    given: list[Item] = []
+    inner = reaper.on_item
+
+    def on_item(item: Item, now: float) -> list[Item]:
+        given.append(item)
+        return inner(item, now)
+
+    reaper.on_item = on_item  # type: ignore[method-assign]
+    faults: list[Fault] = [latency, SetHeader(), reaper]
+    return Pipeline(faults), latency, given
+
+
+def test_a_stream_that_goes_quiet_after_its_head_is_closed_timeout_after_its_last_byte() -> None:
+    reaper = IdleReaper(timeout=2.0)
+    pipeline, latency, given = bench_path(reaper)
+    body = sse_chunks(3, done=False)[:-1]  # three frames, then silence
+    timeline: list[TimedItem] = [
+        (0.0, Chunk(UP, request())),
+        (0.5, Chunk(DOWN, SSE_HEAD)),
+        (1.0, Chunk(DOWN, body[0])),
+        (2.5, Chunk(DOWN, PING)),  # 1.5 s after the frame: re-arms it
+        (4.0, Chunk(DOWN, body[1] + body[2])),
+    ]
+    out = replay(pipeline, timeline)
+    assert latency.aside  # the latency in front of it is passed over
+    assert given == [item for _, item in timeline]  # every item reached the reaper
+    assert reaper.aside == frozenset()
+    (report,) = reaper.reports
+    assert (report.time, report.details["idle_since"]) == (6.0, 4.0)
+    assert report.details["byte"] == len(SSE_HEAD) + len(body[0] + PING + body[1] + body[2])
+    assert out[-2:] == [(6.0, Eof(DOWN)), (6.0, Eof(UP))]
+    assert LAST_CHUNK_BYTES not in b"".join(
+        i.data for _, i in out if isinstance(i, Chunk) and i.direction is DOWN
+    )
+
+
+def test_a_silent_upstream_still_gets_the_504_through_the_stepping_aside_latency() -> None:
+    pipeline, latency, _ = bench_path(IdleReaper(timeout=60.0))
+    out = replay(pipeline, [(0.0, Chunk(UP, request()))])
+    assert latency.aside
+    page = error_response(504)
+    head_end = page.index(b"\r\n\r\n")
+    # nginx's page, with the field set_header (nearer the client) sets on every answer
+    answer = page[:head_end] + b"\r\nX-Accel-Buffering: no" + page[head_end:]
+    assert out[1:] == [(60.0, Chunk(DOWN, answer)), (60.0, Eof(DOWN)), (60.0, Eof(UP))]
+
+
+def test_with_a_lazy_timer_it_needs_each_read_time_not_only_the_last() -> None:
+    # Reads at 1.0, 1.35 and 1.5: the one at 1.35 moves the timer (0.35 >= 0.3), the one
+    # at 1.5 does not (0.15 from 1.35). The last read's time (1.5) would give 3.5, not 3.35.
+    reaper = IdleReaper(timeout=2.0, lazy=0.3)
+    pipeline, _, _ = bench_path(reaper)
+    replay(
+        pipeline,
+        [
+            (0.0, Chunk(UP, request())),
+            (1.0, Chunk(DOWN, SSE_HEAD)),
+            (1.35, Chunk(DOWN, PING)),
+            (1.5, Chunk(DOWN, PING)),
+        ],
+    )
+    (report,) = reaper.reports
+    assert (report.time, report.details["idle_since"]) == (3.35, 1.35)
+
+
+def test_a_complete_answer_disarms_it_and_the_next_request_of_the_connection_rearms_it() -> None:
+    reaper = IdleReaper(timeout=1.0)
+    pipeline, _, _ = bench_path(reaper)
+    length_head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    out = replay(
+        pipeline,
+        [
+            (0.0, Chunk(UP, request())),
+            (0.5, Chunk(DOWN, length_head + b"hello")),
+            (5.0, Chunk(UP, request(path="/v1/completions"))),
+            (5.5, Chunk(DOWN, length_head)),
+        ],
+    )
+    (report,) = reaper.reports  # not during the idle keep-alive gap from 0.5 to 5.0
+    assert (report.time, report.details["response"], report.details["phase"]) == (
+        6.5,
+        1,
+        "after_headers",
+    )
+    assert out[-2:] == [(6.5, Eof(DOWN)), (6.5, Eof(UP))]
+    assert pipeline.deadline() is None
+    assert reaper.aside == frozenset()
+    assert isinstance(out[1][1], Chunk) and out[1][1].data.endswith(b"hello")
