@@ -9,8 +9,6 @@ from pathlib import Path
 import h2.settings
 import trio
 
-from middlebox.run.serve import load_text
-from middlebox.scenario.model import Scenario, TlsOptions
 from middlebox.shell.tls import LocalCA
 from tests.harness import proxied
 from tests.shell.test_h2_streams import (
@@ -19,19 +17,12 @@ from tests.shell.test_h2_streams import (
     RawFrames,
     Seen,
     h2_proxy,
+    posts_at_once,
     streaming_upstream,
+    tls_scenario,
 )
 
 FIRST_EVENT = SSE[: SSE.index(b"\n\n") + 2]
-
-
-def tls_scenario(path_yaml: str, ca_dir: Path) -> Scenario:
-    loaded = load_text(f"name: h2-fault\npath:\n{path_yaml}")
-    return Scenario(
-        name=loaded.name,
-        path=loaded.path,
-        proxy=type(loaded.proxy)(tls=TlsOptions(ca_dir=str(ca_dir))),
-    )
 
 
 async def test_rst_stream_cancels_the_second_stream_with_its_code_and_the_others_finish(
@@ -40,15 +31,9 @@ async def test_rst_stream_cancels_the_second_stream_with_its_code_and_the_others
     scenario = tls_scenario(
         "  - rst_stream: {stream: 2, after_events: 1, error_code: CANCEL}\n", tmp_path
     )
-    seen = Seen()
-    async with h2_proxy(tmp_path, streaming_upstream(seen, pause=0.02), scenario) as (
-        _running,
-        client,
-    ):
-        ids = [await client.post(f"/{n}") for n in range(3)]
-        await client.until(client.all_over)
-        await seen.wait_for(3)
-    first, second, third = (client.answers[i] for i in ids)
+    _client, (first, second, third), seen = await posts_at_once(
+        tmp_path, scenario, pause=0.02, upstream_ends=3
+    )
     # the RST_STREAM follows the DATA frame that completed the first event
     assert second.reset == 0x8 and second.data.startswith(FIRST_EVENT)
     assert b"POST /1" not in second.data and not second.ended
@@ -129,16 +114,10 @@ async def test_a_stream_past_the_announced_limit_is_refused_alone_as_nginx_does(
     """nginx 1.22 answers the 129th concurrent stream with RST_STREAM REFUSED_STREAM and
     serves the other 128 (docs/tls-http2.md); h2 alone would fail the whole connection."""
     scenario = tls_scenario("  - max_concurrent_streams: {limit: 2}\n", tmp_path)
-    seen = Seen()
-    async with h2_proxy(tmp_path, streaming_upstream(seen, pause=0.02), scenario) as (
-        _running,
-        client,
-    ):
-        # sent before the client read the server's SETTINGS, so its h2 lets it through
-        ids = [await client.post(f"/{n}") for n in range(3)]
-        await client.until(client.all_over)
-        await seen.wait_for(2)
-    first, second, third = (client.answers[i] for i in ids)
+    # sent before the client read the server's SETTINGS, so its h2 lets them through
+    client, (first, second, third), seen = await posts_at_once(
+        tmp_path, scenario, pause=0.02, upstream_ends=2
+    )
     assert third.reset == 0x7 and third.data == b""  # REFUSED_STREAM: safe to retry
     assert first.ended and first.data == SSE + b"POST /0 HTTP/1.1"
     assert second.ended and second.data == SSE + b"POST /1 HTTP/1.1"

@@ -9,6 +9,8 @@ bytes like any others (tests/faults/test_connection_limit.py has its unit test).
 from __future__ import annotations
 
 import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import trio
 from middlebox.run.serve import load_text
 from middlebox.scenario.model import Scenario, TlsOptions
 from middlebox.shell.tls import LocalCA
-from tests.harness import proxied
+from tests.harness import Running, proxied
 from tests.shell.test_h2_streams import H2Client, RawFrames, Seen, streaming_upstream
 
 PROTOCOL_ERROR = 0x1
@@ -32,6 +34,23 @@ def h2_scenario(ca_dir: Path, alpn: tuple[str, ...] = ("h2", "http/1.1")) -> Sce
     loaded = load_text(f"name: no-bypass\npath:\n{H2_FAULTS}")
     tls = TlsOptions(ca_dir=str(ca_dir), alpn=alpn)  # type: ignore[arg-type]
     return Scenario(name=loaded.name, path=loaded.path, proxy=type(loaded.proxy)(tls=tls))
+
+
+@asynccontextmanager
+async def no_bypass_proxy(
+    tmp_path: Path,
+    seen: Seen,
+    *,
+    forever: bool = False,
+    alpn: tuple[str, ...] = ("h2", "http/1.1"),
+) -> AsyncIterator[tuple[Running, LocalCA]]:
+    """The HTTP/2 faults' TLS proxy (ALPN `alpn`) in front of an upstream noting what it saw
+    in `seen` (`forever`: an answer that never ends), and the CA to trust; all within 10 s."""
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        upstream = streaming_upstream(seen, forever=forever)
+        async with proxied(upstream, h2_scenario(tmp_path, alpn)) as running:
+            yield running, ca
 
 
 async def tls_connect(port: int, ca: LocalCA, alpn: list[str]) -> trio.SSLStream[trio.abc.Stream]:
@@ -69,15 +88,13 @@ async def test_bytes_h2_cannot_frame_fail_the_connection_with_a_goaway(
     tmp_path: Path, garbage: bytes
 ) -> None:
     seen = Seen()
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(streaming_upstream(seen), h2_scenario(tmp_path)) as running:
-            stream = await tls_connect(running.proxy_port, ca, ["h2"])
-            assert stream.selected_alpn_protocol() == "h2"
-            await stream.send_all(garbage)
-            frames = await read_until_closed(stream)
-            while running.server.active:
-                await trio.sleep(0.01)
+    async with no_bypass_proxy(tmp_path, seen) as (running, ca):
+        stream = await tls_connect(running.proxy_port, ca, ["h2"])
+        assert stream.selected_alpn_protocol() == "h2"
+        await stream.send_all(garbage)
+        frames = await read_until_closed(stream)
+        while running.server.active:
+            await trio.sleep(0.01)
     assert frames.goaway == (0, PROTOCOL_ERROR)  # the error, said, then the close
     assert seen.requests == []  # nothing reached the upstream
 
@@ -86,21 +103,17 @@ async def test_a_malformed_frame_among_open_streams_resets_every_streams_upstrea
     tmp_path: Path,
 ) -> None:
     seen = Seen()
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(
-            streaming_upstream(seen, forever=True), h2_scenario(tmp_path)
-        ) as running:
-            client = await H2Client.connect(running.proxy_port, ca)
-            for n in range(2):
-                await client.post(f"/{n}")
-            await seen.wait_for(0)
-            while len(seen.requests) < 2:
-                await trio.sleep(0.01)
-            # DATA on stream 0: a connection error (RFC 9113 §6.1)
-            await client.stream.send_all(b"\x00\x00\x01\x00\x00\x00\x00\x00\x00X")
-            frames = await read_until_closed(client.stream)
-            await seen.wait_for(2)
+    async with no_bypass_proxy(tmp_path, seen, forever=True) as (running, ca):
+        client = await H2Client.connect(running.proxy_port, ca)
+        for n in range(2):
+            await client.post(f"/{n}")
+        await seen.wait_for(0)
+        while len(seen.requests) < 2:
+            await trio.sleep(0.01)
+        # DATA on stream 0: a connection error (RFC 9113 §6.1)
+        await client.stream.send_all(b"\x00\x00\x01\x00\x00\x00\x00\x00\x00X")
+        frames = await read_until_closed(client.stream)
+        await seen.wait_for(2)
     assert frames.goaway is not None and frames.goaway[1] == PROTOCOL_ERROR
     assert seen.ends == ["rst", "rst"]  # both upstreams are aborted, none left streaming
 
@@ -109,34 +122,26 @@ async def test_a_client_that_does_not_pick_h2_on_an_h2_only_path_is_refused(
     tmp_path: Path,
 ) -> None:
     seen = Seen()
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(
-            streaming_upstream(seen), h2_scenario(tmp_path, alpn=("h2",))
-        ) as running:
-            for offered in (["http/1.1"], []):
-                try:
-                    stream = await tls_connect(running.proxy_port, ca, offered)
-                    await stream.send_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-                    answer = await stream.receive_some(65536)
-                except (trio.BrokenResourceError, ssl.SSLError):
-                    answer = b""
-                assert answer == b"", offered  # closed: never served as HTTP/1.1
-            while running.server.active:
-                await trio.sleep(0.01)
-            assert running.server.tls_handshake_failures == 2
+    async with no_bypass_proxy(tmp_path, seen, alpn=("h2",)) as (running, ca):
+        for offered in (["http/1.1"], []):
+            try:
+                stream = await tls_connect(running.proxy_port, ca, offered)
+                await stream.send_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                answer = await stream.receive_some(65536)
+            except (trio.BrokenResourceError, ssl.SSLError):
+                answer = b""
+            assert answer == b"", offered  # closed: never served as HTTP/1.1
+        while running.server.active:
+            await trio.sleep(0.01)
+        assert running.server.tls_handshake_failures == 2
     assert seen.requests == []  # its HTTP/2 faults were not passed by
 
 
 async def test_an_h2_only_path_still_serves_h2(tmp_path: Path) -> None:
     seen = Seen()
-    ca = LocalCA.load_or_create(tmp_path)
-    with trio.fail_after(10):
-        async with proxied(
-            streaming_upstream(seen), h2_scenario(tmp_path, alpn=("h2",))
-        ) as running:
-            client = await H2Client.connect(running.proxy_port, ca)
-            stream_id = await client.post("/ok")
-            await client.until(client.all_over)
-            assert running.server.tls_handshake_failures == 0
+    async with no_bypass_proxy(tmp_path, seen, alpn=("h2",)) as (running, ca):
+        client = await H2Client.connect(running.proxy_port, ca)
+        stream_id = await client.post("/ok")
+        await client.until(client.all_over)
+        assert running.server.tls_handshake_failures == 0
     assert client.answers[stream_id].reset == 0x8  # rst_stream applies to stream 1

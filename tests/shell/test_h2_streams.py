@@ -193,6 +193,34 @@ async def h2_proxy(
             yield running, await H2Client.connect(running.proxy_port, ca)
 
 
+def tls_scenario(path_yaml: str, ca_dir: Path, name: str = "h2-fault") -> Scenario:
+    """A scenario of `path_yaml`'s faults whose proxy terminates TLS with the CA in `ca_dir`."""
+    loaded = load_text(f"name: {name}\npath:\n{path_yaml}")
+    return Scenario(
+        name=loaded.name,
+        path=loaded.path,
+        proxy=type(loaded.proxy)(tls=TlsOptions(ca_dir=str(ca_dir))),
+    )
+
+
+async def posts_at_once(
+    tmp_path: Path, scenario: Scenario, *, pause: float, upstream_ends: int = 0
+) -> tuple[H2Client, list[Answer], Seen]:
+    """POST /0, /1 and /2 on three streams at once through `scenario`'s TLS proxy, in front of
+    an upstream pausing `pause` s between chunks; back when every stream is over and
+    `upstream_ends` upstream connections ended: the client, the three answers, the upstream's
+    view."""
+    seen = Seen()
+    async with h2_proxy(tmp_path, streaming_upstream(seen, pause=pause), scenario) as (
+        _running,
+        client,
+    ):
+        ids = [await client.post(f"/{n}") for n in range(3)]
+        await client.until(client.all_over)
+        await seen.wait_for(upstream_ends)
+    return client, [client.answers[i] for i in ids], seen
+
+
 async def test_two_multiplexed_streams_each_get_their_own_upstream_connection(
     tmp_path: Path,
 ) -> None:
@@ -216,23 +244,10 @@ async def test_two_multiplexed_streams_each_get_their_own_upstream_connection(
 
 
 async def test_a_fault_in_the_path_acts_on_each_stream_on_its_own(tmp_path: Path) -> None:
-    scenario = load_text(
-        "name: cut-each-stream\npath:\n  - cut: {after: bytes, count: 20, end: rst}\n"
-    )
-    scenario = Scenario(
-        name=scenario.name,
-        path=scenario.path,
-        proxy=type(scenario.proxy)(tls=TlsOptions(ca_dir=str(tmp_path))),
-    )
-    seen = Seen()
-    async with h2_proxy(tmp_path, streaming_upstream(seen, pause=0.01), scenario) as (
-        _running,
-        client,
-    ):
-        ids = [await client.post(f"/{n}") for n in range(3)]
-        await client.until(client.all_over)
-    for stream_id in ids:
-        answer = client.answers[stream_id]
+    cut = "  - cut: {after: bytes, count: 20, end: rst}\n"
+    scenario = tls_scenario(cut, tmp_path, name="cut-each-stream")
+    client, answers, _seen = await posts_at_once(tmp_path, scenario, pause=0.01)
+    for answer in answers:
         assert answer.reset == 0x2  # INTERNAL_ERROR: the upstream leg was reset
         # cut's default `where: event_boundary`: the first boundary after body byte 20
         assert answer.data == SSE[: SSE.index(b"\n\n") + 2]
@@ -246,9 +261,7 @@ async def test_a_client_rst_stream_resets_that_streams_upstream_connection_only(
     async with h2_proxy(tmp_path, streaming_upstream(seen, forever=True)) as (_running, client):
         cancelled = await client.post("/cancelled")
         kept = await client.post("/kept")
-        await client.until(
-            lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
-        )
+        await client.until(answered_so_far(client))
         client.conn.reset_stream(cancelled, error_code=0x8)
         await client.flush()
         await seen.wait_for(1)
@@ -266,9 +279,7 @@ async def test_dropping_the_connection_resets_every_multiplexed_stream_at_once(
     async with h2_proxy(tmp_path, streaming_upstream(seen, forever=True)) as (_running, client):
         for n in range(4):
             await client.post(f"/{n}")
-        await client.until(
-            lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
-        )
+        await client.until(answered_so_far(client))
         transport = client.stream.transport_stream
         assert isinstance(transport, trio.SocketStream)
         reset(transport)
@@ -371,9 +382,7 @@ async def test_shutdown_resets_an_http2_connection_and_its_open_streams(tmp_path
     async with h2_proxy(tmp_path, streaming_upstream(seen, forever=True)) as (running, client):
         for n in range(2):
             await client.post(f"/{n}")
-        await client.until(
-            lambda: all(a.data.endswith(b"HTTP/1.1") for a in client.answers.values())
-        )
+        await client.until(answered_so_far(client))
         await running.server.shutdown(grace=0.05)
         await seen.wait_for(2)
         assert running.server.active == 0
