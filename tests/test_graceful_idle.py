@@ -21,6 +21,7 @@ from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import ProxyOptions
 from middlebox.shell.relay import Relay
 from middlebox.shell.server import Address, ProxyServer, listen
+from tests.request_readers import KeepAliveRequests
 
 REQUEST = b"GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\n"
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
@@ -88,15 +89,9 @@ FRAMED = "name: framed\npath:\n  - cut: {after: events, count: 1000}\n"
 
 async def keep_alive_upstream(stream: trio.SocketStream) -> None:
     """Serves requests on one connection: `/slow` streams six chunks 50 ms apart."""
-    buffer = b""
+    requests = KeepAliveRequests(stream)
     try:
-        while True:
-            while b"\r\n\r\n" not in buffer:
-                data = await stream.receive_some(65536)
-                if not data:
-                    return
-                buffer += data
-            head, _, buffer = buffer.partition(b"\r\n\r\n")
+        while (head := await requests.next_head()) is not None:
             if head.startswith(b"GET /slow"):
                 await stream.send_all(
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"

@@ -38,6 +38,7 @@ from middlebox.shell.server import Address, ProxyServer, listen
 from tests.clients.wire_server import END_CHUNK, SSE_HEAD, chat_frame, http_chunk
 from tests.harness import free_port, proxied, read_all, send_in_pieces
 from tests.reliability.support import fds_back_to, open_fds
+from tests.request_readers import KeepAliveRequests
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -366,29 +367,9 @@ BAD_STREAM = SSE_HEAD + b"\r\n" + b"".join(http_chunk(event) for event in BAD_EV
 
 async def serve_bad_stream(stream: trio.SocketStream) -> None:
     """Answer every request on the connection (keep-alive) with BAD_STREAM."""
-    buffer = b""
+    requests = KeepAliveRequests(stream)
     try:
-        while True:
-            while b"\r\n\r\n" not in buffer:
-                data = await stream.receive_some(65536)
-                if not data:
-                    return
-                buffer += data
-            head, _, buffer = buffer.partition(b"\r\n\r\n")
-            length = next(
-                (
-                    int(line.split(b":", 1)[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                ),
-                0,
-            )
-            while len(buffer) < length:
-                data = await stream.receive_some(65536)
-                if not data:
-                    return
-                buffer += data
-            buffer = buffer[length:]
+        while await requests.next_head() is not None:
             await stream.send_all(BAD_STREAM)
     except trio.BrokenResourceError:
         return

@@ -31,21 +31,16 @@ import h2.exceptions
 import pytest
 
 from middlebox.shell.tls import LocalCA
+from tests.harness import free_port, needs
+from tests.request_readers import recv_until
 from tests.shell.test_h2_streams import RawFrames
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-if NGINX is None and os.environ.get("CI") != "true":
-    pytest.skip("nginx is not installed (.ci/run installs it)", allow_module_level=True)
+pytestmark = needs(NGINX, "nginx")
 
 ROOT = Path(__file__).resolve().parents[2]
 REFUSED_STREAM = 0x7
 SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
@@ -89,12 +84,9 @@ class Upstream:
     def answer(connection: socket.socket) -> None:
         with connection:
             try:
-                request = b""
-                while b"\r\n\r\n" not in request:
-                    data = connection.recv(65536)
-                    if not data:
-                        return
-                    request += data
+                request = recv_until(connection, b"\r\n\r\n")
+                if b"\r\n\r\n" not in request:
+                    return
                 count, ms, *size = request.split(b" ")[1].strip(b"/").split(b"/")
                 connection.sendall(
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"

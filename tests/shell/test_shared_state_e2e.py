@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.request_readers import recv_until
 from tests.shell.redis_server import RedisServer, redis_server_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,12 +53,7 @@ def upstream() -> Iterator[int]:
                 continue
             with conn:
                 conn.settimeout(10)
-                data = b""
-                while b"\r\n\r\n{}" not in data:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
+                recv_until(conn, b"\r\n\r\n{}")  # answered even if the request was cut
                 conn.sendall(ANSWER)
 
     thread = threading.Thread(target=serve, daemon=True)
