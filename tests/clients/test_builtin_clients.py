@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from tests.clients.wire_server import (
     SSE_HEAD,
     Behaviour,
     Conn,
+    Seen,
     WireServer,
     chat_frame,
     http_chunk,
@@ -371,11 +373,10 @@ def start_docs_example(tmp: Path) -> Started:
     return Started("example", [sys.executable, "my_client.py"], tmp, workload, cwd=tmp)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    tmp = tmp_path_factory.mktemp("clients")
-    started = [Started(c, BUILTIN_CLIENTS[c], tmp, workload_for(c)) for c in CLIENTS]
-    started.append(start_docs_example(tmp))
+@contextmanager
+def finished(started: list[Started]) -> Iterator[dict[str, Run]]:
+    """Each started client's run once it finished, by client name; every process stopped
+    at the end, whatever happened."""
     try:
         yield {s.client: s.finish() for s in started}
     finally:
@@ -383,8 +384,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
             s.stop()
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    tmp = tmp_path_factory.mktemp("clients")
+    started = [Started(c, BUILTIN_CLIENTS[c], tmp, workload_for(c)) for c in CLIENTS]
+    started.append(start_docs_example(tmp))
+    with finished(started) as done:
+        yield done
+
+
 def entry(runs: dict[str, Run], client: str, name: str) -> dict[str, Any]:
     return runs[client].by_name[name]
+
+
+def resumed(runs: dict[str, Run], client: str) -> tuple[dict[str, Any], Seen, Seen]:
+    """The client's `resumable` result and the two requests it made (the second resumes)."""
+    first, second = runs[client].server.requests_for("resumable")
+    return entry(runs, client, "resumable"), first, second
 
 
 # --- the stories -------------------------------------------------------------------------
@@ -538,11 +554,10 @@ def test_resilient_retries_an_in_band_error_that_says_retry_and_redraws_the_answ
 def test_resilient_resumes_with_last_event_id_and_the_stream_id_without_duplicating_tokens(
     runs: dict[str, Run],
 ) -> None:
-    r = entry(runs, "resilient", "resumable")
+    r, first, second = resumed(runs, "resilient")
     assert (r["text"], r["finish_reason"], r["error"]) == (FULL, "stop", None)
     assert (r["attempts"], r["resumes"], r["saw_done"]) == (2, 1, True)
     assert [piece for _, piece in r["chunks"]] == HELLO
-    first, second = runs["resilient"].server.requests_for("resumable")
     assert "last-event-id" not in first.headers
     assert second.headers["last-event-id"] == "3"
     assert second.headers["x-stream-id"] == "s-42"

@@ -33,6 +33,9 @@ from tests.clients.test_builtin_clients import (
     Started,
     assert_left_after_a_second_of_silence,
     assert_left_after_three_tokens,
+    entry,
+    finished,
+    resumed,
     workload_for,
     write_utf8_split,
 )
@@ -286,16 +289,8 @@ def runs(npm_installed: None, tmp_path_factory: pytest.TempPathFactory) -> Itera
     # with_node skips these tests before this runs, except under CI=true: there it fails.
     assert node_available(), "node >= 20 and npm are needed (.ci/run installs them)"
     tmp = tmp_path_factory.mktemp("node-clients")
-    started = [NodeStarted(c, BUILTIN_CLIENTS[c], tmp, workload_for(c)) for c in NODE]
-    try:
-        yield {s.client: s.finish() for s in started}
-    finally:
-        for s in started:
-            s.stop()
-
-
-def entry(runs: dict[str, Run], client: str, name: str) -> dict[str, Any]:
-    return runs[client].by_name[name]
+    with finished([NodeStarted(c, BUILTIN_CLIENTS[c], tmp, workload_for(c)) for c in NODE]) as done:
+        yield done
 
 
 def outcome(runs: dict[str, Run], client: str, name: str) -> tuple[str, str | None]:
@@ -466,8 +461,7 @@ def test_an_in_band_error_frame_is_surfaced_by_every_posting_client(runs: dict[s
 def test_fetch_event_source_resends_last_event_id_but_shows_the_replayed_event_twice(
     runs: dict[str, Run],
 ) -> None:
-    r = entry(runs, "node-fetch-event-source", "resumable")
-    first, second = runs["node-fetch-event-source"].server.requests_for("resumable")
+    r, first, second = resumed(runs, "node-fetch-event-source")
     assert "last-event-id" not in first.headers
     assert second.headers["last-event-id"] == "3"
     # The server replays from id 3 inclusive; the library does not skip what it delivered.
@@ -518,8 +512,7 @@ def test_node_eventsource_fails_the_connection_on_a_429_without_retrying(
 def test_node_eventsource_resumes_with_the_stream_id_and_its_last_event_id(
     runs: dict[str, Run],
 ) -> None:
-    r = entry(runs, "node-eventsource", "resumable")
-    first, second = runs["node-eventsource"].server.requests_for("resumable")
+    r, first, second = resumed(runs, "node-eventsource")
     assert "last-event-id" not in first.headers and "x-stream-id" not in first.headers
     assert (second.headers["last-event-id"], second.headers["x-stream-id"]) == ("3", "s-42")
     # This server replays from id 3 inclusive, and EventSource delivers what it is sent.
