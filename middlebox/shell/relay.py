@@ -74,21 +74,31 @@ _LINGER_ABORT = struct.pack("ii", 1, 0)
 # What one read did: the socket is drained for now, another read may find more, or
 # this side will read no more (FIN, RST, closed).
 _DRAINED, _MORE, _OVER = 0, 1, 2
+# What wakes a reader and a writer on the hub: a hang-up or an error wakes both, so the
+# read sees the FIN or RST and the write its EPIPE.
+_READABLE_EVENTS = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
+_WRITABLE_EVENTS = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 
 
 class ReadHub:
     """Readiness and deadlines for relays, one per trio run (see the module docstring).
 
     Sockets stay registered (EPOLLIN, level-triggered) while their relay reads them;
-    a paused side is modified to no events and back, so data left unread fires again.
-    Callbacks run inside the hub's task and must not raise (the relay catches and
-    keeps its own errors). Unregister before closing a socket: the kernel forgets a
-    closed fd by itself, but the fd number may be reused by the next socket.
+    a paused side is modified to no read events and back, so data left unread fires
+    again. A socket that did not take a write whole is also watched for EPOLLOUT until
+    its outbox is empty (`watch_writable`): the relay's writes wait on the hub like its
+    reads, so a connection needs no writer task (and no nursery to hold one). Callbacks
+    run inside the hub's task and must not raise (the relay catches and keeps its own
+    errors). Unregister before closing a socket: the kernel forgets a closed fd by
+    itself, but the fd number may be reused by the next socket.
     """
 
     def __init__(self) -> None:
         self.epoll = select.epoll()
         self.callbacks: dict[int, Callable[[], None]] = {}
+        self.writable: dict[int, Callable[[], None]] = {}
+        # The events each registered fd is watched for (absent: not registered).
+        self.masks: dict[int, int] = {}
         self.users = 0
         self.scope = trio.CancelScope()
         # The process's one deadline heap: (due, ticket). An entry is live while its
@@ -101,25 +111,63 @@ class ReadHub:
         self.next_ticket = 0
         self.waiting: trio.CancelScope | None = None
 
+    def _watch(self, fd: int, mask: int) -> None:
+        """Watch `fd` for `mask`; with no events and no reader left, forget it."""
+        known = self.masks.get(fd)
+        if mask == known:
+            return
+        keep = bool(mask) or fd in self.callbacks  # a paused reader stays, at no events
+        try:
+            if known is None:
+                if not keep:
+                    return
+                self.epoll.register(fd, mask)
+            elif keep:
+                self.epoll.modify(fd, mask)
+            else:
+                self.epoll.unregister(fd)
+        except (OSError, ValueError):
+            pass  # closed under us: the kernel dropped it already
+        if keep:
+            self.masks[fd] = mask
+        else:
+            self.masks.pop(fd, None)
+
     def register(self, sock: socket.socket, callback: Callable[[], None]) -> None:
         fd = sock.fileno()
         self.callbacks[fd] = callback
-        self.epoll.register(fd, select.EPOLLIN)
+        known = self.masks.get(fd)
+        if known is None:
+            self.epoll.register(fd, select.EPOLLIN)
+            self.masks[fd] = select.EPOLLIN
+        else:
+            self._watch(fd, known | select.EPOLLIN)
 
     def unregister(self, sock: socket.socket, callback: Callable[[], None]) -> None:
         fd = sock.fileno()
         if fd >= 0 and self.callbacks.get(fd) is callback:
             del self.callbacks[fd]
-            try:
-                self.epoll.unregister(fd)
-            except (OSError, ValueError):
-                pass
+            self._watch(fd, self.masks.get(fd, 0) & select.EPOLLOUT)
 
     def pause(self, sock: socket.socket) -> None:
-        self.epoll.modify(sock.fileno(), 0)
+        fd = sock.fileno()
+        self._watch(fd, self.masks.get(fd, 0) & ~select.EPOLLIN)
 
     def resume(self, sock: socket.socket) -> None:
-        self.epoll.modify(sock.fileno(), select.EPOLLIN)
+        fd = sock.fileno()
+        self._watch(fd, self.masks.get(fd, 0) | select.EPOLLIN)
+
+    def watch_writable(self, sock: socket.socket, callback: Callable[[], None]) -> None:
+        """Call `callback` whenever `sock` can take more bytes, until `unwatch_writable`."""
+        fd = sock.fileno()
+        self.writable[fd] = callback
+        self._watch(fd, self.masks.get(fd, 0) | select.EPOLLOUT)
+
+    def unwatch_writable(self, sock: socket.socket, callback: Callable[[], None]) -> None:
+        fd = sock.fileno()
+        if fd >= 0 and self.writable.get(fd) is callback:
+            del self.writable[fd]
+            self._watch(fd, self.masks.get(fd, 0) & ~select.EPOLLOUT)
 
     def schedule(self, due: float, callback: Callable[[], None]) -> int:
         """Call `callback` (in the hub's task) once trio's clock reaches `due`; returns
@@ -173,10 +221,16 @@ class ReadHub:
                     self.waiting = None
                     if self.timers:
                         self._fire_due()
-                    for fd, _ in self.epoll.poll(0, 1024):
-                        callback = self.callbacks.get(fd)
-                        if callback is not None:
-                            callback()
+                    for fd, events in self.epoll.poll(0, 1024):
+                        if events & _WRITABLE_EVENTS:
+                            # Writes first: a drained outbox may unpause the other side.
+                            callback = self.writable.get(fd)
+                            if callback is not None:
+                                callback()
+                        if events & _READABLE_EVENTS:
+                            callback = self.callbacks.get(fd)
+                            if callback is not None:
+                                callback()
         finally:
             self.waiting = None
             self.epoll.close()
@@ -319,6 +373,8 @@ class Relay:
         self._hub: ReadHub | None = None
         self._hub_callbacks: dict[str, Callable[[], None]] = {}
         self._hub_paused: set[str] = set()
+        # The hub's writable callbacks of the sides whose outbox waits for the socket.
+        self._hub_writers: dict[str, Callable[[], None]] = {}
         # This relay's entry on the hub's deadline heap: its ticket and when it fires.
         self._timer_ticket: int | None = None
         self._timer_due: float | None = None
@@ -332,31 +388,48 @@ class Relay:
 
     async def run(self) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                try:
-                    self._hub = acquire_read_hub()
-                except OSError:
-                    # No fd left for the hub's epoll (EMFILE under a flood): this
-                    # connection reads with a task per socket (and a timer task) instead.
-                    self._hub = None
-                if self._hub is not None:
-                    for side in (self.client, self.upstream):
-                        callback = self._hub_callbacks[side.leg] = self._readable(side)
-                        self._hub.register(side.sock, callback)
-                else:
-                    nursery.start_soon(self._read_loop, self.client)
-                    nursery.start_soon(self._read_loop, self.upstream)
+            try:
+                self._hub = acquire_read_hub()
+            except OSError:
+                # No fd left for the hub's epoll (EMFILE under a flood): this connection
+                # reads with a task per socket (and timer and writer tasks) instead.
+                self._hub = None
+            if self._hub is not None:
+                # The hub reads, writes what a socket did not take whole when it can take
+                # more, and wakes the pipeline at its deadline: this task only waits for
+                # the end, so it needs no nursery (trio's nursery, its cancel scope and
+                # its teardown were the largest part of a connection's setup). An error
+                # in any of that comes back here through `_fail`, as a task's would.
+                for side in (self.client, self.upstream):
+                    callback = self._hub_callbacks[side.leg] = self._readable(side)
+                    self._hub.register(side.sock, callback)
                 self._dispatch(self.pipeline.on_open(self.clock()))
                 self._after_pipeline_call()
-                await self._done.wait()
-                nursery.cancel_scope.cancel()
+                try:
+                    await self._done.wait()
+                except trio.Cancelled:
+                    # One schedule point first, as a nursery's exit has: the hub reads
+                    # what came with the cancel (an h2 session resets a stream's socket,
+                    # then cancels its relay), so a peer's RST still goes on as an RST
+                    # rather than the close below sending a FIN.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    raise
+            else:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._read_loop, self.client)
+                    nursery.start_soon(self._read_loop, self.upstream)
+                    self._dispatch(self.pipeline.on_open(self.clock()))
+                    self._after_pipeline_call()
+                    await self._done.wait()
+                    nursery.cancel_scope.cancel()
         finally:
             if self._timer_ticket is not None and self._hub is not None:
                 self._hub.cancel(self._timer_ticket)
                 self._timer_ticket = None
             for side in (self.client, self.upstream):
                 self._leave_hub(side)
+                self._unwatch_writable(side)
                 if not side.closed:
                     side.closed = True
                     trio.lowlevel.notify_closing(side.sock)
@@ -484,6 +557,7 @@ class Relay:
         self._failure = error
         for each in (self.client, self.upstream):
             self._leave_hub(each)
+            self._unwatch_writable(each)
         self._done.set()
 
     def _join_hub(self, side: Side) -> None:
@@ -666,8 +740,39 @@ class Relay:
             elif self._nursery is not None:
                 self._writers.add(side.leg)
                 self._nursery.start_soon(self._write_loop, side)
-        elif side.pending_end is not None:
+            elif self._hub is not None:
+                # The rest waits on the hub for the socket to take more (EPOLLOUT).
+                self._writers.add(side.leg)
+                callback = self._hub_writers[side.leg] = self._writable(side)
+                self._hub.watch_writable(side.sock, callback)
+            return
+        if side.leg in self._hub_writers:
+            self._unwatch_writable(side)
+        if side.pending_end is not None:
             self._write_end(side, side.pending_end)
+
+    def _writable(self, side: Side) -> Callable[[], None]:
+        """The hub's callback for `side` taking more bytes: what `_write_loop` does on a
+        wake, without a task."""
+
+        def writable() -> None:
+            try:
+                if side.closed:
+                    self._unwatch_writable(side)
+                    return
+                self._flush(side)
+                self._wake_readers()
+            except Exception as error:  # a bug must fail this connection, not the hub
+                self._fail(error)
+
+        return writable
+
+    def _unwatch_writable(self, side: Side) -> None:
+        callback = self._hub_writers.pop(side.leg, None)
+        if callback is not None:
+            self._writers.discard(side.leg)
+            if self._hub is not None:
+                self._hub.unwatch_writable(side.sock, callback)
 
     def _write_end(self, side: Side, end: Eof | Reset) -> None:
         side.write_done = True
@@ -694,6 +799,7 @@ class Relay:
         side.write_done = True
         side.outbox.clear()
         side.outbox_bytes = 0
+        self._unwatch_writable(side)
         if self.observer is not None:
             self.observer.ended(side.leg, side.source.opposite, "write_failed", self.clock())
         if not side.read_done:

@@ -157,6 +157,9 @@ async def test_a_client_that_stops_reading_starts_a_writer_and_backpressure_boun
             with trio.move_on_after(0.3):
                 await trio.sleep_forever()
             assert "client" in relay._writers
+            # The writer is the hub watching the socket for room (EPOLLOUT), not a task:
+            # a hub-served connection opens no nursery.
+            assert "client" in relay._hub_writers and relay._nursery is None
             assert relay.client.outbox_bytes <= 512 * 1024
             assert await receive_exactly(client, len(body)) == body
         upstream.shutdown(socket.SHUT_WR)
@@ -325,3 +328,41 @@ async def test_an_error_in_a_hub_read_fails_that_relay_only() -> None:
         sock.close()
     assert [str(error) for error in errors] == ["observer bug"]
     assert broken.client.closed and broken.upstream.closed
+
+
+async def test_a_writer_that_fails_on_the_hub_ends_its_connection_and_is_raised() -> None:
+    body = bytes(range(256)) * 4096  # 1 MiB: more than the socket buffers take at once
+    client, client_peer = pair(64 * 1024)
+    upstream, upstream_peer = pair()
+    pipeline = Pipeline([])
+    pipeline.bind(FaultContext())
+    relay = Relay(client_peer, upstream, pipeline)
+    failure: list[BaseException] = []
+
+    async def run_relay() -> None:
+        try:
+            await relay.run()
+        except RuntimeError as error:
+            failure.append(error)
+
+    def broken_flush(side: object) -> None:
+        raise RuntimeError("a bug in the writer")
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_relay)
+            nursery.start_soon(send_all, upstream_peer, body)
+            while "client" not in relay._hub_writers:
+                await trio.sleep(0.01)
+            relay._flush = broken_flush  # type: ignore[method-assign]
+            await receive_exactly(client, 1024)  # room again: the hub wakes the writer
+            while not failure:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    # The error ended this connection (both sockets closed, off the hub) and came out of
+    # `run`, as a failing writer task's did through the relay's nursery.
+    assert str(failure[0]) == "a bug in the writer"
+    assert relay.client.closed and relay.upstream.closed
+    assert relay._hub_writers == {} and relay._hub_callbacks == {}
+    for sock in (client, upstream_peer):
+        sock.close()
