@@ -25,12 +25,11 @@ from tests.faults.httpprops import (
     frame,
     rechunk,
     request,
-    resplit,
     sse_chunks,
     sse_response,
-    timed,
 )
 from tests.faults.netprops import assert_deterministic
+from tests.faults.sse_timelines import in_segments
 
 VLLM_FRAME = (
     b'data: {"error":{"message":"Internal server error","type":"InternalServerError",'
@@ -238,10 +237,7 @@ def test_whatever_the_chunking_the_client_reads_the_events_then_the_error(
 ) -> None:
     text = b"".join(frame(i) for i in range(4)) + DONE_FRAME
     wire = SSE_HEAD + rechunk(text, chunk_cuts)
-    out = replay(
-        InbandError(events=events, then=then),
-        [(0.0, Chunk(UP, request())), *timed(DOWN, resplit(wire, tcp_cuts), 1.0, 0.01)],
-    )
+    out = replay(InbandError(events=events, then=then), in_segments(wire, tcp_cuts))
     before = b"".join(frame(i) for i in range(events))
     rest = text[len(before) :]
     expected = before + VLLM_FRAME + (DONE_FRAME if then == "done" else rest)

@@ -24,12 +24,11 @@ from tests.faults.httpprops import (
     frame,
     rechunk,
     request,
-    resplit,
     sse_chunks,
     sse_response,
-    timed,
 )
 from tests.faults.netprops import assert_deterministic
+from tests.faults.sse_timelines import in_segments, two_events_and_done
 
 
 def with_id(data: bytes, n: int) -> bytes:
@@ -40,17 +39,7 @@ def with_id(data: bytes, n: int) -> bytes:
 def test_add_numbers_every_event_done_included_at_the_times_they_arrive() -> None:
     body = sse_chunks(2)
     fault = SseIds()
-    out = replay(
-        fault,
-        [
-            (0.0, Chunk(UP, request())),
-            (0.02, Chunk(DOWN, SSE_HEAD)),
-            (1.0, Chunk(DOWN, body[0])),
-            (1.25, Chunk(DOWN, body[1])),
-            (1.5, Chunk(DOWN, body[2] + body[3])),
-            (1.5, Eof(DOWN)),
-        ],
-    )
+    out = replay(fault, two_events_and_done(body))
     assert out == [
         (0.0, Chunk(UP, request())),
         (0.02, Chunk(DOWN, SSE_HEAD)),
@@ -171,10 +160,7 @@ def test_whatever_the_chunking_the_client_reads_exactly_the_rewritten_events(
             renumbered = f"id: {i + 1}{eol}" if event_id is not None else ""
             expected += f"{renumbered}data: {data}{eol}{eol}"
     wire = SSE_HEAD + rechunk(text.encode(), chunk_cuts)
-    out = replay(
-        SseIds(mode=mode),
-        [(0.0, Chunk(UP, request())), *timed(DOWN, resplit(wire, tcp_cuts), 1.0, 0.01)],
-    )
+    out = replay(SseIds(mode=mode), in_segments(wire, tcp_cuts))
     assert dechunked(joined(out, DOWN)) == [(expected.encode(), True)]
 
 
@@ -183,10 +169,7 @@ def test_a_stream_without_ids_passes_strip_byte_exact(
     chunk_cuts: list[int], tcp_cuts: list[int]
 ) -> None:
     wire = SSE_HEAD + rechunk(b"".join(frame(i) for i in range(4)), chunk_cuts)
-    out = replay(
-        SseIds(mode="strip"),
-        [(0.0, Chunk(UP, request())), *timed(DOWN, resplit(wire, tcp_cuts), 1.0, 0.01)],
-    )
+    out = replay(SseIds(mode="strip"), in_segments(wire, tcp_cuts))
     assert joined(out, DOWN) == wire
 
 

@@ -25,6 +25,7 @@ from tests.faults.httpprops import (
     sse_chunks,
     sse_response,
 )
+from tests.faults.sse_timelines import two_events_and_done
 
 
 def stream_retry(wire: bytes) -> int | None:
@@ -38,17 +39,7 @@ def stream_retry(wire: bytes) -> int | None:
 def test_set_announces_the_delay_in_the_first_events_block_and_leaves_the_rest() -> None:
     body = sse_chunks(2)
     fault = SseRetry(mode="set", delay=0.25)
-    out = replay(
-        fault,
-        [
-            (0.0, Chunk(UP, request())),
-            (0.02, Chunk(DOWN, SSE_HEAD)),
-            (1.0, Chunk(DOWN, body[0])),
-            (1.25, Chunk(DOWN, body[1])),
-            (1.5, Chunk(DOWN, body[2] + body[3])),
-            (1.5, Eof(DOWN)),
-        ],
-    )
+    out = replay(fault, two_events_and_done(body))
     assert out == [
         (0.0, Chunk(UP, request())),
         (0.02, Chunk(DOWN, SSE_HEAD)),
