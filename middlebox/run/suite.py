@@ -193,7 +193,17 @@ def in_decoding_time(
     real server: `max: 3` at the scenario's 15 ms ITL is 45 ms of decoding, which a
     server at 3 ms a token fills with 15 tokens. The same abort latency wastes more
     tokens on a faster server; what the scenario bounds is how long the server went on.
-    The measured token count is reported unchanged; the check says how it was judged."""
+
+    Or in tokens, as written, when that is the looser: a hop that learns of the client's
+    leave from a failed write (apache-default: the second write after the FIN fails,
+    `ignore_client_close`) waits for the server's next frames, not for a time, so on a
+    server slower than the scenario it costs the same two tokens in more milliseconds
+    (measured: apache-default/httpx-sse w4 at 80 ms a token, where the scenario's 40 ms
+    are 0.5 tokens). Which of the two a path's mechanism counts depends on the path (a
+    cork's timer or an abort latency counts time, a failed write counts frames), so a
+    bound is met when it is met in either; a path that never passes the close on wastes
+    the rest of the stream and fails both. The measured token count is reported
+    unchanged; the check says how it was judged."""
     block: Any = scenario.sections.get("upstream")
     itl_ms = float(getattr(block, "itl", 0.0) or 0.0) * 1000
     if not server_ms_per_token or not itl_ms:
@@ -206,17 +216,18 @@ def in_decoding_time(
             continue
         bound = check.expected * itl_ms / server_ms_per_token
         if check.condition == "min":
-            passed = check.actual >= bound
+            passed = check.actual >= min(bound, check.expected)
             step = ""
         else:
             # A real engine learns of an abort between decode steps, so the step in flight
             # when the client left completes: one token the emulator's exact abort has not.
-            passed = check.actual <= bound + 1
+            passed = check.actual <= max(bound, check.expected) + 1
             step = " + the step in flight"
         note = (
             f"judged in decoding time: {check.expected} tokens at the scenario's "
             f"{itl_ms:g} ms = {check.expected * itl_ms:g} ms = {bound:.1f} tokens at the "
-            f"server's {server_ms_per_token:g} ms{step}"
+            f"server's {server_ms_per_token:g} ms, or {check.expected} as written when "
+            f"that is the looser{step}"
         )
         judged.append(dataclasses.replace(check, passed=passed, note=note))
     return judged

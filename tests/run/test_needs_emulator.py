@@ -135,7 +135,8 @@ def test_a_bound_on_wasted_tokens_is_judged_in_the_real_servers_decoding_time() 
     judged = in_decoding_time(as_written, scenario, 3.0)
     wasted, abandoned = judged
     assert wasted.passed and wasted.actual == 14 and wasted.expected == 3  # reported as measured
-    assert "45 ms = 15.0 tokens at the server's 3 ms + the step in flight" in wasted.note
+    assert "45 ms = 15.0 tokens at the server's 3 ms, or 3 as written" in wasted.note
+    assert wasted.note.endswith("when that is the looser + the step in flight")
     assert abandoned == as_written[1]  # other names as written
     # 17 tokens is more than 45 ms and the step decoding when the client left: fails
     (edge, _) = in_decoding_time(
@@ -150,18 +151,44 @@ def test_a_bound_on_wasted_tokens_is_judged_in_the_real_servers_decoding_time() 
         3.0,
     )
     assert not over.passed and over.describe().endswith(
-        "at the server's 3 ms + the step in flight)"
+        "as written when that is the looser + the step in flight)"
     )
     line = failure_message({"name": "abandon-direct", "description": ""}, "raw", vars(over))
     assert line.startswith("server.tokens_wasted max 3: got 17 (judged in decoding time")
-    # a slower server than the scenario: fewer tokens fill the same time
+    # a slower server than the scenario: fewer tokens fill the same time, but a hop that
+    # waits for frames (a failed write) still costs the tokens as written: the looser
     (slow, _) = in_decoding_time(as_written, scenario, 30.0)
-    assert not slow.passed and "1.5 tokens" in slow.note  # 14 > 1.5 + 1
+    assert not slow.passed and "1.5 tokens" in slow.note  # 14 > max(1.5, 3) + 1
+    (two_frames, _) = in_decoding_time(
+        evaluate_expect(expect, "raw", {**metrics, "server.tokens_wasted": 4}, ["raw"]),
+        scenario,
+        30.0,
+    )
+    assert two_frames.passed  # 4 <= 3 as written + the step in flight, not 1.5 + 1
+    (five, _) = in_decoding_time(
+        evaluate_expect(expect, "raw", {**metrics, "server.tokens_wasted": 5}, ["raw"]),
+        scenario,
+        30.0,
+    )
+    assert not five.passed
     # a minimum scales the same way (tokens the server went on generating for nobody)
     (floor,) = in_decoding_time(
+        [Check("server.tokens_wasted", "min", 200, 150, False)], scenario, 3.0
+    )
+    assert not floor.passed  # short of 200 as written and of 200 x 15 ms = 1000 tokens at 3 ms
+    (floor_as_written,) = in_decoding_time(
         [Check("server.tokens_wasted", "min", 200, 700, True)], scenario, 3.0
     )
-    assert not floor.passed  # 200 x 15 ms = 3 s = 1000 tokens at 3 ms
+    assert floor_as_written.passed  # 700 < 1000 in time, but 200 as written is met
+    # and a minimum on a slower server: the looser is the time's fewer tokens
+    (slow_floor,) = in_decoding_time(
+        [Check("server.tokens_wasted", "min", 200, 160, False)], scenario, 20.0
+    )
+    assert slow_floor.passed  # 3 s at 20 ms = 150 tokens; 160 falls short of 200 as written
+    (short_floor,) = in_decoding_time(
+        [Check("server.tokens_wasted", "min", 200, 100, False)], scenario, 20.0
+    )
+    assert not short_floor.passed  # 100 < 150
     # unknown speed or an exact count: as written
     assert in_decoding_time(as_written, scenario, None) == as_written
     exact = [Check("server.tokens_wasted", "equals", 0, 0, True)]
