@@ -8,7 +8,7 @@ import random
 import pytest
 
 from faults.latency import Latency
-from middlebox.core.fault import FaultContext, LazyRandom, Pipeline
+from middlebox.core.fault import FaultContext, FaultRandom, LazyRandom, Pipeline
 
 
 def draws(rng: random.Random) -> list[object]:
@@ -63,3 +63,27 @@ def test_a_pipeline_binds_each_fault_with_a_lazy_generator_seeded_in_path_order(
         assert isinstance(fault.rng, LazyRandom)
         assert fault.rng._seed_later is not None  # nothing drew yet: nothing seeded
         assert draws(fault.rng) == draws(random.Random(seeds.getrandbits(64)))
+
+
+def test_both_generators_a_fault_may_hold_are_fault_randoms_and_a_draw_seeds_once() -> None:
+    # What mypy checks statically (Fault.rng: FaultRandom, no cast), at run time too:
+    # each of FaultRandom's methods is the class's until the first draw, then the
+    # generator's own bound method (no Python call per draw).
+    def five(rng: FaultRandom) -> list[object]:
+        return [
+            rng.random(),
+            rng.uniform(2, 3),
+            rng.randint(1, 6),
+            rng.choice(["a", "b", "c"]),
+            rng.getrandbits(32),
+        ]
+
+    lazy = LazyRandom(42)
+    assert "random" not in vars(lazy)
+    assert five(lazy) == five(random.Random(42))
+    generator = lazy._generator
+    assert generator is not None
+    for name in ("random", "uniform", "randint", "choice", "getrandbits"):
+        assert getattr(lazy, name) == getattr(generator, name)
+        assert getattr(lazy, name).__self__ is generator
+    assert lazy._generate() is generator  # seeded once

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import random
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from middlebox.core.fault import Fault, FaultContext, Seconds
+from middlebox.core.fault import Fault, FaultContext, FaultRandom, Seconds
 from middlebox.core.framed import Framed, FramedStream, Position, frame_new
 from middlebox.core.http1 import (
     REQUEST_BODY_KEEP,
@@ -189,7 +188,7 @@ class RequestMatch:
         """The time window, in seconds since the epoch (see `start`)."""
         return elapsed >= self.after and (self.before is None or elapsed < self.before)
 
-    def chooses(self, index: int, rng: random.Random) -> bool:
+    def chooses(self, index: int, rng: FaultRandom) -> bool:
         """The index conditions, then the seeded coin (drawn only when reached)."""
         if self.requests is not None and index not in self.requests:
             return False
@@ -211,7 +210,7 @@ class RequestMatch:
         self,
         request: RequestInfo,
         now: float,
-        rng: random.Random,
+        rng: FaultRandom,
         shared: SharedState,
         key: str = "match",
         epoch: float | None = None,

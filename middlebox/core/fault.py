@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, cast
+from typing import Annotated, Any, ClassVar, Protocol, TypeVar
 
 from middlebox.core.framed import FramedStream, PathFraming, Position
 from middlebox.core.scenario_state import SharedState, for_fault
@@ -56,6 +56,29 @@ class FaultReport:
 
 ReportSink = Callable[[FaultReport], None]
 
+_T = TypeVar("_T")
+
+
+class FaultRandom(Protocol):
+    """The draws a fault makes from its seeded generator (`self.rng`): what faults/ calls
+    (`random`, `uniform`, `randint`, `choice`, `getrandbits`), so mypy checks every draw
+    against both generators a fault may hold: a `random.Random` (a fault bound on its
+    own, `faults.testing`) and the pipeline's `LazyRandom`."""
+
+    def random(self) -> float: ...
+
+    def uniform(self, a: float, b: float) -> float: ...
+
+    def randint(self, a: int, b: int) -> int: ...
+
+    def choice(self, seq: Sequence[_T]) -> _T: ...
+
+    def getrandbits(self, k: int, /) -> int: ...
+
+
+# FaultRandom's methods: a LazyRandom keeps its generator's own bound methods for these.
+_DRAWS = ("random", "uniform", "randint", "choice", "getrandbits")
+
 
 class LazyRandom:
     """A `random.Random(seed)` made on its first use: until then it is the seed.
@@ -76,15 +99,39 @@ class LazyRandom:
         self._seed_later: int | None = seed
         self._generator: random.Random | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        # Reached only for names this object does not have: the generator's.
-        if name.startswith("__"):
-            raise AttributeError(name)  # copy and pickle probes: not the generator's
+    def _generate(self) -> random.Random:
         generator = self._generator
         if generator is None:
             generator = self._generator = random.Random(self._seed_later)
             self._seed_later = None
-        value = getattr(generator, name)
+            # The draws' bound methods on this object: an instance attribute comes before
+            # the class's methods below, so later draws call the generator's C methods.
+            for name in _DRAWS:
+                self.__dict__[name] = getattr(generator, name)
+        return generator
+
+    # FaultRandom's methods, typed; each is called at most once (it seeds the generator).
+    def random(self) -> float:
+        return self._generate().random()
+
+    def uniform(self, a: float, b: float) -> float:
+        return self._generate().uniform(a, b)
+
+    def randint(self, a: int, b: int) -> int:
+        return self._generate().randint(a, b)
+
+    def choice(self, seq: Sequence[_T]) -> _T:
+        return self._generate().choice(seq)
+
+    def getrandbits(self, k: int, /) -> int:
+        return self._generate().getrandbits(k)
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for names this object does not have: the generator's others
+        # (`seed`, `gauss`, `getstate`...), which no fault calls today.
+        if name.startswith("__"):
+            raise AttributeError(name)  # copy and pickle probes: not the generator's
+        value = getattr(self._generate(), name)
         if callable(value):
             self.__dict__[name] = value  # the bound method: found directly from now on
         return value
@@ -102,7 +149,7 @@ class FaultContext:
     """
 
     connection_id: int = 0
-    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    rng: FaultRandom = field(default_factory=lambda: random.Random(0))
     report: ReportSink | None = None
     shared: SharedState = field(default_factory=dict)
     framing: Position | None = None
@@ -128,7 +175,7 @@ class Fault:
     the shell then gives it a dict of its process rather than a store shared by workers
     and proxies, whose values are copies (`middlebox.core.scenario_state`)."""
 
-    rng: random.Random = field(init=False, repr=False, compare=False)
+    rng: FaultRandom = field(init=False, repr=False, compare=False)
     context: FaultContext = field(init=False, repr=False, compare=False)
     reports: list[FaultReport] = field(init=False, repr=False, compare=False)
     aside: frozenset[Direction] = field(init=False, repr=False, compare=False, default=frozenset())
@@ -274,7 +321,7 @@ class Pipeline(Fault):
             fault.bind(
                 FaultContext(
                     connection_id=context.connection_id,
-                    rng=cast(random.Random, LazyRandom(context.rng.getrandbits(64))),
+                    rng=LazyRandom(context.rng.getrandbits(64)),
                     report=context.report,
                     shared=for_fault(
                         shared[index] if shared is not None else context.shared,
