@@ -31,11 +31,12 @@ from tests.clients.test_builtin_clients import (
     UTF8_PIECES,
     Run,
     Started,
+    assert_follows_the_contract,
     assert_left_after_a_second_of_silence,
     assert_left_after_three_tokens,
     entry,
     finished,
-    resumed,
+    resumable_run,
     workload_for,
     write_utf8_split,
 )
@@ -302,16 +303,8 @@ def outcome(runs: dict[str, Run], client: str, name: str) -> tuple[str, str | No
 @pytest.mark.parametrize("client", NODE)
 def test_every_node_result_file_follows_the_contract(runs: dict[str, Run], client: str) -> None:
     run = runs[client]
-    assert run.result["client"] == client
-    assert [r["index"] for r in run.result["results"]] == list(range(len(run.by_name)))
-    for r in run.result["results"]:
-        assert set(r) == {
-            "index", "text", "finish_reason", "error", "usage", "chunks", "started_at",
-            "ended_at", "attempts", "resumes", "saw_done", "abandoned",
-        }  # fmt: skip
-        assert r["text"] == "".join(piece for _, piece in r["chunks"])
-        assert r["started_at"] <= r["ended_at"]
-        assert all(r["started_at"] <= t <= r["ended_at"] for t, _ in r["chunks"])
+    assert_follows_the_contract(run, client)
+    assert all(r["started_at"] <= r["ended_at"] for r in run.result["results"])
 
 
 @with_node
@@ -461,7 +454,7 @@ def test_an_in_band_error_frame_is_surfaced_by_every_posting_client(runs: dict[s
 def test_fetch_event_source_resends_last_event_id_but_shows_the_replayed_event_twice(
     runs: dict[str, Run],
 ) -> None:
-    r, first, second = resumed(runs, "node-fetch-event-source")
+    r, first, second = resumable_run(runs, "node-fetch-event-source")
     assert "last-event-id" not in first.headers
     assert second.headers["last-event-id"] == "3"
     # The server replays from id 3 inclusive; the library does not skip what it delivered.
@@ -512,7 +505,7 @@ def test_node_eventsource_fails_the_connection_on_a_429_without_retrying(
 def test_node_eventsource_resumes_with_the_stream_id_and_its_last_event_id(
     runs: dict[str, Run],
 ) -> None:
-    r, first, second = resumed(runs, "node-eventsource")
+    r, first, second = resumable_run(runs, "node-eventsource")
     assert "last-event-id" not in first.headers and "x-stream-id" not in first.headers
     assert (second.headers["last-event-id"], second.headers["x-stream-id"]) == ("3", "s-42")
     # This server replays from id 3 inclusive, and EventSource delivers what it is sent.
