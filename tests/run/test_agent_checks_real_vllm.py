@@ -8,7 +8,11 @@ byte for byte as they came off the socket (tests/run/captures/, chunked framing 
 - vllm-0.32-required-calls-length: `tool_choice: "required"`, temperature 0, `max_tokens`
   200: the random-weight model opens call after call, and `max_tokens` cuts the third, so
   the stream ends `length` with two calls whose arguments are final and one that is not
-  (its fragment so far, `-5`, parses as JSON all the same).
+  (its fragment so far, `-5`, parses as JSON all the same);
+- vllm-0.32-named-strict-call-stop: tool-call-reset-in-arguments' own tool, `strict: true`,
+  named: the arguments an object of its schema in 42 fragments, then `stop`. Not strict (the
+  first two captures), vLLM's hermes structural tag lets the arguments be any JSON value
+  (tests/scenario/test_strict_tool_call_request.py says where in vLLM's source).
 """
 
 from __future__ import annotations
@@ -17,7 +21,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from middlebox.run.agent_checks import judge_request, sent_responses
+import pytest
+
+from faults.cut import Cut
+from faults.testing import replay
+from middlebox.compose import load
+from middlebox.core.stream import DOWN, UP, Chunk
+from middlebox.run.agent_checks import SentResponse, judge_request, sent_responses
 
 CAPTURES = Path(__file__).parent / "captures"
 
@@ -71,4 +81,67 @@ def test_running_the_call_max_tokens_cut_is_partial_although_its_json_parses() -
     [response] = sent_responses(captured("vllm-0.32-required-calls-length"))
     *_, third = response.calls.values()
     found = judge_request(ran(("get_weather", third.arguments)), [response])
+    assert found.partial == 1 and found.verdict() == "acted_on_partial_call"
+
+
+# tool-call-reset-in-arguments against the real server: its own cut over vLLM's own bytes.
+RESET_SCENARIO = (
+    Path(__file__).resolve().parents[2] / "scenarios" / "tool-call-reset-in-arguments.yaml"
+)
+
+
+def the_scenarios_cut() -> Cut:
+    """The scenario's cut as its file declares it (the request match aside: one request)."""
+    [spec] = load(RESET_SCENARIO).path
+    assert spec.cls is Cut and spec.config["after"] == "tool_fragments"
+    return Cut(**{key: value for key, value in spec.config.items() if key != "match"})
+
+
+def cut_by_the_scenario(name: str) -> tuple[Cut, SentResponse]:
+    """The capture's response through the scenario's cut, as the client would have had it."""
+    request, response = captured(name)
+    fault = the_scenarios_cut()
+    out = replay(fault, [(0.0, Chunk(UP, request)), (1.0, Chunk(DOWN, response))])
+    kept = b"".join(i.data for _, i in out if isinstance(i, Chunk) and i.direction is DOWN)
+    [cut] = sent_responses((request, kept))
+    return fault, cut
+
+
+def test_a_non_strict_named_call_is_any_json_so_four_fragments_close_it() -> None:
+    """Why the scenario failed against vLLM: its tool was not strict, so the structural tag
+    let the arguments be any JSON value; the model wrote `false` in four fragments, and a
+    cut after the fourth has nothing open to cut (a shorter literal: it never fires)."""
+    request, _ = captured("vllm-0.32-named-call-stop")
+    assert b'"strict"' not in request
+    fault, cut = cut_by_the_scenario("vllm-0.32-named-call-stop")
+    [call] = cut.calls.values()
+    assert fault.reports and call.fragments == fault.count == 4
+    assert json.loads(call.arguments) is False  # closed: the cut landed after the JSON ended
+
+
+def test_a_strict_named_call_is_an_object_of_its_schema_and_complete() -> None:
+    request, _ = captured("vllm-0.32-named-strict-call-stop")
+    [tool] = json.loads(request.split(b"\r\n\r\n", 1)[1])["tools"]
+    assert tool["function"]["strict"] is True
+    assert [tool] == load(RESET_SCENARIO).sections["workload"].tools  # the scenario's own tool
+    [response] = sent_responses(captured("vllm-0.32-named-strict-call-stop"))
+    assert response.finish_reason == "stop" and response.finished
+    [call] = response.calls.values()
+    arguments = json.loads(call.arguments)
+    assert set(arguments) == {"title", "severity", "tags"}
+    assert arguments["severity"] in ("low", "high")
+    assert len(arguments["title"]) <= 16 and len(arguments["tags"]) <= 2
+    assert call.fragments > the_scenarios_cut().count
+    assert response.complete_calls() == [call]
+
+
+def test_the_scenarios_cut_lands_inside_a_strict_calls_open_arguments() -> None:
+    fault, cut = cut_by_the_scenario("vllm-0.32-named-strict-call-stop")
+    assert fault.reports, "the cut fired"
+    [call] = cut.calls.values()
+    assert call.fragments == fault.count
+    with pytest.raises(ValueError):
+        json.loads(call.arguments)  # the JSON is still open: what tools-naive repairs and runs
+    assert cut.finish_reason is None and cut.complete_calls() == []
+    found = judge_request(ran(("create_ticket", call.arguments)), [cut])
     assert found.partial == 1 and found.verdict() == "acted_on_partial_call"

@@ -13,9 +13,13 @@ tier's random-weight model then wrote `false`, a number, or a string that never 
 cut after the 4th argument fragment found too few fragments to fire.
 
 So the scenario's tool is strict, and every string and array of its arguments is bounded
-(xgrammar, vLLM's structured-output backend, enforces `maxLength` and `maxItems`): a model
-that closes a string or an array only by chance still ends the call well within
-`max_tokens`, so a careful client has a complete call to run on its retry.
+(xgrammar, vLLM's structured-output backend, enforces `maxLength`, `maxItems` and `pattern`):
+a model that closes a string or an array only by chance still ends the call well within
+`max_tokens`, so a careful client has a complete call to run on its retry. Every string has
+a `pattern` too: xgrammar's JSON strings admit raw control characters, which RFC 8259
+section 7 forbids and `json.loads` rejects (measured without patterns: 4 of the 7 strict calls
+that finished did not parse, 3 of them with U+0006-U+001F unescaped in the title), so a
+careful client would rightly refuse the whole call.
 """
 
 from __future__ import annotations
@@ -31,14 +35,17 @@ SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "tool-call-reset-
 
 
 def unbounded(schema: Any, where: str = "arguments") -> list[str]:
-    """Where a JSON schema lets a value grow without end: a string with neither `maxLength`,
-    `enum` nor `const`, an array without `maxItems`, an object open to more properties."""
+    """Where a JSON schema lets a value grow without end or break JSON: a string (not an
+    `enum` or `const`) without `maxLength` or without a `pattern`, an array without
+    `maxItems`, an object open to more properties."""
     if not isinstance(schema, Mapping) or "enum" in schema or "const" in schema:
         return [] if isinstance(schema, Mapping) else [f"{where}: schema {schema!r}"]
     kind = schema.get("type")
     found: list[str] = []
     if kind == "string" and "maxLength" not in schema:
         found.append(f"{where}: a string without maxLength")
+    if kind == "string" and "pattern" not in schema:
+        found.append(f"{where}: a string without a pattern (raw control characters)")
     if kind == "array":
         if "maxItems" not in schema:
             found.append(f"{where}: an array without maxItems")
@@ -80,13 +87,19 @@ def test_the_bound_finder_names_each_open_end() -> None:
             "title": {"type": "string"},
             "severity": {"type": "string", "enum": ["low", "high"]},
             "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}},
-            "notes": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+            "notes": {
+                "type": "array",
+                "items": {"type": "string", "pattern": "^a$"},
+                "maxItems": 2,
+            },
         },
     }
     assert unbounded(loose) == [
         "arguments: an object open to more properties",
         "arguments.title: a string without maxLength",
+        "arguments.title: a string without a pattern (raw control characters)",
         "arguments.tags: an array without maxItems",
+        "arguments.tags[]: a string without a pattern (raw control characters)",
         "arguments.notes[]: a string without maxLength",
     ]
     # A non-strict tool's arguments under vLLM 0.32's structural tag: the schema `true`.
