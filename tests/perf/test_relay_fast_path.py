@@ -170,9 +170,8 @@ async def test_a_client_that_stops_reading_starts_a_writer_and_backpressure_boun
     await relay_between(Pipeline([]), work, buffer=64 * 1024)
 
 
-async def test_a_faulted_connection_is_read_by_the_hub_and_its_deadline_is_a_heap_entry(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def record_schedules(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every deadline put on the hub's heap (`ReadHub.schedule`), in order."""
     scheduled: list[float] = []
     schedule = relay_module.ReadHub.schedule
 
@@ -181,6 +180,13 @@ async def test_a_faulted_connection_is_read_by_the_hub_and_its_deadline_is_a_hea
         return schedule(hub, due, callback)
 
     monkeypatch.setattr(relay_module.ReadHub, "schedule", recording)
+    return scheduled
+
+
+async def test_a_faulted_connection_is_read_by_the_hub_and_its_deadline_is_a_heap_entry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheduled = record_schedules(monkeypatch)
 
     async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
         assert not relay.passthrough
@@ -220,14 +226,7 @@ class Reaper(Fault):
 async def test_a_deadline_that_only_moves_later_keeps_one_heap_entry(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    scheduled: list[float] = []
-    schedule = relay_module.ReadHub.schedule
-
-    def recording(hub: relay_module.ReadHub, due: float, callback: Callable[[], None]) -> int:
-        scheduled.append(due)
-        return schedule(hub, due, callback)
-
-    monkeypatch.setattr(relay_module.ReadHub, "schedule", recording)
+    scheduled = record_schedules(monkeypatch)
 
     async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
         for n in range(20):

@@ -22,6 +22,27 @@ from tests.harness import read_all
 ROOT = Path(__file__).resolve().parents[2]
 
 
+async def start_proxy(*args: str) -> tuple[trio.Process, int, bytes]:
+    """`middlebox proxy --listen 127.0.0.1:0 ARGS`, once it has printed its port and its
+    workers' pids: the process, the port and what it printed so far."""
+    argv = [sys.executable, "-c", "from middlebox.cli.main import main; main()", "proxy",
+            "--listen", "127.0.0.1:0", *args]  # fmt: skip
+    proxy = await trio.lowlevel.open_process(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    assert proxy.stdout is not None
+    output = b""
+    try:
+        with trio.fail_after(30):
+            while b"workers:" not in output or not output.endswith(b"\n"):
+                output += await proxy.stdout.receive_some(4096)
+    except BaseException:
+        proxy.kill()
+        raise
+    port = int(re.search(rb"listening on http://127.0.0.1:(\d+)", output)[1])  # type: ignore[index]
+    return proxy, port, output
+
+
 def test_worker_connection_ids_interleave_so_no_two_workers_share_one() -> None:
     upstream, scenario = Address("127.0.0.1", 1), Scenario(name="ids")
     first = WorkerServer(upstream, scenario, worker_index=0, worker_count=2)
@@ -65,32 +86,13 @@ async def test_two_workers_share_connections_survive_a_death_and_leave_no_child(
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, upstream, 0, host="127.0.0.1"))
         upstream_port = listeners[0].socket.getsockname()[1]
-        argv = [
-            sys.executable,
-            "-c",
-            "from middlebox.cli.main import main; main()",
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            f"127.0.0.1:{upstream_port}",
-            "--workers",
-            "2",
-            "--grace",
-            "1",
-            "--journal",
-            str(tmp_path / "journal.ndjson"),
-        ]
-        proxy = await trio.lowlevel.open_process(
-            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
+        proxy, port, output = await start_proxy(
+            "--upstream", f"127.0.0.1:{upstream_port}", "--workers", "2", "--grace", "1",
+            "--journal", str(tmp_path / "journal.ndjson"),
+        )  # fmt: skip
         assert proxy.stdout is not None
-        output = b""
         try:
             with trio.fail_after(30):
-                while b"workers:" not in output or not output.endswith(b"\n"):
-                    output += await proxy.stdout.receive_some(4096)
-                port = int(re.search(rb"listening on http://127.0.0.1:(\d+)", output)[1])  # type: ignore[index]
                 pids = [int(p) for p in re.search(rb"workers: ([\d ]+)", output)[1].split()]  # type: ignore[index]
                 assert len(pids) == 2
                 for number in range(40):
@@ -140,19 +142,11 @@ async def test_every_worker_answers_an_unreachable_upstream_with_nginxs_502_as_o
     with trio.socket.socket() as probe:  # a loopback port nothing listens on
         await probe.bind(("127.0.0.1", 0))
         dead = probe.getsockname()[1]
-    argv = [sys.executable, "-c", "from middlebox.cli.main import main; main()", "proxy",
-            "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{dead}", "--workers", "2",
-            "--grace", "0"]  # fmt: skip
-    proxy = await trio.lowlevel.open_process(
-        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    proxy, port, _ = await start_proxy(
+        "--upstream", f"127.0.0.1:{dead}", "--workers", "2", "--grace", "0"
     )
-    assert proxy.stdout is not None
-    output = b""
     try:
         with trio.fail_after(30):
-            while b"workers:" not in output or not output.endswith(b"\n"):
-                output += await proxy.stdout.receive_some(4096)
-            port = int(re.search(rb"listening on http://127.0.0.1:(\d+)", output)[1])  # type: ignore[index]
             for _ in range(6):  # enough connections for both workers (SO_REUSEPORT hash)
                 client = await trio.open_tcp_stream("127.0.0.1", port)
                 await client.send_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
