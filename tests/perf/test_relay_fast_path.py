@@ -109,13 +109,19 @@ async def test_an_empty_pipeline_relays_frames_byte_exact_without_per_socket_tas
     await relay_between(Pipeline([]), work)
 
 
-async def test_without_an_fd_for_the_hub_a_connection_reads_with_tasks_instead_of_failing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def no_fd_for_the_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub's epoll cannot be made (EMFILE under a flood)."""
+
     def no_fds_left() -> None:
         raise OSError(errno.EMFILE, "Too many open files")
 
     monkeypatch.setattr(relay_module.select, "epoll", no_fds_left)
+
+
+async def test_without_an_fd_for_the_hub_a_connection_reads_with_tasks_instead_of_failing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    no_fd_for_the_hub(monkeypatch)
 
     async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
         await send_all(client, b"ping")
@@ -245,10 +251,7 @@ async def test_a_deadline_that_only_moves_later_keeps_one_heap_entry(
 async def test_without_an_fd_for_the_hub_a_faulted_connection_uses_its_timer_task(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def no_fds_left() -> None:
-        raise OSError(errno.EMFILE, "Too many open files")
-
-    monkeypatch.setattr(relay_module.select, "epoll", no_fds_left)
+    no_fd_for_the_hub(monkeypatch)
 
     async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
         assert relay._hub is None and not relay._timer_started
