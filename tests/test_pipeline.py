@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from faults.latency import Latency
 from faults.testing import joined, replay
 from middlebox.core.fault import Fault, FaultContext, Pipeline
+from middlebox.core.framed import Position
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
 
@@ -211,3 +213,101 @@ def test_the_stream_after_a_rewriting_fault_that_steps_aside_is_still_framed() -
     assert after is not framing.down_at[2]
     assert after.received == len(response) + 5
     assert after.http is not None and after.http.message_complete
+
+
+@dataclass
+class Rewrites(Fault):
+    """Reads HTTP and may change `directions`; publishes the pieces of `published`."""
+
+    name: ClassVar[str] = "rewrites"
+    directions: frozenset[Direction] = frozenset()
+    published: frozenset[Direction] = frozenset()
+
+    def reads_http(self) -> bool:
+        return True
+
+    def changes(self) -> frozenset[Direction]:
+        return self.directions
+
+    def publishes(self) -> frozenset[Direction]:
+        return self.published
+
+
+BOTH = frozenset({UP, DOWN})
+# Paths as makers of fresh faults: every connection builds its own from one config.
+LAYOUT_PATHS: list[Callable[[], list[Fault]]] = [
+    lambda: [ReadsHttp()],
+    lambda: [ReadsHttp(), Rewrites(BOTH), ReadsHttp()],
+    lambda: [Rewrites(frozenset({DOWN}), frozenset({DOWN})), Tag(), Rewrites(frozenset({UP}))],
+    lambda: [Rewrites(BOTH, frozenset({UP})), Rewrites(BOTH), Rewrites(frozenset({DOWN}))],
+]
+
+
+def shape(pipeline: Pipeline) -> tuple[object, ...]:
+    """A bound pipeline's framing as numbers: which stream each place and fault reads,
+    which run framers, whose output feeds which, how requests and responses pair."""
+    framing = pipeline.framing
+    assert framing is not None
+    number = {id(stream): n for n, stream in enumerate(framing.streams)}
+
+    def place(position: Position | None) -> object:
+        if position is None:
+            return None
+        published = {d.name: number[id(s)] for d, s in position.publish.items()}
+        return number[id(position.up)], number[id(position.down)], published
+
+    return (
+        [number[id(s)] for s in framing.up_at],
+        [number[id(s)] for s in framing.down_at],
+        [s.http is not None for s in framing.streams],
+        sorted((i, d.name, number[id(s)]) for (i, d), s in framing.fed_after.items()),
+        [[number[id(r)] for r in s.responses_to] for s in framing.streams],
+        [[number[id(r)] for r in s.tunnels] for s in framing.streams],
+        [place(fault.context.framing) for fault in pipeline.faults],
+    )
+
+
+def test_a_layout_worked_out_once_binds_every_later_connection_as_binding_alone_does() -> None:
+    for make in LAYOUT_PATHS:
+        first = Pipeline(make())
+        first.bind(FaultContext(rng=random.Random(1)))
+        layout = first.layout
+        assert layout is not None
+        later = Pipeline(make())
+        later.bind(FaultContext(rng=random.Random(2)), layout=layout)
+        assert later.layout is layout  # reused, not worked out again
+        alone = Pipeline(make())
+        alone.bind(FaultContext(rng=random.Random(3)))
+        assert shape(later) == shape(alone) == shape(first)
+        # Its own streams: nothing of the first connection's is shared.
+        assert first.framing is not None and later.framing is not None
+        assert not {id(s) for s in first.framing.streams} & {id(s) for s in later.framing.streams}
+
+
+def test_a_layout_for_other_fault_classes_is_not_used() -> None:
+    reads = Pipeline([ReadsHttp()])
+    reads.bind(FaultContext())
+    plain = Pipeline([Tag(label=b"1")])
+    plain.bind(FaultContext(), layout=reads.layout)
+    assert plain.framing is None and plain.layout is not reads.layout
+    longer = Pipeline([ReadsHttp(), ReadsHttp()])
+    longer.bind(FaultContext(), layout=reads.layout)
+    assert longer.layout is not reads.layout and longer.framing is not None
+    assert len(longer.framing.up_at) == 3
+
+
+def test_a_pipeline_bound_with_a_layout_frames_and_replays_as_one_bound_alone() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    timeline = [(0.0, Chunk(DOWN, head + b"hel")), (0.1, Chunk(DOWN, b"lo"))]
+
+    def make() -> Pipeline:
+        return Pipeline([ReadsHttp(), Latency(delay=0.01, jitter=0.005), ReadsHttp()])
+
+    first = make()
+    first.bind(FaultContext(rng=random.Random("s:1")))
+    again, alone = make(), make()
+    again.bind(FaultContext(rng=random.Random("s:2")), layout=first.layout)
+    alone.bind(FaultContext(rng=random.Random("s:2")))
+    assert replay(again, timeline, bind=False) == replay(alone, timeline, bind=False)
+    assert again.framing is not None and alone.framing is not None
+    assert again.framing.down_at[0].received == alone.framing.down_at[0].received == len(head) + 5

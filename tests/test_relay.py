@@ -174,3 +174,23 @@ async def test_one_connection_s_error_never_stops_the_server() -> None:
             received, end = await read_all(healthy)
     assert (received, end) == (b"hello", "fin")
     assert running.server.connections_accepted == 2
+
+
+def test_a_scenario_s_pipeline_layout_is_worked_out_on_its_first_connection_only() -> None:
+    from faults.set_header import SetHeader
+
+    scenario = Scenario(name="headers", path=(FaultSpec(SetHeader, {}),))
+    server = ProxyServer(Address("127.0.0.1", 9), scenario, stages=PROXY_STAGES)
+    first = server.make_pipeline(scenario, 1)
+    second = server.make_pipeline(scenario, 2)
+    # The same layout (framing shape and wiring), each connection its own streams and faults.
+    assert first.layout is not None and second.layout is first.layout
+    assert first.framing is not None and second.framing is not None
+    assert first.framing.streams[0] is not second.framing.streams[0]
+    assert first.faults[0] is not second.faults[0]
+    # A new scenario object (every edit makes one) works its layout out again.
+    edited = Scenario(name="headers", path=(FaultSpec(SetHeader, {"headers": {"X-Other": "1"}}),))
+    server.set_scenario(edited)
+    third = server.make_pipeline(edited, 3)
+    assert third.layout is not first.layout
+    assert server.make_pipeline(edited, 4).layout is third.layout

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Protocol, TypeVar
 
-from middlebox.core.framed import FramedStream, PathFraming, Position
+from middlebox.core.framed import FramedStream, FramingLayout, PathFraming, Position
 from middlebox.core.scenario_state import SharedState, for_fault
 from middlebox.core.stream import Chunk, Direction, Item
 
@@ -270,6 +270,7 @@ class Pipeline(Fault):
     def __init__(self, faults: Iterable[Fault] = ()) -> None:
         self._faults: list[Fault] = list(faults)
         self.framing: PathFraming | None = None
+        self.layout: PipelineLayout | None = None  # what `bind` bound it with
         # (id of a fault, direction) -> the stream its output there is framed into
         self._fed_after: dict[tuple[int, Direction], FramedStream] = {}
 
@@ -290,45 +291,51 @@ class Pipeline(Fault):
     def __repr__(self) -> str:
         return f"Pipeline({self.faults!r})"
 
-    def bind(self, context: FaultContext, shared: Sequence[SharedState] | None = None) -> None:
+    def bind(
+        self,
+        context: FaultContext,
+        shared: Sequence[SharedState] | None = None,
+        layout: PipelineLayout | None = None,
+    ) -> None:
         """Bind every fault with its own rng drawn from the connection's, in path order.
 
         `shared` gives each fault position its scenario-lifetime state (the server keeps
-        them); without it the faults share the connection context's.
+        them); without it the faults share the connection context's. `layout` is what
+        binding works out from the faults' classes and config alone (`PipelineLayout.of`
+        on faults built from the same config: the server computes it once per scenario);
+        without it, it is worked out here.
         """
+        faults = self._faults
+        if layout is None or not layout.fits(faults):
+            layout = PipelineLayout.of(faults)
+        self.layout = layout
         self.context = context
         self.rng = context.rng
         self.reports = []
         framing = None
-        if any(fault.reads_http() for fault in self.faults):
+        if layout.framing is not None:
             # Frame once (issue 11): each stream of the path is framed by one pass that
             # every HTTP-aware fault here, and the journal, reads.
-            changes = [fault.changes() for fault in self.faults]
-            framing = PathFraming(
-                changes,
-                [
-                    _within(fault.publishes(), changed)
-                    for fault, changed in zip(self.faults, changes, strict=True)
-                ],
-                sse=any(fault.reads_sse() for fault in self.faults),
-            )
+            framing = PathFraming.from_layout(layout.framing)
             self._fed_after = {
-                (id(self.faults[index]), direction): stream
+                (id(faults[index]), direction): stream
                 for (index, direction), stream in framing.fed_after.items()
             }
         self.framing = framing
-        for index, fault in enumerate(self.faults):
+        connection_id, report, mss = context.connection_id, context.report, context.client_mss
+        draw = context.rng.getrandbits
+        for index, fault in enumerate(faults):
             fault.bind(
                 FaultContext(
-                    connection_id=context.connection_id,
-                    rng=LazyRandom(context.rng.getrandbits(64)),
-                    report=context.report,
-                    shared=for_fault(
+                    connection_id,
+                    LazyRandom(draw(64)),
+                    report,
+                    for_fault(
                         shared[index] if shared is not None else context.shared,
-                        fault.shared_in_process,
+                        layout.shared_in_process[index],
                     ),
-                    framing=framing.position(index) if framing is not None else None,
-                    client_mss=context.client_mss,
+                    framing.position(index) if framing is not None else None,
+                    mss,
                 )
             )
         attach = getattr(context.report, "attach_framing", None)
@@ -454,6 +461,48 @@ class Pipeline(Fault):
                     _feed(stream, item)  # it passed the bytes on as they came
             index += step
         out.append(item)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineLayout:
+    """What binding a pipeline works out from its faults' classes and config alone: which
+    faults (their classes, in path order), whether the path is framed and the framing's
+    shape (`FramingLayout`: which stages frame or publish which direction, the streams'
+    wiring), and which faults keep their shared state in process. Faults built from one
+    scenario's config answer `reads_http`, `changes` and the rest the same on every
+    connection, so the server works this out once per scenario and each connection
+    only makes its own state (the faults, their streams, contexts and generators)."""
+
+    kinds: tuple[type[Fault], ...]
+    framing: FramingLayout | None
+    shared_in_process: tuple[bool, ...]
+
+    @classmethod
+    def of(cls, faults: Sequence[Fault]) -> PipelineLayout:
+        framing = None
+        if any(fault.reads_http() for fault in faults):
+            changes = [fault.changes() for fault in faults]
+            framing = FramingLayout.of(
+                changes,
+                [
+                    _within(fault.publishes(), changed)
+                    for fault, changed in zip(faults, changes, strict=True)
+                ],
+                sse=any(fault.reads_sse() for fault in faults),
+            )
+        return cls(
+            tuple(type(fault) for fault in faults),
+            framing,
+            tuple(fault.shared_in_process for fault in faults),
+        )
+
+    def fits(self, faults: Sequence[Fault]) -> bool:
+        """Whether these faults are of the classes it was worked out for, in order (a
+        cheap guard: the caller vouches that they were built from the same config)."""
+        kinds = self.kinds
+        return len(kinds) == len(faults) and all(
+            type(fault) is kind for fault, kind in zip(faults, kinds, strict=True)
+        )
 
 
 def _within(published: frozenset[Direction], changed: frozenset[Direction]) -> frozenset[Direction]:

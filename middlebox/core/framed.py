@@ -50,6 +50,7 @@ from middlebox.core.stream import Direction
 __all__ = [
     "Framed",
     "FramedStream",
+    "FramingLayout",
     "LegRecord",
     "PathFraming",
     "Reader",
@@ -431,12 +432,91 @@ class Position:
     publish: dict[Direction, FramedStream] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class FramingLayout:
+    """The shape of a pipeline's framing, worked out from its faults' `changes` and
+    `publishes` alone: how many streams each direction has and whether each runs a
+    framer, which stream every place reads, whose output feeds which stream, and how
+    request and response streams pair. The same for every connection of a scenario, so
+    the server computes it once and each connection only makes the streams
+    (`PathFraming.from_layout`). Streams are numbered per direction from where the
+    direction enters the path (client side for UPSTREAM, server side for DOWNSTREAM)."""
+
+    size: int
+    up_frames: tuple[bool, ...]  # per upstream stream: whether a framer runs on it
+    down_frames: tuple[bool, ...]
+    up_at: tuple[int, ...]  # the upstream stream at place p (between faults p-1 and p)
+    down_at: tuple[int, ...]
+    fed_after: tuple[tuple[int, Direction, int], ...]  # (fault, direction, stream it feeds)
+    responses_to: tuple[tuple[int, int], ...]  # (request stream, response stream)
+    tunnels: tuple[tuple[int, int], ...]  # (response stream, request stream)
+    streams: tuple[tuple[Direction, int], ...]  # every stream once, in place order
+    publishes: tuple[frozenset[Direction], ...]
+    sse: bool
+
+    @classmethod
+    def of(
+        cls,
+        changes: list[frozenset[Direction]],
+        publishes: list[frozenset[Direction]],
+        sse: bool = True,
+    ) -> FramingLayout:
+        size = len(changes)
+        up, down = Direction.UPSTREAM, Direction.DOWNSTREAM
+        fed_after: list[tuple[int, Direction, int]] = []
+        up_frames, up_at = [True], [0]
+        for index in range(size):
+            if up in changes[index]:
+                up_frames.append(up not in publishes[index])
+                if up not in publishes[index]:
+                    fed_after.append((index, up, len(up_frames) - 1))
+            up_at.append(len(up_frames) - 1)
+        # Built server side first, then put in place order.
+        down_frames, down_from_server = [True], [0]
+        for index in reversed(range(size)):
+            if down in changes[index]:
+                down_frames.append(down not in publishes[index])
+                if down not in publishes[index]:
+                    fed_after.append((index, down, len(down_frames) - 1))
+            down_from_server.append(len(down_frames) - 1)
+        down_at = down_from_server[::-1]
+        # A response stream takes its request methods from the request stream where it
+        # enters (its server-most place); a request stream its tunnel from the response
+        # stream where it enters (its client-most place).
+        responses_to: list[tuple[int, int]] = []
+        tunnels: list[tuple[int, int]] = []
+        for place in range(size + 1):
+            request, response = up_at[place], down_at[place]
+            entering_down = place == size or down_at[place + 1] != response
+            if entering_down and (request, response) not in responses_to:
+                responses_to.append((request, response))
+            entering_up = place == 0 or up_at[place - 1] != request
+            if entering_up and (response, request) not in tunnels:
+                tunnels.append((response, request))
+        streams = dict.fromkeys([*((up, n) for n in up_at), *((down, n) for n in down_at)])
+        return cls(
+            size,
+            tuple(up_frames),
+            tuple(down_frames),
+            tuple(up_at),
+            tuple(down_at),
+            tuple(fed_after),
+            tuple(responses_to),
+            tuple(tunnels),
+            tuple(streams),
+            tuple(publishes),
+            sse,
+        )
+
+
 class PathFraming:
     """The framed streams of one connection's pipeline of `size` faults.
 
     `changes[i]` holds the directions in which fault i may change bytes and
     `publishes[i]` those in which it publishes the pieces of its output itself; for
-    the others the pipeline feeds its output to `after(i, direction)`.
+    the others the pipeline feeds its output to `after(i, direction)`. The layout of
+    the streams is a `FramingLayout`; `from_layout` makes a connection's streams from
+    one computed before (once per scenario).
     """
 
     def __init__(
@@ -445,46 +525,34 @@ class PathFraming:
         publishes: list[frozenset[Direction]],
         sse: bool = True,
     ) -> None:
-        size = len(changes)
-        self.size = size
+        self._build(FramingLayout.of(changes, publishes, sse))
+
+    @classmethod
+    def from_layout(cls, layout: FramingLayout) -> PathFraming:
+        framing = cls.__new__(cls)
+        framing._build(layout)
+        return framing
+
+    def _build(self, layout: FramingLayout) -> None:
         up, down = Direction.UPSTREAM, Direction.DOWNSTREAM
+        sse = layout.sse
+        ups = [FramedStream(up, frames=frames, sse=sse) for frames in layout.up_frames]
+        downs = [FramedStream(down, frames=frames, sse=sse) for frames in layout.down_frames]
+        self.layout = layout
+        self.size = layout.size
         # up_at[p] / down_at[p]: the stream at place p (between faults p-1 and p).
-        self.up_at: list[FramedStream] = []
-        stream = FramedStream(up)
-        self.up_at.append(stream)
-        self.fed_after: dict[tuple[int, Direction], FramedStream] = {}
-        for index in range(size):
-            if up in changes[index]:
-                stream = FramedStream(up, frames=up not in publishes[index])
-                if up not in publishes[index]:
-                    self.fed_after[(index, up)] = stream
-            self.up_at.append(stream)
-        # Built server side first, then put in place order (each place's stream made
-        # once: a placeholder list would frame a stream nobody reads, per connection).
-        stream = FramedStream(down)
-        down_from_server = [stream]
-        for index in reversed(range(size)):
-            if down in changes[index]:
-                stream = FramedStream(down, frames=down not in publishes[index])
-                if down not in publishes[index]:
-                    self.fed_after[(index, down)] = stream
-            down_from_server.append(stream)
-        self.down_at: list[FramedStream] = down_from_server[::-1]
-        # A response stream takes its request methods from the request stream where it
-        # enters (its server-most place); a request stream its tunnel from the response
-        # stream where it enters (its client-most place).
-        for place in range(size + 1):
-            request, response = self.up_at[place], self.down_at[place]
-            entering_down = place == size or self.down_at[place + 1] is not response
-            if entering_down and response not in request.responses_to:
-                request.responses_to.append(response)
-            entering_up = place == 0 or self.up_at[place - 1] is not request
-            if entering_up and request not in response.tunnels:
-                response.tunnels.append(request)
-        self.publishes = publishes
-        self.streams = list(dict.fromkeys([*self.up_at, *self.down_at]))
-        for stream in self.streams:
-            stream.sse = sse
+        self.up_at: list[FramedStream] = [ups[n] for n in layout.up_at]
+        self.down_at: list[FramedStream] = [downs[n] for n in layout.down_at]
+        self.fed_after: dict[tuple[int, Direction], FramedStream] = {
+            (index, direction): (ups if direction is up else downs)[n]
+            for index, direction, n in layout.fed_after
+        }
+        for request, response in layout.responses_to:
+            ups[request].responses_to.append(downs[response])
+        for response, request in layout.tunnels:
+            downs[response].tunnels.append(ups[request])
+        self.publishes = layout.publishes
+        self.streams = [(ups if direction is up else downs)[n] for direction, n in layout.streams]
 
     def want_sse(self) -> None:
         """Someone (the journal) reads SSE events too: frame them (before any byte)."""

@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline
+from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline, PipelineLayout
 from middlebox.core.h2_faults import H2Fault
 from middlebox.core.scenario_state import SharedState
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
@@ -280,6 +280,9 @@ class ProxyServer:
     )
     _upstream_context: ssl.SSLContext | None = field(default=None, init=False, repr=False)
     _h2_sessions: set[H2Session] = field(default_factory=set, init=False, repr=False)
+    # The pipeline layout of the scenario it was worked out for (see make_pipeline).
+    _layout_scenario: Scenario | None = field(default=None, init=False, repr=False)
+    _layout: PipelineLayout | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.set_scenario(self.scenario)
@@ -558,7 +561,13 @@ class ProxyServer:
             sink = self._counting_sink(connection_id, sink)
         pipeline = Pipeline(path)
         rng = random.Random(f"{scenario.seed}:{connection_id}")
-        pipeline.bind(FaultContext(connection_id, rng, sink), shared)
+        # The layout (framing shape, wiring) follows from the scenario's config alone:
+        # worked out on its first connection and reused (a new scenario object, as every
+        # edit makes, works it out again; `bind` checks that the classes still fit).
+        known = self._layout if self._layout_scenario is scenario else None
+        pipeline.bind(FaultContext(connection_id, rng, sink), shared, known)
+        if known is None:
+            self._layout_scenario, self._layout = scenario, pipeline.layout
         return pipeline
 
     def _stage_state(self, name: str) -> SharedState:
