@@ -428,11 +428,16 @@ class ProxyServer:
         client.setblocking(False)
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            with trio.fail_after(options.connect_timeout):
+            # A bare cancel scope rather than `trio.fail_after` (a generator-based context
+            # manager around one): the same deadline, a few dozen µs less per connection.
+            deadline = trio.current_time() + options.connect_timeout
+            with trio.CancelScope(deadline=deadline) as dialling:
                 if helpers is None:
                     upstream = await dial(self.upstream)
                 else:
                     upstream = await self.dial_tls_upstream(helpers)
+            if dialling.cancelled_caught:
+                raise trio.TooSlowError  # nginx's proxy_connect_timeout ran out
         except (OSError, trio.TooSlowError, trio.BrokenResourceError) as error:
             self.connections_failed += 1
             log.info(
