@@ -1,8 +1,9 @@
 """The per-connection relay: the thin trio shell around a pure fault pipeline.
 
 Two sockets (client, upstream), read by the process's read hub (or, without one, a task
-each) and written at once or by a writer task when a socket would block, and the
-pipeline woken at its deadline by the hub's deadline heap (or a timer task). Every
+each) and written at once or, when a socket would block, when the hub sees it writable
+again (or by a writer task), and the pipeline woken at its deadline by the hub's
+deadline heap (or a timer task). Every
 pipeline call happens synchronously between awaits, so the pipeline is only ever driven
 by one piece of code at a time and its faults need no locks (the design's "one driver").
 
@@ -28,8 +29,12 @@ that holds items until a time (latency, a reaper's deadline, pacing) says so thr
 `deadline()`, and that deadline goes on the hub's one deadline heap (nginx's timer tree,
 with its lazy re-arm: a deadline that only moves later keeps its entry), served by the
 same wait as readiness, so a faulted connection starts no reader or timer task either.
-Only without an fd for the hub's epoll (EMFILE) does a connection fall back to a reader
-task per socket and a timer task.
+Bytes a socket did not take whole wait for EPOLLOUT on the same epoll set (nginx's write
+event), so a hub-served connection is its handler's task alone, without a nursery of
+its own (trio's nursery, cancel scope and teardown were the largest part of a
+connection's setup in a profile under `loadc connect`). Only without an fd for the hub's
+epoll (EMFILE) does a connection fall back to a reader task per socket, writer tasks and
+a timer task, in a nursery.
 
 The proxy's own nginx behaviour (header timeout, read timeout, faults/_proxy) is pure stages
 in the pipeline like any fault; the relay reads two flags of theirs (`ProxyStage`): a stage
@@ -716,7 +721,8 @@ class Relay:
             self._flush(side)
 
     def _flush(self, side: Side) -> None:
-        """Write what the socket takes now, without blocking; the writer task does the rest."""
+        """Write what the socket takes now, without blocking; the hub (or the writer task)
+        does the rest when the socket can take more."""
         sock = side.sock
         while side.outbox:
             data = side.outbox[0]
