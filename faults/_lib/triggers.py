@@ -1,16 +1,19 @@
-"""`Triggered`: fire once at a time from open, after N downstream bytes, or after the
-response write that completes the Nth SSE event, the Nth tool-call argument fragment or
-the Nth reasoning token (pure)."""
+"""`Triggered`: fire once at a time from open, after N downstream bytes, or right after
+the Nth SSE event, the Nth tool-call argument fragment or the Nth reasoning token
+(pure)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from faults._lib.agent_events import carries_reasoning, tool_fragments
 from faults._lib.checks import check_positive
 from faults._lib.events import EventCounter
 from middlebox.core.fault import Bytes, FaultContext, Seconds
-from middlebox.core.framed import Position
+from middlebox.core.framed import Framed, Position
+from middlebox.core.http1 import PieceKind
+from middlebox.core.sse import SsePiece
 from middlebox.core.stream import Chunk
 
 
@@ -20,7 +23,11 @@ class Triggered:
     downstream bytes have passed, or right after the response write that completes the
     `after_events`-th SSE event (whichever comes first). Call `arm(now)` on open.
     Counting events makes a trigger land at the same point of the stream on every run,
-    where a time lands wherever the machine's speed puts it.
+    where a time lands wherever the machine's speed puts it; so a write that carries
+    more than the counted event is split after the event's blank line. A real vLLM
+    whose API server falls behind sends many events in one write (a stalled vLLM 0.32
+    sent the 5th to the 150th frame in one 21,871-byte read), and passing such a write
+    whole would let a client that "vanished after 12 events" read the whole answer.
 
     On agent streams, `after_tool_fragments: N` fires after the event carrying the Nth
     tool-call argument fragment (inside the call's arguments: the JSON is not closed yet),
@@ -38,6 +45,7 @@ class Triggered:
     _armed: bool = field(init=False, repr=False, default=False)
     _down_bytes: int = field(init=False, repr=False, default=0)
     _event_counter: AgentEventCounter | None = field(init=False, repr=False, default=None)
+    _events_at_mark: int | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         counts = {
@@ -97,28 +105,38 @@ class Triggered:
         return self._fire_at is not None and now >= self._fire_at
 
     def split_downstream(self, chunk: Chunk) -> tuple[Chunk, Chunk | None]:
-        """Count a downstream chunk: the part before the `after_bytes` mark, and the
-        rest (possibly empty) when this chunk reaches the mark, else None. A chunk that
-        completes the `after_events`-th event passes whole, with an empty rest."""
+        """Count a downstream chunk: the part before the mark, and the rest (possibly
+        empty) when this chunk reaches it, else None. The mark is the `after_bytes`-th
+        byte, or the end of the blank line that dispatches the counted event (the
+        `after_events`-th event, the one with the Nth fragment or reasoning token)."""
         before = self._down_bytes
         self._down_bytes += len(chunk.data)
         counter = self._event_counter
-        events = counter.feed(chunk.data) if counter is not None else 0
+        events = 0
+        reached_at = None
+        if counter is not None:
+            start = counter.reader.cursor
+            events = counter.feed(chunk.data, until=self._counted_enough)
+            reached_at = None if counter.reached_at is None else counter.reached_at - start
         if not self._armed:
             return chunk, None
+        cut = None
         if self.after_bytes is not None and self._down_bytes >= self.after_bytes:
             cut = max(self.after_bytes - before, 0)
-            self._down_bytes = before + cut
-            return Chunk(chunk.direction, chunk.data[:cut]), Chunk(
-                chunk.direction, chunk.data[cut:]
-            )
-        if self._counted_enough(counter, events):
-            return chunk, Chunk(chunk.direction, b"")
-        return chunk, None
+        if reached_at is not None or self._counted_enough(counter, events):
+            at_event = len(chunk.data) if reached_at is None else reached_at
+            if counter is not None and reached_at is not None and (cut is None or at_event < cut):
+                self._events_at_mark = counter.reached_events
+            cut = at_event if cut is None else min(cut, at_event)
+        if cut is None:
+            return chunk, None
+        self._down_bytes = before + cut
+        return Chunk(chunk.direction, chunk.data[:cut]), Chunk(chunk.direction, chunk.data[cut:])
 
-    def _counted_enough(self, counter: AgentEventCounter | None, events: int) -> bool:
+    def _counted_enough(self, counter: AgentEventCounter | None, events: int | None = None) -> bool:
         if counter is None:
             return False
+        events = counter.events if events is None else events
         return (
             (self.after_events is not None and events >= self.after_events)
             or (
@@ -133,7 +151,10 @@ class Triggered:
 
     @property
     def downstream_events(self) -> int:
-        """SSE events counted in the response stream so far (with `after_events`)."""
+        """SSE events counted in the response stream so far (with `after_events`), or
+        up to the mark once a write was split there."""
+        if self._events_at_mark is not None:
+            return self._events_at_mark
         return self._event_counter.events if self._event_counter is not None else 0
 
     @property
@@ -150,15 +171,42 @@ class AgentEventCounter(EventCounter):
         super().__init__(position)
         self.tool_fragments = 0
         self.reasoning_tokens = 0
+        self.reached_at: int | None = None
+        self.reached_events = 0
 
-    def feed(self, data: bytes) -> int:
+    def feed(self, data: bytes, until: Callable[[AgentEventCounter], bool] | None = None) -> int:
+        """Count `data`; with `until`, `reached_at` is the stream offset right after the
+        first event after which `until(self)` holds (None if none): after its blank line,
+        and after the HTTP chunk's CRLF when the event ends its chunk and the CRLF came
+        in the same bytes (an event boundary, as `cut` places one)."""
+        self.reached_at = None
         if self.own:
             self.reader.stream.feed(data)
-        for framed in self.reader.advance(len(data)):
+        pieces = self.reader.advance(len(data))
+        for number, framed in enumerate(pieces):
             for line in framed.lines:
                 event = line.event
                 if event is not None:
                     self.events += 1
                     self.tool_fragments += tool_fragments(event)
                     self.reasoning_tokens += carries_reasoning(event)
+                    if until is not None and self.reached_at is None and until(self):
+                        self.reached_at = _event_end(pieces, number, line)
+                        self.reached_events = self.events
         return self.events
+
+
+def _event_end(pieces: list[Framed], number: int, line: SsePiece) -> int:
+    """The stream offset right after `line` (a dispatching blank line that ends in
+    piece `number`; lines carry body offsets of their message, a piece its stream
+    offset and body offset), past the chunk's CRLF when the line ends the chunk's data."""
+    framed = pieces[number]
+    piece = framed.piece
+    piece_end = piece.offset + len(piece.data)
+    end = min(max(piece.offset + line.offset + len(line.data) - framed.body_offset, piece.offset),
+              piece_end)  # fmt: skip
+    if end == piece_end and number + 1 < len(pieces):
+        after = pieces[number + 1].piece
+        if after.kind is PieceKind.CHUNK_TRAILER_CRLF:
+            return after.offset + len(after.data)
+    return end

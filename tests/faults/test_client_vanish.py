@@ -108,3 +108,47 @@ def test_the_client_gets_exactly_the_bytes_before_the_mark_and_the_upstream_a_pr
 @given(timelines(), st.integers(0, 2**32))
 def test_the_same_input_vanishes_at_the_same_offset(timeline: list[TimedItem], seed: int) -> None:
     assert_deterministic(lambda: ClientVanish(after_bytes=7, how="close"), timeline, seed)
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def sse_chunk(number: int) -> bytes:
+    event = b'data: {"n": %d}\n\n' % number
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+def test_after_n_events_a_write_carrying_many_events_is_split_after_the_nth() -> None:
+    # A stalled vLLM sends dozens of frames in one write (one 21,871-byte read carried the
+    # 5th to the 150th): the client must still vanish after the 12th, not after the write.
+    frames = [sse_chunk(n) for n in range(40)]
+    fault = ClientVanish(after_events=12)
+    out = replay(
+        fault,
+        [(0.0, Chunk(DOWN, HEAD + b"".join(frames[:4]))), (1.0, Chunk(DOWN, b"".join(frames[4:])))],
+    )
+    down = b"".join(
+        item.data for _, item in out if isinstance(item, Chunk) and item.direction is DOWN
+    )
+    assert down == HEAD + b"".join(frames[:12])
+    assert out[-1] == (1.0, Eof(UP))
+    assert [(r.action, r.details["event"]) for r in fault.reports] == [("vanished", 12)]
+
+
+@given(st.lists(st.integers(min_value=1, max_value=900), max_size=12), st.integers(1, 20))
+@settings(max_examples=60)
+def test_the_client_vanishes_after_the_same_event_however_the_stream_is_written(
+    cuts: list[int], after: int
+) -> None:
+    stream = HEAD + b"".join(sse_chunk(n) for n in range(20))
+    points = sorted({c % len(stream) for c in cuts} - {0})
+    writes = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    fault = ClientVanish(after_events=after)
+    out = replay(fault, [(float(i), Chunk(DOWN, w)) for i, w in enumerate(writes)])
+    down = b"".join(
+        item.data for _, item in out if isinstance(item, Chunk) and item.direction is DOWN
+    )
+    expected = HEAD + b"".join(sse_chunk(n) for n in range(after))
+    # the event's chunk CRLF goes with it when it came in the same write
+    assert down in (expected, expected[:-2])
+    assert [r.details["event"] for r in fault.reports] == [after]
