@@ -2,15 +2,19 @@
 
 `raw`, `httpx-sse`, `aiohttp-lines`, `resilient` and `tools-naive` build the POST themselves
 (the SDK clients hand the key to their library instead): each sends the API key as a bearer
-token and shows what a streamed `data:` chunk or a whole `stream: false` answer brings.
-Library-free, so a client importing it still imports only the one library it drives.
+token, reads a streamed `data:` chunk or a whole `stream: false` answer from its JSON, and
+shows what it brings. Library-free, so a client importing it still imports only the one
+library it drives.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 from middlebox.clients.contract import (
+    ChunkInfo,
     ClientEnv,
     Recorder,
     apply_chunk,
@@ -33,3 +37,23 @@ def show_chunk(rec: Recorder, chunk: Any) -> None:
 def show_answer(rec: Recorder, body: Any) -> None:
     """Show a decoded `stream: false` response body whole, as one piece."""
     apply_chunk(rec, non_stream_info(body))
+
+
+def event_info(data: str | bytes) -> ChunkInfo:
+    """One streamed event's `data:` JSON read as a chunk; ValueError when it is no JSON."""
+    return chunk_info(json.loads(data))
+
+
+def answer_info(body: str | bytes) -> ChunkInfo:
+    """A `stream: false` body read as one chunk; ValueError when it is no JSON."""
+    return non_stream_info(json.loads(body))
+
+
+def show_info(rec: Recorder, info: ChunkInfo, *, reasoning_as_answer: bool = False) -> None:
+    """Show a chunk read by the client itself, its `delta.reasoning` apart from the answer
+    (a "thinking" pane), or in it as a client printing `content or reasoning` does."""
+    if reasoning_as_answer:
+        info = dataclasses.replace(info, text=info.reasoning + info.text)
+    else:
+        rec.show_reasoning(info.reasoning)
+    apply_chunk(rec, info)

@@ -54,16 +54,8 @@ from typing import Any
 import httpx
 
 from middlebox.clients.agent_stream import ToolCallAccumulator, idempotency_key, wants_json
-from middlebox.clients.contract import (
-    ClientEnv,
-    Handler,
-    Recorder,
-    RequestSpec,
-    apply_chunk,
-    chunk_info,
-    run_client,
-)
-from middlebox.clients.plain_http import auth_headers, show_answer
+from middlebox.clients.contract import ClientEnv, Handler, Recorder, RequestSpec, run_client
+from middlebox.clients.plain_http import auth_headers, event_info, show_answer, show_info
 from middlebox.core.sse import SseEvent, SseFramer
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -301,16 +293,14 @@ class _Attempt:
             rec.saw_done = True
             return True
         try:
-            obj = json.loads(event.data)
+            info = event_info(event.data)
         except ValueError as exc:
             raise TruncatedStream(f"malformed event data: {event.data[:80]!r}") from exc
-        info = chunk_info(obj)
         if info.error is not None:
             raise InBandError(info.error, info.error_code)
         if turn is not None:
             turn.calls.feed(info.tool_calls)
-        rec.show_reasoning(info.reasoning)
-        apply_chunk(rec, info)
+        show_info(rec, info)
         return False
 
 

@@ -22,7 +22,6 @@ It never checks `[DONE]`, and reports the last error only when every attempt fai
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -42,12 +41,9 @@ from middlebox.clients.contract import (
     Handler,
     Recorder,
     RequestSpec,
-    apply_chunk,
-    chunk_info,
-    non_stream_info,
     run_client,
 )
-from middlebox.clients.plain_http import auth_headers
+from middlebox.clients.plain_http import answer_info, auth_headers, event_info, show_info
 from middlebox.core.sse import SseFramer
 
 RETRIES = 2
@@ -77,7 +73,7 @@ class _Turn:
                         self.execute(earlier)
         self.answer.append(info.text)
         # reasoning shown as part of the answer, before or instead of the content
-        apply_chunk(self.rec, ChunkInfo(info.reasoning + info.text, info.finish_reason, info.usage))
+        show_info(self.rec, info, reasoning_as_answer=True)
         if info.finish_reason is not None:
             self.finish()
 
@@ -116,7 +112,7 @@ async def _attempt(
                     response=response,
                 )
             if not spec.streaming:
-                turn.on_chunk(non_stream_info(json.loads(await response.aread())))
+                turn.on_chunk(answer_info(await response.aread()))
                 return
             framer = SseFramer()
             async for data in response.aiter_bytes():
@@ -125,7 +121,7 @@ async def _attempt(
                     if event is None or event.is_done:
                         continue
                     try:
-                        turn.on_chunk(chunk_info(json.loads(event.data)))
+                        turn.on_chunk(event_info(event.data))
                     except ValueError:
                         continue
     finally:

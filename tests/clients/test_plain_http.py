@@ -1,12 +1,22 @@
 """clients/plain_http: what the clients that write their own requests share: the bearer
-header, a streamed chunk shown, a whole answer shown as one piece."""
+header, a streamed chunk or a whole answer read from its JSON and shown, reasoning apart
+from the answer or in it."""
 
 from __future__ import annotations
 
 import json
 
-from middlebox.clients.contract import ClientEnv, Recorder, RequestSpec
-from middlebox.clients.plain_http import auth_headers, show_answer, show_chunk
+import pytest
+
+from middlebox.clients.contract import ChunkInfo, ClientEnv, Recorder, RequestSpec
+from middlebox.clients.plain_http import (
+    answer_info,
+    auth_headers,
+    event_info,
+    show_answer,
+    show_chunk,
+    show_info,
+)
 
 # vLLM 0.32's frames (shared/reference): a content delta, the finish, the usage chunk
 DELTA = (
@@ -50,3 +60,24 @@ def test_neither_shows_anything_for_an_object_that_is_no_completion() -> None:
     show_chunk(rec, [1, 2])
     show_answer(rec, {"object": "list"})
     assert (rec.chunks, rec.finish_reason, rec.usage) == ([], None, None)
+
+
+REASONING = '{"choices":[{"index":0,"delta":{"reasoning":"Think. ","content":"Yes"}}]}'
+
+
+def test_an_event_and_an_answer_are_read_from_their_json_and_refused_when_not_json() -> None:
+    assert event_info(FINISH) == ChunkInfo("!", "stop")
+    assert answer_info(b'{"choices":[{"index":0,"text":" Paris"}]}') == ChunkInfo(" Paris")
+    with pytest.raises(ValueError):
+        event_info("{cut")
+    with pytest.raises(ValueError):
+        answer_info(b"<html>")
+
+
+def test_reasoning_is_shown_apart_or_as_the_answer() -> None:
+    apart, inline = recorder(), recorder()
+    show_info(apart, event_info(REASONING))
+    show_info(inline, event_info(REASONING), reasoning_as_answer=True)
+    assert [piece for _, piece in apart.reasoning] == ["Think. "]
+    assert apart.text == "Yes"
+    assert (inline.reasoning, inline.text) == ([], "Think. Yes")
