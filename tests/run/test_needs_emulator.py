@@ -23,6 +23,7 @@ from middlebox.run.suite import (
     needs_emulator,
     paced,
     run_scenario,
+    watches_the_leave,
 )
 from middlebox.scenario.workload import Workload
 from vllm_emulator.config import EmulatorConfig
@@ -123,6 +124,19 @@ def test_an_abandoning_stream_against_a_real_server_outlasts_a_slow_client() -> 
         assert kept.abandon_after_tokens == abandoning.abandon_after_tokens
     longer = Workload(requests=1, max_tokens=5000, abandon_after_tokens=20)
     assert paced(longer, scenario, 0.004).max_tokens == 5000  # never fewer
+
+
+def test_a_hop_that_holds_the_whole_answer_gets_no_abandon_margin() -> None:
+    # nginx-gzip expects no abort and bounds no waste: its point is the silence until the
+    # end, which 5 s more would stretch past httpx's 5 s read timeout (it did: 6.2 s)
+    held = load(ROOT / "scenarios" / "abandon-through-nginx-gzip.yaml")  # itl 10 ms
+    watched = load(ROOT / "scenarios" / "abandon-through-nginx-default.yaml")
+    assert not watches_the_leave(held) and watches_the_leave(watched)
+    assert watches_the_leave(load(ROOT / "scenarios" / "abandon-ignore-client-close.yaml"))
+    abandoning = Workload(requests=1, max_tokens=120, abandon_after_tokens=20)
+    # 120 x 10 ms = 1.2 s + HOLD_MARGIN 1 s = 2.2 s: 550 tokens at 4 ms (not 6.2 s: 1550)
+    assert paced(abandoning, held, 0.004).max_tokens == 550
+    assert paced(abandoning, watched, 0.004).max_tokens == 1550
 
 
 def test_a_bound_on_wasted_tokens_is_judged_in_the_real_servers_decoding_time() -> None:
