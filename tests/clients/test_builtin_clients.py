@@ -326,7 +326,10 @@ def assert_left_after_a_second_of_silence(run: Run) -> None:
 
 
 class Started:
-    """A client process running a workload against its own wire server."""
+    """A client process running a workload against its own wire server, given `limit_s`
+    seconds to finish it."""
+
+    limit_s = PROCESS_LIMIT_S
 
     def __init__(
         self, client: str, argv: list[str], tmp: Path, workload: dict[str, Any], cwd: Path = REPO
@@ -348,7 +351,7 @@ class Started:
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stderr=subprocess.PIPE, text=True)
 
     def finish(self) -> Run:
-        _, stderr = self.proc.communicate(timeout=PROCESS_LIMIT_S)
+        _, stderr = self.proc.communicate(timeout=self.limit_s)
         assert self.proc.returncode == 0, f"{self.client} exited {self.proc.returncode}: {stderr}"
         result = json.loads(self.result_path.read_text(encoding="utf-8"))
         by_name = {self.names[r["index"]]: r for r in result["results"]}

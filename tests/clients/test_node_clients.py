@@ -277,12 +277,7 @@ NODE_PROCESS_LIMIT_S = 90.0
 
 
 class NodeStarted(Started):
-    def finish(self) -> Run:
-        _, stderr = self.proc.communicate(timeout=NODE_PROCESS_LIMIT_S)
-        assert self.proc.returncode == 0, f"{self.client} exited {self.proc.returncode}: {stderr}"
-        result = json.loads(self.result_path.read_text(encoding="utf-8"))
-        by_name = {self.names[r["index"]]: r for r in result["results"]}
-        return Run(self.server, result, by_name)
+    limit_s = NODE_PROCESS_LIMIT_S
 
 
 @pytest.fixture(scope="module")
