@@ -157,7 +157,9 @@ async def run_client(
                 await process.wait()
             if bound.cancelled_caught:
                 run.hang = True
-                process.kill()  # the process we started, by its handle
+                # the session we started it in: its own children too (a browser client's
+                # Chromium outlived a SIGKILL of the client alone, at nice -8, for minutes)
+                CHILDREN.get().kill_group(process)
                 await process.wait()
         with trio.move_on_after(PROXY_SETTLE):
             await server.wait_idle()

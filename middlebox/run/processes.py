@@ -249,6 +249,12 @@ class Children:
         self.started += 1
         return process
 
+    def kill_group(self, process: trio.Process) -> None:
+        """SIGKILL `process` and every process of the session it leads (`start` made it
+        one): what a client started, a Chromium, a node, goes with it, where killing the
+        client alone orphans them (a hung browser client left Chromium running)."""
+        _signal_group(process.pid, signal.SIGKILL)
+
     def adopt(self, upstream: UpstreamProcess) -> None:
         """Supervise an upstream started by the launcher (outside trio)."""
         self.upstreams.add(upstream)

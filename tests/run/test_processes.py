@@ -91,17 +91,43 @@ def test_stop_ends_the_childs_own_children_too(tmp_path: Path) -> None:
     grandchild = int(pid_file.read_text())
     child.stop(grace=5)
     deadline = time.monotonic() + 5
-    while True:
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            break
-        # a zombie waiting for init to reap it counts as gone
-        status = Path(f"/proc/{grandchild}/stat").read_text().split(") ", 1)[1][0]
-        if status == "Z":
-            break
+    while not gone(grandchild):
         assert time.monotonic() < deadline, "the grandchild outlived stop()"
         time.sleep(0.05)
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie waiting for init to reap it counts as gone
+    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] == "Z"
+
+
+async def test_killing_a_hung_clients_group_ends_what_it_started(tmp_path: Path) -> None:
+    """A client killed at its workload timeout takes its own children (a Chromium) along."""
+    pid_file = tmp_path / "grandchild.pid"
+    children = Children()
+    client = await children.start(
+        script(
+            "import subprocess, sys, time\n"
+            "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"open({str(pid_file)!r}, 'w').write(str(g.pid))\n"
+            "time.sleep(60)\n"
+        )
+    )
+    with trio.fail_after(10):
+        while not pid_file.exists() or not pid_file.read_text():
+            await trio.sleep(0.02)
+    grandchild = int(pid_file.read_text())
+    assert not gone(grandchild)
+    children.kill_group(client)
+    with trio.fail_after(10):
+        await client.wait()
+        while not gone(grandchild):
+            await trio.sleep(0.02)
+    assert client.returncode == -9
 
 
 @pytest.mark.e2e
