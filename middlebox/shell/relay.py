@@ -141,12 +141,16 @@ class ReadHub:
     def register(self, sock: socket.socket, callback: Callable[[], None]) -> None:
         fd = sock.fileno()
         self.callbacks[fd] = callback
-        known = self.masks.get(fd)
-        if known is None:
-            self.epoll.register(fd, select.EPOLLIN)
-            self.masks[fd] = select.EPOLLIN
-        else:
-            self._watch(fd, known | select.EPOLLIN)
+        writing = self.writable.get(fd)
+        mask = select.EPOLLIN | (select.EPOLLOUT if writing is not None else 0)
+        # Always registered afresh, never trusted from `masks`: a socket closed without
+        # unregistering (the kernel forgets it) leaves its fd's entries behind, and a
+        # new socket may get that fd number.
+        try:
+            self.epoll.register(fd, mask)
+        except FileExistsError:
+            self.epoll.modify(fd, mask)
+        self.masks[fd] = mask
 
     def unregister(self, sock: socket.socket, callback: Callable[[], None]) -> None:
         fd = sock.fileno()

@@ -368,3 +368,24 @@ async def test_a_writer_that_fails_on_the_hub_ends_its_connection_and_is_raised(
     assert relay._hub_writers == {} and relay._hub_callbacks == {}
     for sock in (client, upstream_peer):
         sock.close()
+
+
+def test_an_fd_closed_without_unregistering_is_registered_afresh_when_reused() -> None:
+    # The kernel forgets a closed fd by itself; its number may come back with the next
+    # socket, which must be watched for reads although the hub's books still hold it.
+    hub = relay_module.ReadHub()
+    first, first_peer = pair()
+    second, second_peer = pair()
+    try:
+        fd = first.fileno()
+        hub.register(first, lambda: None)
+        first.close()  # no unregister
+        reused = socket.socket(fileno=os.dup2(second.fileno(), fd))  # the number, again
+        hub.register(reused, lambda: None)
+        second_peer.send(b"x")
+        assert [ready for ready, _ in hub.epoll.poll(1.0)] == [fd]
+        reused.close()
+    finally:
+        for sock in (first_peer, second, second_peer):
+            sock.close()
+        hub.epoll.close()
