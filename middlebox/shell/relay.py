@@ -128,7 +128,10 @@ class ReadHub:
                     return
                 self.epoll.register(fd, mask)
             elif keep:
-                self.epoll.modify(fd, mask)
+                try:
+                    self.epoll.modify(fd, mask)
+                except FileNotFoundError:  # an old socket's number (see register)
+                    self.epoll.register(fd, mask)
             else:
                 self.epoll.unregister(fd)
         except (OSError, ValueError):
