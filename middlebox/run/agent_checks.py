@@ -28,13 +28,16 @@ reached the client (a cut with the server still generating).
 
 from __future__ import annotations
 
+import bisect
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from middlebox.core.framed import LegRecord, is_event_stream
+from middlebox.core.sse import SseEvent
 from middlebox.core.stream import Direction
+from middlebox.observe.journal import ConnectionJournal
 
 AGENT_METRICS: dict[str, str] = {
     "client.tool_calls_executed": "tool calls the client reported executing, summed",
@@ -310,6 +313,47 @@ def judge_agents(
         request.verdict = verdict
     metrics["server.tool_call_tokens_wasted"] = tool_call_tokens_wasted(upstream, client_traffic)
     return metrics
+
+
+def fragments_read_after_the_client_stopped(journals: Iterable[ConnectionJournal]) -> int:
+    """Argument fragments the upstream sent after the client's stream stopped growing: in
+    events whose bytes the proxy read after its last write toward the client. Those read
+    in the same read as the client's last bytes were generated before the stream was cut,
+    not for nobody: a real vLLM that stalls on a strict call's grammar sends most of the
+    call in one read (12 KiB, some 40 fragments, with the 4th that a cut after 4 waits
+    for), which `tool_call_tokens_wasted` counts as 40 fragments wasted. The emulator
+    sends a fragment a write, so for it the two counts agree."""
+    wasted = 0
+    for journal in journals:
+        writes = [r[0] for r in journal.records if r[1:4] == ("wrote", "client", "downstream")]
+        reads = [
+            (r[5], r[0]) for r in journal.records if r[1:4] == ("read", "upstream", "downstream")
+        ]
+        if not reads:
+            continue
+        stopped = max(writes, default=journal.started_at)
+        starts = [offset for offset, _ in reads]
+        for _, offset, event in journal.leg("upstream").events[Direction.DOWNSTREAM]:
+            read_at = reads[max(bisect.bisect_right(starts, offset) - 1, 0)][1]
+            if read_at > stopped:
+                wasted += event_fragments(event)
+    return wasted
+
+
+def event_fragments(event: SseEvent) -> int:
+    """Tool-call argument fragments in one event of choice 0 (as `sent_responses` counts)."""
+    if event.is_done or not event.data.startswith("{"):
+        return 0
+    try:
+        payload = json.loads(event.data)
+    except ValueError:
+        return 0
+    scratch = SentResponse("")
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    for choice in choices if isinstance(choices, list) else []:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            _add_choice(scratch, choice)
+    return scratch.fragments
 
 
 def tool_call_tokens_wasted(

@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from middlebox.core.stream import Direction
+from middlebox.observe.journal import ConnectionJournal
 from middlebox.report.scorecard import COLOURS, SEVERITY, SHORT
 from middlebox.run.agent_checks import (
     AGENT_METRICS,
     AGENT_VERDICTS,
+    fragments_read_after_the_client_stopped,
     judge_request,
     reasoning_ttft_ms,
     sent_responses,
@@ -207,6 +210,33 @@ def test_fragments_the_upstream_sent_that_never_reached_the_client_are_wasted() 
     )  # fmt: skip
     assert score.metrics["server.tool_call_tokens_wasted"] == 3
     assert score.verdicts()["requests"] != ["acted_on_partial_call"]
+
+
+def test_fragments_read_with_the_clients_last_bytes_were_not_generated_for_nobody() -> None:
+    # A real vLLM that stalls sends most of a call in one read: a cut after the 1st
+    # fragment lets the rest of that read go nowhere, but it was generated before the cut.
+    # Only what the proxy read after its last write toward the client counts.
+    fragments = [f"{n}, " for n in range(8)]
+    request, response = leg(*tool_events(fragments, finish=None))
+    head_end = response.index(b"\r\n\r\n") + 4
+    events = [b"data: " + e + b"\n\n" for e in tool_events(fragments, finish=None)]
+    first = head_end + len(b"".join(events[:3]))  # role, name, fragment 0
+    merged = first + len(b"".join(events[3:7]))  # fragments 1-4, read after fragment 0
+    journal = ConnectionJournal(connection_id=1, started_at=0.0, capture=True)
+    journal.wrote("upstream", Direction.UPSTREAM, request, 0.0)
+    journal.read("upstream", Direction.DOWNSTREAM, response[:first], 0.1)
+    journal.read("upstream", Direction.DOWNSTREAM, response[first:merged], 0.1)
+    journal.wrote("client", Direction.DOWNSTREAM, response[:first], 0.1)  # then the cut
+    journal.read("upstream", Direction.DOWNSTREAM, response[merged:], 0.3)  # fragments 5-7
+    assert fragments_read_after_the_client_stopped([journal]) == 3
+    # every fragment read after the client's last write, when nothing came with it
+    late = ConnectionJournal(connection_id=2, started_at=0.0, capture=True)
+    late.wrote("upstream", Direction.UPSTREAM, request, 0.0)
+    late.read("upstream", Direction.DOWNSTREAM, response[:first], 0.1)
+    late.wrote("client", Direction.DOWNSTREAM, response[:first], 0.1)
+    late.read("upstream", Direction.DOWNSTREAM, response[first:], 0.2)
+    assert fragments_read_after_the_client_stopped([late]) == 7
+    assert fragments_read_after_the_client_stopped([journal, late]) == 10
 
 
 def test_an_old_client_without_the_agent_fields_scores_as_before() -> None:
