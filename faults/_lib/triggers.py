@@ -117,7 +117,11 @@ class Triggered:
         if counter is not None:
             start = counter.reader.cursor
             events = counter.feed(chunk.data, until=self._counted_enough)
-            reached_at = None if counter.reached_at is None else counter.reached_at - start
+            if counter.reached_at is not None:
+                # The event's end in this write's bytes. It lies inside them (the blank line
+                # that dispatches it is body data of this write), but it is clamped so that a
+                # framing change can never turn it into a slice from the end.
+                reached_at = min(max(counter.reached_at - start, 0), len(chunk.data))
         if not self._armed:
             return chunk, None
         cut = None

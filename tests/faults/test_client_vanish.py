@@ -152,3 +152,21 @@ def test_the_client_vanishes_after_the_same_event_however_the_stream_is_written(
     # the event's chunk CRLF goes with it when it came in the same write
     assert down in (expected, expected[:-2])
     assert [r.details["event"] for r in fault.reports] == [after]
+
+
+@pytest.mark.parametrize("after", [1, 5, 12])
+def test_the_mark_is_the_same_wherever_one_write_ends_and_the_next_begins(after: int) -> None:
+    # Every split point, chunk-size lines and the CRLF after a chunk's data included: the
+    # framing reader holds an unfinished structural piece across writes, and the event's
+    # end must still be measured in the write that completes it.
+    stream = HEAD + b"".join(sse_chunk(n) for n in range(16))
+    expected = HEAD + b"".join(sse_chunk(n) for n in range(after))
+    for point in range(1, len(stream)):
+        fault = ClientVanish(after_events=after)
+        writes = [(0.0, Chunk(DOWN, stream[:point])), (1.0, Chunk(DOWN, stream[point:]))]
+        out = replay(fault, writes)
+        down = b"".join(
+            item.data for _, item in out if isinstance(item, Chunk) and item.direction is DOWN
+        )
+        assert down in (expected, expected[:-2]), point
+        assert [r.details["event"] for r in fault.reports] == [after], point
