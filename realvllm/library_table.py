@@ -3,6 +3,7 @@ URL --report DIR` run: `python -m realvllm.library_table DIR/report.json` (stdli
 
 One row a scenario, one column a client: `met` or `**not met**` with the request
 verdicts, `abN`/`wN` (server.aborted, server.tokens_wasted) where the scenario abandons,
+`N takes` where a failed take was taken again (middlebox.run.takes),
 and each failed check as the scorer said it (notes on how a bound was judged included);
 a scenario that needs the emulator is one line with the reason. The last column is the
 pace the suite measured before the scenario (`paced` in report.json). The summary line
@@ -28,6 +29,8 @@ def cell(result: dict[str, Any], abandons: bool) -> str:
     if abandons:
         metrics = result["metrics"]
         verdicts += f" ab{metrics.get('server.aborted')} w{metrics.get('server.tokens_wasted')}"
+    if len(result.get("takes") or ()) > 1:  # a failed take was taken again (run.takes)
+        verdicts += f", {len(result['takes'])} takes"
     if result["passed"]:
         return f"met ({verdicts})"
     failed = "; ".join(_said(c) for c in result["checks"] if not c["passed"])

@@ -142,6 +142,19 @@ def symptom_table(document: dict[str, Any]) -> list[str]:
     ]
 
 
+TAKES_LEGEND = (
+    "Taken again (against a real server a failed take is taken once more and the less "
+    "disturbed counts: middlebox.run.takes):"
+)
+
+
+def take_said(take: dict[str, Any]) -> str:
+    """One take of a re-taken run: kept or not, held or why not, and its disturbance."""
+    said = f"take {take['take']}{' (kept)' if take['kept'] else ''} "
+    said += "held" if take["held"] else f"failed ({take.get('why_not', '')})"
+    return said + f", server stall {take['server_stall_ms']} ms, loop lag {take['loop_lag_ms']} ms"
+
+
 def scorecard(document: dict[str, Any], *, colour: bool | None = None) -> str:
     """The scenario x client matrix, the symptom table (numbers and a diagnosis per run),
     then every failed check (what, why, what to do) and problem."""
@@ -196,6 +209,14 @@ def scorecard(document: dict[str, Any], *, colour: bool | None = None) -> str:
                 )
     if failures:
         lines += ["", "Failed checks and problems:", *failures]
+    retaken = [
+        f"  {scenario['name']}/{result['client']}: " + "; ".join(map(take_said, result["takes"]))
+        for scenario in scenarios
+        for result in scenario["results"]
+        if len(result.get("takes") or ()) > 1
+    ]
+    if retaken:
+        lines += ["", TAKES_LEGEND, *retaken]
     total = sum(len(s["results"]) for s in scenarios)
     passed = sum(1 for s in scenarios for r in s["results"] if r["passed"])
     lines.append(

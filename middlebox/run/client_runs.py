@@ -93,6 +93,10 @@ class ClientRun:
     server_metrics: dict[str, Any] = field(default_factory=dict)
     # a real server's /metrics around this client: (wall time, running, generation tokens)
     samples: list[tuple[float, float, float]] = field(default_factory=list)
+    # where its files went (a re-take's own folder), and, against a real server, every
+    # take of this client with its disturbance (middlebox.run.takes)
+    workdir: Path | None = None
+    takes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def tls_client_env(scenario: Scenario, port: int) -> dict[str, str]:

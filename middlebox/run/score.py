@@ -138,6 +138,9 @@ class ClientScore:
     # cross-checks that do not fail the run: a client's self-reported attempts that
     # differ from what the wire shows
     notes: list[str] = field(default_factory=list)
+    # against a real server: each take of this client, when a failed one was taken
+    # again (middlebox.run.takes), with its disturbance and whether it was kept
+    takes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -162,6 +165,7 @@ class ClientScore:
             "faults_declared": self.faults_declared,
             "checks": [vars(check) for check in self.checks],
             "notes": self.notes,
+            **({"takes": self.takes} if len(self.takes) > 1 else {}),
         }
 
 

@@ -14,10 +14,11 @@ import dataclasses
 import json
 import logging
 import math
+import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from middlebox.run.processes import (
 from middlebox.run.processes import stop_upstream as stop_emulator
 from middlebox.run.score import (
     Check,
+    ClientScore,
     UpstreamExchange,
     evaluate_expect,
     exchanges_of,
@@ -63,6 +65,7 @@ from middlebox.run.score import (
     real_server_metrics,
     score_client,
 )
+from middlebox.run.takes import Disturbance, Take, server_stall, taken, watching_loop_lag
 from middlebox.run.upstream import (
     UpstreamClient,
     UpstreamError,
@@ -346,10 +349,15 @@ async def run_scenario(
         if emulator is None:
             # A real server has no ledger: run the clients one at a time so its /metrics
             # counters, sampled around each of them, are that client's.
+            # A failed take is taken once more and the less disturbed one counts
+            # (middlebox.run.takes: the rule make calibrate uses for real proxies).
             for spec in chosen:
-                run, samples = await sampled(upstream, partial(one_client, spec))
-                run.samples = [(s.at, s.running, s.generated) for s in samples]
-                runs.append(run)
+                take_once = partial(
+                    real_server_take, upstream, one_client, spec, outcome, clients, expect,
+                    workdir,
+                )  # fmt: skip
+                kept, takes = await taken(take_once)
+                runs.append(keep_take(kept, takes, workdir))
         else:
 
             async def one(spec: ClientSpec) -> None:
@@ -371,6 +379,96 @@ async def run_scenario(
     return outcome
 
 
+async def real_server_take(
+    upstream: UpstreamClient,
+    one_client: Callable[..., Awaitable[ClientRun]],
+    spec: ClientSpec,
+    outcome: ScenarioOutcome,
+    clients: list[ClientSpec],
+    expect: Any,
+    workdir: Path,
+    number: int,
+) -> Take:
+    """One take of `spec` against a real server, sampled, watched and scored (a re-take
+    in its own folder: `take-N`, so the kept take's files can be put back)."""
+    folder = workdir if number == 1 else workdir / f"take-{number}"
+    await trio.Path(folder).mkdir(parents=True, exist_ok=True)
+    async with watching_loop_lag() as lag:
+        run, samples = await sampled(upstream, partial(one_client, spec, workdir=folder))
+    run.samples = [(s.at, s.running, s.generated) for s in samples]
+    run.workdir = folder
+    score = score_run(outcome, run, clients, [], expect)
+    proof = fault_proof([f.name for f in outcome.scenario.path], {spec.name: run.journal})
+    unproven = proof_problems(outcome.scenario.name, proof, outcome.scenario.quiet_faults)
+    failed = [f"{c.name} {c.condition} {c.expected}: got {c.actual}" for c in score.checks
+              if not c.passed]  # fmt: skip
+    if run.result is None and not run.hang:
+        failed.append("the client wrote no result")
+    stall = server_stall(e.token_times for e in upstream_exchanges(run))
+    return Take(run, not (failed or unproven), Disturbance(stall, lag.worst),
+                "; ".join(failed + unproven))  # fmt: skip
+
+
+def keep_take(kept: Take, takes: list[Take], workdir: Path) -> ClientRun:
+    """The kept take's run, its files where a first take's are, and every take's record."""
+    run: ClientRun = kept.run
+    run.takes = [take.to_json(n, take is kept) for n, take in enumerate(takes, 1)]
+    if run.workdir is not None and run.workdir != workdir:
+        for name in ("workload.json", "result.json", "stderr.log"):
+            source = run.workdir / f"{run.spec.name}.{name}"
+            if source.exists():
+                shutil.copyfile(source, workdir / source.name)
+    return run
+
+
+def score_run(
+    outcome: ScenarioOutcome,
+    run: ClientRun,
+    clients: list[ClientSpec],
+    ledger: list[dict[str, Any]],
+    expect: Any,
+) -> ClientScore:
+    """One client's run scored and held to the scenario's `expect:` (nothing written)."""
+    scenario = outcome.scenario
+    declared = [spec.name for spec in scenario.path]
+    # the upstream leg as the journal framed it once (no second framing pass here)
+    traffic = [j.leg("upstream") for _, j in sorted(run.journal.journals.items())]
+    reports = [(r.fault, r.action) for r in run.journal.fault_reports()]
+    # attempts are counted where the client sent them: its leg of the journal
+    client_traffic = [j.leg("client") for _, j in sorted(run.journal.journals.items())]
+    score = score_client(
+        scenario.name,
+        run.spec.name,
+        run.tags,
+        None if run.hang else run.result,
+        ledger,
+        traffic,
+        reports,
+        declared,
+        client_traffic=client_traffic,
+    )
+    score.metrics.update(run.server_metrics)
+    if not ledger and TOOL_WASTE in score.metrics:
+        # A real server's stalls merge a call into one read: only what came after the
+        # client's stream stopped was generated for nobody (agent_checks explains).
+        after = fragments_read_after_the_client_stopped(run.journal.journals.values())
+        score.metrics[TOOL_WASTE] = min(score.metrics[TOOL_WASTE], after)
+    if not ledger and run.samples:
+        score.metrics.update(real_server_score(run, score.metrics))
+    # Every built-in name is a client block, whether or not that client ran today.
+    score.checks = evaluate_expect(
+        expect, run.spec.name, score.metrics, [*BUILTIN_CLIENTS, *(c.name for c in clients)]
+    )
+    if not ledger and outcome.paced:
+        own = score.metrics.get(SERVER_MS_PER_TOKEN)
+        score.checks = in_decoding_time(
+            score.checks, scenario, own or outcome.paced.get("server_ms_per_token")
+        )
+        score.checks = at_server_lumpiness(score.checks, score.metrics)
+    score.takes = run.takes
+    return score
+
+
 def score_runs(
     outcome: ScenarioOutcome,
     runs: list[ClientRun],
@@ -385,40 +483,7 @@ def score_runs(
     declared = [spec.name for spec in scenario.path]
     order = {spec.name: i for i, spec in enumerate(chosen)}
     for run in sorted(runs, key=lambda r: order[r.spec.name]):
-        # the upstream leg as the journal framed it once (no second framing pass here)
-        traffic = [j.leg("upstream") for _, j in sorted(run.journal.journals.items())]
-        reports = [(r.fault, r.action) for r in run.journal.fault_reports()]
-        # attempts are counted where the client sent them: its leg of the journal
-        client_traffic = [j.leg("client") for _, j in sorted(run.journal.journals.items())]
-        score = score_client(
-            scenario.name,
-            run.spec.name,
-            run.tags,
-            None if run.hang else run.result,
-            ledger,
-            traffic,
-            reports,
-            declared,
-            client_traffic=client_traffic,
-        )
-        score.metrics.update(run.server_metrics)
-        if not ledger and TOOL_WASTE in score.metrics:
-            # A real server's stalls merge a call into one read: only what came after the
-            # client's stream stopped was generated for nobody (agent_checks explains).
-            after = fragments_read_after_the_client_stopped(run.journal.journals.values())
-            score.metrics[TOOL_WASTE] = min(score.metrics[TOOL_WASTE], after)
-        if not ledger and run.samples:
-            score.metrics.update(real_server_score(run, score.metrics))
-        # Every built-in name is a client block, whether or not that client ran today.
-        score.checks = evaluate_expect(
-            expect, run.spec.name, score.metrics, [*BUILTIN_CLIENTS, *(c.name for c in clients)]
-        )
-        if not ledger and outcome.paced:
-            own = score.metrics.get(SERVER_MS_PER_TOKEN)
-            score.checks = in_decoding_time(
-                score.checks, scenario, own or outcome.paced.get("server_ms_per_token")
-            )
-            score.checks = at_server_lumpiness(score.checks, score.metrics)
+        score = score_run(outcome, run, clients, ledger, expect)
         if run.result is None and not run.hang:
             outcome.problems.append(
                 f"{scenario.name}/{run.spec.name}: the client wrote no "
