@@ -448,7 +448,7 @@ def score_run(
         client_traffic=client_traffic,
     )
     score.metrics.update(run.server_metrics)
-    if not ledger and TOOL_WASTE in score.metrics:
+    if not ledger and score.metrics.get(TOOL_WASTE):  # none counted: nothing to lower
         # A real server's stalls merge a call into one read: only what came after the
         # client's stream stopped was generated for nobody (agent_checks explains).
         after = fragments_read_after_the_client_stopped(run.journal.journals.values())
