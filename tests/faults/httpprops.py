@@ -14,8 +14,9 @@ import json
 from hypothesis import strategies as st
 
 from faults.testing import TimedItem
+from middlebox.core.fault import Fault
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Http1Framer, PieceKind, encode_chunk
-from middlebox.core.stream import Chunk, Direction
+from middlebox.core.stream import Chunk, Direction, Item
 
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\n"
@@ -99,3 +100,16 @@ def dechunked(wire: bytes) -> list[tuple[bytes, bool]]:
             ended.add(piece.message)
     valid = framer.degraded is None
     return [(bytes(body), valid and m in ended) for m, body in sorted(bodies.items())]
+
+
+def counting(fault: Fault) -> list[Item]:
+    """The items `fault.on_item` is called with from now on."""
+    seen: list[Item] = []
+    inner = fault.on_item
+
+    def on_item(item: Item, now: float) -> list[Item]:
+        seen.append(item)
+        return inner(item, now)
+
+    fault.on_item = on_item  # type: ignore[method-assign]
+    return seen

@@ -15,21 +15,14 @@ from middlebox.core.fault import Fault, Pipeline
 from middlebox.core.http1 import LAST_CHUNK_BYTES
 from middlebox.core.responses import error_response
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
-from tests.faults.httpprops import SSE_HEAD, request, sse_chunks
+from tests.faults.httpprops import SSE_HEAD, counting, request, sse_chunks
 
 PING = b"a\r\n: ping\n\n\r\n"  # a keep-alive comment in its own chunk
 
 
 def bench_path(reaper: IdleReaper) -> tuple[Pipeline, Latency, list[Item]]:
     latency = Latency(delay=0.0)
-    given: list[Item] = []
-    inner = reaper.on_item
-
-    def on_item(item: Item, now: float) -> list[Item]:
-        given.append(item)
-        return inner(item, now)
-
-    reaper.on_item = on_item  # type: ignore[method-assign]
+    given = counting(reaper)
     faults: list[Fault] = [latency, SetHeader(), reaper]
     return Pipeline(faults), latency, given
 

@@ -16,8 +16,8 @@ from faults.latency import Latency
 from faults.set_header import SetHeader
 from faults.testing import TimedItem, replay
 from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline
-from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item
-from tests.faults.httpprops import SSE_HEAD, request, resplit, sse_chunks
+from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof
+from tests.faults.httpprops import SSE_HEAD, counting, request, resplit, sse_chunks
 
 BOTH = frozenset(Direction)
 BARE_HEAD = SSE_HEAD.replace(b"x-accel-buffering: no\r\n", b"")
@@ -29,19 +29,6 @@ class NeverAside(Latency):
 
     def _step_aside(self, now: float) -> None:
         return None
-
-
-def counting(fault: Fault) -> list[Item]:
-    """The items `fault.on_item` is called with from now on."""
-    seen: list[Item] = []
-    inner = fault.on_item
-
-    def on_item(item: Item, now: float) -> list[Item]:
-        seen.append(item)
-        return inner(item, now)
-
-    fault.on_item = on_item  # type: ignore[method-assign]
-    return seen
 
 
 def stream(frames: int = 4, step: float = 0.01) -> list[TimedItem]:
