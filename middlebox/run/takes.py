@@ -1,5 +1,5 @@
-"""Takes against a real server: a take that fails is taken once more, and the less
-disturbed of the two counts.
+"""Takes against a real server: a take that fails is taken again (up to three takes), and
+the least disturbed take counts.
 
 Against the emulator a scenario is a function of its seed; against a real vLLM on shared
 cores it is not. vLLM's API server falls behind its engine for hundreds of milliseconds
@@ -10,9 +10,9 @@ server's stall), and the proxy's own process can be woken late (client-vanishes/
 vanish's FIN toward vLLM went out 486 ms after the fault fired, 0.4-3 ms in every other
 run). Neither is what a scenario tests. So the rule `make calibrate` uses for real
 proxies (docs/calibration.md) is used here too: a failed take (a check not met, or a
-declared fault that never fired) is taken again, and the take whose machine ran closest
-to schedule counts, pass or fail. A take's disturbance is measured on the machine's
-side, where nothing a fault holds can show:
+declared fault that never fired) is taken again, until one holds or three were taken, and
+the take whose machine ran closest to schedule counts, pass or fail. A take's disturbance
+is measured on the machine's side, where nothing a fault holds can show:
 
 - `server_stall`: the longest gap between two token chunks the server sent the proxy
   (the journal's upstream leg; the prefill before the first token is not in it). A
@@ -21,8 +21,8 @@ side, where nothing a fault holds can show:
 - `loop_lag`: the longest the run's own event loop, which the proxies run in, was woken
   late by a timer (`LoopLag`).
 
-A proxy's or a client's own behaviour shows in both takes; so does a model gap. The
-report keeps both takes' disturbance and verdict (`takes` in report.json), and the
+A proxy's or a client's own behaviour shows in every take; so does a model gap. The
+report keeps every take's disturbance and verdict (`takes` in report.json), and the
 tables mark a re-taken run.
 """
 
@@ -36,8 +36,11 @@ from typing import Any, TypeVar
 
 import trio
 
-# One failed take is taken again, as `make calibrate` re-takes a grid shape once.
-REAL_SERVER_TAKES = 2
+# Up to three takes: `make calibrate` re-takes a grid shape once, but a real vLLM on these
+# shared cores stalls more often than the emulator does there (the whole library at load
+# 5-12: 10 of 150 runs re-taken, and in 3 of them the second take as disturbed as the
+# first, 224-456 ms of loop lag, each failing a bound of 3-4 tokens by 3-4).
+REAL_SERVER_TAKES = 3
 # How often the loop watcher wakes: fine enough for the hundreds of milliseconds a
 # starved process loses, coarse enough to cost nothing beside the proxy.
 LAG_TICK = 0.01

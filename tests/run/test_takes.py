@@ -75,10 +75,14 @@ def test_a_failed_take_is_taken_again_and_the_less_disturbed_counts_pass_or_fail
     stalled, clean = take(False, stall=0.479), take(True, stall=0.05, lag=0.002)
     kept, takes = trio.run(taken, _takes([stalled, clean]))
     assert kept is clean and takes == [stalled, clean]
-    # a failure on a quiet machine stands, however the re-take went
-    quiet, noisy = take(False, stall=0.03), take(True, stall=0.2)
-    kept, takes = trio.run(taken, _takes([quiet, noisy]))
-    assert kept is quiet and len(takes) == REAL_SERVER_TAKES == 2
+    # a failure on a quiet machine stands, however the re-takes went
+    quiet, noisy, noisier = take(False, stall=0.03), take(False, stall=0.2), take(True, 0.3)
+    kept, takes = trio.run(taken, _takes([quiet, noisy, noisier, take(True)]))
+    assert kept is quiet and takes == [quiet, noisy, noisier]
+    assert len(takes) == REAL_SERVER_TAKES == 3
+    # a third take that holds on a quieter machine counts
+    third = take(True, stall=0.01)
+    assert trio.run(taken, _takes([noisy, take(False, 0.3), third]))[0] is third
     # a tie keeps the first
     assert least_disturbed([take(False, 0.1), take(False, 0.05, 0.05)]).disturbance.total == 0.1
     assert kept.to_json(1, True) == {
@@ -139,19 +143,21 @@ def test_against_a_server_with_metrics_a_failed_take_is_taken_again(
         return
     assert not score.passed
     takes = result["takes"]
-    assert [t["take"] for t in takes] == [1, 2] and [t["held"] for t in takes] == [False] * 2
+    assert [t["take"] for t in takes] == [1, 2, 3] and [t["held"] for t in takes] == [False] * 3
     assert sum(t["kept"] for t in takes) == 1
-    assert [t["why_not"] for t in takes] == ["client.complete equals 0: got 1"] * 2
+    assert [t["why_not"] for t in takes] == ["client.complete equals 0: got 1"] * 3
     assert all(t["server_stall_ms"] >= 0 and t["loop_lag_ms"] >= 0 for t in takes)
-    # the re-take ran in its own folder; the kept take's files are where a first take's are
+    # a re-take ran in its own folder; the kept take's files are where a first take's are
     assert (workdir / "take-2" / "raw.result.json").exists()
-    kept = workdir if takes[0]["kept"] else workdir / "take-2"
+    assert (workdir / "take-3" / "raw.result.json").exists()
+    number = next(t["take"] for t in takes if t["kept"])
+    kept = workdir if number == 1 else workdir / f"take-{number}"
     assert json.loads((workdir / "raw.result.json").read_text()) == json.loads(
         (kept / "raw.result.json").read_text()
     )
-    assert cell(result, False).startswith("**not met** (complete, 2 takes)")
+    assert cell(result, False).startswith("**not met** (complete, 3 takes)")
     card = scorecard(SuiteOutcome([outcome], None, ["raw"]).document(), colour=False)
     assert TAKES_LEGEND in card
     (line,) = [line for line in card.splitlines() if line.startswith("  retaken/raw: take 1")]
-    assert line.count("failed (client.complete equals 0: got 1)") == 2
+    assert line.count("failed (client.complete equals 0: got 1)") == 3
     assert line.count("(kept)") == 1 and "server stall" in line and "loop lag" in line
