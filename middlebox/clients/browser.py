@@ -25,12 +25,24 @@ times taken in the page, by POST. Chromium runs with the flags below plus
 `--disable-web-security`, because the page's origin (the control server) differs from
 the proxy's and neither vLLM nor the emulator answers CORS preflights; this client
 models the browser's streaming, not its CORS policy.
+
+Chromium raises some of its own threads' priority where the OS lets it (its display-
+critical threads, the compositor and child IO threads, to nice -8, and the rest back to 0,
+whatever nice it was started at: base/threading's Linux thread types), which a root
+process may (CAP_SYS_NICE). In CI that is every run: Chromium then outranks the emulator
+and the proxy it is measured against, a starved emulator catches up by merging several
+tokens into one SSE frame (as vLLM does when its API server lags), and a scenario's
+"after 12 events" trigger finds fewer than 12 events in the whole answer and never fires
+(clean-close-without-done's cut, seen in CI; reproduced by stopping the emulator for
+0.5 s). So Chromium starts without CAP_SYS_NICE in its bounding set and runs at its
+driver's priority (`without_priority_raise`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import signal
 import subprocess
@@ -48,6 +60,9 @@ from middlebox.clients.contract import ClientEnv, Handler, Recorder, RequestSpec
 
 READY_TIMEOUT_S = 60.0
 MAX_RECONNECTS = 5
+
+PR_CAPBSET_DROP = 24  # <linux/prctl.h>
+CAP_SYS_NICE = 23  # <linux/capability.h>: raise a priority (a nice below the current)
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -250,6 +265,38 @@ class _Driver:
         rec.abandoned = bool(result["abandoned"])
 
 
+def _prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux's libc: nothing to drop
+        return None
+
+
+_PRCTL = _prctl()
+
+
+def without_priority_raise() -> None:
+    """Drop CAP_SYS_NICE from this thread's bounding set, so a program it execs from now on
+    (Chromium, even as root) cannot raise a thread above the priority it inherits
+    (setpriority(2): a nice below the current one needs CAP_SYS_NICE or RLIMIT_NICE, whose
+    default allows none). This process keeps what it holds; it only starts Chromium. Where
+    the drop is not permitted (no CAP_SETPCAP) an exec could not have gained CAP_SYS_NICE
+    from a root's bounding set either, and nothing changes."""
+    if _PRCTL is not None:
+        _PRCTL(PR_CAPBSET_DROP, CAP_SYS_NICE, 0, 0, 0)
+
+
+def start_chromium(binary: str, profile: str, url: str) -> subprocess.Popen[bytes]:
+    """Headless Chromium on `url` with its own profile, at this process's priority."""
+    without_priority_raise()  # the calling thread forks it: its bounding set is the one
+    return subprocess.Popen(
+        [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", url],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 @asynccontextmanager
 async def session(env: ClientEnv, eventsource: bool = False) -> AsyncIterator[Handler]:
     binary = chromium_path()
@@ -273,12 +320,7 @@ async def session(env: ClientEnv, eventsource: bool = False) -> AsyncIterator[Ha
         prefix="middlebox-chromium-", ignore_cleanup_errors=True
     ) as profile:
         # Popen returns once Chromium is forked; the loop is not held while it runs.
-        browser = subprocess.Popen(  # noqa: ASYNC220
-            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"http://127.0.0.1:{port}/"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        browser = start_chromium(binary, profile, f"http://127.0.0.1:{port}/")
         try:
             async with asyncio.timeout(READY_TIMEOUT_S):
                 await driver.ready.wait()

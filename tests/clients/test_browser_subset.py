@@ -7,7 +7,10 @@ held to the scenarios' `expect:` pins. Then what the table publishes for them: t
 reader raises on an RST, ends silently without `[DONE]` and waits on a stall; a browser's
 EventSource only GETs, so on these servers (none resumable) the page can only error.
 
-Skips without Chromium on a developer's machine, never under CI=true (`needs`).
+Skips without Chromium on a developer's machine, never under CI=true (`needs`). The run's
+report stays under pytest's tmp dir, and a failure message says what each failing client's
+proxy saw (tests/clients/suite_evidence.py): these runs have failed intermittently in CI
+("the cut never fired", "the second 429 did not come") and never here.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 
 from middlebox.clients import chromium_path
+from tests.clients.suite_evidence import failure_evidence
 from tests.clients.test_matrix_subset import SUBSET
 from tests.harness import needs
 
@@ -29,14 +33,16 @@ BROWSERS = ["browser", "browser-eventsource"]
 
 
 @pytest.fixture(scope="module")
-def subset() -> dict[str, Any]:
-    """(scenario, client) -> result entry, and every failed expectation or problem."""
+def subset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """(scenario, client) -> result entry, every failed expectation or problem, and the
+    report directory the run wrote (journals, client stderr)."""
     # with_chromium skips these tests before this runs, except under CI=true: there it fails.
     assert chromium_path(), "Chromium is needed (.ci/run installs it)"
     from middlebox.run.suite import run_suite  # the run room: only this part needs it
 
     files = [str(REPO / "scenarios" / f"{name}.yaml") for name in SUBSET]
-    document = run_suite(files, client_names=BROWSERS, jobs=1).document()
+    report = tmp_path_factory.mktemp("browser-subset")
+    document = run_suite(files, client_names=BROWSERS, jobs=1, report_dir=report).document()
     results: dict[tuple[str, str], dict[str, Any]] = {}
     failures: list[str] = []
     for scenario in document["scenarios"]:
@@ -52,7 +58,12 @@ def subset() -> dict[str, Any]:
                 for c in result["checks"]
                 if not c["passed"]
             ]
-    return {"results": results, "failures": failures}
+    return {"results": results, "failures": failures, "report": report}
+
+
+def evidence(subset: dict[str, Any], *failures: str) -> str:
+    """What the named clients' proxies saw, for an assertion's message."""
+    return failure_evidence(subset["report"], list(failures), BROWSERS)
 
 
 def verdicts(subset: dict[str, Any], scenario: str, client: str) -> list[str]:
@@ -62,18 +73,28 @@ def verdicts(subset: dict[str, Any], scenario: str, client: str) -> list[str]:
 @with_chromium
 def test_both_browser_clients_ran_the_subset_and_meet_their_pins(subset: dict[str, Any]) -> None:
     assert sorted(subset["results"]) == sorted((s, c) for s in SUBSET for c in BROWSERS)
-    assert subset["failures"] == [], "\n".join(subset["failures"])
+    failures = subset["failures"]
+    assert failures == [], "\n".join([*failures, evidence(subset, *failures)])
 
 
 @with_chromium
 def test_the_fetch_reader_raises_on_a_reset_is_silent_without_done_and_waits_on_a_stall(
     subset: dict[str, Any],
 ) -> None:
-    assert verdicts(subset, "reset-mid-stream", "browser") == ["truncation_detected"]
-    assert verdicts(subset, "clean-close-without-done", "browser") == ["silent_truncation"]
-    assert verdicts(subset, "client-vanishes", "browser") == ["hang"]
-    assert verdicts(subset, "utf8-sliced-stream", "browser") == ["complete"]  # TextDecoderStream
-    assert verdicts(subset, "rate-limit-storm", "browser") == ["error_reported"] * 2
+    expected = {
+        "reset-mid-stream": ["truncation_detected"],
+        "clean-close-without-done": ["silent_truncation"],
+        "client-vanishes": ["hang"],
+        "utf8-sliced-stream": ["complete"],  # TextDecoderStream
+        "rate-limit-storm": ["error_reported"] * 2,
+    }
+    shown = {scenario: verdicts(subset, scenario, "browser") for scenario in expected}
+    wrong = [
+        f"{scenario}/browser: {shown[scenario]}"
+        for scenario in expected
+        if shown[scenario] != expected[scenario]
+    ]
+    assert shown == expected, evidence(subset, *wrong)
 
 
 @with_chromium

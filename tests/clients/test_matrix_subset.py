@@ -14,7 +14,10 @@ The clients whose libraries live in their own environments (openai-v1, openai-v2
 langchain-openai, litellm) build them on first use (middlebox.clients.envs); each client
 runs the five scenarios on its own, so a dozen interpreters never import side by side
 inside the scenarios' bounds. The Node clients run the same five in
-tests/clients/test_node_clients.py (checked below to stay so).
+tests/clients/test_node_clients.py (checked below to stay so). Each group's report stays
+under pytest's tmp dir, and a failure message says what each failing client's proxy saw
+(tests/clients/suite_evidence.py): client-vanishes/httpx-sse has failed intermittently in
+CI (the vanish never fired, so httpx-sse read the whole answer) and never here.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import pytest
 
 from middlebox.clients import BUILTIN_CLIENTS, envs
+from tests.clients.suite_evidence import failure_evidence
 
 pytestmark = [pytest.mark.e2e]
 
@@ -47,20 +51,24 @@ PYTHON_CLIENTS = LIGHT + LOCKED
 
 
 @pytest.fixture(scope="module")
-def subset() -> Iterator[dict[str, Any]]:
-    """Every Python client over the five scenarios: (scenario, client) -> result entry."""
+def subset(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Every Python client over the five scenarios: (scenario, client) -> result entry,
+    every failure, and each client's report directory (journals, client stderr)."""
     from middlebox.run.suite import run_suite  # the run room: only this part needs it
 
     files = [str(LIBRARY / f"{name}.yaml") for name in SUBSET]
     results: dict[tuple[str, str], dict[str, Any]] = {}
     failures: list[str] = []
+    reports: dict[str, Path] = {}
     for group in [LIGHT[:3], LIGHT[3:], *([name] for name in LOCKED)]:
         for name in group:
             BUILTIN_CLIENTS[name]  # build a locked environment now, outside every bound
         # a locked client runs one scenario at a time: litellm alone takes 11-15 s to
         # import on a loaded 2-core machine, inside its scenario's 20 s bound
         jobs = 1 if group[0] in LOCKED else 2
-        document = run_suite(files, client_names=group, jobs=jobs).document()
+        report = tmp_path_factory.mktemp(f"matrix-subset-{group[0]}")
+        reports.update(dict.fromkeys(group, report))
+        document = run_suite(files, client_names=group, jobs=jobs, report_dir=report).document()
         for scenario in document["scenarios"]:
             failures += scenario["problems"]
             for result in scenario["results"]:
@@ -72,7 +80,19 @@ def subset() -> Iterator[dict[str, Any]]:
                         if not c["passed"]
                     ]
                     failures.append(f"{scenario['name']}/{result['client']}: {failed}")
-    yield {"results": results, "failures": failures}
+    yield {"results": results, "failures": failures, "reports": reports}
+
+
+def evidence(subset: dict[str, Any], *failures: str) -> str:
+    """What the proxies of the clients the failures name saw, for an assertion's message
+    (a scenario-wide problem: every client of each group that ran it)."""
+    groups: dict[Path, list[str]] = {}
+    for client, report in subset["reports"].items():
+        groups.setdefault(report, []).append(client)
+    found = (
+        failure_evidence(report, list(failures), clients) for report, clients in groups.items()
+    )
+    return "\n".join(part for part in found if part)
 
 
 def verdicts(subset: dict[str, Any], scenario: str, client: str) -> list[str]:
@@ -96,7 +116,8 @@ def test_every_python_client_ran_every_scenario_of_the_subset(subset: dict[str, 
 def test_every_client_meets_the_expectations_pinned_in_the_scenarios(
     subset: dict[str, Any],
 ) -> None:
-    assert subset["failures"] == [], "\n".join(subset["failures"])
+    failures = subset["failures"]
+    assert failures == [], "\n".join([*failures, evidence(subset, *failures)])
 
 
 def test_only_the_per_read_decoder_shows_mojibake_on_split_utf8(subset: dict[str, Any]) -> None:
@@ -116,9 +137,10 @@ def test_openai_3x_raises_on_a_reset_but_is_silent_on_a_clean_end_without_done(
 def test_a_stall_hangs_openai_600s_read_timeout_where_httpx_sse_times_out_at_5s(
     subset: dict[str, Any],
 ) -> None:
-    assert verdicts(subset, "client-vanishes", "openai") == ["hang"]
-    assert verdicts(subset, "client-vanishes", "httpx-sse") == ["truncation_detected"]
-    assert "ReadTimeout" in errors(subset, "client-vanishes", "httpx-sse")[0]
+    seen = evidence(subset, "client-vanishes/openai:", "client-vanishes/httpx-sse:")
+    assert verdicts(subset, "client-vanishes", "openai") == ["hang"], seen
+    assert verdicts(subset, "client-vanishes", "httpx-sse") == ["truncation_detected"], seen
+    assert "ReadTimeout" in errors(subset, "client-vanishes", "httpx-sse")[0], seen
 
 
 def test_openai_1x_and_2x_let_httpx_exceptions_escape_where_3x_wraps_them(
