@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from middlebox.compose import load
 from middlebox.scenario.workload import Workload, request_body
 
@@ -75,9 +77,25 @@ def test_the_request_names_a_strict_tool_so_vllm_holds_the_arguments_to_its_sche
     assert set(parameters["required"]) == set(parameters["properties"]) == names
 
 
-def test_every_string_and_array_of_the_arguments_is_bounded() -> None:
-    [tool] = workload().tools or []
-    assert unbounded(tool["function"]["parameters"]) == []
+TOOL_SCENARIOS = sorted(SCENARIO.parent.glob("tool-call-*.yaml"))
+
+
+def test_every_tool_call_scenario_is_found() -> None:
+    names = {path.stem for path in TOOL_SCENARIOS}
+    assert {"tool-call-reset-in-arguments", "tool-call-email-retry-storm"} <= names
+    assert "tool-call-inband-error" in names
+
+
+@pytest.mark.parametrize("path", TOOL_SCENARIOS, ids=lambda path: path.stem)
+def test_every_tool_call_scenario_asks_for_a_strict_bounded_call(path: Path) -> None:
+    # The same cause in each: a non-strict named call's arguments are any JSON value
+    # under vLLM 0.32's structural tag (tool-call-email-retry-storm's string body ran to
+    # max_tokens, so its naive clients ran an unparsed call: partial 1 against 0).
+    found = load(path).sections["workload"]
+    assert isinstance(found, Workload) and found.tools
+    for tool in found.tools:
+        assert tool["function"].get("strict") is True, path.stem
+        assert unbounded(tool["function"]["parameters"]) == [], path.stem
 
 
 def test_the_bound_finder_names_each_open_end() -> None:
