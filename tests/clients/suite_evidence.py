@@ -89,6 +89,31 @@ def connection_lines(journal: Path) -> list[str]:
     return lines
 
 
+def upstream_lines(ledger: Path, scenario: str, client: str) -> list[str]:
+    """The emulator's ledger for `client`'s requests (its tag opens the prompt): tokens
+    delivered against SSE frames written. More than one token a frame means the emulator
+    fell behind and merged them (a starved process catching up, as vLLM's lagging API
+    server does), and a trigger counted in events may then never be reached."""
+    try:
+        entries = json.loads(ledger.read_text())
+    except (OSError, ValueError):
+        return []
+    tag = f"[middlebox {scenario}/{client}/"
+    lines = []
+    for entry in entries if isinstance(entries, list) else []:
+        prompt = entry.get("prompt")
+        text = prompt[0].get("content", "") if isinstance(prompt, list) and prompt else prompt
+        if not isinstance(text, str) or not text.startswith(tag):
+            continue
+        frames = len(entry.get("write_times") or [])
+        tokens = entry.get("delivered_tokens", 0)
+        lines.append(
+            f"  upstream: request {text[len(tag) :].split(']')[0]}: {tokens} tokens delivered "
+            f"in {frames} writes, finish {entry.get('finish_reason')}"
+        )
+    return lines
+
+
 def failure_evidence(report_dir: Path, failures: list[str], clients: list[str]) -> str:
     """For every scenario and client of `clients` (those that ran in this report) a
     failure names, what its proxy saw (a scenario-wide problem names all `clients`); then
@@ -115,5 +140,6 @@ def failure_evidence(report_dir: Path, failures: list[str], clients: list[str]) 
             continue
         parts.append(f"{scenario}/{client}: what its proxy saw")
         parts += connection_lines(journal) or ["  no connection"]
+        parts += upstream_lines(journal.parent / "ledger.json", scenario, client)
     parts.append(f"the run's report, journals and client stderr: {report_dir}")
     return "\n".join(parts)

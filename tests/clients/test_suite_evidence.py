@@ -10,6 +10,7 @@ from tests.clients.suite_evidence import (
     connection_lines,
     failure_evidence,
     scenario_run_dir,
+    upstream_lines,
     user_agent,
 )
 
@@ -133,3 +134,32 @@ def test_failures_of_clients_that_ran_in_another_report_are_left_to_it(tmp_path:
     failure = "clean-close-without-done/browser: declared fault 'cut' never fired"
     assert failure_evidence(tmp_path, [failure], ["raw", "openai"]) == ""
     assert failure_evidence(tmp_path, [], ["browser"]) == ""
+
+
+def ledger_entry(tag: str, tokens: int, writes: int) -> dict[str, Any]:
+    return {
+        "prompt": [{"role": "user", "content": f"{tag} Explain how server-sent events travel"}],
+        "delivered_tokens": tokens,
+        "write_times": [0.0] * writes,
+        "finish_reason": "stop",
+    }
+
+
+def test_the_emulators_frames_per_token_are_shown_for_the_clients_requests(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "runs" / "01-clean-close-without-done"
+    stray_then_real(run)
+    scenario = "clean-close-without-done"
+    entries = [
+        ledger_entry(f"[middlebox {scenario}/browser-eventsource/0]", 3, 3),
+        ledger_entry(f"[middlebox {scenario}/browser/0]", 40, 9),  # merged: 4+ a frame
+    ]
+    (run / "ledger.json").write_text(json.dumps(entries))
+    assert upstream_lines(run / "ledger.json", scenario, "browser") == [
+        "  upstream: request 0: 40 tokens delivered in 9 writes, finish stop"
+    ]
+    failure = f"{scenario}/browser: declared fault 'cut' fired for x but never for browser"
+    shown = failure_evidence(tmp_path, [failure], ["browser"]).splitlines()
+    assert shown[-2] == "  upstream: request 0: 40 tokens delivered in 9 writes, finish stop"
+    assert upstream_lines(run / "missing.json", scenario, "browser") == []
