@@ -16,6 +16,7 @@ from xml.etree import ElementTree
 import pytest
 from click.testing import CliRunner
 
+from middlebox.clients.browser import without_priority_raise
 from middlebox.observe.journal import JournalView
 from middlebox.report.html_page import render, seed_line
 from middlebox.report.timeline import (
@@ -279,7 +280,7 @@ def screenshot(target: Path, shot: Path, size: tuple[int, int]) -> None:
     subprocess.run(
         [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
          f"--screenshot={shot}", f"--window-size={size[0]},{size[1]}", target.as_uri()],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, preexec_fn=without_priority_raise,
     )  # fmt: skip
 
 
@@ -324,7 +325,7 @@ def test_chromium_renders_the_timeline_png_and_report_html_with_their_markers(
     dom = subprocess.run(
         [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
          report.as_uri()],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, preexec_fn=without_priority_raise,
     ).stdout  # fmt: skip
     assert 'class="timeline-row"' in dom and 'class="fault-label"' in dom
 

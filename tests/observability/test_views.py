@@ -13,6 +13,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from middlebox.clients.browser import without_priority_raise
 from middlebox.observe.journal import JournalView
 from middlebox.report.html_page import render
 from middlebox.report.progress import Progress
@@ -222,13 +223,13 @@ def test_report_html_renders_in_headless_chromium_without_console_errors(tmp_pat
             "--enable-logging=stderr", "--v=0", f"--screenshot={shot}",
             "--window-size=1200,900", page.as_uri(),
         ],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, preexec_fn=without_priority_raise,
     )  # fmt: skip
     assert shot.exists() and shot.stat().st_size > 10_000, done.stderr[-2000:]
     console = [line for line in done.stderr.splitlines() if "CONSOLE" in line]
     assert not console, console
     dom = subprocess.run(
         [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, preexec_fn=without_priority_raise,
     ).stdout  # fmt: skip
     assert 'id="scorecard"' in dom and "<svg" in dom
