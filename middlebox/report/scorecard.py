@@ -152,7 +152,8 @@ def take_said(take: dict[str, Any]) -> str:
     """One take of a re-taken run: kept or not, held or why not, and its disturbance."""
     said = f"take {take['take']}{' (kept)' if take['kept'] else ''} "
     said += "held" if take["held"] else f"failed ({take.get('why_not', '')})"
-    return said + f", server stall {take['server_stall_ms']} ms, loop lag {take['loop_lag_ms']} ms"
+    said += f", server stall {take['server_stall_ms']} ms, loop lag {take['loop_lag_ms']} ms"
+    return said + (f" (gc {take['gc_pause_ms']} ms)" if take.get("gc_pause_ms") else "")
 
 
 def scorecard(document: dict[str, Any], *, colour: bool | None = None) -> str:

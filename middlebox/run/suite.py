@@ -405,7 +405,7 @@ async def real_server_take(
     if run.result is None and not run.hang:
         failed.append("the client wrote no result")
     stall = server_stall(e.token_times for e in upstream_exchanges(run))
-    return Take(run, not (failed or unproven), Disturbance(stall, lag.worst),
+    return Take(run, not (failed or unproven), Disturbance(stall, lag.worst, lag.gc_worst),
                 "; ".join(failed + unproven))  # fmt: skip
 
 
@@ -413,6 +413,13 @@ def keep_take(kept: Take, takes: list[Take], workdir: Path) -> ClientRun:
     """The kept take's run, its files where a first take's are, and every take's record."""
     run: ClientRun = kept.run
     run.takes = [take.to_json(n, take is kept) for n, take in enumerate(takes, 1)]
+    for number, take in enumerate(takes, 1):
+        if take is not kept:  # its journal and samples beside its files, to read why
+            folder = workdir / f"take-{number}"
+            folder.mkdir(parents=True, exist_ok=True)
+            name = take.run.spec.name
+            take.run.journal.write_ndjson(folder / f"{name}.journal.ndjson")
+            (folder / f"{name}.metrics.json").write_text(json.dumps(take.run.samples))
     if run.workdir is not None and run.workdir != workdir:
         for name in ("workload.json", "result.json", "stderr.log"):
             source = run.workdir / f"{run.spec.name}.{name}"

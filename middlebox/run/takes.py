@@ -28,6 +28,8 @@ tables mark a re-taken run.
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -54,6 +56,8 @@ class Disturbance:
 
     server_stall: float = 0.0
     loop_lag: float = 0.0
+    # part of loop_lag's cause, shown beside it and not added: the longest collection
+    gc_pause: float = 0.0
 
     @property
     def total(self) -> float:
@@ -63,6 +67,7 @@ class Disturbance:
         return {
             "server_stall_ms": round(self.server_stall * 1000, 1),
             "loop_lag_ms": round(self.loop_lag * 1000, 1),
+            "gc_pause_ms": round(self.gc_pause * 1000, 1),
         }
 
 
@@ -78,11 +83,22 @@ def server_stall(token_times: Iterable[Sequence[float]]) -> float:
 class LoopLag:
     """The longest a timer of this trio loop fired late while `watch` ran: a process the
     machine did not schedule (or a loop kept busy) wakes its sleepers late, the proxy's
-    among them."""
+    among them. `gc_worst` is the longest garbage collection in that time, one cause
+    that is this process's own (it stops every thread, the loop's too)."""
 
     def __init__(self, tick: float = LAG_TICK) -> None:
         self.tick = tick
         self.worst = 0.0
+        self.gc_worst = 0.0
+        self._gc_began: float | None = None
+
+    def collecting(self, phase: str, info: dict[str, int]) -> None:
+        """A `gc.callbacks` entry: time each collection."""
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        elif self._gc_began is not None:
+            self.gc_worst = max(self.gc_worst, time.perf_counter() - self._gc_began)
+            self._gc_began = None
 
     def woke(self, asked: float, slept: float) -> None:
         self.worst = max(self.worst, slept - asked)
@@ -98,12 +114,16 @@ class LoopLag:
 async def watching_loop_lag(tick: float = LAG_TICK) -> AsyncIterator[LoopLag]:
     """A `LoopLag` watching this loop for the body of the `async with`."""
     lag = LoopLag(tick)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(lag.watch)
-        try:
-            yield lag
-        finally:
-            nursery.cancel_scope.cancel()
+    gc.callbacks.append(lag.collecting)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lag.watch)
+            try:
+                yield lag
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        gc.callbacks.remove(lag.collecting)
 
 
 @dataclass

@@ -4,6 +4,7 @@ side (the server's longest gap between token chunks, the loop's latest wake-up).
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,20 @@ def test_a_loop_woken_late_is_seen_and_one_on_time_is_not() -> None:
     assert lag.worst == pytest.approx(0.002)
 
 
+def test_a_garbage_collection_inside_the_watch_is_timed_and_none_outside_it() -> None:
+    async def main() -> LoopLag:
+        async with watching_loop_lag(0.01) as lag:
+            gc.collect()  # stops every thread, the loop's too
+        return lag
+
+    lag = trio.run(main)
+    assert lag.gc_worst > 0
+    assert lag.collecting not in gc.callbacks  # removed with the watch
+    seen = lag.gc_worst
+    gc.collect()
+    assert lag.gc_worst == seen
+
+
 def take(held: bool, stall: float = 0.0, lag: float = 0.0) -> Take:
     return Take(object(), held, Disturbance(stall, lag), "" if held else "a check")
 
@@ -87,7 +102,7 @@ def test_a_failed_take_is_taken_again_and_the_less_disturbed_counts_pass_or_fail
     assert least_disturbed([take(False, 0.1), take(False, 0.05, 0.05)]).disturbance.total == 0.1
     assert kept.to_json(1, True) == {
         "take": 1, "held": False, "kept": True, "server_stall_ms": 30.0, "loop_lag_ms": 0.0,
-        "why_not": "a check",
+        "gc_pause_ms": 0.0, "why_not": "a check",
     }  # fmt: skip
 
 
@@ -147,6 +162,11 @@ def test_against_a_server_with_metrics_a_failed_take_is_taken_again(
     assert sum(t["kept"] for t in takes) == 1
     assert [t["why_not"] for t in takes] == ["client.complete equals 0: got 1"] * 3
     assert all(t["server_stall_ms"] >= 0 and t["loop_lag_ms"] >= 0 for t in takes)
+    # every take not kept keeps its journal and samples in its own folder, to read why
+    for t in takes:
+        if not t["kept"]:
+            assert (workdir / f"take-{t['take']}" / "raw.journal.ndjson").stat().st_size > 0
+            assert (workdir / f"take-{t['take']}" / "raw.metrics.json").exists()
     # a re-take ran in its own folder; the kept take's files are where a first take's are
     assert (workdir / "take-2" / "raw.result.json").exists()
     assert (workdir / "take-3" / "raw.result.json").exists()
