@@ -143,8 +143,8 @@ def symptom_table(document: dict[str, Any]) -> list[str]:
 
 
 TAKES_LEGEND = (
-    "Taken again (against a real server a failed take is taken once more and the less "
-    "disturbed counts: middlebox.run.takes):"
+    "Taken again (against a real server a failed take is taken again, up to three takes, and "
+    "the least disturbed counts: middlebox.run.takes):"
 )
 
 

@@ -349,8 +349,8 @@ async def run_scenario(
         if emulator is None:
             # A real server has no ledger: run the clients one at a time so its /metrics
             # counters, sampled around each of them, are that client's.
-            # A failed take is taken once more and the less disturbed one counts
-            # (middlebox.run.takes: the rule make calibrate uses for real proxies).
+            # A failed take is taken again, up to three takes, and the least disturbed
+            # counts (middlebox.run.takes: the rule make calibrate uses for real proxies).
             for spec in chosen:
                 take_once = partial(
                     real_server_take, upstream, one_client, spec, outcome, clients, expect,
