@@ -65,6 +65,7 @@ from middlebox.run.score import (
     real_server_metrics,
     score_client,
 )
+from middlebox.run.sessions import other_session_warning
 from middlebox.run.takes import Disturbance, Take, server_stall, taken, watching_loop_lag
 from middlebox.run.upstream import (
     UpstreamClient,
@@ -773,6 +774,8 @@ def run_suite(
     for scenario in scenarios:
         for warning in scenario.warnings:
             log.warning("%s", warning)
+    if upstream_url is not None and (elsewhere := other_session_warning(upstream_url)):
+        log.warning("%s", elsewhere)
     names = list(client_names) or ([] if client_commands else default_clients())
     clients = resolve_clients(names, client_commands)
     with tempfile.TemporaryDirectory(prefix="middlebox-run-") as scratch:

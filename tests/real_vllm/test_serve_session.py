@@ -1,0 +1,73 @@
+"""The real vLLM starts in the caller's session, in a process group of its own (no server needed).
+
+Why both: its own group lets `stop_process` end vLLM's engine core and worker with it, and the
+caller's session keeps it in the caller's autogroup (sched(7)), where a streaming vLLM in a
+session of its own starved the run's proxies for seconds (realvllm.serve.spawn's docstring has
+the measurement). The stand-in server here forks a child, as vLLM's API server forks its engine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from realvllm import serve
+
+# Forks a grandchild, prints its pid and then waits on it, as vLLM's API server waits on its engine.
+STAND_IN = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+    "print(child.pid, flush=True)\n"
+    "child.wait()\n"
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_the_server_shares_the_callers_session_and_leads_its_own_group(tmp_path: Path) -> None:
+    log = (tmp_path / "server.log").open("wb")
+    process = serve.spawn([sys.executable, "-c", STAND_IN], log, dict(os.environ), tmp_path)
+    try:
+        assert os.getsid(process.pid) == os.getsid(0)
+        assert os.getpgid(process.pid) == process.pid != os.getpgid(0)
+    finally:
+        serve.stop_process(process, grace=10.0)
+        log.close()
+    assert process.returncode is not None
+
+
+def test_stopping_the_server_ends_the_child_it_forked(tmp_path: Path) -> None:
+    out = tmp_path / "server.log"
+    with out.open("wb") as log:
+        process = serve.spawn([sys.executable, "-c", STAND_IN], log, dict(os.environ), tmp_path)
+        try:
+            child = _first_line_pid(out, process)
+            assert os.getpgid(child) == process.pid
+        finally:
+            serve.stop_process(process, grace=10.0)
+    # SIGTERM went to the group, so the grandchild got it too (it is not the server's to reap:
+    # wait for it by polling its /proc entry, bounded).
+    for _ in range(200):
+        if not _alive(child):
+            break
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _first_line_pid(out: Path, process: subprocess.Popen[bytes]) -> int:
+    for _ in range(400):
+        text = out.read_text()
+        if text.endswith("\n"):
+            return int(text.split()[0])
+        assert process.poll() is None, text
+        time.sleep(0.05)
+    raise AssertionError(f"the stand-in server printed no child pid: {out.read_text()!r}")
