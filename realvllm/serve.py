@@ -15,6 +15,7 @@ Stdlib only, so the project's ``.venv`` (pytest) can import it without torch.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -211,8 +212,15 @@ def start(extra_args: list[str] | None = None, log_dir: Path | None = None) -> S
     return server
 
 
-def main() -> int:
-    server = start()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m realvllm.serve", description=__doc__)
+    parser.add_argument(
+        "--tool-calls", action="store_true",
+        help="serve with vLLM's tool-call parser (TOOL_CALL_FLAGS), which the library's agent "
+        "scenarios need; the tier's main server runs without it",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    server = start(list(TOOL_CALL_FLAGS) if args.tool_calls else None)
 
     def stop(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt

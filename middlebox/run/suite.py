@@ -415,18 +415,29 @@ def keep_take(kept: Take, takes: list[Take], workdir: Path) -> ClientRun:
     run: ClientRun = kept.run
     run.takes = [take.to_json(n, take is kept) for n, take in enumerate(takes, 1)]
     for number, take in enumerate(takes, 1):
-        if take is not kept:  # its journal and samples beside its files, to read why
+        if take is not kept:  # its journal, samples and result beside its files, to read why
             folder = workdir / f"take-{number}"
             folder.mkdir(parents=True, exist_ok=True)
             name = take.run.spec.name
             take.run.journal.write_ndjson(folder / f"{name}.journal.ndjson")
             (folder / f"{name}.metrics.json").write_text(json.dumps(take.run.samples))
+            if (
+                take.run.workdir == workdir
+            ):  # the first take's files, before the kept overwrite them
+                _copy_client_files(workdir, folder, name)
     if run.workdir is not None and run.workdir != workdir:
-        for name in ("workload.json", "result.json", "stderr.log"):
-            source = run.workdir / f"{run.spec.name}.{name}"
-            if source.exists():
-                shutil.copyfile(source, workdir / source.name)
+        _copy_client_files(run.workdir, workdir, run.spec.name)
     return run
+
+
+CLIENT_FILES = ("workload.json", "result.json", "stderr.log")
+
+
+def _copy_client_files(source: Path, target: Path, client: str) -> None:
+    for name in CLIENT_FILES:
+        path = source / f"{client}.{name}"
+        if path.exists():
+            shutil.copyfile(path, target / path.name)
 
 
 def score_run(

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from realvllm import serve
 
 # Forks a grandchild, prints its pid and then waits on it, as vLLM's API server waits on its engine.
@@ -71,3 +73,25 @@ def _first_line_pid(out: Path, process: subprocess.Popen[bytes]) -> int:
         assert process.poll() is None, text
         time.sleep(0.05)
     raise AssertionError(f"the stand-in server printed no child pid: {out.read_text()!r}")
+
+
+class Started(Exception):
+    """What `serve.start` was asked for, raised instead of starting a real vLLM."""
+
+
+def test_make_vllm_serves_with_the_tool_call_parser_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def start(extra_args: list[str] | None = None, log_dir: Path | None = None) -> serve.Server:
+        raise Started(extra_args)
+
+    monkeypatch.setattr(serve, "start", start)
+    for argv, expected in ((["--tool-calls"], list(serve.TOOL_CALL_FLAGS)), ([], None)):
+        try:
+            serve.main(argv)
+        except Started as started:
+            assert started.args == (expected,)
+        else:
+            raise AssertionError("main() did not start a server")
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    assert "-m realvllm.serve --tool-calls" in makefile

@@ -17,10 +17,10 @@ from trio.testing import MockClock, wait_all_tasks_blocked
 from middlebox.clients import BUILTIN_CLIENTS
 from middlebox.compose import load
 from middlebox.report.scorecard import TAKES_LEGEND, scorecard
-from middlebox.run.client_runs import ClientSpec
+from middlebox.run.client_runs import ClientRun, ClientSpec
 from middlebox.run.outcome import SuiteOutcome
 from middlebox.run.processes import CHILDREN, Children, start_emulator, stop_upstream
-from middlebox.run.suite import run_scenario
+from middlebox.run.suite import keep_take, run_scenario
 from middlebox.run.takes import (
     REAL_SERVER_TAKES,
     Disturbance,
@@ -181,3 +181,36 @@ def test_against_a_server_with_metrics_a_failed_take_is_taken_again(
     (line,) = [line for line in card.splitlines() if line.startswith("  retaken/raw: take 1")]
     assert line.count("failed (client.complete equals 0: got 1)") == 3
     assert line.count("(kept)") == 1 and "server stall" in line and "loop lag" in line
+
+
+class _Journal:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def write_ndjson(self, path: Path) -> None:
+        path.write_text(self.text)
+
+
+def _client_take(workdir: Path, folder: Path, number: int, stall: float) -> Take:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("workload.json", "result.json", "stderr.log"):
+        (folder / f"raw.{name}").write_text(f"take {number} {name}")
+    journal: Any = _Journal(f"journal of take {number}")
+    run = ClientRun(ClientSpec("raw", []), [], journal, workdir=folder)
+    run.samples = [(float(number), 0.0, 0.0)]
+    return Take(run, False, Disturbance(stall, 0.0), "a check")
+
+
+def test_keeping_a_later_take_keeps_the_first_takes_files_in_take_1(tmp_path: Path) -> None:
+    first = _client_take(tmp_path, tmp_path, 1, stall=0.5)
+    second = _client_take(tmp_path, tmp_path / "take-2", 2, stall=0.1)
+    run = keep_take(second, [first, second], tmp_path)
+    assert run is second.run
+    # the kept take's files are where a first take's are ...
+    for name in ("workload.json", "result.json", "stderr.log"):
+        assert (tmp_path / f"raw.{name}").read_text() == f"take 2 {name}"
+        # ... and the first take's are in take-1, beside its journal and samples
+        assert (tmp_path / "take-1" / f"raw.{name}").read_text() == f"take 1 {name}"
+    assert (tmp_path / "take-1" / "raw.journal.ndjson").read_text() == "journal of take 1"
+    assert json.loads((tmp_path / "take-1" / "raw.metrics.json").read_text()) == [[1.0, 0, 0]]
+    assert [t["kept"] for t in run.takes] == [False, True]
