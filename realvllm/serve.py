@@ -75,9 +75,9 @@ def spawn(
     nice -5 there overslept 0.3-3.2 s 30 times in 120 s of streaming, and with two spinners
     beside it 40 times in 90 s (up to 5 s), while the spinner pinned to vLLM's CPU went unrun for
     up to 17.7 s and vLLM kept decoding. With the server in the sleeper's session (or autogroup
-    off) the same 90 s had no oversleep over 300 ms and no spinner gap over 50 ms. The proxies
-    and clients a run measures live in the caller's session, and a server in another one
-    disturbs every take (docs/real-vllm.md).
+    off) the same 90 s had no oversleep over 300 ms and no spinner gap over 50 ms. A run's
+    proxies are tasks of the process that starts the server (the tier's pytest, `middlebox
+    run`), and a server in another session disturbs every take (docs/real-vllm.md).
     """
     return subprocess.Popen(
         argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

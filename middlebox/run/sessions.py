@@ -4,8 +4,8 @@ Linux's autogroup (sched(7), `/proc/sys/kernel/sched_autogroup_enabled`, on by d
 session (setsid: a terminal, a `setsid` command) in a scheduling group of its own and shares the
 CPUs between groups before tasks. On these 2 CPUs a vLLM streaming in a session of its own
 starved another session for seconds at a time, and did nothing of the kind with both in one
-session (docs/real-vllm.md has the measurement). A run's proxies and clients live in the run's
-session, so a server started from another terminal disturbs the very timings a scenario
+session (docs/real-vllm.md has the measurement). A run's proxies are tasks of the run's own
+process, so a server started from another terminal disturbs the very timings a scenario
 measures (abandon-* tokens wasted, idle gaps). `middlebox run` says so before it starts; the
 re-take rule (`middlebox.run.takes`) cannot tell this apart from a busy machine.
 
