@@ -25,9 +25,9 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column (include/net/tcp_states.h)
 
 
-def autogroup_enabled(path: Path = AUTOGROUP) -> bool:
+def autogroup_enabled(path: Path | None = None) -> bool:
     try:
-        return path.read_text().strip() == "1"
+        return (path or AUTOGROUP).read_text().strip() == "1"
     except OSError:
         return False
 
@@ -68,7 +68,7 @@ def listening_pids(port: int, proc: Path = PROC) -> set[int]:
     return pids
 
 
-def other_session_warning(url: str, autogroup: Path = AUTOGROUP, proc: Path = PROC) -> str | None:
+def other_session_warning(url: str, autogroup: Path | None = None, proc: Path = PROC) -> str | None:
     """A warning when `url` is a loopback server in another autogroup session, else None."""
     parts = urlsplit(url)
     if parts.hostname not in LOOPBACK or not autogroup_enabled(autogroup):
@@ -84,8 +84,8 @@ def other_session_warning(url: str, autogroup: Path = AUTOGROUP, proc: Path = PR
             return (
                 f"the server at {url} (pid {pid}) runs in another session ({theirs}, this run's "
                 f"is {ours}) and Linux's autogroup is on: the kernel shares the CPUs between "
-                "sessions first, and a busy server there can hold this run's proxies and clients "
-                "off the CPU for seconds, which disturbs what the scenarios time. Start the server "
+                "sessions first, and a busy server there can hold this run's proxies off the CPU "
+                "for seconds, which disturbs what the scenarios time. Start the server "
                 "from this session (for example `make vllm &` in the same shell) or turn autogroup "
                 "off (sysctl kernel.sched_autogroup_enabled=0)."
             )

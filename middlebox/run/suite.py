@@ -410,6 +410,10 @@ async def real_server_take(
                 "; ".join(failed + unproven))  # fmt: skip
 
 
+# what a client run leaves beside its journal (client_runs.run_client writes them)
+CLIENT_FILES = ("workload.json", "result.json", "stderr.log")
+
+
 def keep_take(kept: Take, takes: list[Take], workdir: Path) -> ClientRun:
     """The kept take's run, its files where a first take's are, and every take's record."""
     run: ClientRun = kept.run
@@ -421,16 +425,12 @@ def keep_take(kept: Take, takes: list[Take], workdir: Path) -> ClientRun:
             name = take.run.spec.name
             take.run.journal.write_ndjson(folder / f"{name}.journal.ndjson")
             (folder / f"{name}.metrics.json").write_text(json.dumps(take.run.samples))
-            if (
-                take.run.workdir == workdir
-            ):  # the first take's files, before the kept overwrite them
+            # the first take's files are where the kept take's go: keep them first
+            if take.run.workdir == workdir:
                 _copy_client_files(workdir, folder, name)
     if run.workdir is not None and run.workdir != workdir:
         _copy_client_files(run.workdir, workdir, run.spec.name)
     return run
-
-
-CLIENT_FILES = ("workload.json", "result.json", "stderr.log")
 
 
 def _copy_client_files(source: Path, target: Path, client: str) -> None:

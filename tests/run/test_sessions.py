@@ -6,6 +6,7 @@ own, so the verdict does not depend on this machine's sysctl.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -13,7 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from middlebox.run import sessions
 from middlebox.run.sessions import listening_pids, other_session_warning
+from middlebox.run.suite import run_suite
+
+ROOT = Path(__file__).resolve().parents[2]
 
 LISTENER = (
     "import socket, sys, time\n"
@@ -76,3 +83,18 @@ def test_a_port_nobody_listens_on_gives_no_pid(tmp_path: Path) -> None:
         pass  # closed again: the port is free now
     assert listening_pids(port) == set()
     assert other_session_warning(f"http://127.0.0.1:{port}", switch(tmp_path, "1")) is None
+
+
+def test_middlebox_run_says_so_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a scenario that needs the emulator asks the server nothing: only the warning is tested
+    monkeypatch.setattr(sessions, "AUTOGROUP", switch(tmp_path, "1"))
+    scenario = str(ROOT / "scenarios" / "vllm-engine-error.yaml")
+    with listener(new_session=True) as (pid, port), caplog.at_level(logging.WARNING):
+        outcome = run_suite(
+            [scenario], client_names=["raw"], upstream_url=f"http://127.0.0.1:{port}"
+        )
+    warned = [r.getMessage() for r in caplog.records if "another session" in r.getMessage()]
+    assert len(warned) == 1 and f"pid {pid}" in warned[0]
+    assert outcome.outcomes[0].needs_emulator

@@ -20,7 +20,7 @@ from middlebox.report.scorecard import TAKES_LEGEND, scorecard
 from middlebox.run.client_runs import ClientRun, ClientSpec
 from middlebox.run.outcome import SuiteOutcome
 from middlebox.run.processes import CHILDREN, Children, start_emulator, stop_upstream
-from middlebox.run.suite import keep_take, run_scenario
+from middlebox.run.suite import CLIENT_FILES, keep_take, run_scenario
 from middlebox.run.takes import (
     REAL_SERVER_TAKES,
     Disturbance,
@@ -191,9 +191,9 @@ class _Journal:
         path.write_text(self.text)
 
 
-def _client_take(workdir: Path, folder: Path, number: int, stall: float) -> Take:
+def _client_take(folder: Path, number: int, stall: float) -> Take:
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("workload.json", "result.json", "stderr.log"):
+    for name in CLIENT_FILES:
         (folder / f"raw.{name}").write_text(f"take {number} {name}")
     journal: Any = _Journal(f"journal of take {number}")
     run = ClientRun(ClientSpec("raw", []), [], journal, workdir=folder)
@@ -202,12 +202,12 @@ def _client_take(workdir: Path, folder: Path, number: int, stall: float) -> Take
 
 
 def test_keeping_a_later_take_keeps_the_first_takes_files_in_take_1(tmp_path: Path) -> None:
-    first = _client_take(tmp_path, tmp_path, 1, stall=0.5)
-    second = _client_take(tmp_path, tmp_path / "take-2", 2, stall=0.1)
+    first = _client_take(tmp_path, 1, stall=0.5)
+    second = _client_take(tmp_path / "take-2", 2, stall=0.1)
     run = keep_take(second, [first, second], tmp_path)
     assert run is second.run
     # the kept take's files are where a first take's are ...
-    for name in ("workload.json", "result.json", "stderr.log"):
+    for name in CLIENT_FILES:
         assert (tmp_path / f"raw.{name}").read_text() == f"take 2 {name}"
         # ... and the first take's are in take-1, beside its journal and samples
         assert (tmp_path / "take-1" / f"raw.{name}").read_text() == f"take 1 {name}"
