@@ -1,7 +1,8 @@
 """vllm_emulator: an upstream that behaves like vLLM's OpenAI server, down to the byte.
 
 Pure core: `wire` (frames per version profile), `textgen` (seeded text), `schedule`
-(timing model), `validation`, `metrics`, `config`, `ledger` (the per-request record).
+(timing model), `validation`, `metrics`, `config`, `ledger` (the per-request record),
+`host` (what a vLLM CPU build takes from the machine it runs on).
 Shell (aiohttp, asyncio): `engine` (drives the scheduler on a loop timer), `handlers`
 (vLLM's routes), `serve` (the runner and the readiness banner), `cli`
 (`python -m vllm_emulator`, the `emulate` click command), `cassette`.

@@ -42,6 +42,9 @@ class EmulatorConfig:
 
     profile: ProfileName = "vllm-0.33"
     model: str = "middlebox/emulated-7b"
+    # The CPU flags a vLLM CPU build would find (`vllm-0.32` reports what follows from them,
+    # vllm_emulator/host.py); null: this host's, from /proc/cpuinfo.
+    cpu_flags: list[str] | None = None
     seed: int = 0
     max_model_len: int = 8192
     # Scheduler and timing (see schedule.py).

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_emulator import agent, textgen, wire
+from vllm_emulator import agent, host, textgen, wire
 from vllm_emulator.config import EmulatorConfig
 from vllm_emulator.ledger import LedgerEntry
 from vllm_emulator.metrics import (
@@ -213,8 +213,10 @@ class Engine:
         m = self.metrics
         self._gauges()  # registered first, as vLLM's logger creates them first
         config = self.config
+        flags = host.this_host_cpu_flags() if config.cpu_flags is None else frozenset(
+            config.cpu_flags)  # fmt: skip
         declare_profile_families(m, config.profile, config.kv_block_size, config.kv_num_blocks,
-                                 config.max_model_len)  # fmt: skip
+                                 config.max_model_len, flags)  # fmt: skip
         for reason in FINISH_REASONS:
             m.counter("vllm:request_success", "Count of successfully processed requests.", 0.0,
                       finished_reason=reason)  # fmt: skip

@@ -24,6 +24,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from vllm_emulator import host
 from vllm_emulator.wire import Profile, modern
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -223,12 +224,17 @@ WAITING_BY_REASON_HELP = (
 
 
 def cache_config_labels(
-    profile: Profile, block_size: int, num_gpu_blocks: int, max_model_len: int
+    profile: Profile,
+    block_size: int,
+    num_gpu_blocks: int,
+    max_model_len: int,
+    cpu_flags: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """`vllm:cache_config_info`'s labels: 0.32 writes every CacheConfig field (`metrics_info`:
     `str()` of each), here with the values the real 0.32.0 CPU server reports except the
-    emulator's own block size, block count and what follows from them. Other profiles:
-    block_size and num_gpu_blocks only (the reference gives no literal)."""
+    emulator's own block size, block count and what follows from them, and what the CPU
+    platform sets from the host's `cpu_flags` (host.py). Other profiles: block_size and
+    num_gpu_blocks only (the reference gives no literal)."""
     if profile != "vllm-0.32":
         return {"block_size": str(block_size), "num_gpu_blocks": str(num_gpu_blocks)}
     size_tokens = block_size * num_gpu_blocks
@@ -243,7 +249,8 @@ def cache_config_labels(
         "kv_cache_size_tokens": str(size_tokens), "kv_offloading_backend": "native",
         "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False",
         "mamba_block_size": "None", "mamba_cache_dtype": "auto", "mamba_cache_mode": "none",
-        "mamba_page_size_padded": "None", "mamba_ssm_cache_dtype": "auto",
+        "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": host.mamba_ssm_cache_dtype(cpu_flags),
         "num_cpu_blocks": "None", "num_gpu_blocks": str(num_gpu_blocks),
         "num_gpu_blocks_override": "None", "prefix_cache_retention_interval": "0",
         "prefix_caching_hash_algo": "sha256", "prefix_match_unit": "None",
@@ -264,6 +271,7 @@ def declare_profile_families(
     block_size: int,
     num_gpu_blocks: int,
     max_model_len: int,
+    cpu_flags: frozenset[str] = frozenset(),
 ) -> None:
     """The families vLLM pre-creates that the engine does not drive, at vLLM's start values.
 
@@ -273,7 +281,7 @@ def declare_profile_families(
     no request is preempted (`request_num_preemptions` observes 0 per finished request).
     `iteration_tokens_total` (tokens per engine step) is declared but not observed.
     """
-    info = cache_config_labels(profile, block_size, num_gpu_blocks, max_model_len)
+    info = cache_config_labels(profile, block_size, num_gpu_blocks, max_model_len, cpu_flags)
     # 0.32 labels it by engine only (vLLM's info gauge carries no model_name).
     without = ("model_name",) if profile == "vllm-0.32" else ()
     registry.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", 1.0,

@@ -88,7 +88,7 @@ IMITATION_FIELDS = frozenset(
         "profile", "model", "seed", "prefill_overhead", "prefill_per_token", "itl",
         "itl_jitter", "batch_slowdown", "natural_length_min", "natural_length_max",
         "default_max_tokens", "created", "system_fingerprint", "log_requests",
-        "http_keep_alive_timeout", "resume_buffer_size", "resume_ttl", "fail_kind",
+        "http_keep_alive_timeout", "resume_buffer_size", "resume_ttl", "fail_kind", "cpu_flags",
     }
 )  # fmt: skip
 """`EmulatorConfig` fields that tune how the emulator imitates a server (its speed, its

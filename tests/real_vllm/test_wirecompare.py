@@ -8,9 +8,12 @@ shown to fail the comparison.
 
 from __future__ import annotations
 
+import re
+
 from tests.real_vllm import wirecompare
 from tests.real_vllm.wirecompare import Exchange
 from vllm_emulator import wire
+from vllm_emulator.metrics import Registry, declare_profile_families
 
 SSE_HEADERS = (
     ("date", "Tue, 01 Dec 2026 08:31:31 GMT"),
@@ -155,3 +158,28 @@ def test_metrics_compare_names_types_and_label_sets_not_values() -> None:
     missing = METRICS.split("# HELP vllm:request_success_total")[0]
     diffs = wirecompare.compare_metrics(METRICS, missing)
     assert diffs == ["/metrics: missing family vllm:request_success_total (counter)"]
+
+
+def _cache_config_metrics(cpu_flags: frozenset[str], num_gpu_blocks: int = 8192) -> str:
+    registry = Registry("chat", 1.0)
+    declare_profile_families(registry, "vllm-0.32", 128, num_gpu_blocks, 8192, cpu_flags)
+    return registry.render()
+
+
+def test_metrics_label_values_differ_by_name_and_masked_ones_do_not() -> None:
+    avx2 = _cache_config_metrics(frozenset({"avx2"}))
+    avx512 = _cache_config_metrics(frozenset({"avx2", "avx512_bf16"}))
+    assert wirecompare.compare_metrics(avx2, avx2) == []
+    # an emulator that reported the AVX2 host's dtype on an AVX-512 BF16 host fails, naming it
+    assert wirecompare.compare_metrics(avx512, avx2) == [
+        "/metrics: vllm:cache_config_info label mamba_ssm_cache_dtype values ['auto'], "
+        "expected ['float32']"
+    ]
+    changed = re.sub(r'\bcache_dtype="auto"', 'cache_dtype="fp8"', avx512)
+    assert wirecompare.compare_metrics(avx512, changed) == [
+        "/metrics: vllm:cache_config_info label cache_dtype values ['fp8'], expected ['auto']"
+    ]
+    # num_gpu_blocks names the deployment: masked (kv_cache_size_tokens, pinned, is not)
+    other_blocks = avx512.replace('num_gpu_blocks="8192"', 'num_gpu_blocks="4096"')
+    assert other_blocks != avx512
+    assert wirecompare.compare_metrics(avx512, other_blocks) == []

@@ -260,8 +260,12 @@ def compare_metrics(expected: str, actual: str) -> list[str]:
         gs = {k: sorted(v) for k, v in g["samples"].items()}
         if ws != gs:
             diffs.append(f"/metrics: {name} samples/labels {gs}, expected {ws}")
-        if w["labels"] != g["labels"]:
-            diffs.append(f"/metrics: {name} label values {g['labels']}, expected {w['labels']}")
+        for label in sorted(w["labels"].keys() & g["labels"].keys()):
+            if w["labels"][label] != g["labels"][label]:
+                diffs.append(
+                    f"/metrics: {name} label {label} values {sorted(g['labels'][label])}, "
+                    f"expected {sorted(w['labels'][label])}"
+                )
     return diffs
 
 
