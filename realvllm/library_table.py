@@ -50,7 +50,7 @@ def _problems_for(scenario: dict[str, Any], client: str) -> list[str]:
 
 
 def rows(report: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
-    counts = {"met": 0, "not met": 0, "needs the emulator": 0}
+    counts = {"met": 0, "not met": 0, "needs the emulator": 0, "needs a larger context": 0}
     lines = [
         "| scenario | " + " | ".join(CLIENTS) + " | server ms/token, tokens/frame, max_tokens |",
         "|---" * (len(CLIENTS) + 2) + "|",
@@ -60,6 +60,10 @@ def rows(report: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
         if scenario.get("needs_emulator"):
             counts["needs the emulator"] += 1
             lines.append(f"| {name} | needs the emulator: {scenario['needs_emulator']} |")
+            continue
+        if scenario.get("needs_context"):
+            counts["needs a larger context"] += 1
+            lines.append(f"| {name} | {scenario['needs_context']} |")
             continue
         if scenario.get("problems"):
             name += " — " + "; ".join(scenario["problems"])

@@ -138,12 +138,18 @@ def server_env() -> dict[str, str]:
 TOOL_CALL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 
-def command(py: Path, model: Path, port: int, extra: list[str] | None = None) -> list[str]:
+def command(
+    py: Path,
+    model: Path,
+    port: int,
+    extra: list[str] | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
+) -> list[str]:
     return [
         str(py), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", SERVED_NAME,
         "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len),
         *(extra or []),
     ]  # fmt: skip
 
@@ -166,7 +172,11 @@ def _post(url: str, body: object, timeout: float = 120.0) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
-def start(extra_args: list[str] | None = None, log_dir: Path | None = None) -> Server:
+def start(
+    extra_args: list[str] | None = None,
+    log_dir: Path | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
+) -> Server:
     """Install (cached), build the model (cached), start vLLM and wait until /health is 200."""
     model = build_model()
     port = free_port()
@@ -174,9 +184,10 @@ def start(extra_args: list[str] | None = None, log_dir: Path | None = None) -> S
     log_path = log_dir / f"vllm-{port}.log"
     log = log_path.open("wb")
     began = time.monotonic()
-    process = spawn(command(install.PY, model, port, extra_args), log, server_env(), log_dir)
+    argv = command(install.PY, model, port, extra_args, max_model_len)
+    process = spawn(argv, log, server_env(), log_dir)
     url = f"http://127.0.0.1:{port}"
-    server = Server(url, process, "", log_path=log_path, _log=log)
+    server = Server(url, process, "", max_model_len=max_model_len, log_path=log_path, _log=log)
     try:
         while True:
             if process.poll() is not None:
@@ -219,8 +230,15 @@ def main(argv: list[str] | None = None) -> int:
         help="serve with vLLM's tool-call parser (TOOL_CALL_FLAGS), which the library's agent "
         "scenarios need; the tier's main server runs without it",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-model-len", type=int, default=MAX_MODEL_LEN,
+        help=f"the context vLLM serves (default {MAX_MODEL_LEN}); a run plans its streams "
+        "within it, and a scenario that cannot fit says which it needs",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    server = start(list(TOOL_CALL_FLAGS) if args.tool_calls else None)
+    server = start(
+        list(TOOL_CALL_FLAGS) if args.tool_calls else None, max_model_len=args.max_model_len
+    )
 
     def stop(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt

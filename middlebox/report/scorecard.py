@@ -192,6 +192,8 @@ def scorecard(document: dict[str, Any], *, colour: bool | None = None) -> str:
         failures += [f"  {problem}" for problem in scenario["problems"]]
         if scenario.get("needs_emulator"):
             lines.append(f"{name}: needs the emulator: {scenario['needs_emulator']}")
+        if scenario.get("needs_context"):
+            lines.append(f"{name}: {scenario['needs_context']}")
         for result in scenario["results"]:
             failures += [
                 f"  {name}/{result['client']}: {failure_message(scenario, result['client'], check)}"
@@ -256,6 +258,9 @@ def junit_xml(document: dict[str, Any]) -> bytes:
             case = ElementTree.SubElement(suite_el, "testcase", name="scenario", classname=name)
             reason = f"needs the emulator: {scenario['needs_emulator']}"
             ElementTree.SubElement(case, "skipped", message=reason)
+        if scenario.get("needs_context"):
+            case = ElementTree.SubElement(suite_el, "testcase", name="scenario", classname=name)
+            ElementTree.SubElement(case, "skipped", message=scenario["needs_context"])
         for result, check in cases:
             case = ElementTree.SubElement(
                 suite_el,

@@ -41,6 +41,9 @@ class ScenarioOutcome:
     # why the scenario was not run against a real server (`--upstream`): it asks for
     # behaviour only the emulator has; such a scenario neither passes nor fails
     needs_emulator: str | None = None
+    # why the scenario was not run against a real server: its stream does not fit the
+    # server's context, with the --max-model-len it needs (middlebox.run.context_plan)
+    needs_context: str | None = None
     # against a real server: its measured speed and the workload's max_tokens sized to
     # last as long as the scenario's timing models (middlebox.run.suite.paced)
     paced: dict[str, Any] = field(default_factory=dict)
@@ -68,6 +71,13 @@ class SuiteOutcome:
         return report_document(self, self.argv)
 
 
+def status(outcome: ScenarioOutcome) -> str:
+    """What the scorecard shows instead of verdicts when the scenario did not run."""
+    if outcome.needs_emulator:
+        return "needs the emulator"
+    return "needs a larger context" if outcome.needs_context else "ran"
+
+
 def report_document(suite: SuiteOutcome, argv: dict[str, Any]) -> dict[str, Any]:
     """`report.json`: the verdicts and what a rerun needs (files, seeds, clients)."""
     return {
@@ -90,8 +100,9 @@ def report_document(suite: SuiteOutcome, argv: dict[str, Any]) -> dict[str, Any]
                 "problems": outcome.problems,
                 "proof": outcome.proof,
                 "needs_emulator": outcome.needs_emulator,
+                "needs_context": outcome.needs_context,
                 # what the scorecard shows instead of verdicts (report/scorecard.status_of)
-                "status": "needs the emulator" if outcome.needs_emulator else "ran",
+                "status": status(outcome),
                 "paced": outcome.paced,
                 "results": [
                     {**score.to_json(), "passed": score.passed} for score in outcome.scores

@@ -41,6 +41,7 @@ from middlebox.run.client_runs import (
     resolve_clients,
     run_client,
 )
+from middlebox.run.context_plan import prompt_token_bound, within_context
 from middlebox.run.outcome import (
     Interrupted,
     RunError,
@@ -70,6 +71,7 @@ from middlebox.run.takes import Disturbance, Take, server_stall, taken, watching
 from middlebox.run.upstream import (
     UpstreamClient,
     UpstreamError,
+    acontext,
     amodel,
     apace,
     sampled,
@@ -148,6 +150,8 @@ def paced(
     scenario: Scenario,
     seconds_per_token: float | None,
     tokens_per_frame: float = 1.0,
+    *,
+    margins: bool = True,
 ) -> Workload:
     """The workload against a real server, sized in time rather than tokens.
 
@@ -165,13 +169,14 @@ def paced(
     (`tokens_per_frame`, measured with the pace): 40 tokens in 14 frames left a cut after
     12 unfired for one client in four (reset-mid-stream, clean-close-without-done). So the
     stream asks for the scenario's frames' worth of tokens at that rate, FRAME_MARGIN
-    over it, since merging moves with the load between the measurement and the run."""
+    over it, since merging moves with the load between the measurement and the run.
+    `margins=False`: the least the scenario needs, with neither margin (`context_plan`)."""
     block: Any = scenario.sections.get("upstream")
     itl = float(getattr(block, "itl", 0.0) or 0.0)
     if not seconds_per_token:
         return workload
     seconds = workload.max_tokens * max(itl, seconds_per_token)
-    if abandons(workload) and watches_the_leave(scenario):
+    if margins and abandons(workload) and watches_the_leave(scenario):
         # The scenario's point is that the user leaves mid-stream. On a machine the
         # server shares with the client (the tier's CPU vLLM), a starved client was seen
         # reading its first token 3.4 s late, after a stream paced to 4.5 s had been
@@ -179,12 +184,13 @@ def paced(
         # watches what the leave does lasts ABANDON_MARGIN longer than the scenario's; a
         # server that aborts promptly generates no more for it.
         seconds += ABANDON_MARGIN
-    elif abandons(workload):
+    elif margins and abandons(workload):
         # One that holds the answer to its end (nginx-gzip) is judged on that silence
         # (`perceived_ttft_ms: {min: 1200}`): HOLD_MARGIN keeps it as long when the
         # server runs faster than the probe measured, and short of a 5 s read timeout.
         seconds += HOLD_MARGIN
-    framed = workload.max_tokens * tokens_per_frame * FRAME_MARGIN if tokens_per_frame > 1 else 0
+    frame_margin = FRAME_MARGIN if margins else 1.0
+    framed = workload.max_tokens * tokens_per_frame * frame_margin if tokens_per_frame > 1 else 0
     scaled = min(max(math.ceil(seconds / seconds_per_token), math.ceil(framed)), MAX_PACED_TOKENS)
     if scaled <= workload.max_tokens:
         return workload
@@ -329,12 +335,18 @@ async def run_scenario(
         model = await amodel(upstream)
         if emulator is None:
             pace = await apace(upstream, model)
-            workload = paced(
-                workload,
-                scenario,
+            pace_args = (
                 None if pace is None else pace.seconds_per_token,
                 1.0 if pace is None else pace.tokens_per_frame,
             )
+            workload, outcome.needs_context = within_context(
+                paced(workload, scenario, *pace_args),
+                paced(workload, scenario, *pace_args, margins=False),
+                await acontext(upstream),
+                prompt_token_bound(workload, scenario.name, model),
+            )
+            if outcome.needs_context:
+                return outcome  # neither failed nor run as if it tested something
             outcome.paced = {
                 "server_ms_per_token": None
                 if pace is None

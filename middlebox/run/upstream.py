@@ -61,6 +61,14 @@ class UpstreamClient:
                 f"cannot list models at {self.base_url}/v1/models: {error}"
             ) from None
 
+    def context(self) -> int | None:
+        """The first model's `max_model_len` (vLLM's /v1/models lists it), or None."""
+        try:
+            length = self.json("/v1/models")["data"][0].get("max_model_len")
+        except (OSError, KeyError, IndexError, TypeError, ValueError, AttributeError):
+            return None
+        return length if isinstance(length, int) and length > 0 else None
+
     def ledger(self) -> list[dict[str, Any]]:
         """The emulator's ledger: one entry per generation (see docs/emulator.md)."""
         return list(self.json("/emulator/requests")["requests"])
@@ -80,6 +88,10 @@ def settled(ledger: list[dict[str, Any]]) -> bool:
 
 async def amodel(upstream: UpstreamClient) -> str:
     return await trio.to_thread.run_sync(upstream.model)
+
+
+async def acontext(upstream: UpstreamClient) -> int | None:
+    return await trio.to_thread.run_sync(upstream.context)
 
 
 async def ametrics(upstream: UpstreamClient) -> dict[str, float] | None:
