@@ -8,7 +8,7 @@ eat the scenarios' client bounds and turn slow imports into hangs. `--update` ke
 columns of clients not named, and the rows of scenarios not run, from the last run's
 matrix.json (refresh one library, or one scenario's row). Before a
 client runs, its environment is prepared outside every bound (`BUILTIN_CLIENTS[name]`
-builds a locked Python environment, the Node launcher's `ensure_installed` runs `npm ci`).
+builds a locked Python environment, the Node launcher's `ready` runs `npm ci`).
 
 The result is plain data (`matrix.json`: clients with library versions and defaults, one
 cell per scenario and client) rendered by `middlebox.report.compatibility` into
@@ -121,7 +121,7 @@ def prepare(name: str) -> None:
     if name in node_clients():
         from middlebox.clients.node import launch
 
-        launch.ensure_installed()
+        launch.ready()
 
 
 def client_row(name: str, ran: str = "") -> dict[str, Any]:
