@@ -12,6 +12,7 @@ import pytest
 
 from faults import REGISTRY
 from middlebox.cli.main import main
+from middlebox.library import scenario_dir
 from middlebox.run.score import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,8 +35,8 @@ def test_every_scenario_file_has_a_row_in_the_scenario_table() -> None:
     table = section("Scenarios")
     missing = [
         p.name
-        for p in sorted((ROOT / "scenarios").glob("*.yaml"))
-        if f"(scenarios/{p.name})" not in table
+        for p in sorted(scenario_dir().glob("*.yaml"))
+        if f"(middlebox/library/scenarios/{p.name})" not in table
     ]
     assert not missing, f"scenarios missing from the README table: {missing}"
 
@@ -64,7 +65,7 @@ def test_the_readme_example_client_is_scored_like_a_built_in_one(tmp_path: Path)
             "-m",
             "middlebox",
             "run",
-            str(ROOT / "scenarios/healthy-baseline.yaml"),
+            str(scenario_dir() / "healthy-baseline.yaml"),
             "--client-cmd",
             f"mine={sys.executable} {client}",
             "--report",

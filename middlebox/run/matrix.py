@@ -224,7 +224,7 @@ def matrix_document(
         "generated": datetime.date.today().isoformat(),
         "middlebox": middlebox.__version__,
         "python": platform.python_version(),
-        "command": f"python -m middlebox.run.matrix {' '.join(targets)} --jobs {jobs}",
+        "command": " ".join(["python -m middlebox.run.matrix", *targets, f"--jobs {jobs}"]),
         "clients": list(rows),
         "scenarios": list(scenarios),
         "cells": dict(cells),
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m middlebox.run.matrix",
         description="Every scenario against every client: writes docs/compatibility.md.",
     )
-    parser.add_argument("targets", nargs="*", default=["scenarios/"])
+    parser.add_argument("targets", nargs="*", help="scenarios (default: the whole library)")
     parser.add_argument("--client", action="append", dest="clients", help="only these")
     parser.add_argument("--jobs", type=int, default=2, help="scenarios run at once")
     parser.add_argument("--out", default="docs/compatibility.md")

@@ -35,6 +35,7 @@ from middlebox.clients.node.launch import (
     ready,
     sources_digest,
 )
+from middlebox.library import scenario_dir
 from tests.clients.test_builtin_clients import (
     CUT,
     FULL,
@@ -588,7 +589,7 @@ def test_keep_alive_comments_are_no_text(runs: dict[str, Run], client: str) -> N
 
 # --- the CI subset of the scenario library, through the proxy and the emulator ----------------
 
-LIBRARY = REPO / "scenarios"
+LIBRARY = scenario_dir()
 CI_SUBSET = [
     "reset-mid-stream",
     "clean-close-without-done",
