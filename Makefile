@@ -2,25 +2,33 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two stamps: what running middlebox needs (pyproject's dependencies: `make run`), and the
+# test and lint tools on top of it (the `test` extra: every other target).
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
 .PHONY: run test lint fmt bench calibrate soak journal-100k clean vllm test-vllm matrix
 
-$(STAMP): pyproject.toml
+$(RUNTIME): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-run: $(STAMP)
-	$(BIN)/middlebox run scenarios/ --report reports/latest
+# The whole scenario library (middlebox/library/scenarios/) against the embedded emulator.
+run: $(RUNTIME)
+	$(BIN)/middlebox run --report reports/latest
 
 # Every scenario against every built-in client, in batches of clients (clients with their
 # own environments build them on first use): writes docs/compatibility.md and
 # reports/matrix/. About 40 minutes on a 2-core machine at load 8-22 (3-7 per batch of
 # 50 scenarios); MATRIX_JOBS scenarios run at once.
 matrix: $(STAMP)
-	$(BIN)/python -m middlebox.run.matrix scenarios/ --jobs $${MATRIX_JOBS:-2} --out docs/compatibility.md --report reports/matrix
+	$(BIN)/python -m middlebox.run.matrix --jobs $${MATRIX_JOBS:-2} --out docs/compatibility.md --report reports/matrix
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -4,7 +4,7 @@
  client(s) ──TCP──► middlebox proxy (trio) ──TCP──► upstream (vllm_emulator or a real vLLM)
                     shell: readers ─► Pipeline[fault1 … faultN] (pure, virtual clock) ─► writers
                     observe: journal of every chunk, end and fault decision; legs framed once
- scenarios/*.yaml ─► scenario loader ─► compose (the fault registry) ─► a pipeline per connection
+ library name or *.yaml ─► scenario loader ─► compose (fault registry) ─► a pipeline per connection
  run: upstream + a proxy per client + client processes ─► score ─► report
 ```
 
@@ -13,6 +13,8 @@ tests/test_architecture.py enforces them; docs/architecture.md has the whole pic
 - `core`: stream items, the fault contract, HTTP/1.1 and SSE framers, responses.
   Standard library only; no event loop, socket, wall clock or global `random`.
 - `scenario`: the YAML scenario format. Core + PyYAML; pure like core.
+- `library`: the shipped scenarios (by name) and drills, as package data. Standard library
+  + PyYAML; imports no other room.
 - `compose` (this package's `compose.py`): the composition root, the only importer of
   `faults`, which itself imports only `middlebox.core`.
 - `observe`: journal, metrics, pcap. Core + scenario; no event loop.

@@ -21,13 +21,14 @@ from faults._proxy.upstream_unreachable import UpstreamUnreachable
 from faults.presets import PRESET_PROXY
 from faults.presets import PRESETS as PRESET_PATHS
 from middlebox.core.fault import Fault
+from middlebox.library import SUFFIXES, scenario_file
 from middlebox.scenario.convert import Problem, ScenarioError
 from middlebox.scenario.load import load_scenario, load_scenario_text
 from middlebox.scenario.model import ProxyOptions, Scenario
 from middlebox.scenario.presets import preset_text
 from middlebox.scenario.schema import scenario_json_schema
 
-SCENARIO_SUFFIXES = (".yaml", ".yml")
+SCENARIO_SUFFIXES = SUFFIXES
 
 # The presets as the loader reads them: each one's faults with its `proxy:` options.
 PRESETS: dict[str, str] = {
@@ -54,9 +55,13 @@ def registry() -> Mapping[str, type[Fault]]:
 
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Files as given, and the scenario files (sorted) inside directories."""
+    """Files as given, the scenario files (sorted) inside directories, and the library's
+    file for a name that is no path here (`reset-mid-stream`); a path that is neither
+    stays as given, for the loader to say it cannot be read."""
     found: list[Path] = []
     for path in map(Path, paths):
+        if not path.exists():
+            path = scenario_file(str(path)) or path
         if path.is_dir():
             found.extend(sorted(p for p in path.iterdir() if p.suffix in SCENARIO_SUFFIXES))
         else:

@@ -1,5 +1,5 @@
-"""The whole-library table of docs/real-vllm.md from a `middlebox run scenarios/ --upstream
-URL --report DIR` run: `python -m realvllm.library_table DIR/report.json` (stdlib only).
+"""The whole-library table of docs/real-vllm.md from a `middlebox run --upstream URL
+--report DIR` run: `python -m realvllm.library_table DIR/report.json` (stdlib only).
 
 One row a scenario, one column a client: `met` or `**not met**` with the request
 verdicts, `abN`/`wN` (server.aborted, server.tokens_wasted) where the scenario abandons,

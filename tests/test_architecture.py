@@ -104,9 +104,15 @@ ROOMS: dict[str, Room] = {
         libraries=frozenset(),
         forbidden=IO_AND_EVENT_LOOPS,
     ),
+    "library": Room(
+        "the shipped library as package data: the scenarios (by name) and the drills",
+        rooms(),
+        libraries=frozenset({"yaml"}),
+        forbidden=IO_AND_EVENT_LOOPS,
+    ),
     "compose": Room(
         "the composition root: the only importer of faults",
-        rooms("core", "scenario", "faults", "vllm_emulator"),
+        rooms("core", "scenario", "library", "faults", "vllm_emulator"),
     ),
     "observe": Room(
         "what happened on the wire: the journal (each leg framed once), metrics, pcap",
@@ -129,7 +135,7 @@ ROOMS: dict[str, Room] = {
     "run": Room(
         "running scenarios for a verdict: upstream processes, clients, suite, scorer, "
         "background proxy, pytest plugin, drills",
-        rooms("core", "scenario", "shell", "observe", "report", "clients", "compose"),
+        rooms("core", "scenario", "library", "shell", "observe", "report", "clients", "compose"),
     ),
     "tools": Room(
         "load generation, the Locust file, the soak test, the cassette recorder",
@@ -140,6 +146,7 @@ ROOMS: dict[str, Room] = {
         rooms(
             "core",
             "scenario",
+            "library",
             "shell",
             "observe",
             "report",

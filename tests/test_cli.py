@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from faults import REGISTRY
 from middlebox import __version__
 from middlebox.cli.main import main
+from middlebox.library import scenario_dir
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -50,7 +51,7 @@ def test_validate_accepts_a_directory_of_good_scenarios(tmp_path: Path) -> None:
 
 
 def test_the_shipped_scenario_library_validates() -> None:
-    library = Path(__file__).resolve().parent.parent / "scenarios"
+    library = scenario_dir()
     result = CliRunner().invoke(main, ["validate", str(library)])
     assert result.exit_code == 0, result.output
 

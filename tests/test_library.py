@@ -9,8 +9,9 @@ import pytest
 
 from faults import REGISTRY
 from middlebox.compose import load
+from middlebox.library import scenario_dir
 
-LIBRARY = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))
+LIBRARY = sorted(scenario_dir().glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.stem)

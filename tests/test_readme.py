@@ -1,17 +1,20 @@
-"""The README stays current: every fault, scenario and command is in its tables, and its
-example client really runs under the client contract."""
+"""The README stays current: every fault, scenario and command is in its tables, its example
+client really runs under the client contract, every install line names the distribution
+pyproject.toml builds, and the CI section shows the example CI files as they are."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from faults import REGISTRY
 from middlebox.cli.main import main
+from middlebox.library import scenario_dir
 from middlebox.run.score import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,8 +37,8 @@ def test_every_scenario_file_has_a_row_in_the_scenario_table() -> None:
     table = section("Scenarios")
     missing = [
         p.name
-        for p in sorted((ROOT / "scenarios").glob("*.yaml"))
-        if f"(scenarios/{p.name})" not in table
+        for p in sorted(scenario_dir().glob("*.yaml"))
+        if f"(middlebox/library/scenarios/{p.name})" not in table
     ]
     assert not missing, f"scenarios missing from the README table: {missing}"
 
@@ -64,7 +67,7 @@ def test_the_readme_example_client_is_scored_like_a_built_in_one(tmp_path: Path)
             "-m",
             "middlebox",
             "run",
-            str(ROOT / "scenarios/healthy-baseline.yaml"),
+            str(scenario_dir() / "healthy-baseline.yaml"),
             "--client-cmd",
             f"mine={sys.executable} {client}",
             "--report",
@@ -76,3 +79,33 @@ def test_the_readme_example_client_is_scored_like_a_built_in_one(tmp_path: Path)
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"healthy-baseline\s+ok 2/2", result.stdout), result.stdout
+
+
+def pip_installs(text: str) -> list[str]:
+    """What each `pip install` or `pipx install` line of a text installs of middlebox."""
+    return re.findall(r"pipx? install '?([\w.-]*middlebox[\w.\[\]-]*)", text)
+
+
+def test_every_install_line_names_the_distribution_pyproject_builds() -> None:
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    texts = {"README.md": README}
+    texts |= {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "docs").glob("*.md")}
+    texts |= {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "examples").rglob("*.yml")}
+    named = {(where, found) for where, text in texts.items() for found in pip_installs(text)}
+    assert ("README.md", name) in named
+    wrong = {(where, found) for where, found in named if found.split("[")[0] != name}
+    assert not wrong, f"install lines naming another distribution than {name}: {sorted(wrong)}"
+
+
+def test_an_install_line_naming_another_distribution_is_caught() -> None:
+    text = "pip install 'middlebox[redis]'\npipx install llm-middlebox\n`pip install .`"
+    assert pip_installs(text) == ["middlebox[redis]", "llm-middlebox"]
+
+
+def test_the_ci_section_shows_the_example_ci_files_as_they_are() -> None:
+    ci = section("Use it in your CI")
+    shown = re.findall(r"```yaml\n(.*?)```", ci, re.S)
+    files = [ROOT / "examples" / "ci" / name for name in ("github-actions.yml", "gitlab-ci.yml")]
+    assert shown == [path.read_text() for path in files]
+    for path in files:
+        assert f"]({path.relative_to(ROOT)})" in ci

@@ -1,8 +1,9 @@
 """The `middlebox` command line (click): the group, and the commands of each module.
 
 Thin: each command parses its options and calls one importable function; the commands live
-by group in `cli/proxy.py` (the proxy), `cli/run.py` (run, replay, drills) and `cli/tools.py`
-(validate, schema, pcap, record, load). `main` is the console script
+by group in `cli/proxy.py` (the proxy), `cli/run.py` (run, scenarios, replay, drills) and
+`cli/tools.py` (validate, schema, pcap, record, load); `cli/targets.py` is the scenario
+argument (a path or a library name). `main` is the console script
 (pyproject: `middlebox = "middlebox.cli.main:main"`).
 """
 
@@ -14,7 +15,7 @@ import click
 
 from middlebox import __version__
 from middlebox.cli.proxy import proxy
-from middlebox.cli.run import drill, replay, run
+from middlebox.cli.run import drill, replay, run, scenarios
 from middlebox.cli.tools import load, pcap, record, schema, validate
 
 
@@ -27,8 +28,10 @@ def main(verbose: int) -> None:
 
     \b
     Examples:
-      middlebox run scenarios/ --report out/      # the main job: score every scenario
-      middlebox validate scenarios/
+      middlebox run --report out/                 # the main job: score the whole library
+      middlebox scenarios                         # the library, each name runnable as is
+      middlebox run reset-mid-stream --client-cmd 'mine=python my_client.py'
+      middlebox validate my-incident.yaml
       middlebox proxy --listen 127.0.0.1:9000 --upstream http://127.0.0.1:8000
     """
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
@@ -36,7 +39,7 @@ def main(verbose: int) -> None:
 
 
 # In the order of the old single-module command line (help lists them sorted anyway).
-for command in (proxy, validate, schema, run, replay, pcap, drill, record, load):
+for command in (proxy, validate, schema, run, scenarios, replay, pcap, drill, record, load):
     main.add_command(command)
 
 

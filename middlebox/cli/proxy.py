@@ -13,11 +13,13 @@ from urllib.parse import urlsplit
 
 import click
 
+from middlebox.cli.targets import scenario_file
+
 EPILOG_PROXY = """\b
 Examples:
   middlebox proxy --listen 127.0.0.1:9000 --upstream http://127.0.0.1:8000
   middlebox proxy --listen 127.0.0.1:9000 --upstream http://127.0.0.1:8000 \\
-      --scenario scenarios/nginx-default-buffering.yaml
+      --scenario nginx-default-buffering
 """
 
 
@@ -115,8 +117,9 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
 @click.option(
     "--scenario",
     "scenario_file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="YAML scenario whose `path:` faults every connection goes through.",
+    callback=scenario_file,
+    help="YAML scenario (a file, or a library scenario's name) whose `path:` faults every "
+    "connection goes through.",
 )
 @click.option(
     "--grace",

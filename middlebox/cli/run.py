@@ -1,5 +1,6 @@
-"""`middlebox run`, `replay` and `drill ...`: scoring clients, each command one call into
-`middlebox.run`, its verdicts shown by `middlebox.report.scorecard`."""
+"""`middlebox run`, `scenarios`, `replay` and `drill ...`: scoring clients, each command one
+call into `middlebox.run` (or, for `scenarios`, `middlebox.library`), its verdicts shown by
+`middlebox.report.scorecard`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 
 import click
 
+from middlebox.cli.targets import scenario_targets
+
 
 def show_scorecard(document: dict[str, Any]) -> None:
     from middlebox.report.scorecard import scorecard
@@ -17,7 +20,7 @@ def show_scorecard(document: dict[str, Any]) -> None:
 
 
 @click.command()
-@click.argument("targets", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("targets", nargs=-1, callback=scenario_targets)
 @click.option("--upstream", help="A real vLLM or gateway URL instead of the embedded emulator.")
 @click.option(
     "--client",
@@ -57,13 +60,16 @@ def run(
 ) -> None:
     """Run scenarios against the emulator (or --upstream) and score clients and server.
 
-    Exits 1 when an `expect:` check fails or a scenario cannot run.
+    TARGETS are library scenarios by name (`middlebox scenarios` lists them), scenario
+    files and directories of them; none runs the whole library. Exits 0 when every
+    `expect:` check holds, 1 when one fails or a scenario cannot run, 2 on a usage error.
 
     \b
     Examples:
-      middlebox run scenarios/
-      middlebox run scenarios/nginx-default-buffering.yaml --client resilient
-      middlebox run scenarios/ --client-cmd 'mine=python my_client.py' --report out/
+      middlebox run                                   # the whole library
+      middlebox run nginx-default-buffering --client resilient
+      middlebox run reset-mid-stream my-incident.yaml --client-cmd 'mine=python my_client.py'
+      middlebox run --client-cmd 'mine=python my_client.py' --report out/
     """
     from middlebox.run.outcome import Interrupted, RunError
     from middlebox.run.suite import run_suite
@@ -92,6 +98,31 @@ def run(
         )
     if not suite.passed:
         sys.exit(1)
+
+
+@click.command()
+@click.option("--dir", "show_dir", is_flag=True, help="Print the library's folder instead.")
+def scenarios(show_dir: bool) -> None:
+    """List the scenario library: each scenario's name and what incident it reproduces.
+
+    Every name runs as it is (`middlebox run NAME`, `middlebox_proxy("NAME")` in pytest);
+    copy a file from `--dir` to make a scenario of your own.
+
+    \b
+    Examples:
+      middlebox scenarios
+      middlebox run reset-mid-stream --client-cmd 'mine=python my_client.py'
+      cp "$(middlebox scenarios --dir)/reset-mid-stream.yaml" my-incident.yaml
+    """
+    from middlebox.library import catalogue, scenario_dir
+
+    if show_dir:
+        click.echo(str(scenario_dir()))
+        return
+    listed = catalogue()
+    width = max(len(name) for name, _ in listed)
+    for name, description in listed:
+        click.echo(f"{name:<{width}}  {description}")
 
 
 @click.command()

@@ -9,15 +9,18 @@ from pathlib import Path
 
 import click
 
+from middlebox.cli.targets import scenario_targets
+
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("paths", nargs=-1, required=True, callback=scenario_targets)
 def validate(paths: tuple[str, ...]) -> None:
-    """Check scenario files (or directories of them); print every problem with its line.
+    """Check scenario files (or directories of them, or library scenarios by name); print
+    every problem with its line.
 
     \b
     Example:
-      middlebox validate scenarios/ my-incident.yaml
+      middlebox validate my-scenarios/ my-incident.yaml
     """
     from middlebox.compose import validate_paths
 

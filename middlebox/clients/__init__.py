@@ -85,7 +85,7 @@ from collections.abc import Iterator, MutableMapping
 
 from middlebox.clients import envs
 from middlebox.clients.node import NODE_CLIENTS, node_available
-from middlebox.clients.node.launch import ensure_installed as ensure_node_packages
+from middlebox.clients.node.launch import ready as ensure_node_packages
 
 
 class ClientRegistry(MutableMapping[str, list[str]]):

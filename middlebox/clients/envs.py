@@ -1,18 +1,21 @@
 """Client environments: a library the matrix scores that is no dependency of middlebox.
 
 `openai` 1.x and 2.x, `langchain-openai` and `litellm` each run in their own virtual
-environment, `.clientenvs/<name>/`, built on first use from a committed lock file of exact
-versions (`middlebox/clients/locks/<name>.txt`, every transitive package pinned), like
-`.venv` from pyproject.toml: a stamp holding the lock file's digest says the environment
-is complete and current, so a changed lock rebuilds it and an interrupted build is redone.
-The environment sees the middlebox source through a `.pth` file (the driver imports only
-`middlebox.clients` and `middlebox.core`, both standard library only), never through an
-install of middlebox and its runtime dependencies.
+environment, `<env_root>/<name>/`, built on first use from a lock file of exact versions
+shipped with the package (`middlebox/clients/locks/<name>.txt`, every transitive package
+pinned), like `.venv` from pyproject.toml: a stamp holding the lock file's digest says the
+environment is complete and current, so a changed lock rebuilds it and an interrupted build
+is redone. The environment sees the `middlebox` package alone, through a `.pth` file naming
+a folder that holds one link to the package's folder (the driver imports only
+`middlebox.clients` and `middlebox.core`, both standard library only): never an install of
+middlebox and its runtime dependencies, nor the rest of the site-packages an installed
+middlebox lives in.
 
 Building says so on stderr, once, before the client runs: a build takes tens of seconds,
 far longer than a scenario's client bound, so it must never happen inside the bound.
-`MIDDLEBOX_CLIENT_ENVS` moves the directory (the default is `.clientenvs/` at the root of
-the source tree).
+`MIDDLEBOX_CLIENT_ENVS` moves the directory; the default is `.clientenvs/` at the root of
+a source tree, `$XDG_CACHE_HOME/middlebox/clientenvs/` for an installed middlebox
+(`places`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCE_ROOT = Path(__file__).resolve().parents[2]
+from middlebox.clients.places import PACKAGE, SOURCE_ROOT, cache_root, in_checkout
+
 LOCK_DIR = Path(__file__).resolve().parent / "locks"
 STAMP = ".middlebox-stamp"
 
@@ -60,7 +64,9 @@ LOCKED_CLIENTS: dict[str, LockedClient] = {
 
 
 def env_root() -> Path:
-    return Path(os.environ.get("MIDDLEBOX_CLIENT_ENVS") or SOURCE_ROOT / ".clientenvs")
+    if moved := os.environ.get("MIDDLEBOX_CLIENT_ENVS"):
+        return Path(moved)
+    return SOURCE_ROOT / ".clientenvs" if in_checkout() else cache_root() / "clientenvs"
 
 
 def env_dir(name: str) -> Path:
@@ -159,7 +165,7 @@ def _build(client: LockedClient) -> None:
 
 
 def _link_source(target: Path) -> None:
-    """Put the middlebox source on the environment's path, as `pip install -e` would,
+    """Put the middlebox package on the environment's path, as `pip install -e` would,
     without installing middlebox's own dependencies there."""
     found = subprocess.run(
         [
@@ -171,7 +177,10 @@ def _link_source(target: Path) -> None:
         text=True,
         check=True,
     )
-    Path(found.stdout.strip(), "middlebox-source.pth").write_text(f"{SOURCE_ROOT}\n")
+    linked = target / "middlebox-source"
+    linked.mkdir(exist_ok=True)
+    (linked / "middlebox").symlink_to(PACKAGE, target_is_directory=True)
+    Path(found.stdout.strip(), "middlebox-source.pth").write_text(f"{linked}\n")
 
 
 def _shown(path: Path) -> str:

@@ -1,10 +1,10 @@
 """Training drills: an incident to diagnose with middlebox, graded by running it.
 
-A drill (`drills/NAME.yaml`) has symptoms as a user would report them, a hidden
-scenario (drawn from the scenario library; `library:` names the scenario it comes
-from), progressive hints whose last one reveals the fault and the fix, and a check:
-the `expect:` rules the fixed system must meet. Drills are self-contained, so a
-change to the library does not change a drill's grade.
+A drill (`middlebox/library/drills/NAME.yaml`, shipped in the package) has symptoms as a
+user would report them, a hidden scenario (drawn from the scenario library; `library:`
+names the library scenario it comes from), progressive hints whose last one reveals the
+fault and the fix, and a check: the `expect:` rules the fixed system must meet. Drills
+are self-contained, so a change to the library does not change a drill's grade.
 
 - `middlebox drill list`: the drills, with whether the fix is in the client or in the
   proxy/server configuration;
@@ -33,7 +33,9 @@ from typing import Any
 
 import yaml
 
-DRILLS_DIR = Path(__file__).resolve().parents[2] / "drills"
+from middlebox.library import drill_dir
+
+DRILLS_DIR = drill_dir()
 
 
 class DrillError(Exception):

@@ -281,9 +281,12 @@ def load_scenario(
     scenario: str | Path | Scenario | Mapping[str, Any], root: Path | None = None
 ) -> Scenario:
     """A validated `Scenario` from a file (relative to `root` when not found as given),
-    a `Scenario`, or a dict of the YAML's shape, read by the same loader as a file
-    (raises `ScenarioError` listing every problem, with did-you-mean)."""
+    a library scenario's name (`"reset-mid-stream"`), a `Scenario`, or a dict of the
+    YAML's shape, read by the same loader as a file (raises `ScenarioError` listing every
+    problem, with did-you-mean; `UnknownScenario` for a name that is no file and no
+    library scenario)."""
     from middlebox import compose
+    from middlebox.library import resolve
     from middlebox.scenario.load import load_scenario_text
     from middlebox.scenario.model import Scenario
 
@@ -303,7 +306,7 @@ def load_scenario(
     path = Path(scenario)
     if root is not None and not path.exists() and (root / path).exists():
         path = root / path
-    return compose.load(path)
+    return compose.load(resolve(path))
 
 
 def fault(name: str, **options: Any) -> dict[str, Any]:

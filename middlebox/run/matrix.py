@@ -8,7 +8,7 @@ eat the scenarios' client bounds and turn slow imports into hangs. `--update` ke
 columns of clients not named, and the rows of scenarios not run, from the last run's
 matrix.json (refresh one library, or one scenario's row). Before a
 client runs, its environment is prepared outside every bound (`BUILTIN_CLIENTS[name]`
-builds a locked Python environment, the Node launcher's `ensure_installed` runs `npm ci`).
+builds a locked Python environment, the Node launcher's `ready` runs `npm ci`).
 
 The result is plain data (`matrix.json`: clients with library versions and defaults, one
 cell per scenario and client) rendered by `middlebox.report.compatibility` into
@@ -121,7 +121,7 @@ def prepare(name: str) -> None:
     if name in node_clients():
         from middlebox.clients.node import launch
 
-        launch.ensure_installed()
+        launch.ready()
 
 
 def client_row(name: str, ran: str = "") -> dict[str, Any]:
@@ -224,7 +224,7 @@ def matrix_document(
         "generated": datetime.date.today().isoformat(),
         "middlebox": middlebox.__version__,
         "python": platform.python_version(),
-        "command": f"python -m middlebox.run.matrix {' '.join(targets)} --jobs {jobs}",
+        "command": " ".join(["python -m middlebox.run.matrix", *targets, f"--jobs {jobs}"]),
         "clients": list(rows),
         "scenarios": list(scenarios),
         "cells": dict(cells),
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m middlebox.run.matrix",
         description="Every scenario against every client: writes docs/compatibility.md.",
     )
-    parser.add_argument("targets", nargs="*", default=["scenarios/"])
+    parser.add_argument("targets", nargs="*", help="scenarios (default: the whole library)")
     parser.add_argument("--client", action="append", dest="clients", help="only these")
     parser.add_argument("--jobs", type=int, default=2, help="scenarios run at once")
     parser.add_argument("--out", default="docs/compatibility.md")

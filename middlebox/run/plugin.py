@@ -1,21 +1,22 @@
 """The pytest plugin (entry point `pytest11: middlebox`): a proxy with faults per test.
 
     def test_my_client_survives_a_cut(middlebox_proxy):
-        proxy = middlebox_proxy("scenarios/healthy-baseline.yaml")
+        proxy = middlebox_proxy("healthy-baseline")   # a library scenario, or a file
         with proxy.fault("cut", after="tokens", count=5):   # mid-test, removed on exit
             answer = my_client(base_url=proxy.base_url).ask("hi")
         facts = proxy.score()
         assert facts["faults_fired"] == {"cut": 1}
 
-`middlebox_proxy(scenario)` takes a scenario file, a `Scenario` (e.g. built with
-`middlebox.run.live.scenario`), or a dict of the YAML's shape (`{"name": "cut", "path":
-[{"cut": {"after": "tokens", "count": 5}}]}`, validated exactly as a file is: every
-problem at once, with did-you-mean), starts the embedded vLLM emulator (its own
-process, configured by the scenario's `upstream:` block) unless `upstream=URL` names a
-real server, and a middlebox proxy in a thread (its own trio loop) in front of it; both
-listen on 127.0.0.1 with free ports and keep their journals in memory, so tests run in
-parallel under pytest-xdist without sharing a port or a file. Everything a test
-started is stopped when it ends.
+`middlebox_proxy(scenario)` takes a library scenario's name (`middlebox scenarios` lists
+them), a scenario file (relative to the rootdir when not found as given; a file wins over
+a name), a `Scenario` (e.g. built with `middlebox.run.live.scenario`), or a dict of the
+YAML's shape (`{"name": "cut", "path": [{"cut": {"after": "tokens", "count": 5}}]}`,
+validated exactly as a file is: every problem at once, with did-you-mean), starts the
+embedded vLLM emulator (its own process, configured by the scenario's `upstream:` block)
+unless `upstream=URL` names a real server, and a middlebox proxy in a thread (its own trio
+loop) in front of it; both listen on 127.0.0.1 with free ports and keep their journals in
+memory, so tests run in parallel under pytest-xdist without sharing a port or a file.
+Everything a test started is stopped when it ends.
 
 The proxy it returns is a `middlebox.run.live.ControlClient` of that proxy (the control
 API's routes, called in the proxy's thread: no port), so a test changes faults while it
@@ -46,8 +47,9 @@ if TYPE_CHECKING:
 
 
 def scenario_from(scenario: str | Path | Scenario | Mapping[str, Any], root: Path) -> Scenario:
-    """A `Scenario` from a file (relative to `root` when not found as given), a
-    `Scenario`, or a dict of the YAML's shape (`middlebox.run.live.load_scenario`)."""
+    """A `Scenario` from a file (relative to `root` when not found as given), a library
+    scenario's name, a `Scenario`, or a dict of the YAML's shape
+    (`middlebox.run.live.load_scenario`)."""
     from middlebox.run.live import load_scenario
 
     return load_scenario(scenario, root)

@@ -28,6 +28,7 @@ import trio
 from middlebox.clients import BUILTIN_CLIENTS, SCENARIO_CLIENTS
 from middlebox.compose import expand_paths, load
 from middlebox.core.stream import Direction
+from middlebox.library import scenario_dir
 from middlebox.observe.journal import ConnectionJournal, fault_proof
 from middlebox.observe.requests import BURST_GAP
 from middlebox.report.layout import run_directory
@@ -779,6 +780,12 @@ async def _run_all(
     return [outcomes[i] for i in sorted(outcomes)]
 
 
+def scenario_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The scenario files of `run`'s targets: files, directories, library names; none at
+    all is the whole library."""
+    return expand_paths(paths or [scenario_dir()])
+
+
 def run_suite(
     paths: Sequence[str],
     *,
@@ -789,8 +796,9 @@ def run_suite(
     report_dir: str | Path | None = None,
     jobs: int = 2,
 ) -> SuiteOutcome:
-    """Run scenarios (files or directories) and return every verdict; writes reports."""
-    files = expand_paths(paths)
+    """Run scenarios (files, directories or library names; none: the whole library) and
+    return every verdict; writes reports."""
+    files = scenario_files(paths)
     if not files:
         raise RunError(f"no scenario files in {', '.join(paths)}")
     scenarios = [load(path) for path in files]

@@ -3,9 +3,10 @@
 Editors use it for completion and checking; it accepts what `load.py` accepts (durations
 with their unit as `units.py` parses them, sizes as bytes or with a unit, Literal choices as
 enums, presets and fault names by name). The committed copy is `schema/scenario.schema.json`
-(kept current by a test); a scenario file points an editor at it with a first line
+(kept current by a test); `middlebox schema > scenario.schema.json` writes it beside a
+project's scenarios, and a scenario file points an editor at it with a first line
 
-    # yaml-language-server: $schema=../schema/scenario.schema.json
+    # yaml-language-server: $schema=scenario.schema.json
 
 A typo in a fault name is reported against the list of fault names (`propertyNames`), not
 only as "matches none of the entries".

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from middlebox.clients import chromium_path
+from middlebox.library import scenario_dir
 from tests.clients.suite_evidence import failure_evidence
 from tests.clients.test_matrix_subset import SUBSET
 from tests.harness import needs
@@ -40,7 +41,7 @@ def subset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert chromium_path(), "Chromium is needed (.ci/run installs it)"
     from middlebox.run.suite import run_suite  # the run room: only this part needs it
 
-    files = [str(REPO / "scenarios" / f"{name}.yaml") for name in SUBSET]
+    files = [str(scenario_dir() / f"{name}.yaml") for name in SUBSET]
     report = tmp_path_factory.mktemp("browser-subset")
     document = run_suite(files, client_names=BROWSERS, jobs=1, report_dir=report).document()
     results: dict[tuple[str, str], dict[str, Any]] = {}

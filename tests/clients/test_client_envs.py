@@ -104,6 +104,15 @@ def test_environments_live_under_clientenvs_unless_moved(monkeypatch: pytest.Mon
     assert envs.env_dir("litellm") == Path("/elsewhere/litellm")
 
 
+def test_an_installed_middlebox_builds_them_in_the_users_cache_not_in_site_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MIDDLEBOX_CLIENT_ENVS", raising=False)
+    monkeypatch.setattr(envs, "in_checkout", lambda: False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert envs.env_root() == tmp_path / "cache" / "middlebox" / "clientenvs"
+
+
 def test_a_locked_client_starts_as_its_environments_python_running_its_driver(
     env_root: Path,
 ) -> None:
@@ -152,8 +161,12 @@ def test_ensure_builds_once_and_then_finds_the_stamp(
     assert tools.commands[1][-2:] == ["-r", str(lock_dir / "openai-v2.txt")]
     assert "--no-deps" in tools.commands[1]
     assert envs.is_current("openai-v2")
-    pth = (env_root / "site" / "middlebox-source.pth").read_text()
-    assert pth.strip() == str(envs.SOURCE_ROOT)
+    # the .pth names a folder holding the middlebox package alone: not the source tree,
+    # nor the site-packages (another openai among them) an installed middlebox lives in
+    linked = Path((env_root / "site" / "middlebox-source.pth").read_text().strip())
+    assert linked == env_root / "openai-v2" / "middlebox-source"
+    assert [p.name for p in linked.iterdir()] == ["middlebox"]
+    assert (linked / "middlebox").resolve() == Path(clients.__file__).resolve().parents[1]
     said = capsys.readouterr().err
     assert "building the openai-v2 client's environment" in said
     assert "openai-v2 client ready" in said

@@ -30,12 +30,13 @@ from typing import Any
 import pytest
 
 from middlebox.clients import BUILTIN_CLIENTS, envs
+from middlebox.library import scenario_dir
 from tests.clients.suite_evidence import failure_evidence
 
 pytestmark = [pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
-LIBRARY = REPO / "scenarios"
+LIBRARY = scenario_dir()
 SUBSET = [
     "reset-mid-stream",
     "clean-close-without-done",

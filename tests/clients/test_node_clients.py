@@ -24,7 +24,18 @@ import pytest
 from middlebox.clients import BUILTIN_CLIENTS, available_clients
 from middlebox.clients import node as node_clients
 from middlebox.clients.node import DRIVERS, HERE, NODE_CLIENTS, node_available, node_version
-from middlebox.clients.node.launch import ensure_installed, installed, lock_digest, main
+from middlebox.clients.node.launch import (
+    SOURCES,
+    copy_sources,
+    driver_folder,
+    ensure_installed,
+    installed,
+    lock_digest,
+    main,
+    ready,
+    sources_digest,
+)
+from middlebox.library import scenario_dir
 from tests.clients.test_builtin_clients import (
     CUT,
     FULL,
@@ -156,6 +167,53 @@ def test_a_failing_npm_ci_leaves_no_stamp(tmp_path: Path) -> None:
     assert not installed(folder)
 
 
+def logging_npm(tmp_path: Path) -> tuple[str, Path]:
+    """An `npm` that logs the folder it runs in and makes node_modules/ there."""
+    log = tmp_path / "npm.log"
+    npm = tmp_path / "npm"
+    npm.write_text(f"#!/bin/sh\npwd >> {log}\nmkdir -p node_modules\n")
+    npm.chmod(0o755)
+    return str(npm), log
+
+
+def test_in_a_checkout_the_drivers_run_and_install_where_they_are() -> None:
+    assert driver_folder() == HERE  # this test runs from the source tree
+    assert driver_folder(checkout=True) == HERE
+
+
+def test_an_installed_middlebox_runs_the_drivers_from_a_copy_in_the_users_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    npm, log = logging_npm(tmp_path)
+    folder = ready(npm, checkout=False)
+    assert folder == tmp_path / "cache" / "middlebox" / "node" / sources_digest()[:16]
+    assert log.read_text().splitlines() == [str(folder)]  # npm ci ran there, not in HERE
+    for name in SOURCES:
+        assert (folder / name).read_bytes() == (HERE / name).read_bytes(), name
+    assert installed(folder)
+    assert ready(npm, checkout=False) == folder
+    assert len(log.read_text().splitlines()) == 1  # installed once
+
+
+def test_the_copied_sources_are_every_driver_and_npm_file_of_the_folder() -> None:
+    shipped = {p.name for p in HERE.iterdir() if p.suffix == ".mjs"}
+    assert set(SOURCES) == shipped | {"package.json", "package-lock.json"}
+
+
+def test_a_changed_driver_gets_a_cache_folder_of_its_own_and_a_torn_copy_is_mended(
+    tmp_path: Path,
+) -> None:
+    copy = tmp_path / "copy"
+    copy_sources(copy)
+    assert sources_digest(copy) == sources_digest()
+    (copy / "contract.mjs").write_text("// half a file")
+    assert sources_digest(copy) != sources_digest()
+    copy_sources(copy)
+    assert (copy / "contract.mjs").read_bytes() == (HERE / "contract.mjs").read_bytes()
+    assert sorted(p.name for p in copy.iterdir()) == sorted(SOURCES)  # no temporary left
+
+
 def test_the_launcher_refuses_an_unknown_client_with_the_contract_exit_status(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -189,7 +247,7 @@ def test_the_lockfile_pins_every_dependency_exactly_and_names_no_registry_host()
 def npm_installed() -> None:
     """Install before any client's clock starts: a fresh clone's first npm ci takes seconds."""
     if node_available():
-        ensure_installed()
+        ready()
 
 
 def run_driver(name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -531,7 +589,7 @@ def test_keep_alive_comments_are_no_text(runs: dict[str, Run], client: str) -> N
 
 # --- the CI subset of the scenario library, through the proxy and the emulator ----------------
 
-LIBRARY = REPO / "scenarios"
+LIBRARY = scenario_dir()
 CI_SUBSET = [
     "reset-mid-stream",
     "clean-close-without-done",

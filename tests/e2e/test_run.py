@@ -16,6 +16,7 @@ from xml.etree import ElementTree
 import pytest
 
 from middlebox.clients import chromium_path
+from middlebox.library import scenario_dir
 from middlebox.report.scorecard import verdict_sections
 from middlebox.run.outcome import report_document
 from middlebox.run.processes import EmulatorProcess
@@ -25,7 +26,7 @@ from tests.harness import needs
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBRARY = ROOT / "scenarios"
+LIBRARY = scenario_dir()
 
 
 def verdicts_of(suite: object) -> dict[str, dict[str, list[str]]]:

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from middlebox.library import scenario_dir
 from middlebox.run.suite import run_suite
 
 pytestmark = pytest.mark.e2e
 
-SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "tool-call-reset-in-arguments.yaml"
+SCENARIO = scenario_dir() / "tool-call-reset-in-arguments.yaml"
 CLIENTS = ["tools-naive", "openai-tools", "resilient"]
 
 

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from middlebox.compose import PROXY_STAGES, load
+from middlebox.library import scenario_dir
 from middlebox.run.serve import LIBRARY_SCENARIOS, load_text
 from middlebox.scenario.model import Scenario
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, reason_phrase
@@ -22,7 +23,7 @@ from middlebox.shell.fault_edits import scenario_document, written_options
 from middlebox.shell.server import Address
 from tests.observability.support import controlled
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = scenario_dir()
 
 
 def api_for(scenario: Scenario | None = None) -> ControlApi:

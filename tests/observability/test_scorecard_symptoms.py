@@ -16,6 +16,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from middlebox.library import scenario_dir
 from middlebox.report.diagnosis import (
     description_fix,
     diagnose,
@@ -53,7 +54,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     report = root / "report"
     suite = run_suite(
         [
-            str(ROOT / "scenarios" / "nginx-default-buffering.yaml"),
+            str(scenario_dir() / "nginx-default-buffering.yaml"),
             str(root / "trusts-a-clean-close.yaml"),
         ],
         client_names=["raw"],

@@ -15,6 +15,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from middlebox.library import scenario_dir
 from realvllm.serve import Server
 from tests.real_vllm.conftest import ROOT
 
@@ -33,7 +34,7 @@ def test_library_scenarios_with_upstream_meet_their_expectations(
     vllm_server: Server, middlebox_bin: str, tmp_path: Path
 ) -> None:
     report = tmp_path / "report"
-    paths = [str(ROOT / "scenarios" / f"{name}.yaml") for name in SCENARIOS]
+    paths = [str(scenario_dir() / f"{name}.yaml") for name in SCENARIOS]
     done = subprocess.run(
         [middlebox_bin, "run", *paths, "--upstream", vllm_server.url, "--report", str(report)],
         capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=ROOT,

@@ -27,6 +27,7 @@ from faults.cut import Cut
 from faults.testing import replay
 from middlebox.compose import load
 from middlebox.core.stream import DOWN, UP, Chunk
+from middlebox.library import scenario_dir
 from middlebox.run.agent_checks import SentResponse, judge_request, sent_responses
 
 CAPTURES = Path(__file__).parent / "captures"
@@ -85,9 +86,7 @@ def test_running_the_call_max_tokens_cut_is_partial_although_its_json_parses() -
 
 
 # tool-call-reset-in-arguments against the real server: its own cut over vLLM's own bytes.
-RESET_SCENARIO = (
-    Path(__file__).resolve().parents[2] / "scenarios" / "tool-call-reset-in-arguments.yaml"
-)
+RESET_SCENARIO = scenario_dir() / "tool-call-reset-in-arguments.yaml"
 
 
 def the_scenarios_cut() -> Cut:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
 from middlebox.compose import load
+from middlebox.library import scenario_dir
 from middlebox.run.live import (
     ControlClient,
     ControlError,
@@ -28,7 +28,7 @@ from middlebox.run.live import (
 from middlebox.scenario.convert import ScenarioError
 from tests.observability.support import EVENTS, controlled, http
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = scenario_dir()
 
 
 async def in_thread(function: Callable[[], Any]) -> Any:

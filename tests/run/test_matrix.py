@@ -20,6 +20,7 @@ import middlebox
 from middlebox import clients as registry
 from middlebox.clients import envs
 from middlebox.clients.facts import CLIENT_FACTS, ClientFacts
+from middlebox.library import scenario_dir
 from middlebox.report.compatibility import SYMPTOMS, compatibility_markdown, fixes_section
 from middlebox.run import matrix
 from tests.harness import needs
@@ -250,6 +251,24 @@ def test_the_command_runs_each_client_on_its_own_and_writes_the_table(
     assert "| healthy-baseline | ok 1/1 | ok 1/1 |" in out.read_text()
 
 
+def test_without_scenarios_the_command_runs_the_whole_library_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_suite(monkeypatch, "complete", True)
+    targets: list[list[str]] = []
+    faked = matrix.run_suite
+    monkeypatch.setattr(
+        matrix, "run_suite", lambda paths, **kw: targets.append(list(paths)) or faked(paths, **kw)
+    )
+    out = tmp_path / "c.md"
+    code = matrix.main(
+        ["--client", "raw", "--jobs", "2", "--out", str(out), "--report", str(tmp_path)]
+    )
+    assert code == 0
+    assert targets == [[]]  # run_suite's "no scenario: the whole library"
+    assert "`python -m middlebox.run.matrix --jobs 2`" in out.read_text()
+
+
 def test_a_failed_expectation_fails_the_command_but_the_table_is_still_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -351,7 +370,7 @@ def test_the_committed_table_names_every_client_with_its_version_and_every_scena
     ]
     assert missing == [], "docs/compatibility.md: run `make matrix`"
     rows = {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")}
-    scenarios = sorted(path.stem for path in (REPO / "scenarios").glob("*.yaml"))
+    scenarios = sorted(path.stem for path in scenario_dir().glob("*.yaml"))
     assert [name for name in scenarios if name not in rows] == [], "run `make matrix`"
     for name in ("openai-v1", "openai-v2", "litellm", "langchain-openai"):
         assert envs.library_version(name) in header, name

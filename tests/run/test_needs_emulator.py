@@ -12,6 +12,7 @@ from xml.etree import ElementTree
 import trio
 
 from middlebox.compose import expand_paths, load
+from middlebox.library import scenario_dir
 from middlebox.report.diagnosis import failure_message
 from middlebox.report.scorecard import junit_xml, scorecard
 from middlebox.run.outcome import SuiteOutcome
@@ -33,7 +34,7 @@ FIELDS = {f.name for f in dataclasses.fields(EmulatorConfig)}
 
 
 def library() -> dict[str, str | None]:
-    return {path.stem: needs_emulator(load(path)) for path in expand_paths([ROOT / "scenarios"])}
+    return {path.stem: needs_emulator(load(path)) for path in expand_paths([scenario_dir()])}
 
 
 def test_the_library_scenarios_that_need_the_emulator_say_why() -> None:
@@ -60,7 +61,7 @@ def test_the_library_scenarios_that_need_the_emulator_say_why() -> None:
 def test_the_list_is_derived_from_the_config_fields_so_a_new_field_needs_the_emulator() -> None:
     # the named fields exist (a rename cannot silently drop one)
     assert IMITATION_FIELDS <= FIELDS and set(WHY_EMULATOR) <= FIELDS
-    scenario = load(ROOT / "scenarios" / "healthy-baseline.yaml")
+    scenario = load(scenario_dir() / "healthy-baseline.yaml")
     assert needs_emulator(scenario) is None  # itl and prefill_overhead tune the imitation
 
     @dataclasses.dataclass(frozen=True)
@@ -77,7 +78,7 @@ def test_the_list_is_derived_from_the_config_fields_so_a_new_field_needs_the_emu
 
 
 def test_a_scenario_needing_the_emulator_is_neither_run_nor_failed(tmp_path: Path) -> None:
-    scenario = load(ROOT / "scenarios" / "vllm-engine-error.yaml")
+    scenario = load(scenario_dir() / "vllm-engine-error.yaml")
     # nothing listens at the discard port: a run would be a problem, not a skip
     outcome = trio.run(
         lambda: run_scenario(scenario, [], seed=None, upstream_url="http://127.0.0.1:9",
@@ -98,7 +99,7 @@ def test_a_scenario_needing_the_emulator_is_neither_run_nor_failed(tmp_path: Pat
 
 
 def test_a_real_server_faster_than_the_scenario_gets_a_stream_as_long_in_time() -> None:
-    scenario = load(ROOT / "scenarios" / "abandon-through-nginx-default.yaml")  # itl 10 ms
+    scenario = load(scenario_dir() / "abandon-through-nginx-default.yaml")  # itl 10 ms
     workload = Workload(requests=1, max_tokens=120)
     assert paced(workload, scenario, 0.004).max_tokens == 300  # 120 x 10 ms at 4 ms each
     assert paced(workload, scenario, 0.02).max_tokens == 120  # slower: never fewer tokens
@@ -109,7 +110,7 @@ def test_a_real_server_faster_than_the_scenario_gets_a_stream_as_long_in_time() 
 def test_an_abandoning_stream_against_a_real_server_outlasts_a_slow_client() -> None:
     # the client leaves after 20 tokens: the stream lasts ABANDON_MARGIN (5 s) longer
     # than the scenario's, so a client that starts reading late still leaves mid-stream
-    scenario = load(ROOT / "scenarios" / "abandon-through-nginx-default.yaml")  # itl 10 ms
+    scenario = load(scenario_dir() / "abandon-through-nginx-default.yaml")  # itl 10 ms
     for abandoning in (
         Workload(requests=1, max_tokens=120, abandon_after_tokens=20),
         Workload(requests=1, max_tokens=120, abandon_after_seconds=0.5),
@@ -129,10 +130,10 @@ def test_an_abandoning_stream_against_a_real_server_outlasts_a_slow_client() -> 
 def test_a_hop_that_holds_the_whole_answer_gets_no_abandon_margin() -> None:
     # nginx-gzip expects no abort and bounds no waste: its point is the silence until the
     # end, which 5 s more would stretch past httpx's 5 s read timeout (it did: 6.2 s)
-    held = load(ROOT / "scenarios" / "abandon-through-nginx-gzip.yaml")  # itl 10 ms
-    watched = load(ROOT / "scenarios" / "abandon-through-nginx-default.yaml")
+    held = load(scenario_dir() / "abandon-through-nginx-gzip.yaml")  # itl 10 ms
+    watched = load(scenario_dir() / "abandon-through-nginx-default.yaml")
     assert not watches_the_leave(held) and watches_the_leave(watched)
-    assert watches_the_leave(load(ROOT / "scenarios" / "abandon-ignore-client-close.yaml"))
+    assert watches_the_leave(load(scenario_dir() / "abandon-ignore-client-close.yaml"))
     abandoning = Workload(requests=1, max_tokens=120, abandon_after_tokens=20)
     # 120 x 10 ms = 1.2 s + HOLD_MARGIN 1 s = 2.2 s: 550 tokens at 4 ms (not 6.2 s: 1550)
     assert paced(abandoning, held, 0.004).max_tokens == 550
@@ -140,7 +141,7 @@ def test_a_hop_that_holds_the_whole_answer_gets_no_abandon_margin() -> None:
 
 
 def test_a_bound_on_wasted_tokens_is_judged_in_the_real_servers_decoding_time() -> None:
-    scenario = load(ROOT / "scenarios" / "abandon-direct.yaml")  # itl 15 ms, wasted max 3
+    scenario = load(scenario_dir() / "abandon-direct.yaml")  # itl 15 ms, wasted max 3
     expect = {"server.tokens_wasted": {"max": 3}, "client.abandoned": 1}
     metrics = {"server.tokens_wasted": 14, "client.abandoned": 1}
     as_written = evaluate_expect(expect, "raw", metrics, ["raw"])

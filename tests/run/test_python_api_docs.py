@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from middlebox.run.live import ControlClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,17 +34,16 @@ def test_every_public_call_of_the_control_client_is_documented() -> None:
     assert not missing, f"docs/python-api.md does not show {missing}"
 
 
-def test_the_scenarios_in_code_snippet_runs_as_written() -> None:
+def test_the_scenarios_in_code_snippet_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     block = DOC.split("## Scenarios in code", 1)[1].split("```python\n", 1)[1].split("```")[0]
     namespace: dict[str, object] = {}
-    cwd = Path.cwd()
-    os.chdir(ROOT)  # the snippet names scenarios/ from the repository root, as the doc does
-    try:
-        exec(compile(block, "docs/python-api.md", "exec"), namespace)
-    finally:
-        os.chdir(cwd)
+    monkeypatch.chdir(tmp_path)  # a library scenario is found by name from anywhere
+    exec(compile(block, "docs/python-api.md", "exec"), namespace)
     cut, same = namespace["cut"], namespace["same"]
     assert [s.name for s in cut.path] == [s.name for s in same.path] == ["cut"]  # type: ignore[attr-defined]
+    assert namespace["from_library"].name == "reset-mid-stream"  # type: ignore[attr-defined]
 
 
 def test_the_readme_names_the_api_its_example_and_the_completion_line() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from middlebox.library import scenario_dir
 from middlebox.run import sessions
 from middlebox.run.sessions import listening_pids, other_session_warning
 from middlebox.run.suite import run_suite
@@ -90,7 +91,7 @@ def test_middlebox_run_says_so_before_it_starts(
 ) -> None:
     # a scenario that needs the emulator asks the server nothing: only the warning is tested
     monkeypatch.setattr(sessions, "AUTOGROUP", switch(tmp_path, "1"))
-    scenario = str(ROOT / "scenarios" / "vllm-engine-error.yaml")
+    scenario = str(scenario_dir() / "vllm-engine-error.yaml")
     with listener(new_session=True) as (pid, port), caplog.at_level(logging.WARNING):
         outcome = run_suite(
             [scenario], client_names=["raw"], upstream_url=f"http://127.0.0.1:{port}"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from middlebox.compose import load
+from middlebox.library import scenario_dir
 from middlebox.run.score import Check, evaluate_expect
 from middlebox.run.suite import (
     FRAME_MARGIN,
@@ -43,7 +44,7 @@ def test_a_plain_request_asks_for_exactly_max_tokens_but_a_structured_one_does_n
 
 
 def test_a_server_merging_tokens_into_frames_gets_the_scenarios_frames_worth() -> None:
-    scenario = load(ROOT / "scenarios" / "clean-close-without-done.yaml")  # itl 15 ms
+    scenario = load(scenario_dir() / "clean-close-without-done.yaml")  # itl 15 ms
     workload = Workload(requests=1, max_tokens=40)
     # seen: 40 tokens in 14 frames; a cut after 12 token-bearing events needs 12 frames
     merged = paced(workload, scenario, 0.010, 40 / 14)

@@ -12,13 +12,14 @@ from click.testing import CliRunner
 
 from middlebox.cli.main import main
 from middlebox.compose import load
+from middlebox.library import scenario_dir
 from middlebox.run.client_runs import resolve_clients
 from middlebox.run.outcome import RunError
 from middlebox.run.processes import EmulatorProcess, emulator_config
 from middlebox.run.replay import text_differences
 from middlebox.run.suite import proof_problems
 
-LIBRARY = Path(__file__).resolve().parents[2] / "scenarios"
+LIBRARY = scenario_dir()
 
 
 def test_a_fault_that_fired_for_some_clients_but_never_for_one_is_that_ones_problem() -> None:

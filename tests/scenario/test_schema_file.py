@@ -14,12 +14,13 @@ import pytest
 import yaml
 
 from middlebox.compose import json_schema, validate_paths
+from middlebox.library import scenario_dir
 from middlebox.run.score import CONDITIONS
 from middlebox.scenario.schema import EXPECT_CONDITIONS, SCHEMA_ID
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "schema" / "scenario.schema.json"
-SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))
+SHIPPED = sorted(scenario_dir().glob("*.yaml"))
 
 
 def validator() -> jsonschema.Draft202012Validator:

@@ -31,9 +31,10 @@ from typing import Any
 import pytest
 
 from middlebox.compose import load
+from middlebox.library import scenario_dir
 from middlebox.scenario.workload import Workload, request_body
 
-SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "tool-call-reset-in-arguments.yaml"
+SCENARIO = scenario_dir() / "tool-call-reset-in-arguments.yaml"
 
 
 def unbounded(schema: Any, where: str = "arguments") -> list[str]:

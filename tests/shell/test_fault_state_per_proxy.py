@@ -12,14 +12,13 @@ pipelines the servers make, fed the bytes of one request and its SSE answer.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from middlebox.compose import PROXY_STAGES, load
 from middlebox.core.fault import Pipeline
 from middlebox.core.stream import DOWN, UP, Chunk, Eof
+from middlebox.library import scenario_dir
 from middlebox.shell.server import Address, ProxyServer
 
-LIBRARY = Path(__file__).resolve().parents[2] / "scenarios"
+LIBRARY = scenario_dir()
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     b"Content-Length: 2\r\n\r\n{}"

@@ -1,11 +1,15 @@
 """`python -m middlebox.clients.node.launch NAME`: install the Node packages once, run a driver.
 
 The first run (or the first after package-lock.json changed) says so on stderr and runs
-`npm ci` in this folder, under a file lock so that clients started in parallel install once;
-a stamp inside node_modules/ holds the lockfile's hash. Then the process becomes
-`node DRIVER.mjs` (exec), so the runner's SIGTERM and exit status are the driver's own.
-Exit 2 for an unknown name (a contract violation, as the drivers use), 1 when Node or the
-install is missing or fails.
+`npm ci`, under a file lock so that clients started in parallel install once; a stamp inside
+node_modules/ holds the lockfile's hash. In a source checkout that is this folder. An
+installed wheel writes nothing into site-packages: the drivers, package.json and the lockfile
+are copied to a folder of the user's cache named by their digest
+(`$XDG_CACHE_HOME/middlebox/node/DIGEST/`, `places.cache_root`), installed and run there,
+because Node resolves a driver's imports from the driver's own folder upwards (ES modules
+ignore NODE_PATH). Then the process becomes `node DRIVER.mjs` (exec), so the runner's SIGTERM
+and exit status are the driver's own. Exit 2 for an unknown name (a contract violation, as
+the drivers use), 1 when Node or the install is missing or fails.
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ import sys
 from pathlib import Path
 
 from middlebox.clients.node import DRIVERS, HERE
+from middlebox.clients.places import cache_root, in_checkout
 
 STAMP = HERE / "node_modules" / ".middlebox-installed"
 LOCK = HERE / ".npm-install.lock"
+# What a driver needs beside it to run: the drivers, the shared contract and what npm reads.
+SOURCES = ("package.json", "package-lock.json", "contract.mjs", *DRIVERS.values())
 
 
 def lock_digest(folder: Path = HERE) -> str:
@@ -33,7 +40,46 @@ def installed(folder: Path = HERE) -> bool:
     return stamp.is_file() and stamp.read_text().strip() == lock_digest(folder)
 
 
-def ensure_installed(folder: Path = HERE, npm: str = "npm") -> None:
+def sources_digest(folder: Path = HERE) -> str:
+    """One digest of every source a driver runs with: a changed file gets a new folder."""
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def driver_folder(checkout: bool | None = None) -> Path:
+    """Where the drivers run and npm installs: this folder in a source checkout, else the
+    user's cache (`checkout` overrides the detection, for tests)."""
+    if in_checkout() if checkout is None else checkout:
+        return HERE
+    return cache_root() / "node" / sources_digest()[:16]
+
+
+def copy_sources(target: Path, source: Path = HERE) -> None:
+    """The drivers and npm's files into `target`, each written whole (a temporary file, then
+    a rename), so a parallel launcher or an interrupted copy never leaves half a file."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in SOURCES:
+        data = (source / name).read_bytes()
+        path = target / name
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        partial = target / f".{name}.{os.getpid()}.tmp"
+        partial.write_bytes(data)
+        partial.replace(path)
+
+
+def ready(npm: str = "npm", checkout: bool | None = None) -> Path:
+    """The folder to run the drivers from, its packages installed (`npm ci` at most once)."""
+    folder = driver_folder(checkout)
+    if folder != HERE:
+        copy_sources(folder)
+    ensure_installed(folder, npm)
+    return folder
+
+
+def ensure_installed(folder: Path, npm: str = "npm") -> None:
     """`npm ci` unless the stamp matches the lockfile; raises CalledProcessError on failure."""
     if installed(folder):
         return
@@ -66,11 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args[0]}: node and npm are needed (apt-get install nodejs npm)", file=sys.stderr)
         return 1
     try:
-        ensure_installed(HERE, npm)
+        folder = ready(npm)
     except (OSError, subprocess.CalledProcessError) as error:
         print(f"{args[0]}: npm ci failed: {error}", file=sys.stderr)
         return 1
-    driver = str(HERE / DRIVERS[args[0]])
+    driver = str(folder / DRIVERS[args[0]])
     os.execv(node, [node, driver])
     return 1  # not reached: exec replaced this process
 
