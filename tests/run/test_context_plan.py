@@ -18,6 +18,7 @@ import trio
 
 from middlebox.clients import BUILTIN_CLIENTS
 from middlebox.compose import expand_paths, load
+from middlebox.library import scenario_dir
 from middlebox.report.scorecard import junit_xml, scorecard
 from middlebox.run.client_runs import ClientSpec
 from middlebox.run.context_plan import (
@@ -32,7 +33,6 @@ from middlebox.run.suite import paced, run_scenario
 from middlebox.run.upstream import UpstreamClient
 from middlebox.scenario.workload import Workload
 
-ROOT = Path(__file__).resolve().parents[2]
 TOOLS = [{"type": "function", "function": {"name": "send_email", "parameters": {
     "type": "object", "properties": {"to": {"type": "string"}}}}}]  # fmt: skip
 
@@ -83,7 +83,7 @@ def test_the_prompt_bound_covers_its_bytes_the_tools_and_the_template() -> None:
 def test_at_the_tiers_pace_the_library_fits_its_context_or_says_so(context: int) -> None:
     # the tier's CPU vLLM: 3-8 ms a token, tokens one or two a frame (docs/real-vllm.md)
     needs: dict[str, str] = {}
-    for path in expand_paths([ROOT / "scenarios"]):
+    for path in expand_paths([scenario_dir()]):
         scenario = load(path)
         workload = scenario.sections.get("workload") or Workload()
         for seconds_per_token, per_frame in ((0.003, 1.0), (0.008, 1.6)):
@@ -103,7 +103,7 @@ def test_at_the_tiers_pace_the_library_fits_its_context_or_says_so(context: int)
 
 
 def _run_against(tmp_path: Path, max_model_len: int) -> tuple[Any, dict[str, Any]]:
-    scenario = load(ROOT / "scenarios" / "abandon-direct.yaml")  # 300 tokens at 15 ms
+    scenario = load(scenario_dir() / "abandon-direct.yaml")  # 300 tokens at 15 ms
     workdir = tmp_path / f"run-{max_model_len}"
 
     async def main() -> Any:
