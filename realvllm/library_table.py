@@ -95,7 +95,8 @@ def main(argv: list[str]) -> int:
     runs = counts["met"] + counts["not met"]
     print(
         f"\n{counts['met']}/{runs} scenario-client runs met their expectations; "
-        f"{counts['not met']} not met; {counts['needs the emulator']} scenarios need the emulator"
+        f"{counts['not met']} not met; {counts['needs the emulator']} scenarios need the emulator; "
+        f"{counts['needs a larger context']} need a larger context"
     )
     return 0
 

@@ -37,6 +37,9 @@ REPORT = {
                      result("openai", True, ["complete"])]},
         {"name": "pause-z", "needs_emulator": "upstream.pauses: a stall", "problems": [],
          "results": []},
+        {"name": "long-w", "needs_emulator": None, "problems": [], "results": [],
+         "needs_context": "needs a context of 2466 tokens, the server has 2048: start vLLM "
+                          "with --max-model-len 4096"},
     ]
 }  # fmt: skip
 
@@ -44,7 +47,7 @@ REPORT = {
 def test_each_run_is_met_or_not_with_its_verdicts_and_failed_checks() -> None:
     lines, counts = rows(REPORT)
     assert lines[0].startswith("| scenario | raw | openai | httpx-sse | resilient |")
-    abandon, cut, pause = lines[2:]
+    abandon, cut, pause, long = lines[2:]
     assert "| met (abandoned ab1 w2) |" in abandon
     assert (
         "**not met** (abandoned ab1 w9) — client.complete equals 1: got 0; "
@@ -55,7 +58,11 @@ def test_each_run_is_met_or_not_with_its_verdicts_and_failed_checks() -> None:
     assert cut.startswith("| cut-y — cut-y/openai: declared fault")
     assert "| met (silent_truncation) |" in cut  # one verdict per kind
     assert pause == "| pause-z | needs the emulator: upstream.pauses: a stall |"
-    assert counts == {"met": 2, "not met": 2, "needs the emulator": 1}
+    assert long == (
+        "| long-w | needs a context of 2466 tokens, the server has 2048: start vLLM with "
+        "--max-model-len 4096 |"
+    )
+    assert counts == {"met": 2, "not met": 2, "needs the emulator": 1, "needs a larger context": 1}
 
 
 def test_the_command_prints_the_table_and_the_counts(tmp_path: Path, capsys: Any) -> None:
@@ -64,5 +71,6 @@ def test_the_command_prints_the_table_and_the_counts(tmp_path: Path, capsys: Any
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
     assert out.rstrip().endswith(
-        "2/4 scenario-client runs met their expectations; 2 not met; 1 scenarios need the emulator"
+        "2/4 scenario-client runs met their expectations; 2 not met; 1 scenarios need the "
+        "emulator; 1 need a larger context"
     )
