@@ -136,6 +136,7 @@ def test_the_figures_are_perceived_against_upstream_ttft_and_the_lumpiness() -> 
                 "client.perceived_ttft_ms": [390.4, 267.0, 300.0],
                 "server.upstream_ttft_ms": [67.0, 61.2],
                 "client.tokens_per_burst": 15.0,
+                "server.tokens_per_burst": 1.02,
                 "client.largest_gap_ms": 240.2,
                 "server.tokens_wasted": 7,
                 "server.abort_latency_ms": [1.0, 12.6],
@@ -144,7 +145,7 @@ def test_the_figures_are_perceived_against_upstream_ttft_and_the_lumpiness() -> 
     )  # fmt: skip
     assert found == {
         "ttft ms": "300/64",
-        "tok/burst": "15.0",
+        "tok/burst": "15.0/1.0",
         "gap ms": "240",
         "attempts": "1/1",
         "wasted": "7",

@@ -203,7 +203,7 @@ def test_off_a_terminal_each_finished_scenario_client_is_one_line_with_its_sympt
     assert pipe.getvalue() == ""  # a start draws nothing off a terminal
     progress.update(finished="nginx-default-buffering", results=[lumpy, silent])
     first, second = pipe.getvalue().splitlines()
-    assert first.startswith("[1/3] nginx-default-buffering/raw: ok 2/2; ttft 328/64 ms, 15.0 ")
+    assert first.startswith("[1/3] nginx-default-buffering/raw: ok 2/2; ttft 328/64 ms, 15.0/- ")
     assert "a buffering hop" in first
     assert second.startswith("[1/3] nginx-default-buffering/openai: SILENT 1/1 ✗;")
     assert "silent truncation" in second
