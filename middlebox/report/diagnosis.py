@@ -16,17 +16,25 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-# A stream that arrives this many upstream tokens per burst (the scorer's 10 ms groups)
-# was held by a hop: vLLM flushes every token, so a direct stream shows about 1. With a
-# buffering fault in the path 4 is enough; without one a busy machine merges a smooth
+# A stream the path delivers (the client leg of the journal, else as the client showed it)
+# at this many times the upstream's own tokens per burst (the scorer's 10 ms groups,
+# `server.tokens_per_burst`) was held by a hop: vLLM flushes every token, so a direct
+# stream shows about what the upstream made (1 at 15 ms a token; at 5 ms a token the
+# whole answer is one burst at its source, and so it is at the client). With a buffering
+# fault in the path 3 is enough: haproxy-coalescing's 60 ms window at 15 ms a token
+# merges 4 of the upstream's bursts (3.9 measured), the same path with the buffer off
+# stays under 1.2 (x-accel-buffering-fix). Without one a busy machine merges a smooth
 # stream's flushes into bursts of up to ~5 tokens (measured: the library on 2 shared
-# cores), so only 8 or more is called lumpy then.
-LUMPY_TOKENS_PER_BURST = 4.0
+# cores), so only 8 or more is called lumpy then: a hop outside the path.
+LUMPY_TOKENS_PER_BURST = 3.0
 LUMPY_WITHOUT_A_BUFFERING_FAULT = 8.0
 BUFFERING_FAULTS = ("proxy_buffering", "coalescer", "gzip_encoding")
 # Faults that delay the first byte: a late first text is theirs (without one, the gap
 # between perceived and upstream TTFT is the client's own start and a loaded machine).
-DELAYING_FAULTS = ("latency", "link", "bandwidth", "slow_reader", "handoff")  # buffering: lumps
+# They lump a stream too, not by buffering: what a handoff's outage, a slow link or a slow
+# reader held back arrives together once the path moves again, and no X-Accel-Buffering
+# or proxy_buffering setting changes that, so their lumps are not called a buffering hop.
+DELAYING_FAULTS = ("latency", "link", "bandwidth", "slow_reader", "handoff")
 # Perceived TTFT this much later than the upstream's own, and at least this ratio: a hop
 # held the head of the stream (a buffer, a slow path), not the model.
 LATE_FIRST_TOKEN_MS = 100.0
@@ -73,6 +81,16 @@ EXPLAIN: dict[str, Explanation] = {
     "client.duplicated": Explanation(
         "the shown text repeats tokens: a retry or resume replayed text already shown",
         "on a restart discard what was shown, or resume with Last-Event-ID",
+    ),
+    "client.contradicted": Explanation(
+        "a retry drew a different answer and the client showed it over text already read",
+        "resume with Last-Event-ID, or send a seed, or discard what was shown on a restart",
+    ),
+    "client.complete_then_error": Explanation(
+        "the whole answer was shown, then the client surfaced an error (a reset, not a clean "
+        "close, ended the stream)",
+        "keep an answer whose finish_reason arrived: an error after it need not discard or "
+        "retry it",
     ),
     "client.missing_tokens": Explanation(
         "the shown text lacks tokens in the middle: events were dropped or a resume skipped ahead",
@@ -220,6 +238,7 @@ class Symptoms:
     perceived_ttft_ms: float | None
     upstream_ttft_ms: float | None
     tokens_per_burst: float | None
+    upstream_tokens_per_burst: float | None
     largest_gap_ms: float | None
     attempts: int
     requests: int
@@ -237,6 +256,7 @@ def symptoms(result: dict[str, Any]) -> Symptoms:
         tokens_per_burst=float(metrics["client.tokens_per_burst"])
         if bursts and isinstance(metrics.get("client.tokens_per_burst"), int | float)
         else None,
+        upstream_tokens_per_burst=_median(metrics.get("server.tokens_per_burst")),
         largest_gap_ms=float(metrics["client.largest_gap_ms"])
         if bursts and isinstance(metrics.get("client.largest_gap_ms"), int | float)
         else None,
@@ -251,11 +271,17 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+def _per_burst(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def figures(found: Symptoms) -> dict[str, str]:
     """The symptom numbers as short table cells, in the scorecard's column order."""
     return {
         "ttft ms": f"{_ms(found.perceived_ttft_ms)}/{_ms(found.upstream_ttft_ms)}",
-        "tok/burst": "-" if found.tokens_per_burst is None else f"{found.tokens_per_burst:.1f}",
+        "tok/burst": _per_burst(found.tokens_per_burst)
+        + "/"
+        + _per_burst(found.upstream_tokens_per_burst),
         "gap ms": _ms(found.largest_gap_ms),
         "attempts": f"{found.attempts}/{found.requests}",
         "wasted": str(found.tokens_wasted),
@@ -265,7 +291,8 @@ def figures(found: Symptoms) -> dict[str, str]:
 
 FIGURE_LEGEND = (
     "ttft ms = the user's first text (median) / the upstream's own first token; tok/burst = "
-    "upstream tokens per flush the client saw (1 = smooth); gap ms = largest wait between "
+    "upstream tokens per flush the client saw / per burst the upstream made them in (1 = "
+    "smooth; only tokens made while the client was there); gap ms = largest wait between "
     "pieces; attempts = HTTP attempts / logical requests; wasted = tokens generated after "
     "the client left; abort ms = client gone -> upstream aborted"
 )
@@ -276,30 +303,41 @@ def _fired(result: dict[str, Any]) -> set[str]:
     return {str(entry).split(":")[0] for entry in fired}
 
 
-def diagnose(result: dict[str, Any]) -> str:
-    """One line: the worst symptom in this run, its likely cause and the usual fix."""
+@dataclass(frozen=True)
+class Finding:
+    """One symptom of a run: `text`, the whole of it as the diagnosis line says it;
+    `name`, its short form with this run's numbers (the terminal table's cell); `key`,
+    what every run with this symptom has in common, why and the fix (said once under the
+    table), or "" when the name says it all."""
+
+    name: str
+    text: str
+    key: str = ""
+
+
+def _named(name: str, metric: str) -> Finding:
+    """A symptom whose why and fix are a metric's: the same for every run."""
+    said = f"{name}: {_said(metric)}"
+    return Finding(name, said, said)
+
+
+def findings(result: dict[str, Any]) -> list[Finding]:
+    """Every symptom of one run, worst first: its likely cause and the usual fix."""
     verdicts: list[str] = (result.get("verdicts") or {}).get("requests") or [
         request.get("verdict", "") for request in result.get("requests") or []
     ]
     found = symptoms(result)
     fired = _fired(result)
     metrics: dict[str, Any] = result.get("metrics") or {}
-    lines: list[str] = []
-    if "hang" in verdicts:
-        lines.append("hung: " + _said("client.hangs"))
-    if "silent_truncation" in verdicts:
-        lines.append("silent truncation: " + _said("client.silent_truncations"))
-    if "mojibake" in verdicts:
-        lines.append("mojibake: " + _said("client.mojibake"))
-    if "duplicated" in verdicts:
-        lines.append("duplicated text: " + _said("client.duplicated"))
-    if "missing_tokens" in verdicts:
-        lines.append("tokens missing: " + _said("client.missing_tokens"))
+    out: list[Finding] = []
+    for verdict, name, metric in TEXT_DAMAGE:
+        if verdict in verdicts:
+            out.append(_named(name, metric))
     for verdict, metric in AGENT_VERDICT_METRICS.items():
         if verdict in verdicts:
-            lines.append(verdict.replace("_", " ") + ": " + _said(metric))
-    # amplification counts attempts on the wire (issue 13); how many of them the model
-    # actually ran is server.generations_per_request (a 429 answered by a hop runs nothing)
+            out.append(_named(verdict.replace("_", " "), metric))
+    # amplification counts attempts on the wire; how many of them the model actually ran
+    # is server.generations_per_request (a 429 answered by a hop runs nothing)
     amplification = int(metrics.get("client.amplification") or 0)
     generations = metrics.get("server.generations_per_request")
     if amplification > 1:
@@ -308,20 +346,31 @@ def diagnose(result: dict[str, Any]) -> str:
             if isinstance(generations, int | float)
             else "each may re-run the model"
         )
-        lines.append(
-            f"{amplification} attempts for one request ({ran}); fix: "
-            + EXPLAIN["client.amplification"].fix
-        )
+        name = f"{amplification} attempts for one request ({ran})"
+        fix = EXPLAIN["client.amplification"].fix
+        key = f"attempts for one request: {EXPLAIN['client.amplification'].why}; fix: {fix}"
+        out.append(Finding(name, f"{name}; fix: {fix}", key))
     hop = next((f for f in BUFFERING_FAULTS if f in fired), "")
     lumpy = LUMPY_TOKENS_PER_BURST if hop else LUMPY_WITHOUT_A_BUFFERING_FAULT
     delaying = [f for f in DELAYING_FAULTS if f in fired]
-    if found.tokens_per_burst is not None and found.tokens_per_burst >= lumpy:
-        lump = found.tokens_per_burst * BYTES_PER_TOKEN_EVENT / 1024
-        lines.append(
-            f"arrived in ~{found.tokens_per_burst:.0f}-token (~{lump:.0f} KiB) lumps: a "
-            f"buffering hop{f' ({hop})' if hop else ''}; fix: X-Accel-Buffering: no or "
-            "proxy_buffering off"
+    # the path's lumps where the journal saw them at the client's socket, else the client's
+    delivered = metrics.get("client.delivered_tokens_per_burst")
+    per_burst = float(delivered) if isinstance(delivered, int | float) else found.tokens_per_burst
+    if (
+        found.tokens_per_burst is not None  # the client saw bursts
+        and per_burst is not None
+        and lumpy_by_a_hop(per_burst, metrics, lumpy)
+        and (hop or not delaying)
+    ):
+        lump = per_burst * BYTES_PER_TOKEN_EVENT / 1024
+        name = f"~{per_burst:.0f}-token (~{lump:.0f} KiB) lumps: a buffering hop"
+        name += f" ({hop})" if hop else ""
+        fix = "fix: X-Accel-Buffering: no or proxy_buffering off"
+        key = (
+            "a buffering hop: the client saw the upstream's tokens in fewer, bigger bursts "
+            f"than the upstream made them; {fix}"
         )
+        out.append(Finding(name, f"arrived in {name}; {fix}", key))
     elif (
         delaying
         and found.attempts <= found.requests  # a retry's TTFT counts from the first attempt
@@ -330,26 +379,76 @@ def diagnose(result: dict[str, Any]) -> str:
         and found.perceived_ttft_ms - found.upstream_ttft_ms > LATE_FIRST_TOKEN_MS
         and found.perceived_ttft_ms > LATE_FIRST_TOKEN_RATIO * found.upstream_ttft_ms
     ):
-        lines.append(
-            f"first text {found.perceived_ttft_ms - found.upstream_ttft_ms:.0f} ms after the "
-            f"upstream's first token: a slow hop ({', '.join(delaying)}) holds the head of "
-            "the stream"
+        late = found.perceived_ttft_ms - found.upstream_ttft_ms
+        slow = f"a slow hop ({', '.join(delaying)})"
+        out.append(
+            Finding(
+                f"first text {late:.0f} ms late: {slow}",
+                f"first text {late:.0f} ms after the upstream's first token: {slow} holds the "
+                "head of the stream",
+                "first text late: a slow hop (a fault that delays the path) holds the head of "
+                "the stream, not the model",
+            )
         )
     if found.tokens_wasted > WASTE_WORTH_NAMING:
-        lines.append(
-            f"{found.tokens_wasted} tokens generated for nobody: " + _said("server.tokens_wasted")
+        name = f"{found.tokens_wasted} tokens generated for nobody"
+        said = _said("server.tokens_wasted")
+        out.append(Finding(name, f"{name}: {said}", f"tokens generated for nobody: {said}"))
+    if not out and "truncation_detected" in verdicts:
+        name = "cut short, and the client said so"
+        said = f"{name}: {EXPLAIN['client.truncations_detected'].fix}"
+        out.append(
+            Finding(name, said, f"{name}: fix: {EXPLAIN['client.truncations_detected'].fix}")
         )
-    if not lines and "truncation_detected" in verdicts:
-        lines.append(
-            "cut short, and the client said so: " + EXPLAIN["client.truncations_detected"].fix
-        )
-    if not lines and "error_reported" in verdicts:
-        lines.append("failed, and the client said so (no text shown)")
-    if not lines and verdicts and set(verdicts) <= {"complete", "abandoned"}:
-        lines.append(
-            "healthy: complete" + (", abandoned on purpose" if "abandoned" in verdicts else "")
-        )
-    return "; ".join(lines[:2]) if lines else "-"
+    if not out and "error_reported" in verdicts:
+        said = "failed, and the client said so (no text shown)"
+        out.append(Finding(said, said))
+    if not out and "complete_then_error" in verdicts:
+        out.append(_named("whole answer, then an error", "client.complete_then_error"))
+    if not out and verdicts and set(verdicts) <= {"complete", "abandoned"}:
+        said = "healthy: complete" + (", abandoned on purpose" if "abandoned" in verdicts else "")
+        out.append(Finding(said, said))
+    return out
+
+
+# Verdicts that damaged the text, worst first: the name the diagnosis gives each and the
+# metric whose why and fix it says.
+TEXT_DAMAGE = (
+    ("hang", "hung", "client.hangs"),
+    ("silent_truncation", "silent truncation", "client.silent_truncations"),
+    ("mojibake", "mojibake", "client.mojibake"),
+    ("duplicated", "duplicated text", "client.duplicated"),
+    ("contradicted", "answer redrawn", "client.contradicted"),
+    ("missing_tokens", "tokens missing", "client.missing_tokens"),
+)
+# Per verdict, the metric that counts it: an `expect:` check on it pins that verdict.
+VERDICT_METRICS: dict[str, str] = {
+    **{verdict: metric for verdict, _, metric in TEXT_DAMAGE},
+    **AGENT_VERDICT_METRICS,
+    "truncation_detected": "client.truncations_detected",
+    "error_reported": "client.errors_reported",
+    "complete_then_error": "client.complete_then_error",
+    "abandoned": "client.abandoned",
+    "complete": "client.complete",
+}
+SHOWN_FINDINGS = 2
+"""A diagnosis names the two worst symptoms of a run."""
+
+
+def diagnose(result: dict[str, Any]) -> str:
+    """One line: the worst symptoms in this run, their likely cause and the usual fix."""
+    named = findings(result)[:SHOWN_FINDINGS]
+    return "; ".join(finding.text for finding in named) if named else "-"
+
+
+def lumpy_by_a_hop(per_burst: float, metrics: dict[str, Any], lumpy: float) -> bool:
+    """The client saw `lumpy` times more tokens per burst (`per_burst`) than the upstream
+    made per burst (`server.tokens_per_burst`; 1 when not measured): a hop merged the
+    upstream's flushes. Only tokens generated while the client was there count (the
+    scorer's rule), so an upstream that went on generating for nobody lumps nothing."""
+    own = metrics.get("server.tokens_per_burst")
+    floor = max(float(own), 1.0) if isinstance(own, int | float) else 1.0
+    return per_burst >= lumpy * floor
 
 
 def _said(metric: str) -> str:

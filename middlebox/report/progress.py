@@ -1,6 +1,7 @@
 """The progress of a suite on stderr: on a terminal one self-rewriting line while scenarios
-run; anywhere else (CI logs, `make run | cat`) one plain line per scenario-client as it
-finishes, so a long run is never minutes of silence before the scorecard."""
+run; anywhere else (CI logs, `make run | cat`) one plain line per scenario as it finishes,
+with each client's verdict, so a long run is never minutes of silence before the scorecard.
+The numbers and the diagnosis of each run are the scorecard's symptom table, said once."""
 
 from __future__ import annotations
 
@@ -8,26 +9,21 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from middlebox.report.diagnosis import diagnose, figures, symptoms
-from middlebox.report.scorecard import cell
+from middlebox.report.scorecard import WIDTH, cell, fit
 
 
-def finished_line(position: str, scenario: str, result: dict[str, Any]) -> str:
-    """One finished scenario-client in a line: verdict, the symptom numbers, diagnosis.
+def finished_line(position: str, scenario: str, results: Sequence[dict[str, Any]]) -> list[str]:
+    """One finished scenario: each client's verdict cell as the scorecard's matrix shows
+    it, in lines of at most WIDTH columns.
 
-    `result` is one entry of the report document's `results` (a client score's JSON)."""
-    verdict, _ = cell(result)
-    numbers = figures(symptoms(result))
-    return (
-        f"{position} {scenario}/{result.get('client')}: {verdict}; ttft {numbers['ttft ms']} ms, "
-        f"{numbers['tok/burst']} tok/burst, gap {numbers['gap ms']} ms, attempts "
-        f"{numbers['attempts']}, wasted {numbers['wasted']}; {diagnose(result)}"
-    )
+    `results` are entries of the report document's `results` (client scores' JSON)."""
+    verdicts = ", ".join(f"{result.get('client')} {cell(result)[0]}" for result in results)
+    return fit(f"{position} {scenario}: {verdicts}", width=WIDTH)
 
 
 class Progress:
     """On a TTY: a bar, done/total, failures, what is running. Elsewhere: a line per
-    finished scenario-client (or per scenario when the runner gives no results)."""
+    finished scenario with its clients' verdicts (FAIL or ok when the runner gives none)."""
 
     def __init__(self, total: int, stream: Any = None) -> None:
         self.total = total
@@ -46,7 +42,7 @@ class Progress:
         results: Sequence[dict[str, Any]] | None = None,
     ) -> str:
         """`results`: the finished scenario's client results as the report document holds
-        them (`{**score.to_json(), "passed": ...}`), for the per-client lines."""
+        them (`{**score.to_json(), "passed": ...}`), for the clients' verdicts."""
         if started:
             self.running.append(started)
         if finished:
@@ -75,4 +71,4 @@ class Progress:
         position = f"[{self.done}/{self.total}]"
         if not results:
             return [f"{position} {scenario}: {'FAIL' if failed else 'ok'}"]
-        return [finished_line(position, scenario, result) for result in results]
+        return finished_line(position, scenario, results)

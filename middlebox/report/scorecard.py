@@ -8,19 +8,27 @@ part of running and a saved report.json renders the same as a fresh run.
 from __future__ import annotations
 
 import json
+import textwrap
+from collections import Counter
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
 from middlebox.report.diagnosis import (
     FIGURE_LEGEND,
+    SHOWN_FINDINGS,
+    VERDICT_METRICS,
     check_said,
     diagnose,
     failure_message,
     figures,
+    findings,
     symptoms,
 )
 from middlebox.report.html_page import write_html
+
+WIDTH = 160
+"""Columns every line of the terminal scorecard and progress fits in (a CI log's width)."""
 
 SEVERITY = [
     "hang",
@@ -115,31 +123,116 @@ def status_of(scenario: dict[str, Any], result: dict[str, Any] | None = None) ->
     return None
 
 
-def symptom_table(document: dict[str, Any]) -> list[str]:
-    """Per scenario and client, next to the verdict, the numbers that name the symptom and
-    a one-line diagnosis (Locust's stats table is the model: one dense row per run)."""
-    rows: list[list[str]] = []
+def fit(text: str, indent: str = "    ", width: int = WIDTH) -> list[str]:
+    """`text` as lines of at most `width` columns, continued under `indent`."""
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False) or [""]
+
+
+def _cells(row: list[str], widths: list[int]) -> str:
+    return "  ".join(text.ljust(width) for text, width in zip(row, widths, strict=False))
+
+
+def symptom_table(document: dict[str, Any], width: int = WIDTH) -> list[str]:
+    """Per scenario, and under it per client, next to the verdict the numbers that name the
+    symptom and the diagnosis by name (Locust's stats table is the model: one dense row per
+    run); what each named diagnosis means and its fix follow once, under the table
+    (`diagnosis_key`). The diagnosis column wraps within `width`."""
+    rows: list[tuple[str, list[str] | None]] = []  # (scenario line, or a client's row)
     for scenario in document["scenarios"]:
+        status = status_of(scenario)
+        if not scenario["results"]:
+            if status:
+                rows.append((f"{scenario['name']}: {status}", None))
+            continue
+        rows.append((scenario["name"], None))
         for result in scenario["results"]:
-            status = status_of(scenario, result)
-            verdict = status or cell(result)[0]
-            numbers = figures(symptoms(result))
-            rows.append(
-                [f"{scenario['name']}/{result['client']}", verdict, *numbers.values(),
-                 "-" if status else diagnose(result)]
-            )  # fmt: skip
-        if not scenario["results"] and status_of(scenario):
-            rows.append([scenario["name"], str(status_of(scenario)), *["-"] * 6, "-"])
+            own = status_of(scenario, result)
+            named = [] if own else findings(result)[:SHOWN_FINDINGS]
+            rows.append((
+                "",
+                ["  " + str(result["client"]), own or cell(result)[0],
+                 *figures(symptoms(result)).values(),
+                 "; ".join(finding.name for finding in named) or "-"],
+            ))  # fmt: skip
     if not rows:
         return []
-    header = ["scenario/client", "verdict", *figures(symptoms({})).keys(), "diagnosis"]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
-    return [
-        "  ".join(text.ljust(width) for text, width in zip(row, widths, strict=False))
-        + "  "
-        + row[-1]
-        for row in [header, *rows]
-    ]
+    header = ["scenario / client", "verdict", *figures(symptoms({})).keys(), "diagnosis"]
+    cells = [header, *(row for _, row in rows if row is not None)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header) - 1)]
+    left = sum(widths) + 2 * len(widths)
+    room = max(width - left, 40)
+    lines = [_cells(header, widths) + "  diagnosis"]
+    for text, row in rows:
+        if row is None:
+            lines += fit(text, width=width)
+            continue
+        said = textwrap.wrap(row[-1], room, break_on_hyphens=False) or ["-"]
+        lines.append(_cells(row[:-1], widths) + "  " + said[0])
+        lines += [" " * left + more for more in said[1:]]
+    return lines
+
+
+def diagnosis_key(document: dict[str, Any], width: int = WIDTH) -> list[str]:
+    """Each diagnosis the symptom table names, once: why and the usual fix."""
+    keys = dict.fromkeys(
+        finding.key
+        for scenario in document["scenarios"]
+        for result in scenario["results"]
+        if not status_of(scenario, result)
+        for finding in findings(result)[:SHOWN_FINDINGS]
+        if finding.key
+    )
+    return [line for key in keys for line in fit(key, width=width)]
+
+
+def matrix(
+    document: dict[str, Any], clients: list[str], *, colour: bool, width: int = WIDTH
+) -> list[str]:
+    """The scenario x client verdicts. Each column is as wide as its own cells; when the
+    columns do not fit in `width`, the clients are split into blocks of columns that do,
+    each block listing the scenarios that ran one of its clients."""
+    scenarios: list[dict[str, Any]] = document["scenarios"]
+    grid = {
+        (scenario["name"], result["client"]): cell(result)
+        for scenario in scenarios
+        for result in scenario["results"]
+    }
+    first = max([len(s["name"]) for s in scenarios] + [8]) + 2
+    columns = {
+        client: max([len(client)] + [len(grid[s["name"], client][0]) for s in scenarios
+                                     if (s["name"], client) in grid]) + 2
+        for client in clients
+    }  # fmt: skip
+    blocks: list[list[str]] = [[]]
+    for client in clients:
+        used = first + sum(columns[c] for c in blocks[-1])
+        if blocks[-1] and used + columns[client] > width:
+            blocks.append([])
+        blocks[-1].append(client)
+    lines: list[str] = []
+    for number, block in enumerate(blocks):
+        if number:
+            lines.append("")
+        lines.append(
+            ("scenario".ljust(first) + "".join(c.ljust(columns[c]) for c in block)).rstrip()
+        )
+        for scenario in scenarios:
+            name = scenario["name"]
+            if not scenario["results"]:
+                status = status_of(scenario)
+                if number == 0:
+                    said = fit(f"{name.ljust(first)}{status or '-'}", " " * first, width)
+                    lines += [styled(t, "yellow") if colour and status else t for t in said]
+                continue
+            if not any((name, client) in grid for client in block):
+                continue
+            row = name.ljust(first)
+            for client in block:
+                text, hue = grid.get((name, client), ("-", "white"))
+                padded = text.ljust(columns[client])
+                row += styled(padded, hue) if colour and text != "-" else padded
+            lines.append(row.rstrip())
+    return lines
 
 
 TAKES_LEGEND = (
@@ -156,49 +249,94 @@ def take_said(take: dict[str, Any]) -> str:
     return said + (f" (gc {take['gc_pause_ms']} ms)" if take.get("gc_pause_ms") else "")
 
 
+VERDICT_LEGEND = (
+    "ok = complete; SILENT = reported success with text missing; detected = truncation "
+    "surfaced; DUP/MISSING/MOJIBAKE = corrupted text; wN = tokens wasted upstream; ✗ = an "
+    "expect: check failed"
+)
+
+
+def pinned_cells(document: dict[str, Any]) -> tuple[Counter[str], int]:
+    """The red cells of runs that met their expectations (SILENT, HANG, ...), by their
+    short verdict: those whose verdict an `expect:` check names are a client library's
+    known behaviour, pinned as expected; the second count is those no check names."""
+    pinned: Counter[str] = Counter()
+    unchecked = 0
+    for scenario in document["scenarios"]:
+        for result in scenario["results"]:
+            verdicts = [request["verdict"] for request in result["requests"]]
+            if not result["passed"] or not verdicts:
+                continue
+            worst = min(verdicts, key=SEVERITY.index)
+            if COLOURS[worst] != "red":
+                continue
+            checked = {c["name"] for c in result["checks"] if c["passed"]}
+            if VERDICT_METRICS.get(worst) in checked:
+                pinned[SHORT[worst]] += 1
+            else:
+                unchecked += 1
+    return pinned, unchecked
+
+
+def summary(document: dict[str, Any]) -> list[str]:
+    """The last lines: how many runs met their expectations, and what the red cells of
+    the runs that did are (a PASS beside SILENT and HANG cells says why it is a PASS)."""
+    scenarios = document["scenarios"]
+    total = sum(len(s["results"]) for s in scenarios)
+    passed = sum(1 for s in scenarios for r in s["results"] if r["passed"])
+    lines = [
+        f"{passed}/{total} scenario-client runs met their expectations; "
+        f"{'PASS' if document['passed'] else 'FAIL'}"
+    ]
+    pinned, unchecked = pinned_cells(document)
+    if pinned:
+        kinds = ", ".join(f"{name} {count}" for name, count in pinned.most_common())
+        lines += fit(
+            f"  of them, {sum(pinned.values())} red cells ({kinds}) are known behaviours of "
+            "those client libraries, each pinned by its scenario's expect: and met as expected"
+        )
+    if unchecked:
+        lines += fit(
+            f"  {unchecked} red cells of runs that met their expectations show a verdict no "
+            "expect: check names (the scenario does not judge it)"
+        )
+    return lines
+
+
 def scorecard(document: dict[str, Any], *, colour: bool | None = None) -> str:
-    """The scenario x client matrix, the symptom table (numbers and a diagnosis per run),
-    then every failed check (what, why, what to do) and problem."""
+    """The scenario x client matrix, the symptom table (numbers and a diagnosis per run,
+    then what each diagnosis means), every failed check (what, why, what to do) and
+    problem, and the summary; every line fits in WIDTH columns."""
     scenarios: list[dict[str, Any]] = document["scenarios"]
-    # plus the clients only some scenarios ran (the agent clients their workload names)
+    # plus the clients only some scenarios ran (a report.json written before `clients`
+    # listed them all)
     ran = [r["client"] for scenario in scenarios for r in scenario["results"]]
     clients: list[str] = list(dict.fromkeys([*document["clients"], *ran]))
-    width = max([len(s["name"]) for s in scenarios] + [8])
-    cells = [
-        [cell(result) if result else (status_of(scenario) or "-", "yellow") for result in
-         ({r["client"]: r for r in scenario["results"]}.get(client) for client in clients)]
-        for scenario in scenarios
-    ]  # fmt: skip
-    column = max([len(c) for c in clients] + [len(t) for row in cells for t, _ in row]) + 2
-    lines = ["scenario".ljust(width) + "  " + "".join(c.ljust(column) for c in clients)]
-    for scenario, row_cells in zip(scenarios, cells, strict=True):
-        row = scenario["name"].ljust(width) + "  "
-        for text, hue in row_cells:
-            padded = text.ljust(column)
-            row += styled(padded, hue) if colour else padded
-        lines.append(row.rstrip())
-    lines.append("")
-    lines.append(
-        "ok = complete; SILENT = reported success with text missing; detected = "
-        "truncation surfaced; DUP/MISSING/MOJIBAKE = corrupted text; wN = tokens "
-        "wasted upstream; ✗ = an expect: check failed"
-    )
+    lines = matrix(document, clients, colour=bool(colour))
+    lines += ["", *fit(VERDICT_LEGEND)]
     table = symptom_table(document)
     if table:
-        lines += ["", "Symptoms:", *table, "", FIGURE_LEGEND]
-    failures = []
+        lines += ["", "Symptoms:", *table, "", *fit(FIGURE_LEGEND)]
+        key = diagnosis_key(document)
+        if key:
+            lines += ["", "Diagnoses (why, and the usual fix):", *key]
+    failures: list[str] = []
     for scenario in scenarios:
         name = scenario["name"]
-        failures += [f"  {problem}" for problem in scenario["problems"]]
+        failures += [line for problem in scenario["problems"] for line in fit(f"  {problem}")]
         if scenario.get("needs_emulator"):
-            lines.append(f"{name}: needs the emulator: {scenario['needs_emulator']}")
+            lines += fit(f"{name}: needs the emulator: {scenario['needs_emulator']}")
         if scenario.get("needs_context"):
-            lines.append(f"{name}: {scenario['needs_context']}")
+            lines += fit(f"{name}: {scenario['needs_context']}")
         for result in scenario["results"]:
             failures += [
-                f"  {name}/{result['client']}: {failure_message(scenario, result['client'], check)}"
+                line
                 for check in result["checks"]
                 if not check["passed"]
+                for line in fit(
+                    f"  {name}/{result['client']}: "
+                    f"{failure_message(scenario, result['client'], check)}"
+                )
             ]
             never = sorted(
                 set(result["faults_declared"])
@@ -206,26 +344,25 @@ def scorecard(document: dict[str, Any], *, colour: bool | None = None) -> str:
                 - set(scenario.get("quiet_faults", ()))
             )
             if never:
-                failures.append(
+                failures += fit(
                     f"  {name}/{result['client']}: warning: declared "
                     f"fault(s) never fired: {', '.join(never)}"
                 )
     if failures:
         lines += ["", "Failed checks and problems:", *failures]
     retaken = [
-        f"  {scenario['name']}/{result['client']}: " + "; ".join(map(take_said, result["takes"]))
+        line
         for scenario in scenarios
         for result in scenario["results"]
         if len(result.get("takes") or ()) > 1
+        for line in fit(
+            f"  {scenario['name']}/{result['client']}: "
+            + "; ".join(map(take_said, result["takes"]))
+        )
     ]
     if retaken:
-        lines += ["", TAKES_LEGEND, *retaken]
-    total = sum(len(s["results"]) for s in scenarios)
-    passed = sum(1 for s in scenarios for r in s["results"] if r["passed"])
-    lines.append(
-        f"{passed}/{total} scenario-client runs met their expectations; "
-        f"{'PASS' if document['passed'] else 'FAIL'}"
-    )
+        lines += ["", *fit(TAKES_LEGEND), *retaken]
+    lines += ["", *summary(document)]
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from middlebox.observe.journal import JournalView
-from middlebox.observe.requests import BURST_GAP, ledger_for
+from middlebox.observe.requests import BURST_GAP, ledger_for, tokens_reached
 
 MAX_PANELS = 8
 # the key beside a panel holds this many fault lines; the rest are in timeline.json
@@ -72,6 +72,8 @@ def timeline_data(
         gaps = [(a, b) for a, b in pairwise(times)]
         largest = max(gaps, key=lambda gap: gap[1] - gap[0], default=None)
         bursts = _bursts(times)
+        ended_at = shown.get("ended_at")
+        reached = tokens_reached(entries, None if ended_at is None else float(ended_at))
         end = max(
             [*tokens, *times, float(shown.get("ended_at") or origin) - origin, 0.0], default=0.0
         )
@@ -105,7 +107,9 @@ def timeline_data(
                 "planned": max(planned, default=None),
                 "perceived_ttft_ms": times[0] * 1000 if times else None,
                 "upstream_ttft_ms": upstream_ttft,
-                "tokens_per_burst": len(tokens) / len(bursts) if bursts else None,
+                # of the tokens generated while the client was there: those made for
+                # nobody after it left are on the staircase, never in its bursts
+                "tokens_per_burst": reached / len(bursts) if bursts else None,
                 "largest_gap_ms": (largest[1] - largest[0]) * 1000 if largest else None,
                 "finish_reason": shown.get("finish_reason"),
                 "saw_done": shown.get("saw_done"),

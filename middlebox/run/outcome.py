@@ -86,7 +86,11 @@ def report_document(suite: SuiteOutcome, argv: dict[str, Any]) -> dict[str, Any]
         "platform": platform.platform(),
         "run": {**argv, "seed": suite.seed},
         "passed": suite.passed,
-        "clients": list(suite.clients),
+        # every client a scenario ran: those asked for, then those a scenario's workload
+        # names (the agent clients): the scorecard's columns
+        "clients": list(
+            dict.fromkeys([*suite.clients, *(s.client for o in suite.outcomes for s in o.scores)])
+        ),
         "scenarios": [
             {
                 "name": outcome.scenario.name,

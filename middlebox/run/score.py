@@ -18,8 +18,8 @@ shown, then an error surfaced: a real app may discard it or retry the whole gene
 Attempts come from the wire: each request on the client leg of the journal whose body
 carries the logical request's tag is one attempt, answered by the upstream or by a fault
 (a gateway's 429); the client's own `attempts` is only a cross-check. A client's
-`finish_reason` is compared with the upstream's: `length` hidden or `stop` invented is
-flagged per request (`finish_flag`).
+`finish_reason` is compared with the one that reached it on its leg: `length` hidden or
+`stop` invented is flagged per request (`finish_flag`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,15 @@ from typing import Any
 from middlebox.core.framed import LegRecord, is_event_stream
 from middlebox.core.sse import SseEvent
 from middlebox.core.stream import Direction
-from middlebox.observe.requests import BURST_GAP, ledger_for
+from middlebox.observe.requests import (
+    BURST_GAP,
+    WASTE_SLACK,
+    arrivals,
+    ledger_for,
+    tokens_reached,
+    tokens_wasted,
+    upstream_tokens_per_burst,
+)
 from middlebox.run.agent_checks import AGENT_METRICS, judge_agents
 
 METRICS: dict[str, str] = {
@@ -59,15 +67,18 @@ METRICS: dict[str, str] = {
     "client.amplification": "HTTP attempts per logical request, counted on the wire, "
     "those a fault answered included (largest)",
     "client.attempts_mismatch": "requests whose self-reported attempts differ from the wire",
-    "client.length_hidden": "requests cut by max_tokens (finish_reason length) the client "
-    "did not report as length",
-    "client.stop_invented": "requests the client reported as finish_reason stop where the "
-    "upstream sent no stop",
+    "client.length_hidden": "requests cut by max_tokens whose finish_reason length reached "
+    "the client, which did not report it as length",
+    "client.stop_invented": "requests the client reported as finish_reason stop where no "
+    "stop reached it",
     "client.perceived_ttft_ms": "time from request start to the first shown text (list)",
     "client.itl_ms": "gaps between shown pieces (list)",
     "client.largest_gap_ms": "the longest wait between two shown pieces",
     "client.bursts": "groups of pieces shown within 10 ms of each other, summed",
-    "client.tokens_per_burst": "upstream tokens per burst the client saw (1 = smooth)",
+    "client.tokens_per_burst": "upstream tokens per burst the client saw (1 = smooth), of "
+    "those generated while it was there",
+    "client.delivered_tokens_per_burst": "token chunks per burst as the path delivered them "
+    "to the client's socket (the client leg of the journal), the client's own reading apart",
     "client.stall_detect_ms": "time from the last shown piece to a surfaced error (list)",
     "server.generations": "generations the upstream ran",
     "server.generations_per_request": "upstream generations per logical request (largest)",
@@ -83,10 +94,19 @@ METRICS: dict[str, str] = {
     "server.upstream_ttft_ms": "the upstream's own time to first token (list)",
     "server.ms_per_token": "a real upstream's decoding pace while the run's requests ran, "
     "from its token counter (--upstream only: wasted-token bounds are judged at it)",
-    "server.tokens_per_burst": "a real upstream's own lumps at the proxy, in tokens per frame "
-    "(--upstream only: client.tokens_per_burst's max is judged against it)",
+    "server.tokens_per_burst": "the upstream's own lumps: its tokens per burst by the same "
+    "10 ms rule (the emulator's token times; a real server's frames at the proxy): a client "
+    "cannot see a stream smoother than this",
     **AGENT_METRICS,  # tool calls, JSON answers, reasoning (run/agent_checks.py)
 }
+
+DELIVERED_TOKENS_PER_BURST = "client.delivered_tokens_per_burst"
+"""The path's lumps at the client's socket (`delivered_tokens_per_burst`): a buffering hop
+lumps these; a client that holds text back lumps only what it shows."""
+
+SERVER_TOKENS_PER_BURST = "server.tokens_per_burst"
+"""The upstream's own lumpiness, the floor of what a client can see: from the emulator's
+token times, or a real server's frames as they reached the proxy (middlebox.run.suite)."""
 
 CONDITIONS = ("max", "min", "equals", "mean_max", "p50_max", "p95_max", "p99_max")
 
@@ -104,6 +124,8 @@ class RequestScore:
     reported_attempts: int | None = None
     finish_reason: str | None = None  # the client's
     upstream_finish_reason: str | None = None
+    # the one that crossed the client's leg: a cut before the finish chunk hides nothing
+    reached_finish_reason: str | None = None
     finish_flag: str | None = None  # "length_hidden", "stop_invented" or None
     # digests of the expected and shown text: `replay` proves the same text, not only
     # the same verdicts
@@ -264,33 +286,66 @@ def upstream_generations(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str,
     return found
 
 
+def _finish_reasons(record: LegRecord) -> dict[int, str | None]:
+    """Per event-stream response of a framed leg, the last `finish_reason` of choice 0 it
+    carried (None: the stream never said why it ended; "error" when an in-band error
+    frame came instead)."""
+    reasons: dict[int, str | None] = {}
+    for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
+        if is_event_stream(head):
+            reasons[message] = None
+    for message, _, event in record.events[Direction.DOWNSTREAM]:
+        payload = _json_object(event) if message in reasons else None
+        if payload is None:
+            continue
+        if "error" in payload:
+            reasons[message] = "error"
+        choices = payload.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if (
+                isinstance(choice, dict)
+                and choice.get("index", 0) == 0
+                and isinstance(choice.get("finish_reason"), str)
+            ):
+                reasons[message] = choice["finish_reason"]
+    return reasons
+
+
 def upstream_finish_reasons(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str | None]]:
     """Per event-stream response on the upstream leg, its request body and the last
-    `finish_reason` of choice 0 it carried (None: the stream never said why it ended;
-    "error" when an in-band error frame came instead)."""
+    `finish_reason` of choice 0 it carried (`_finish_reasons`)."""
     found: list[tuple[str, str | None]] = []
     for leg in traffic:
         record = _framed(leg)
-        reasons: dict[int, str | None] = {}
-        for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
-            if is_event_stream(head):
-                reasons[message] = None
-        for message, _, event in record.events[Direction.DOWNSTREAM]:
-            payload = _json_object(event) if message in reasons else None
-            if payload is None:
-                continue
-            if "error" in payload:
-                reasons[message] = "error"
-            choices = payload.get("choices")
-            for choice in choices if isinstance(choices, list) else []:
-                if (
-                    isinstance(choice, dict)
-                    and choice.get("index", 0) == 0
-                    and isinstance(choice.get("finish_reason"), str)
-                ):
-                    reasons[message] = choice["finish_reason"]
-        for message, reason in reasons.items():
+        for message, reason in _finish_reasons(record).items():
             found.append((record.request_body(message).decode("utf-8", "replace"), reason))
+    return found
+
+
+def delivered_finish_reasons(client_traffic: Iterable[UpstreamLeg], tag: str) -> list[str | None]:
+    """What reached the client of one logical request's ending: per event-stream response
+    to it on the client leg, in order, the last `finish_reason` that crossed toward the
+    client (None: the response ended, or was cut, before a finish chunk crossed). A resume
+    by `GET /v1/streams/{id}` carries no body to find the tag in: it belongs to the request
+    when an earlier response of it named that stream (`X-Stream-Id`). Empty when the leg
+    shows none of its responses as events (a content-coded body, an HTTP/2 leg)."""
+    found: list[str | None] = []
+    streams: set[str] = set()
+    for leg in client_traffic:
+        record = _framed(leg)
+        targets = {m: head.target or "" for m, _, _, head in record.heads[Direction.UPSTREAM]}
+        named = {
+            m: head.header("x-stream-id")
+            for m, _, _, head in record.heads[Direction.DOWNSTREAM]
+            if head.header("x-stream-id")
+        }
+        for message, reason in _finish_reasons(record).items():
+            body = record.request_body(message).decode("utf-8", "replace")
+            target = targets.get(message, "").split("?")[0]
+            if tag in body or any(target.endswith(f"/streams/{sid}") for sid in streams):
+                found.append(reason)
+                if named.get(message):
+                    streams.add(str(named[message]))
     return found
 
 
@@ -308,19 +363,38 @@ def wire_attempts(client_traffic: Iterable[UpstreamLeg], tag: str) -> int:
 
 
 def finish_flag(
-    reported: str | None, upstream: str | None, result: Mapping[str, Any] | None
+    reported: str | None, reached: str | None, result: Mapping[str, Any] | None
 ) -> str | None:
-    """`length_hidden`: the upstream stopped at max_tokens and the client, reporting
-    success, did not say `length` (the seed article: "a completed stream is not a
-    complete answer"). `stop_invented`: the client says `stop` where the upstream sent
-    no stop (cut, aborted, failed or cut at max_tokens)."""
+    """Judge the client's `finish_reason` against the one that reached it (`reached`:
+    the last that crossed its leg; `reached_reason`). `length_hidden`: the stream's
+    `length` reached the client and the client, reporting success, did not say `length`
+    (the seed article: "a completed stream is not a complete answer"); a stream cut
+    before its finish chunk hid nothing the client could have seen. `stop_invented`: the
+    client says `stop` where no stop reached it (cut, aborted, failed or cut at
+    max_tokens)."""
     if result is None or result.get("abandoned"):
         return None
-    if reported == "stop" and upstream != "stop":
+    if reported == "stop" and reached != "stop":
         return "stop_invented"
-    if upstream == "length" and reported != "length" and not result.get("error"):
+    if reached == "length" and reported != "length" and not result.get("error"):
         return "length_hidden"
     return None
+
+
+WHOLE_ANSWER = ("complete", "complete_then_error")
+"""Verdicts of a request whose client was shown the whole answer the upstream made."""
+
+
+def reached_reason(
+    delivered: Sequence[str | None], upstream: str | None, verdict: str
+) -> str | None:
+    """The finish_reason that reached the client: the last one its leg carried
+    (`delivered_finish_reasons`). Where the leg cannot say (no journal of it, a
+    content-coded body), the upstream's when the client was shown the whole answer (the
+    finish chunk carries the last token), else none."""
+    if delivered:
+        return next((reason for reason in reversed(delivered) if reason is not None), None)
+    return upstream if verdict in WHOLE_ANSWER else None
 
 
 def _digest(text: str) -> str:
@@ -373,21 +447,6 @@ def analyse_upstream_leg(record: LegRecord) -> dict[str, int]:
             usage_seen.add(message)
             counts["usage_reported"] += 1
     return counts
-
-
-WASTE_SLACK = 0.05
-"""Tokens generated within 50 ms of the client leaving were already in flight, not waste."""
-
-
-def tokens_after(entries: Iterable[Mapping[str, Any]], left_at: float) -> int:
-    """Tokens the upstream generated after the client had stopped reading: for nobody.
-
-    This sees waste the server cannot: behind a proxy that ignores the client's close,
-    the server never learns the client left, so its own ledger counts nothing wasted.
-    """
-    return sum(
-        1 for entry in entries for t in entry.get("token_times") or [] if t > left_at + WASTE_SLACK
-    )
 
 
 def server_metrics(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -511,6 +570,31 @@ def _is_token_chunk(event: SseEvent) -> bool:
     if isinstance(delta, dict):
         return "role" not in delta and ("content" in delta or "tool_calls" in delta)
     return "text" in choices[0]
+
+
+def delivered_token_times(
+    record: LegRecord, time_at: Callable[[Direction, int], float]
+) -> list[float]:
+    """When each token chunk of a framed client leg was written toward the client: what
+    the path delivered to the client's socket, before the client's own reading (a client
+    that holds a retried answer back and shows it whole lumps what the path did not).
+    `time_at(direction, offset)` is the journal's wall time of the byte at that offset."""
+    return [
+        time_at(Direction.DOWNSTREAM, offset)
+        for _, offset, event in record.events[Direction.DOWNSTREAM]
+        if _is_token_chunk(event)
+    ]
+
+
+def delivered_tokens_per_burst(legs: Iterable[Sequence[float]]) -> float | None:
+    """Token chunks per burst (BURST_GAP apart) as the path delivered them, over each
+    connection's `delivered_token_times`; None when no leg showed a token chunk (a
+    content-coded body, an HTTP/2 leg): then only the client's own view is known."""
+    chunks = bursts = 0
+    for times in legs:
+        chunks += len(times)
+        bursts += len(arrivals(times))
+    return chunks / bursts if bursts else None
 
 
 def exchanges_of(
@@ -688,6 +772,7 @@ def score_client(
     bursts = 0
     largest_gap = 0.0
     unseen_waste = 0
+    reached = 0  # tokens generated while the client was still there (observe.requests)
     # With no emulator ledger (a real server), the upstream's own bytes say what it sent.
     sent = [] if ledger else upstream_generations(upstream_traffic)
     reasons_sent = [] if ledger else upstream_finish_reasons(upstream_traffic)
@@ -695,10 +780,11 @@ def score_client(
         entries = ledger_for(ledger, tag)
         all_entries.extend(entries)
         generations = [(text, done) for body, text, done in sent if tag in body]
-        left_at = (results.get(index) or {}).get("ended_at")
-        if left_at is not None:
-            by_ledger = sum(int(e.get("wasted_tokens") or 0) for e in entries)
-            unseen_waste += max(tokens_after(entries, float(left_at)) - by_ledger, 0)
+        ended_at = (results.get(index) or {}).get("ended_at")
+        left_at = None if ended_at is None else float(ended_at)
+        by_ledger = sum(int(e.get("wasted_tokens") or 0) for e in entries)
+        unseen_waste += tokens_wasted(entries, left_at) - by_ledger
+        reached += tokens_reached(entries, left_at)
         request_result = results.get(index)
         shown_text = str((request_result or {}).get("text") or "")
         drawn = [str((e.get("texts") or [""])[0]) for e in entries]
@@ -721,6 +807,8 @@ def score_client(
             ours = [reason for body, reason in reasons_sent if tag in body]
             upstream_reason = ours[-1] if ours else None
         client_reason = (request_result or {}).get("finish_reason")
+        delivered = [] if client_traffic is None else delivered_finish_reasons(client_traffic, tag)
+        reached_here = reached_reason(delivered, upstream_reason, verdict)
         score.requests.append(
             RequestScore(
                 index=index,
@@ -733,7 +821,8 @@ def score_client(
                 reported_attempts=reported_attempts,
                 finish_reason=client_reason,
                 upstream_finish_reason=upstream_reason,
-                finish_flag=finish_flag(client_reason, upstream_reason, request_result),
+                reached_finish_reason=reached_here,
+                finish_flag=finish_flag(client_reason, reached_here, request_result),
                 expected_digest=_digest(expected or ""),
                 shown_digest=_digest(shown_text),
             )
@@ -793,8 +882,11 @@ def score_client(
     }
     metrics.update(server_metrics(all_entries))
     metrics["server.tokens_wasted"] += unseen_waste
-    tokens = metrics["server.tokens_generated"]
-    metrics["client.tokens_per_burst"] = (tokens / bursts) if bursts else 0.0
+    # only what could reach the client: tokens generated after it left are in no burst
+    metrics["client.tokens_per_burst"] = (reached / bursts) if bursts else 0.0
+    own_lumps = upstream_tokens_per_burst(all_entries)
+    if own_lumps is not None:
+        metrics[SERVER_TOKENS_PER_BURST] = own_lumps
     upstream = {"heartbeats": 0, "usage_reported": 0, "inband_errors": 0, "x_accel_buffering_no": 0}
     for leg in upstream_traffic:
         for key, value in analyse_upstream_leg(_framed(leg)).items():

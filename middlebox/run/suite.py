@@ -30,7 +30,7 @@ from middlebox.compose import expand_paths, load
 from middlebox.core.stream import Direction
 from middlebox.library import scenario_dir
 from middlebox.observe.journal import ConnectionJournal, fault_proof
-from middlebox.observe.requests import BURST_GAP
+from middlebox.observe.requests import arrivals
 from middlebox.report.layout import run_directory
 from middlebox.report.progress import Progress
 from middlebox.report.scorecard import write_reports
@@ -58,9 +58,13 @@ from middlebox.run.processes import (
 )
 from middlebox.run.processes import stop_upstream as stop_emulator
 from middlebox.run.score import (
+    DELIVERED_TOKENS_PER_BURST,
+    SERVER_TOKENS_PER_BURST,
     Check,
     ClientScore,
     UpstreamExchange,
+    delivered_token_times,
+    delivered_tokens_per_burst,
     evaluate_expect,
     exchanges_of,
     expect_problems,
@@ -467,7 +471,8 @@ def score_run(
     traffic = [j.leg("upstream") for _, j in sorted(run.journal.journals.items())]
     reports = [(r.fault, r.action) for r in run.journal.fault_reports()]
     # attempts are counted where the client sent them: its leg of the journal
-    client_traffic = [j.leg("client") for _, j in sorted(run.journal.journals.items())]
+    journals = [j for _, j in sorted(run.journal.journals.items())]
+    client_traffic = [j.leg("client") for j in journals]
     score = score_client(
         scenario.name,
         run.spec.name,
@@ -480,6 +485,12 @@ def score_run(
         client_traffic=client_traffic,
     )
     score.metrics.update(run.server_metrics)
+    delivered = delivered_tokens_per_burst(
+        delivered_token_times(leg, partial(client_leg_time, journal))
+        for leg, journal in zip(client_traffic, journals, strict=True)
+    )
+    if delivered is not None:
+        score.metrics[DELIVERED_TOKENS_PER_BURST] = delivered
     if not ledger and score.metrics.get(TOOL_WASTE):  # none counted: nothing to lower
         # A real server's stalls merge a call into one read: only what came after the
         # client's stream stopped was generated for nobody (agent_checks explains).
@@ -530,6 +541,11 @@ def score_runs(
         outcome.problems += proof_problems(scenario.name, outcome.proof, scenario.quiet_faults)
 
 
+def client_leg_time(journal: ConnectionJournal, direction: Direction, offset: int) -> float:
+    """When the byte at `offset` crossed the client leg `direction`-wards (wall clock)."""
+    return journal.time_at("client", direction.value, offset)
+
+
 def leg_time(journal: ConnectionJournal, direction: Direction, offset: int) -> float:
     """When the byte at `offset` crossed the upstream leg `direction`-wards (wall clock)."""
     return journal.time_at("upstream", direction.value, offset)
@@ -565,9 +581,9 @@ def real_server_score(run: ClientRun, metrics: dict[str, Any]) -> dict[str, Any]
     exchanges = upstream_exchanges(run)
     measured = real_server_metrics(exchanges, run.samples, left)
     bursts = metrics.get("client.bursts") or 0
-    measured["client.tokens_per_burst"] = (
-        measured["server.tokens_generated"] / bursts if bursts else 0.0
-    )
+    # only the tokens generated while the client was there can be in its bursts
+    reached = max(measured["server.tokens_generated"] - measured["server.tokens_wasted"], 0)
+    measured["client.tokens_per_burst"] = reached / bursts if bursts else 0.0
     measured[SERVER_MS_PER_TOKEN] = sampled_ms_per_token(
         run.samples, min(left.values(), default=None)
     )
@@ -605,23 +621,6 @@ def sampled_ms_per_token(
     if high <= low or last <= first:
         return None
     return round((last - first) * 1000 / (high - low), 2)
-
-
-SERVER_TOKENS_PER_BURST = "server.tokens_per_burst"
-"""A real server's own lumpiness as it reached the proxy: the tokens it generated over
-the bursts its token frames arrived in on the upstream leg (frames within BURST_GAP of
-each other, as the client's bursts are counted)."""
-
-
-def arrivals(times: Sequence[float]) -> list[float]:
-    """The start of each burst of `times` (sorted; a gap over BURST_GAP starts one)."""
-    starts: list[float] = []
-    last: float | None = None
-    for at in sorted(times):
-        if last is None or at - last > BURST_GAP:
-            starts.append(at)
-        last = at
-    return starts
 
 
 def at_server_lumpiness(checks: list[Check], metrics: dict[str, Any]) -> list[Check]:

@@ -88,6 +88,19 @@ def test_the_data_carry_the_planned_length_first_tokens_and_how_the_stream_ended
     assert (one["finish_reason"], one["saw_done"]) == (None, False)
 
 
+def test_tokens_made_after_the_client_left_are_drawn_but_in_no_burst() -> None:
+    """abandon-no-abort: 20 tokens shown 20 ms apart, then the upstream went on to 300
+    for nobody. The staircase shows all 300; tokens per burst counts the 20."""
+    made = [{**LEDGER[0], "token_times": [100.06 + 0.02 * n for n in range(300)],
+             "planned_tokens": 300, "wasted_tokens": 280}]  # fmt: skip
+    left = {"results": [{**RESULT["results"][0], "chunks": [[100.07 + 0.02 * n, "tok"]
+            for n in range(20)], "ended_at": 100.47, "abandoned": True}]}  # fmt: skip
+    one = timeline_data("abandon-no-abort", "raw", [TAG], made, left, [], ["abandoned"])
+    request = one["requests"][0]
+    assert len(request["tokens"]) == 300 and len(request["bursts"]) == 20
+    assert request["tokens_per_burst"] == pytest.approx(1.0)
+
+
 def test_the_key_numbers_name_ttft_against_the_upstream_planned_tokens_and_the_end() -> None:
     assert key_numbers(request()) == [
         "TTFT 300 ms (upstream 60 ms)",

@@ -17,6 +17,7 @@ from middlebox.clients.browser import without_priority_raise
 from middlebox.observe.journal import JournalView
 from middlebox.report.html_page import render
 from middlebox.report.progress import Progress
+from middlebox.report.scorecard import WIDTH
 from middlebox.report.timeline import svg, timeline_data, write_png
 from tests.harness import needs
 
@@ -175,7 +176,7 @@ def test_the_progress_line_is_drawn_only_on_a_terminal() -> None:
     assert pipe.getvalue() == "[1/2] a: FAIL\n"
 
 
-def test_off_a_terminal_each_finished_scenario_client_is_one_line_with_its_symptoms() -> None:
+def test_off_a_terminal_each_finished_scenario_is_one_line_of_its_clients_verdicts() -> None:
     pipe = io.StringIO()
     progress = Progress(3, pipe)
     lumpy = {
@@ -202,11 +203,29 @@ def test_off_a_terminal_each_finished_scenario_client_is_one_line_with_its_sympt
     progress.update(started="nginx-default-buffering")
     assert pipe.getvalue() == ""  # a start draws nothing off a terminal
     progress.update(finished="nginx-default-buffering", results=[lumpy, silent])
-    first, second = pipe.getvalue().splitlines()
-    assert first.startswith("[1/3] nginx-default-buffering/raw: ok 2/2; ttft 328/64 ms, 15.0 ")
-    assert "a buffering hop" in first
-    assert second.startswith("[1/3] nginx-default-buffering/openai: SILENT 1/1 ✗;")
-    assert "silent truncation" in second
+    # the numbers and the diagnosis are the scorecard's symptom table: said once, there
+    assert pipe.getvalue() == "[1/3] nginx-default-buffering: raw ok 2/2, openai SILENT 1/1 ✗\n"
+
+
+def test_a_finished_scenario_with_many_clients_wraps_within_the_scorecards_width() -> None:
+    pipe = io.StringIO()
+    progress = Progress(50, pipe)
+    results = [
+        {
+            "client": f"client-with-a-long-name-{n}",
+            "passed": True,
+            "requests": [{"verdict": "abandoned", "attempts": 1}],
+            "metrics": {"server.tokens_wasted": 280},
+        }
+        for n in range(12)
+    ]
+    progress.update(finished="abandon-ignore-client-close", results=results)
+    lines = pipe.getvalue().splitlines()
+    assert len(lines) > 1 and all(len(line) <= WIDTH for line in lines)
+    assert lines[0].startswith("[1/50] abandon-ignore-client-close: client-with-a-long-name-0 ")
+    assert all(line.startswith("    ") for line in lines[1:])  # continued, indented
+    said = " ".join(line.strip() for line in lines)
+    assert all(f"client-with-a-long-name-{n} abandoned 1/1 w280" in said for n in range(12))
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -1,0 +1,189 @@
+"""Every diagnosis appears where its cause is and nowhere else (report/diagnosis.py).
+
+A catalogue holds, per diagnosis, one run (as the report document holds it) that has its
+cause; each diagnosis must be named for its own run and for no other run of the
+catalogue. Then the near misses: the runs a careless rule would misdiagnose (lumps with
+no buffering fault in the path, a late first token with no slow hop, a few tokens in
+flight when the client left, one attempt)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from middlebox.report.diagnosis import diagnose, findings
+from middlebox.report.scorecard import SEVERITY
+
+
+def run(
+    verdicts: list[str] | None = None,
+    fired: list[str] | None = None,
+    attempts: int = 1,
+    **metrics: Any,
+) -> dict[str, Any]:
+    verdicts = verdicts if verdicts is not None else ["complete"]
+    return {
+        "client": "raw",
+        "passed": True,
+        "requests": [{"verdict": v, "attempts": attempts} for v in verdicts],
+        "verdicts": {"requests": verdicts, "faults_fired": fired or [], "checks": {}},
+        "metrics": {"client.bursts": 10, "client.tokens_per_burst": 1.0, **metrics},
+        "checks": [],
+        "faults_declared": [],
+    }
+
+
+# diagnosis -> (the words that name it, a run with its cause)
+CATALOGUE: dict[str, tuple[str, dict[str, Any]]] = {
+    "hung": ("hung: ", run(["hang"])),
+    "silent truncation": ("silent truncation: ", run(["silent_truncation"])),
+    "mojibake": ("mojibake: ", run(["mojibake"])),
+    "duplicated text": ("duplicated text: ", run(["duplicated"])),
+    "answer redrawn": ("answer redrawn: ", run(["contradicted"])),
+    "tokens missing": ("tokens missing: ", run(["missing_tokens"])),
+    "acted on partial call": ("acted on partial call: ", run(["acted_on_partial_call"])),
+    "side effect repeated": ("side effect repeated: ", run(["side_effect_repeated"])),
+    "acted on invalid json": ("acted on invalid json: ", run(["acted_on_invalid_json"])),
+    "reasoning as answer": ("reasoning as answer: ", run(["reasoning_as_answer"])),
+    "reasoning hidden": ("reasoning hidden: ", run(["reasoning_hidden"])),
+    "amplification": (
+        "attempts for one request",
+        run(attempts=3, **{"client.amplification": 3, "server.generations_per_request": 3}),
+    ),
+    "buffering hop": (
+        "a buffering hop",
+        run(fired=["proxy_buffering:released"], **{"client.tokens_per_burst": 15.0}),
+    ),
+    "slow hop": (
+        "a slow hop",
+        run(
+            fired=["latency:delaying"],
+            **{"client.perceived_ttft_ms": [500.0], "server.upstream_ttft_ms": [60.0]},
+        ),
+    ),
+    "wasted": (
+        "tokens generated for nobody",
+        run(["abandoned"], **{"server.tokens_wasted": 280}),
+    ),
+    "cut short": ("cut short, and the client said so", run(["truncation_detected"])),
+    "failed": ("failed, and the client said so", run(["error_reported"])),
+    "whole answer then error": ("whole answer, then an error: ", run(["complete_then_error"])),
+    "healthy": ("healthy: ", run(["complete", "abandoned"])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_each_diagnosis_is_named_for_its_cause_and_for_no_other_run(name: str) -> None:
+    words, cause = CATALOGUE[name]
+    assert words in diagnose(cause), diagnose(cause)
+    elsewhere = [other for other, (_, case) in CATALOGUE.items() if other != name]
+    named_in = [other for other in elsewhere if words in diagnose(CATALOGUE[other][1])]
+    assert named_in == [], f"{name!r} also named for {named_in}"
+
+
+def test_every_verdict_the_scorecard_knows_has_a_case_in_the_catalogue() -> None:
+    """A new verdict must join the catalogue, and so get its must-not-appear cases."""
+    covered = {v for _, case in CATALOGUE.values() for v in case["verdicts"]["requests"]}
+    assert set(SEVERITY) - covered == set()
+    # and each names something: no verdict alone leaves the diagnosis empty
+    assert all(findings(run([verdict])) for verdict in SEVERITY)
+
+
+# ------------------------------------------------------------------ near misses
+
+
+@pytest.mark.parametrize(
+    ("why", "case"),
+    [
+        (
+            "an upstream at 5 ms a token makes one burst of the whole answer itself",
+            run(**{"client.tokens_per_burst": 32.0, "server.tokens_per_burst": 300.0}),
+        ),
+        (
+            "a handoff's outage releases what it held together: not a buffering hop",
+            run(fired=["handoff:released"], **{"client.tokens_per_burst": 8.6}),
+        ),
+        (
+            "a slow reader's socket fills and is read at once: not a buffering hop",
+            run(fired=["slow_reader:paused"], **{"client.tokens_per_burst": 12.0}),
+        ),
+        (
+            "without a buffering fault a loaded machine merges up to ~5 flushes",
+            run(**{"client.tokens_per_burst": 5.0}),
+        ),
+        (
+            "with a buffering fault, under 3 times the upstream's own bursts is not lumpy",
+            run(
+                fired=["proxy_buffering:released"],
+                **{"client.tokens_per_burst": 5.5, "server.tokens_per_burst": 1.9},
+            ),
+        ),
+        (
+            "a client that holds a retried answer back lumps what the path delivered smooth",
+            run(
+                ["complete"],
+                attempts=2,
+                **{"client.tokens_per_burst": 52.0, "client.delivered_tokens_per_burst": 1.1},
+            ),
+        ),
+        (
+            "no bursts seen: nothing measured",
+            run(**{"client.bursts": 0, "client.tokens_per_burst": 30.0}),
+        ),
+    ],
+)
+def test_lumps_that_no_hop_buffered_are_not_a_buffering_hop(why: str, case: dict[str, Any]) -> None:
+    assert "buffering" not in diagnose(case) and "lumps" not in diagnose(case), why
+
+
+@pytest.mark.parametrize(
+    ("case", "hop"),
+    [
+        (run(**{"client.tokens_per_burst": 9.0}), "a buffering hop;"),  # outside the path
+        (run(fired=["coalescer:held"], **{"client.tokens_per_burst": 4.2}), "(coalescer)"),
+        (
+            # the path's lumps, where the journal saw them, whatever the client made of them
+            run(
+                fired=["proxy_buffering:released"],
+                **{"client.tokens_per_burst": 1.5, "client.delivered_tokens_per_burst": 15.0},
+            ),
+            "~15-token (~4 KiB) lumps: a buffering hop (proxy_buffering)",
+        ),
+        (
+            run(
+                fired=["gzip_encoding:flushed", "handoff:released"],
+                **{"client.tokens_per_burst": 120.0, "server.tokens_per_burst": 1.9},
+            ),
+            "(gzip_encoding)",
+        ),
+    ],
+)
+def test_lumps_a_hop_buffered_are_named_with_the_hop(case: dict[str, Any], hop: str) -> None:
+    assert "lumps: a buffering hop" in diagnose(case) and hop in diagnose(case)
+
+
+def test_a_late_first_text_is_a_slow_hop_only_with_a_delaying_fault_and_one_attempt() -> None:
+    late = {"client.perceived_ttft_ms": [500.0], "server.upstream_ttft_ms": [60.0]}
+    assert "a slow hop" not in diagnose(run(**late))  # the client's own start
+    assert "a slow hop" not in diagnose(run(fired=["latency:delaying"], attempts=2, **late))
+    close = {"client.perceived_ttft_ms": [150.0], "server.upstream_ttft_ms": [60.0]}
+    assert "a slow hop" not in diagnose(run(fired=["latency:delaying"], **close))  # < 100 ms
+
+
+def test_a_few_tokens_in_flight_when_the_client_left_are_not_waste_worth_naming() -> None:
+    assert "nobody" not in diagnose(run(["abandoned"], **{"server.tokens_wasted": 3}))
+    assert "nobody" in diagnose(run(["abandoned"], **{"server.tokens_wasted": 4}))
+
+
+def test_one_attempt_per_request_is_not_amplification() -> None:
+    assert "attempts for one request" not in diagnose(run(**{"client.amplification": 1}))
+
+
+def test_the_mild_diagnoses_give_way_to_any_symptom() -> None:
+    for mild in (["truncation_detected"], ["error_reported"], ["complete_then_error"]):
+        line = diagnose(run([*mild, "silent_truncation"]))
+        assert line.startswith("silent truncation: ")
+        assert "said so" not in line and "then an error" not in line
+    assert "healthy" not in diagnose(run(["complete"], **{"server.tokens_wasted": 40}))
+    assert "healthy" not in diagnose(run(["complete", "truncation_detected"]))
