@@ -7,7 +7,7 @@ own path, loaded from the library (presets expanded): no buffering diagnosis wit
 buffering fault in it, and one wherever the scenario pins lumps (`client.tokens_per_burst`
 with a `min`). Rerecord after a change to the scorer or the library:
 
-    .venv/bin/middlebox run scenarios/ --report reports/latest
+    .venv/bin/middlebox run --report reports/latest
     .venv/bin/python -m tests.observability.test_library_diagnoses reports/latest/report.json
 """
 
@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 
 from middlebox.compose import load
+from middlebox.library import scenario_dir
 from middlebox.report.diagnosis import BUFFERING_FAULTS, diagnose
 from middlebox.scenario.model import Scenario
 
-LIBRARY = Path(__file__).resolve().parents[2] / "scenarios"
+LIBRARY = scenario_dir()
 FACTS = Path(__file__).resolve().parent / "data" / "library-facts.json"
 # what diagnose() reads of a result's metrics (report/diagnosis.py: symptoms, findings)
 READ = (

@@ -81,16 +81,26 @@ class Started(Exception):
 def test_make_vllm_serves_with_the_tool_call_parser_only_when_asked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def start(extra_args: list[str] | None = None, log_dir: Path | None = None) -> serve.Server:
-        raise Started(extra_args)
+    def start(
+        extra_args: list[str] | None = None,
+        log_dir: Path | None = None,
+        max_model_len: int = serve.MAX_MODEL_LEN,
+    ) -> serve.Server:
+        raise Started(extra_args, max_model_len)
 
     monkeypatch.setattr(serve, "start", start)
-    for argv, expected in ((["--tool-calls"], list(serve.TOOL_CALL_FLAGS)), ([], None)):
+    tools = list(serve.TOOL_CALL_FLAGS)
+    for argv, expected in (
+        (["--tool-calls"], (tools, 8192)),
+        ([], (None, 8192)),
+        (["--max-model-len", "2048"], (None, 2048)),  # a small deployment's context
+    ):
         try:
             serve.main(argv)
         except Started as started:
-            assert started.args == (expected,)
+            assert started.args == expected
         else:
             raise AssertionError("main() did not start a server")
+    assert serve.command(Path("py"), Path("m"), 1, None, 2048)[-2:] == ["--max-model-len", "2048"]
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     assert "-m realvllm.serve --tool-calls" in makefile
