@@ -12,6 +12,7 @@ made: what comes back is a config the scenario loader accepts, in its YAML spell
 from __future__ import annotations
 
 import random
+from functools import cache
 from typing import Any
 
 import yaml
@@ -23,8 +24,10 @@ from middlebox.scenario.model import Scenario
 DRAWS = 200  # attempts at an accepted config before giving up (none needs more than ~20)
 
 
+@cache
 def fault_fields() -> dict[str, dict[str, Any]]:
-    """Each fault's config properties, from the scenario schema's `path:` entries."""
+    """Each fault's config properties, from the scenario schema's `path:` entries (the
+    schema is built once; nobody changes what this returns)."""
     fields: dict[str, dict[str, Any]] = {}
     for entry in json_schema()["properties"]["path"]["items"]["anyOf"]:
         for name, value in entry.get("properties", {}).items():
