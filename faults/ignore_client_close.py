@@ -29,6 +29,14 @@ the server keeps generating (and billing) tokens nobody reads:
 
 Everything the upstream sends after the client's close is swallowed and counted, so
 the journal shows how many bytes were generated into the void.
+
+Only a close while an answer is owed is ignored: every one of these proxies closes an
+idle keep-alive client connection at once (nginx's `ngx_http_set_keepalive`, HAProxy's
+and Apache's keep-alive handling), and an upstream that was never asked anything, or
+has answered all it was asked, has nothing to drain. So the fault reads the HTTP
+exchange at its place: a client close when every request that passed it has had its
+whole response (or none passed) goes on as it came, unreported. What it cannot frame
+(a tunnel, bytes that are not HTTP/1.1) counts as owed.
 """
 
 from __future__ import annotations
@@ -37,7 +45,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from faults._lib.checks import check_choice, check_positive
-from middlebox.core.fault import Fault, Seconds
+from faults._lib.match import HttpFlow
+from middlebox.core.fault import Fault, FaultContext, Seconds
+from middlebox.core.http1 import PieceKind
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset, is_end
 
 Until = Literal["write_fails", "never"]
@@ -62,6 +72,9 @@ class IgnoreClientClose(Fault):
     _first_write_at: float = field(init=False, repr=False, default=0.0)
     _upstream_closed: bool = field(init=False, repr=False, default=False)
     _client_closed: bool = field(init=False, repr=False, default=False)
+    _flow: HttpFlow = field(init=False, repr=False)
+    _owed: int = field(init=False, repr=False, default=0)  # requests passed - answers ended
+    _unframed: bool = field(init=False, repr=False, default=False)
 
     def __post_init__(self) -> None:
         check_choice("until", self.until, Until)
@@ -71,7 +84,34 @@ class IgnoreClientClose(Fault):
         if self.cork and self.rst_delay:
             raise ValueError("set rst_delay or cork, not both")
 
+    def bind(self, context: FaultContext) -> None:
+        super().bind(context)
+        self._flow = HttpFlow(context.framing)
+
+    def reads_http(self) -> bool:
+        return True  # whether an answer is owed when the client closes
+
+    def leave(self) -> None:
+        self._flow.requests.close()
+        self._flow.responses.close()
+
+    @property
+    def _answer_owed(self) -> bool:
+        flow = self._flow
+        return self._unframed or self._owed > 0 or flow.requests.held + flow.responses.held > 0
+
+    def _follow(self, item: Item) -> None:
+        """Count the requests that pass and the answers that end, at this place."""
+        for piece in self._flow.feed(item):
+            if piece.kind is PieceKind.OPAQUE:
+                self._unframed = True
+            elif piece.head is not None and piece.head.is_request:
+                self._owed += 1
+            elif piece.end_of_message and item.direction is DOWN:
+                self._owed -= 1
+
     def on_item(self, item: Item, now: float) -> list[Item]:
+        self._follow(item)
         if item.direction is UP:
             return self._from_client(item, now)
         if self._client_end is None:
@@ -92,8 +132,8 @@ class IgnoreClientClose(Fault):
     def _from_client(self, item: Item, now: float) -> list[Item]:
         if self._client_end is not None:
             return []
-        if not is_end(item):
-            return [item]
+        if not is_end(item) or not self._answer_owed:
+            return [item]  # an idle connection's close: nothing to drain
         self._client_end = item
         kind = "rst" if isinstance(item, Reset) else "fin"
         self.report(now, "client_close_ignored", kind=kind, offset=self._delivered)

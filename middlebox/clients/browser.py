@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -62,6 +63,7 @@ READY_TIMEOUT_S = 60.0
 MAX_RECONNECTS = 5
 
 PR_CAPBSET_DROP = 24  # <linux/prctl.h>
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: the signal a process gets when its parent dies
 CAP_SYS_NICE = 23  # <linux/capability.h>: raise a priority (a nice below the current)
 
 CHROMIUM_FLAGS = [
@@ -286,14 +288,27 @@ def without_priority_raise() -> None:
         _PRCTL(PR_CAPBSET_DROP, CAP_SYS_NICE, 0, 0, 0)
 
 
+def dies_with(parent: int) -> None:
+    """Between fork and exec: SIGTERM when `parent` (this client) dies, a SIGKILL included,
+    or at once if it already has (what `middlebox.shell.lifetime.die_with_parent` does for
+    the run's children; a client imports no room but core)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def start_chromium(binary: str, profile: str, url: str) -> subprocess.Popen[bytes]:
-    """Headless Chromium on `url` with its own profile, at this process's priority."""
+    """Headless Chromium on `url` with its own profile, at this process's priority; it
+    stops when this client does, however the client ends. Called on the loop's thread, which
+    lives as long as the client (the parent-death signal follows the forking thread)."""
     without_priority_raise()  # the calling thread forks it: its bounding set is the one
     return subprocess.Popen(
         [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", url],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=partial(dies_with, os.getpid()),
     )
 
 

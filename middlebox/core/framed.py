@@ -135,9 +135,18 @@ class FramedStream:
             self._add(self.http.feed_eof())
 
     def publish(self, framed: list[Framed]) -> None:
-        """Pieces a fault constructed for bytes it wrote (their offsets in this stream)."""
+        """Pieces a fault constructed for bytes it wrote (their offsets in this stream).
+        What the framer would have learnt from them is learnt here too: a request's head
+        and body (the faults past read them to decide), the method its response answers
+        (a HEAD's has no body) and a 101's tunnel."""
         if not framed:
             return
+        for entry in framed:
+            piece = entry.piece
+            if piece.head is not None:
+                self._head(piece.message, piece.head)
+            elif piece.kind is PieceKind.BODY and self.direction is Direction.UPSTREAM:
+                self._keep_body(piece)
         if self._listeners:
             for entry in framed:
                 self._append(entry)
@@ -205,31 +214,21 @@ class FramedStream:
             return Framed(piece)  # no event stream open: nothing to add to the piece
         if piece.head is not None:
             head = piece.head
-            if head.is_request:
-                self._request_head(message, head)
-                for other in self.responses_to:
-                    if other.http is not None:
-                        other.http.expect_response_to(head.method or "GET")
-            else:
-                if self.http is not None and self.http.tunnel:  # a 101, a 2xx to CONNECT
-                    for other in self.tunnels:
-                        if other.http is not None:
-                            other.http.start_tunnel()
-                if (
-                    self.sse
-                    and not head.is_interim
-                    and not piece.end_of_message
-                    and is_event_stream(head)
-                ):
-                    self._sse[message] = SseFramer()
-                    self._body[message] = 0
+            self._head(message, head)
+            if (
+                self.sse
+                and not head.is_request
+                and not head.is_interim
+                and not piece.end_of_message
+                and is_event_stream(head)
+            ):
+                self._sse[message] = SseFramer()
+                self._body[message] = 0
             return Framed(piece)
         if kind is PieceKind.BODY:
             body = self._body.get(message)
             if self.direction is Direction.UPSTREAM:
-                kept = self.request_bodies.get(message)
-                if kept is not None and len(kept) < REQUEST_BODY_KEEP:
-                    kept += piece.data[: REQUEST_BODY_KEEP - len(kept)]
+                self._keep_body(piece)
             if body is None:
                 return Framed(piece)
             self._body[message] = body + len(piece.data)
@@ -244,6 +243,26 @@ class FramedStream:
             self._done(message)
             return Framed(piece, tuple(lines) if lines else _NO_LINES, 0)
         return Framed(piece)
+
+    def _head(self, message: int, head: Head) -> None:
+        """What a head tells the streams paired with this one: a request's method to its
+        response stream's framer, a tunnel (a 101, a 2xx to CONNECT) to the requests'."""
+        if head.is_request:
+            self._request_head(message, head)
+            for other in self.responses_to:
+                if other.http is not None:
+                    other.http.expect_response_to(head.method or "GET")
+        elif self.http.tunnel if self.http is not None else head.status == 101:
+            # A published head has no framer behind it: a 101 is the tunnel then (a CONNECT
+            # never gets one: the request framer refuses it, as nginx does).
+            for other in self.tunnels:
+                if other.http is not None:
+                    other.http.start_tunnel()
+
+    def _keep_body(self, piece: Piece) -> None:
+        kept = self.request_bodies.get(piece.message)
+        if kept is not None and len(kept) < REQUEST_BODY_KEEP:
+            kept += piece.data[: REQUEST_BODY_KEEP - len(kept)]
 
     def _done(self, message: int) -> None:
         self._sse.pop(message, None)

@@ -12,7 +12,9 @@ it in a worker thread and registers the process with the run's `Children`.
 Each child starts in its own session, so it leads its own process group and a signal to
 the group reaches whatever it started in turn (a shell wrapper's client, a browser's
 helpers). A group is signalled only while its leader is unreaped, so a recycled pid is
-never hit.
+never hit. And each child dies with this process (`middlebox.shell.lifetime.spawn`: the
+kernel sends it SIGTERM when this process goes, a SIGKILL included), so a killed run or
+drill leaves no emulator, proxy or client holding its port.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import trio
 import yaml
 
 from middlebox.scenario.model import Scenario
+from middlebox.shell.lifetime import spawn
 
 UPSTREAM_START_TIMEOUT = 30.0
 CHILD_STOP_GRACE = 5.0
@@ -98,7 +101,7 @@ class UpstreamProcess:
     ) -> None:
         self.argv = list(argv)
         self.log = log
-        self.process = subprocess.Popen(
+        self.process = spawn(
             self.argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -235,21 +238,56 @@ class EmulatorProcess(UpstreamProcess):
 # ------------------------------------------------------------- the supervisor
 
 
+class ChildProcess:
+    """A child started from trio (`Children.start`): `spawn`'s process, waited for without
+    blocking the loop. Not `trio.lowlevel.open_process`, which forks from a worker thread,
+    whose exit would send the child its parent-death signal (`middlebox.shell.lifetime`)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    async def wait(self) -> int:
+        """Its exit status, once it has exited (a pidfd becomes readable then, Linux 5.3)."""
+        if self.popen.poll() is None:
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except (OSError, AttributeError):  # reaped meanwhile, or no pidfd: a thread waits
+                await trio.to_thread.run_sync(self.popen.wait, abandon_on_cancel=True)
+            else:
+                try:
+                    await trio.lowlevel.wait_readable(pidfd)
+                finally:
+                    os.close(pidfd)
+        return self.popen.wait()
+
+
 class Children:
     """Every process a run starts, so an interrupted run leaves none behind."""
 
     def __init__(self) -> None:
-        self.processes: set[trio.Process] = set()
+        self.processes: set[ChildProcess] = set()
         self.upstreams: set[UpstreamProcess] = set()
         self.started = 0  # every process ever started or adopted, for the interrupted message
 
-    async def start(self, argv: Sequence[str], **options: Any) -> trio.Process:
-        process = await trio.lowlevel.open_process(list(argv), start_new_session=True, **options)
+    async def start(self, argv: Sequence[str], **options: Any) -> ChildProcess:
+        """`argv` in a session of its own, dying with this process; forked off the loop."""
+        popen = await trio.to_thread.run_sync(
+            lambda: spawn(argv, start_new_session=True, **options)
+        )
+        process = ChildProcess(popen)
         self.processes.add(process)
         self.started += 1
         return process
 
-    def kill_group(self, process: trio.Process) -> None:
+    def kill_group(self, process: ChildProcess) -> None:
         """SIGKILL `process` and every process of the session it leads (`start` made it
         one): what a client started, a Chromium, a node, goes with it, where killing the
         client alone orphans them (a hung browser client left Chromium running)."""

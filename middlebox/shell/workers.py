@@ -23,7 +23,7 @@ not drained within the grace period plus five seconds. Each child is the
 single-process proxy (`run_proxy`) on its inherited listener, in its own process
 group, so a Ctrl-C in the terminal (sent to the foreground group) reaches it once,
 through the parent. A worker dies with its supervisor: a SIGKILL of the parent sends
-each worker SIGTERM (Linux's parent-death signal, `die_with_supervisor`), which drains it
+each worker SIGTERM (Linux's parent-death signal, `lifetime.die_with_parent`), which drains it
 as a stop does. Per-worker counters live in a small shared memory block the parent
 reads; a worker writes its accept count there on every accept.
 
@@ -60,6 +60,7 @@ import trio
 from middlebox.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from middlebox.observe.metrics import Metrics, sum_expositions
 from middlebox.scenario.model import Scenario
+from middlebox.shell.lifetime import die_with_parent
 from middlebox.shell.server import Address, ProxyServer, run_proxy
 from middlebox.shell.state import HostClock, MemoryBackend, scoped
 
@@ -225,26 +226,6 @@ class WorkersControl:
 CONTROL_READ_TIMEOUT = 2.0
 
 
-# prctl(2) option: the signal this process gets when its parent dies.
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_supervisor(supervisor: int) -> None:
-    """A worker whose supervisor is gone gets SIGTERM (and drains as on any stop):
-    PR_SET_PDEATHSIG, Linux's parent-death signal, so a SIGKILL of the supervisor does not
-    leave workers serving on the port. The supervisor may have died between the fork and
-    the prctl: then the worker's parent is already someone else and it stops at once."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the supervisor's stop is the only stop
-        return
-    if os.getppid() != supervisor:
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def reuseport_listeners(address: Address, count: int, backlog: int = 1024) -> list[socket.socket]:
     """`count` listening sockets on one address with SO_REUSEPORT; port 0 picks one port."""
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
@@ -295,7 +276,7 @@ class _Supervisor:
         if pid == 0:  # the child: never returns
             code = 0
             try:
-                die_with_supervisor(supervisor)
+                die_with_parent(supervisor)  # a SIGKILL of the supervisor stops it too
                 # Out of the terminal's process group: a Ctrl-C reaches the workers once,
                 # as the parent's SIGTERM, and not also directly (a second stop resets).
                 os.setpgid(0, 0)

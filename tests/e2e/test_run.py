@@ -8,6 +8,7 @@ verdicts from the same seed, and a failing `expect:` that CI can see.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from middlebox.run.outcome import report_document
 from middlebox.run.processes import EmulatorProcess
 from middlebox.run.suite import run_suite
 from tests.harness import needs
+from tests.process_tree import child_pids, command_line, gone, kill, survivors, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -193,3 +195,35 @@ def test_a_browser_eventsource_resumes_across_the_handoff_by_itself(tmp_path: Pa
     # nothing shown plus an error is error_reported, whether or not generation began (issue 13)
     assert refused.verdicts()["requests"] == ["error_reported"] * 2
     assert all("no X-Stream-Id" in (request.error or "") for request in refused.requests)
+
+
+def test_a_sigkilled_run_leaves_neither_its_emulator_nor_its_client_running(
+    tmp_path: Path,
+) -> None:
+    scenario = tmp_path / "held.yaml"
+    scenario.write_text("name: held\npath:\n  - latency: {delay: 10ms}\n")
+    sleeper = f"sleeper={sys.executable} -c 'import time; time.sleep(120)'"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "middlebox", "run", str(scenario), "--client-cmd", sleeper,
+         "--report", str(tmp_path / "report")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+    )  # fmt: skip
+    found: set[int] = set()
+
+    def both_started() -> bool:
+        found.update(child_pids(run.pid))
+        commands = [command_line(pid) for pid in found]
+        return any("vllm_emulator" in c for c in commands) and any(
+            "time.sleep(120)" in c for c in commands
+        )
+
+    try:
+        assert wait_for(both_started, timeout=60), [command_line(pid) for pid in found]
+        run.send_signal(signal.SIGKILL)
+        run.wait(10)
+        assert survivors(found, timeout=20) == set(), [command_line(pid) for pid in found]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(10)
+        kill(pid for pid in found if not gone(pid))

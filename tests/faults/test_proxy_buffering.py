@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from faults._lib.hop_close import HopClose
 from faults._lib.match import RequestMatch
 from faults.proxy_buffering import ProxyBuffering
-from faults.testing import TimedItem, replay
+from faults.sse_ids import SseIds
+from faults.testing import TimedItem, joined, replay
+from middlebox.core.fault import Pipeline
 from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
 from middlebox.core.responses import error_response
 from middlebox.core.stream import DOWN, UP, Chunk, Eof
@@ -148,6 +150,16 @@ def test_a_head_larger_than_proxy_buffer_size_gets_nginx_502() -> None:
         (1.0, Eof(UP)),
     ]
     assert fault.reports[0].action == "too_big_header"
+
+
+def test_the_502_for_a_too_big_head_is_what_an_http_fault_nearer_the_client_reads() -> None:
+    # The page replaces the upstream's head: the faults nearer the client frame the page
+    # (proxy_buffering `changes` the responses), not the 200 head it stands for.
+    big = SSE_HEAD.replace(b"\r\n\r\n", b"\r\nX-Big: " + b"y" * 5000 + b"\r\n\r\n")
+    ids = SseIds()
+    out = replay(Pipeline([ids, ProxyBuffering()]), timeline([big, TOKEN]))
+    assert joined(out, DOWN) == error_response(502)
+    assert not ids.fired  # a page, no event stream to number
 
 
 def test_responses_the_match_does_not_select_pass_at_once() -> None:

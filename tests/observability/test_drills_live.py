@@ -18,6 +18,7 @@ import pytest
 
 from middlebox.run.drills import live_banner, start
 from tests.observability.plugin_example import stream
+from tests.process_tree import child_pids, command_line, gone, kill, survivors
 
 pytestmark = pytest.mark.e2e
 
@@ -57,27 +58,48 @@ def test_a_live_drill_listens_where_asked_and_journals_what_the_trainee_sent(
     assert not live.proxy.process.running() and not live.emulator.running()
 
 
-def test_drill_start_on_the_command_line_takes_a_port_and_names_the_journal_when_stopped(
-    tmp_path: Path,
-) -> None:
-    port, journal = free_port(), tmp_path / "j.ndjson"
+def ignoring_sigint() -> None:
+    """The child starts with SIGINT ignored, as a background job of a non-interactive shell
+    does (some CI runners start jobs so): Python keeps an inherited SIG_IGN."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start_drill(port: int, journal: Path) -> tuple[subprocess.Popen[str], str]:
+    """`middlebox drill start` on `port`, read up to its "Ctrl-C to stop" banner."""
     child = subprocess.Popen(
         [sys.executable, "-m", "middlebox", "drill", "start", "mid-stream-reset",
          "--port", str(port), "--journal", str(journal)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        preexec_fn=ignoring_sigint,
     )  # fmt: skip
     seen = ""
+    assert child.stdout is not None
+    deadline = time.monotonic() + 60
+    while "Ctrl-C to stop" not in seen and time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line:
+            break
+        seen += line
+    return child, seen
+
+
+def test_drill_start_on_the_command_line_takes_a_port_and_names_the_journal_when_stopped(
+    tmp_path: Path,
+) -> None:
+    port, journal = free_port(), tmp_path / "j.ndjson"
+    child, seen = start_drill(port, journal)
+    rest = ""
     try:
-        assert child.stdout is not None
-        deadline = time.monotonic() + 60
-        while "Ctrl-C to stop" not in seen and time.monotonic() < deadline:
-            line = child.stdout.readline()
-            if not line:
-                break
-            seen += line
         assert f"OPENAI_BASE_URL=http://127.0.0.1:{port}/v1" in seen, seen
-        os.kill(child.pid, signal.SIGINT)  # what Ctrl-C sends the foreground process
-        rest, _ = child.communicate(timeout=30)
+        # what Ctrl-C sends the foreground process; it stops the drill even though the
+        # drill was started with SIGINT ignored
+        os.kill(child.pid, signal.SIGINT)
+        try:
+            rest, _ = child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            rest, _ = child.communicate()
+            pytest.fail(f"SIGINT did not stop the drill in 30 s; it said:\n{seen}{rest}")
     finally:
         if child.poll() is None:
             child.kill()
@@ -85,6 +107,29 @@ def test_drill_start_on_the_command_line_takes_a_port_and_names_the_journal_when
     assert child.returncode == 0, seen + rest
     assert f"stopped after 0 connections; journal: {journal}" in rest
     assert journal.exists()  # written, empty: nobody connected
+
+
+def test_a_sigkilled_drill_leaves_neither_its_emulator_nor_its_proxy_running(
+    tmp_path: Path,
+) -> None:
+    child, seen = start_drill(free_port(), tmp_path / "j.ndjson")
+    found: set[int] = set()
+    try:
+        assert "Ctrl-C to stop" in seen, seen
+        found = child_pids(child.pid)
+        commands = sorted(command_line(pid) for pid in found)
+        assert len(found) == 2, commands
+        assert any("vllm_emulator" in c for c in commands), commands
+        assert any(" proxy " in c for c in commands), commands
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        # each got SIGTERM from the kernel; the proxy drains for its --grace (2 s) first
+        assert survivors(found, timeout=20) == set(), [command_line(p) for p in found]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        kill(pid for pid in found if not gone(pid))
 
 
 def test_drill_start_offers_port_control_port_and_journal() -> None:

@@ -3,7 +3,6 @@ said when it never gets ready, and stops the child's whole process group by its 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from middlebox.run.processes import (
     stop_upstream,
 )
 from middlebox.run.upstream import UpstreamClient
+from tests.process_tree import gone
 
 
 def test_the_emulator_banner_gives_its_base_url_and_other_lines_give_nothing() -> None:
@@ -94,15 +94,6 @@ def test_stop_ends_the_childs_own_children_too(tmp_path: Path) -> None:
     while not gone(grandchild):
         assert time.monotonic() < deadline, "the grandchild outlived stop()"
         time.sleep(0.05)
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # a zombie waiting for init to reap it counts as gone
-    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] == "Z"
 
 
 async def test_killing_a_hung_clients_group_ends_what_it_started(tmp_path: Path) -> None:

@@ -14,14 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.request_readers import recv_until
+from tests.request_readers import recv_until, threaded_upstream
 from tests.shell.redis_server import RedisServer, redis_server_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,27 +40,13 @@ ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
 @pytest.fixture
 def upstream() -> Iterator[int]:
     """Answers every connection's request with a 200 and closes."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.settimeout(10)
-                recv_until(conn, b"\r\n\r\n{}")  # answered even if the request was cut
-                conn.sendall(ANSWER)
+    def answer(conn: socket.socket) -> None:
+        recv_until(conn, b"\r\n\r\n{}")  # answered even if the request was cut
+        conn.sendall(ANSWER)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield int(listener.getsockname()[1])
-    stop.set()
-    thread.join(5)
-    listener.close()
+    with threaded_upstream(answer) as port:
+        yield port
 
 
 class Proxy:
