@@ -14,13 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
-from middlebox.clients import BUILTIN_CLIENTS
 from middlebox.compose import expand_paths, load
 from middlebox.library import scenario_dir
 from middlebox.report.scorecard import junit_xml, scorecard
-from middlebox.run.client_runs import ClientSpec
 from middlebox.run.context_plan import (
     PROMPT_TEMPLATE_ALLOWANCE,
     prompt_token_bound,
@@ -28,10 +25,9 @@ from middlebox.run.context_plan import (
     within_context,
 )
 from middlebox.run.outcome import SuiteOutcome
-from middlebox.run.processes import CHILDREN, Children, start_emulator, stop_upstream
-from middlebox.run.suite import paced, run_scenario
-from middlebox.run.upstream import UpstreamClient
+from middlebox.run.suite import paced
 from middlebox.scenario.workload import Workload
+from tests.run.emulated_server import run_against_emulated_server
 
 TOOLS = [{"type": "function", "function": {"name": "send_email", "parameters": {
     "type": "object", "properties": {"to": {"type": "string"}}}}}]  # fmt: skip
@@ -106,22 +102,9 @@ def _run_against(tmp_path: Path, max_model_len: int) -> tuple[Any, dict[str, Any
     scenario = load(scenario_dir() / "abandon-direct.yaml")  # 300 tokens at 15 ms
     workdir = tmp_path / f"run-{max_model_len}"
 
-    async def main() -> Any:
-        CHILDREN.set(Children())
-        # the emulator as the "real" server, at 1 ms a token: paced to ~9,500 ms of stream
-        config = {"seed": 3, "itl": 0.001, "prefill_overhead": 0.005,
-                  "max_model_len": max_model_len}  # fmt: skip
-        emulator = await start_emulator(config, tmp_path)
-        try:
-            assert UpstreamClient(emulator.url).context() == max_model_len
-            return await run_scenario(
-                scenario, [ClientSpec("raw", list(BUILTIN_CLIENTS["raw"]))], seed=None,
-                upstream_url=emulator.url, workdir=workdir,
-            )  # fmt: skip
-        finally:
-            await stop_upstream(emulator)
-
-    outcome = trio.run(main)
+    # the emulator as the "real" server, at 1 ms a token: paced to ~9,500 ms of stream
+    config = {"seed": 3, "itl": 0.001, "prefill_overhead": 0.005, "max_model_len": max_model_len}
+    outcome = run_against_emulated_server(scenario, config, tmp_path, workdir)
     return outcome, SuiteOutcome([outcome], None, ["raw"]).document()
 
 

@@ -5,6 +5,7 @@ side (the server's longest gap between token chunks, the loop's latest wake-up).
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,11 @@ import trio
 import yaml
 from trio.testing import MockClock, wait_all_tasks_blocked
 
-from middlebox.clients import BUILTIN_CLIENTS
 from middlebox.compose import load
 from middlebox.report.scorecard import TAKES_LEGEND, scorecard
 from middlebox.run.client_runs import ClientRun, ClientSpec
 from middlebox.run.outcome import SuiteOutcome
-from middlebox.run.processes import CHILDREN, Children, start_emulator, stop_upstream
-from middlebox.run.suite import CLIENT_FILES, keep_take, run_scenario
+from middlebox.run.suite import CLIENT_FILES, keep_take
 from middlebox.run.takes import (
     REAL_SERVER_TAKES,
     Disturbance,
@@ -32,6 +31,7 @@ from middlebox.run.takes import (
     watching_loop_lag,
 )
 from realvllm.library_table import cell
+from tests.run.emulated_server import run_against_emulated_server
 
 
 def test_the_stall_is_the_longest_gap_inside_one_response_and_not_between_two() -> None:
@@ -135,18 +135,7 @@ def test_against_a_server_with_metrics_a_failed_take_is_taken_again(
     scenario = load(path)
     workdir = tmp_path / "run"
 
-    async def main() -> Any:
-        CHILDREN.set(Children())
-        emulator = await start_emulator({"seed": 3, "itl": 0.005}, tmp_path)
-        try:
-            return await run_scenario(
-                scenario, [ClientSpec("raw", list(BUILTIN_CLIENTS["raw"]))], seed=None,
-                upstream_url=emulator.url, workdir=workdir,
-            )  # fmt: skip
-        finally:
-            await stop_upstream(emulator)
-
-    outcome = trio.run(main)
+    outcome = run_against_emulated_server(scenario, {"seed": 3, "itl": 0.005}, tmp_path, workdir)
     (score,) = outcome.scores
     result = SuiteOutcome([outcome], None, ["raw"]).document()["scenarios"][0]["results"][0]
     if complete:  # met at the first take: one take, nothing said of takes
@@ -178,7 +167,10 @@ def test_against_a_server_with_metrics_a_failed_take_is_taken_again(
     assert cell(result, False).startswith("**not met** (complete, 3 takes)")
     card = scorecard(SuiteOutcome([outcome], None, ["raw"]).document(), colour=False)
     assert TAKES_LEGEND in card
-    (line,) = [line for line in card.splitlines() if line.startswith("  retaken/raw: take 1")]
+    lines = card.splitlines()
+    (first,) = [n for n, line in enumerate(lines) if line.startswith("  retaken/raw: take 1")]
+    wrapped = itertools.takewhile(lambda line: line.startswith("    "), lines[first + 1 :])
+    line = " ".join([lines[first], *(part.strip() for part in wrapped)])  # as fit() wrapped it
     assert line.count("failed (client.complete equals 0: got 1)") == 3
     assert line.count("(kept)") == 1 and "server stall" in line and "loop lag" in line
 
