@@ -82,11 +82,15 @@ def test_no_chromium_thread_runs_above_the_driver_priority() -> None:
     binary = chromium_path()
     assert binary is not None
     ours = os.getpriority(os.PRIO_PROCESS, 0)
-    with tempfile.TemporaryDirectory(prefix="middlebox-chromium-", ignore_cleanup_errors=True) as p:
-        # The drop is for the calling thread and what it execs: a thread of its own, so
-        # pytest's main thread keeps its capabilities for the tests after this one.
-        with ThreadPoolExecutor(1) as launcher:
-            browser = launcher.submit(start_chromium, binary, p, "about:blank").result()
+    # The drop is for the calling thread and what it execs: a thread of its own, so
+    # pytest's main thread keeps its capabilities for the tests after this one. The thread
+    # outlives the browser: Chromium's parent-death signal follows the thread that forked it
+    # (as the client's loop thread does).
+    with (
+        tempfile.TemporaryDirectory(prefix="middlebox-chromium-", ignore_cleanup_errors=True) as p,
+        ThreadPoolExecutor(1) as launcher,
+    ):
+        browser = launcher.submit(start_chromium, binary, p, "about:blank").result()
         try:
             # Chromium sets its threads' priorities as it starts them: the renderer's
             # compositor and the IO threads are up within a few seconds even when loaded.
