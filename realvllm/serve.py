@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from middlebox.shell.lifetime import interruptible
 from middlebox.shell.lifetime import spawn as spawn_dying_with_us
 from realvllm import install
 
@@ -241,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "within it, and a scenario that cannot fit says which it needs",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    interruptible()  # `make vllm &` from a script: its Ctrl-C (SIGINT) still stops vLLM
     server = start(
         list(TOOL_CALL_FLAGS) if args.tool_calls else None, max_model_len=args.max_model_len
     )

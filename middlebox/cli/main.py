@@ -10,7 +10,6 @@ argument (a path or a library name). `main` is the console script
 from __future__ import annotations
 
 import logging
-import signal
 
 import click
 
@@ -18,6 +17,7 @@ from middlebox import __version__
 from middlebox.cli.proxy import proxy
 from middlebox.cli.run import drill, replay, run, scenarios
 from middlebox.cli.tools import load, pcap, record, schema, validate
+from middlebox.shell.lifetime import interruptible
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,12 +35,9 @@ def main(verbose: int) -> None:
       middlebox validate my-incident.yaml
       middlebox proxy --listen 127.0.0.1:9000 --upstream http://127.0.0.1:8000
     """
-    # A job a non-interactive shell starts in the background (as some CI runners start
-    # jobs) inherits SIGINT ignored, and Python keeps it so: the documented Ctrl-C of
-    # `drill start`, `proxy --workers` or `record` would then do nothing. Every command
-    # here is meant to stop on it, however it was started.
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The documented Ctrl-C of `drill start`, `proxy --workers` or `record` works however
+    # the command was started (a background job inherits SIGINT ignored).
+    interruptible()
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 

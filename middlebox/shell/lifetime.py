@@ -114,3 +114,12 @@ def spawn(argv: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
             then()
 
     return _SPAWNER.call(lambda: subprocess.Popen(list(argv), preexec_fn=prepare, **options))
+
+
+def interruptible() -> None:
+    """Ctrl-C (SIGINT) stops this process however it was started. A job that a
+    non-interactive shell starts in the background (as some CI runners start jobs, or
+    `make vllm &` from a script) inherits SIGINT ignored, and Python keeps it so: a
+    documented Ctrl-C would then do nothing."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

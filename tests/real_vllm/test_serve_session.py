@@ -9,6 +9,7 @@ the measurement). The stand-in server here forks a child, as vLLM's API server f
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,3 +105,26 @@ def test_make_vllm_serves_with_the_tool_call_parser_only_when_asked(
     assert serve.command(Path("py"), Path("m"), 1, None, 2048)[-2:] == ["--max-model-len", "2048"]
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     assert "-m realvllm.serve --tool-calls" in makefile
+
+
+def test_make_vllm_in_the_background_still_stops_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `make vllm &` from a script: the shell starts the job with SIGINT ignored, and a server
+    # that kept it so went on running after the script's `kill -INT` (seen: a vLLM an hour on)
+    seen: list[object] = []
+
+    def start(
+        extra_args: list[str] | None = None,
+        log_dir: Path | None = None,
+        max_model_len: int = serve.MAX_MODEL_LEN,
+    ) -> serve.Server:
+        seen.append(signal.getsignal(signal.SIGINT))
+        raise Started()
+
+    monkeypatch.setattr(serve, "start", start)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(Started):
+            serve.main([])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen == [signal.default_int_handler]
