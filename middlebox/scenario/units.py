@@ -18,6 +18,11 @@ DURATION_PATTERN = re.compile(
 _NUMBER = re.compile(r"^\s*[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*$")
 SIZE_PATTERN = re.compile(r"^\s*([0-9]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
 SECONDS_PER_UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+# What a scenario may ask for: a day of delay, a TiB of data. Beyond them a value is a typo
+# or a trick (`1e12s`, `1e400s` is infinite) and a request would only hang, so it is refused
+# at load with its file:line:col rather than accepted without a word.
+MAX_DURATION = 86400.0
+MAX_SIZE = 1024**4
 BYTES_PER_UNIT = {
     "B": 1,
     "KiB": 1024,
@@ -59,7 +64,10 @@ def parse_duration(value: object) -> float:
         )
     if match.group(3) is not None:
         return 0.0
-    return float(match.group(1)) * SECONDS_PER_UNIT[match.group(2)]
+    seconds = float(match.group(1)) * SECONDS_PER_UNIT[match.group(2)]
+    if not seconds <= MAX_DURATION:  # also catches inf (`1e400s`)
+        raise ValueError(f"a duration may be at most a day (24h), got {value!r}")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:
@@ -89,4 +97,6 @@ def parse_size(value: object) -> int:
         size = int(match.group(1)) * BYTES_PER_UNIT[match.group(2)]
     if size < 0:
         raise ValueError(f"a size cannot be negative, got {value!r}")
+    if size > MAX_SIZE:
+        raise ValueError(f"a size may be at most 1TiB (1024GiB), got {value!r}")
     return size

@@ -597,7 +597,15 @@ async def serve_control(
 
 
 def check_control_access(address: Address, token: str | None) -> None:
-    """Refuse to expose the control API beyond loopback without a token."""
+    """Refuse to expose the control API beyond loopback without a token, and refuse a
+    token with whitespace in it: a blank one (`--control-token " "`) would pass for a
+    token and open a non-loopback address, and RFC 6750's bearer token (b64token) has
+    no whitespace, so no client could send it."""
+    if token and (not token.strip() or any(c.isspace() for c in token)):
+        raise ValueError(
+            f"the control token {token!r} has whitespace in it: a bearer token is one "
+            "word (RFC 6750: letters, digits and -._~+/=)"
+        )
     if not is_loopback(address.host) and not token:
         raise ValueError(
             f"the control API on {address} (not loopback) needs a token: pass "

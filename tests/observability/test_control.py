@@ -136,3 +136,12 @@ async def test_a_header_timeout_is_journaled_as_how_the_client_side_ended() -> N
             assert {"leg": "client", "direction": "upstream", "kind": "header_timeout"} in summary[
                 "ends"
             ]
+
+
+@pytest.mark.parametrize("token", [" ", "\t", "two words", "secret\n"])
+def test_a_token_with_whitespace_is_refused_before_anything_binds(token: str) -> None:
+    # a blank token passed for one and opened 0.0.0.0; no client could send it either
+    for host in ("0.0.0.0", "127.0.0.1"):
+        with pytest.raises(ValueError, match="has whitespace in it"):
+            check_control_access(Address(host, 9001), token)
+    check_control_access(Address("0.0.0.0", 9001), "s3cr3t-token_~+/=")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from middlebox.compose import load
+from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.units import (
     DURATION_PATTERN,
     SIZE_PATTERN,
@@ -102,3 +106,31 @@ def test_durations_the_parser_refuses_do_not_match_the_published_pattern(written
 @pytest.mark.parametrize("written", ["4k", "1.5MiB", "-1B"])
 def test_sizes_the_parser_refuses_do_not_match_the_published_pattern(written: str) -> None:
     assert SIZE_PATTERN.match(written) is None
+
+
+@pytest.mark.parametrize("value", ["1e12s", "1e400s", "25h", "1441min", "86400.5s"])
+def test_a_duration_beyond_a_day_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match=r"at most a day \(24h\)"):
+        parse_duration(value)
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("24h", 86400.0), ("1440min", 86400.0)])
+def test_a_day_itself_is_a_duration(value: str, seconds: float) -> None:
+    assert parse_duration(value) == seconds
+
+
+def test_a_size_beyond_a_tebibyte_is_refused() -> None:
+    assert parse_size("1024GiB") == 1024**4
+    for value in ("1025GiB", 1024**4 + 1, "99999999999999999999B"):
+        with pytest.raises(ValueError, match=r"at most 1TiB"):
+            parse_size(value)
+
+
+def test_a_scenario_asking_for_an_endless_delay_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "endless.yaml"
+    path.write_text("name: endless\npath:\n  - latency: {delay: 1e400s}\n")
+    with pytest.raises(ScenarioError) as raised:
+        load(path)
+    assert f"{path}:3:22: path[0] latency.delay: a duration may be at most a day" in str(
+        raised.value
+    )
