@@ -133,6 +133,9 @@ _SIZE = re.compile(r"^\s*([0-9]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
 _SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, None: 1.0}
 _BYTES = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": 1000**2,
           "GB": 1000**3, None: 1}  # fmt: skip
+# The scenario grammar's bounds (middlebox.scenario.units): a day, a TiB.
+_MAX_SECONDS = 86400.0
+_MAX_BYTES = 1024**4
 
 
 def _convert(value: Any, tp: Any, where: str) -> Any:
@@ -143,18 +146,28 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected a {unit} value, got {value!r}")
         if unit == "seconds":
             if isinstance(value, int | float):
-                return float(value)
-            match = _DURATION.match(str(value))
-            if not match:
-                raise ValueError(f"{where}: expected a duration such as 250ms or 2s, got {value!r}")
-            return float(match.group(1)) * _SECONDS[match.group(2)]
+                seconds = float(value)
+            else:
+                match = _DURATION.match(str(value))
+                if not match:
+                    raise ValueError(
+                        f"{where}: expected a duration such as 250ms or 2s, got {value!r}"
+                    )
+                seconds = float(match.group(1)) * _SECONDS[match.group(2)]
+            if not seconds <= _MAX_SECONDS:  # also catches inf and nan
+                raise ValueError(f"{where}: a duration may be at most a day (24h), got {value!r}")
+            return seconds
         if unit == "bytes":
             if isinstance(value, int):
-                return value
-            match = _SIZE.match(str(value))
-            if not match:
-                raise ValueError(f"{where}: expected a size such as 4KiB, got {value!r}")
-            return int(match.group(1)) * _BYTES[match.group(2)]
+                size = value
+            else:
+                match = _SIZE.match(str(value))
+                if not match:
+                    raise ValueError(f"{where}: expected a size such as 4KiB, got {value!r}")
+                size = int(match.group(1)) * _BYTES[match.group(2)]
+            if size > _MAX_BYTES:
+                raise ValueError(f"{where}: a size may be at most 1TiB (1024GiB), got {value!r}")
+            return size
         return _convert(value, base, where)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)

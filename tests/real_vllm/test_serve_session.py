@@ -109,7 +109,7 @@ def test_make_vllm_serves_with_the_tool_call_parser_only_when_asked(
 
 def test_make_vllm_in_the_background_still_stops_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
     # `make vllm &` from a script: the shell starts the job with SIGINT ignored, and a server
-    # that kept it so went on running after the script's `kill -INT` (seen: a vLLM an hour on)
+    # that kept it so would run on after the script's `kill -INT`
     seen: list[object] = []
 
     def start(

@@ -27,6 +27,19 @@ def test_both_copies_use_the_same_patterns_and_unit_tables() -> None:
     # scenario must write its unit (a bare 300 is an error: 300ms or 300s?).
     bare = {k: v for k, v in emulator_config._SECONDS.items() if k is not None}
     assert bare == units.SECONDS_PER_UNIT and emulator_config._SECONDS[None] == 1.0
+    assert emulator_config._MAX_SECONDS == units.MAX_DURATION
+    assert emulator_config._MAX_BYTES == units.MAX_SIZE
+
+
+@pytest.mark.parametrize(("field", "written"), [("wait", "25h"), ("wait", "1e400s"),
+                                                ("wait", 1e12), ("buffer", "1025GiB")])  # fmt: skip
+def test_both_copies_refuse_the_same_endless_values(field: str, written: object) -> None:
+    with pytest.raises(ValueError, match="at most"):
+        emulator_config.config_from_mapping({field: written}, Timed)
+    parse = units.parse_duration if field == "wait" else units.parse_size
+    if not isinstance(written, float):  # a scenario's bare number is refused for its unit
+        with pytest.raises(ValueError, match="at most"):
+            parse(written)
 
 
 @pytest.mark.parametrize("written", ["250us", "800ms", "2s", "1.5min", "2h", ".5s", "1e3ms", 0])
