@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint fmt bench calibrate soak journal-100k clean vllm test-vllm matrix
+.PHONY: run test lint fmt bench calibrate soak hostile journal-100k clean vllm test-vllm matrix
 
 $(RUNTIME): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ calibrate: $(STAMP)
 # fails unless memory, fds and tasks stay flat. Figures: docs/reliability.md.
 soak: $(STAMP)
 	$(BIN)/python -m middlebox.tools.soak --seconds $${SOAK_SECONDS:-600} --json reports/soak.json
+
+# Every hostile-peer test of docs/reliability.md at the sizes its table quotes (10 GiB
+# responses, 512 MiB heads, 3.6 GB through coalescer...); `make test` runs them smaller.
+hostile: $(STAMP)
+	MIDDLEBOX_HOSTILE_FULL=1 $(BIN)/python -m pytest tests/reliability -p no:randomly -q
 
 # Issue 14's acceptance run: 100,000 short connections through `proxy --journal` in a
 # network namespace of its own (needs root); RSS sampled, the journal read back. Never part
