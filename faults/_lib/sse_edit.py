@@ -19,8 +19,9 @@ untouched. `end(cut)` cuts the body short at a line boundary: what was held up t
 goes out (a partial chunk re-encoded), then the insertions there, then the
 last chunk if asked.
 
-A line or event over the framing's bound (`middlebox.core.sse.SseLimits`) ends the
-editing of that body (`step_aside`): what is held goes out with the edits made so far
+A line or event over the framing's bound (`middlebox.core.sse.SseLimits`), or a chunk
+held longer than twice the event bound (its peer may declare any size), ends the editing
+of that body (`step_aside`): what is held goes out with the edits made so far
 (a chunk an edit touched re-encoded, the rest of that chunk's data as chunks of its own),
 and every byte after passes as it comes, so the editor holds O(bound) bytes.
 `SseRewriter` reports it (`stepped_aside`: the journal and /metrics count it).
@@ -94,6 +95,11 @@ class SseBodyEditor:
     @property
     def editable(self) -> bool:
         return not self._raw and not self.ended
+
+    @property
+    def held(self) -> int:
+        """Body bytes held back (chunks waiting for their end or for a line to complete)."""
+        return sum(len(chunk.data) for chunk in self._chunks) + len(self._unframed)
 
     @property
     def complete_to(self) -> int:
@@ -397,19 +403,27 @@ class SseRewriter(HttpMatched):
             return
         for line in editor.feed(entry):
             if line.kind is SseKind.OVERFLOW:
-                self._step_aside(editor, line, now)
+                self._step_aside(editor, line.field or "", line.offset, now)
                 break
             self.edit(editor, line, now)
             if self._editor is not editor:
                 return  # cut
         self._parts.append(editor.release())
+        bound = self._flow.position.down.sse_limits.event
+        if editor.editable and bound is not None and editor.held > 2 * bound:
+            # A chunk goes out only whole (its size line promises its length): one longer
+            # than twice an event's bound (one event at the bound and its neighbours) is
+            # not held whole, however long its peer declares it.
+            self._step_aside(editor, "chunk", editor.complete_to, now)
+            self._parts.append(editor.release())
         if piece.end_of_message:
             self._editor, self._editing = None, -1
             self.finish(now)
 
-    def _step_aside(self, editor: SseBodyEditor, line: SsePiece, now: float) -> None:
-        """A line or event of the edited body passed the framing's bound: no more edits
-        to it (the bytes pass as they come); said in the journal and /metrics."""
+    def _step_aside(self, editor: SseBodyEditor, bound: str, offset: int, now: float) -> None:
+        """A line, an event or a held chunk of the edited body passed its bound (`line`:
+        `sse_max_line`, else `sse_max_event`) at body offset `offset`: no more edits to
+        it (the bytes pass as they come); said in the journal and /metrics."""
         editor.step_aside()
         limits = self._flow.position.down.sse_limits
         cast(Fault, self).report(
@@ -417,9 +431,9 @@ class SseRewriter(HttpMatched):
             "stepped_aside",
             request=self.request_index,
             message=self._editing,
-            reason=f"sse {line.field} over its bound",
-            limit=limits.line if line.field == "line" else limits.event,
-            body_offset=line.offset,
+            reason=f"sse {bound} over its bound",
+            limit=limits.line if bound == "line" else limits.event,  # a chunk: twice it
+            body_offset=offset,
         )
 
     def _begin(self, head: Head, message: int, index: int, now: float) -> None:

@@ -83,6 +83,28 @@ def test_sse_ids_steps_aside_at_an_endless_line_and_passes_the_rest_as_it_comes(
     ]
 
 
+def test_sse_ids_steps_aside_rather_than_hold_a_chunk_longer_than_an_event() -> None:
+    """Ordinary events inside one chunk that a peer declared 1 MiB long: the chunk can
+    only go out whole once edited, so past twice the event bound the fault stops editing,
+    sends what it holds re-framed and the rest of the chunk as it comes."""
+    fault = SseIds()
+    events = b"".join(b"data: %04d\n\n" % i for i in range(1024 * 1024 // 12))
+    wire = encode_chunk(events) + LAST_CHUNK_BYTES
+    segments = [wire[i : i + 64] for i in range(0, len(wire), 64)]
+    out = replay(bounded(fault), response(segments), bind=False)
+    ((body, valid),) = dechunked(joined(out, DOWN))
+    assert valid
+    edited = b"".join(with_id(b"data: %04d\n\n" % i, i + 1) for i in range(32))
+    assert body[: len(edited)] == edited  # the events seen before the bound got their ids
+    assert body.endswith(events[-1000:])  # and the rest passed unedited
+    # never more at once than what may be held (twice the bound and one read), the ids
+    # added to its 40-odd events (8 bytes each at most) and a size line
+    assert max(len(data) for data in arrivals(out).values()) <= 2 * 200 + 64 + 8 * 40 + 16
+    (aside,) = [r for r in fault.reports if r.action == "stepped_aside"]
+    assert aside.details["reason"] == "sse chunk over its bound"
+    assert aside.details["limit"] == 200
+
+
 @pytest.mark.parametrize("make", [SseRetry, InbandError])
 def test_every_sse_rewriter_steps_aside_the_same_way(make: type[Fault]) -> None:
     fault = make()
