@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from faults import REGISTRY
+from faults.client_vanish import ClientVanish
 from faults.cut import Cut
 from faults.inband_error import InbandError
 from faults.sse_ids import SseIds
@@ -225,3 +226,36 @@ def test_the_scenario_s_bounds_reach_every_framed_stream_of_a_connection() -> No
     framing = ProxyServer(Address("127.0.0.1", 9), default).make_pipeline(default, 1).framing
     assert framing is not None
     assert {s.sse_limits for s in framing.streams} == {SseLimits(1 << 20, 1 << 20)}
+
+
+def test_an_event_trigger_says_it_cannot_count_a_response_past_the_bound() -> None:
+    """`client_vanish` after 5 events: the first response has 2 and then a line that never
+    ends; the trigger reports `stepped_aside` for it and fires in the next response."""
+    fault = ClientVanish(after_events=5)
+    first = [encode_chunk(frame(0)), encode_chunk(frame(1)), *ENDLESS, LAST_CHUNK_BYTES]
+    second = [encode_chunk(frame(i)) for i in range(5)]
+    timeline = [
+        *response(first),
+        (2.0, Chunk(UP, request())),
+        (2.5, Chunk(DOWN, SSE_HEAD)),
+        *((3.0 + i / 100, Chunk(DOWN, c)) for i, c in enumerate(second)),
+    ]
+    out = replay(bounded(fault), timeline, bind=False)
+    assert joined(out, DOWN).startswith(SSE_HEAD + b"".join(first))
+    assert [(r.time, r.action) for r in fault.reports] == [
+        (1.04, "stepped_aside"),
+        (3.02, "vanished"),
+    ]
+    assert fault.reports[0].details == {
+        "message": 0,
+        "reason": "sse line over its bound",
+        "body_offset": len(frame(0) + frame(1)),
+        "events": 2,
+    }
+
+
+def test_an_event_trigger_within_the_bound_reports_only_its_firing() -> None:
+    fault = ClientVanish(after_events=5)
+    chunks = [encode_chunk(frame(i)) for i in range(6)]
+    replay(bounded(fault), response(chunks), bind=False)
+    assert [(r.time, r.action) for r in fault.reports] == [(1.04, "vanished")]
