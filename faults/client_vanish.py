@@ -74,7 +74,7 @@ class ClientVanish(Triggered, Fault):
         if item.direction is UP and is_end(item):
             self.disarm()  # the client left by itself first
         if isinstance(item, Chunk) and item.direction is DOWN:
-            item, rest = self.split_downstream(item)
+            item, rest = self.split_downstream(item, now)
             if rest is not None:
                 head = [item] if item.data else []
                 return out + head + self._vanish(now) + self._after_vanishing(rest, now)

@@ -55,6 +55,12 @@ Only the first selected response that reaches the point is cut (the connection i
 over after that); responses that complete first are left alone, and each keep-alive
 exchange counts from zero. The report says the exact wire offset, body offset, event
 index, tokens and time of the cut.
+
+A response whose SSE line or event passes the proxy's bound (`proxy.sse_max_line`,
+`proxy.sse_max_event`) before the cut is placed can no longer be counted or cut at a line:
+`cut` steps aside for the rest of that response (its bytes pass as they come, the bytes
+held for the cut point included) and reports `stepped_aside` with the events and tokens
+counted so far; the next response on the connection is watched again.
 """
 
 from __future__ import annotations
@@ -152,6 +158,7 @@ class Cut(HttpMatched, Fault):
     _forwarded: int = field(init=False, repr=False, default=0)
     _starts: dict[int, float] = field(init=False, repr=False, default_factory=dict)
     _response: _Response | None = field(init=False, repr=False, default=None)
+    _aside: int | None = field(init=False, repr=False, default=None)  # a response let be
     _done: bool = field(init=False, repr=False, default=False)
 
     def __post_init__(self) -> None:
@@ -208,6 +215,8 @@ class Cut(HttpMatched, Fault):
 
     def _piece(self, piece: Piece, lines: tuple[SsePiece, ...], now: float) -> None:
         response = self._response
+        if piece.message == self._aside and piece.end_of_message:
+            self._aside = None
         if piece.kind is PieceKind.HEAD and piece.head is not None and not piece.head.is_interim:
             self._response = None
             start = self._starts.pop(piece.message, now)
@@ -242,6 +251,9 @@ class Cut(HttpMatched, Fault):
                 response.line_end = last.offset + len(last.data)
                 response.in_block = last.kind is not SseKind.BLANK
             for line in lines:
+                if line.kind is SseKind.OVERFLOW and response.cut_body is None:
+                    self._step_aside(response, line, piece.end_of_message, now)
+                    return
                 self._line(response, line)
         if piece.end_of_message and response.cut_body is None:
             self._response = None  # complete before the cut point: left alone
@@ -281,6 +293,24 @@ class Cut(HttpMatched, Fault):
         if candidates:
             chosen = threshold if threshold in candidates else self.rng.choice(candidates)
             self._place(response, chosen)
+
+    def _step_aside(self, response: _Response, line: SsePiece, ended: bool, now: float) -> None:
+        """The response's SSE framing stopped at a line or event over its bound: nothing
+        past it can be counted or cut at a line, so the response passes untouched."""
+        self._response = None
+        if not ended:
+            self._aside = response.message  # no timer of a later request cuts into it
+        limits = self._flow.position.down.sse_limits
+        self.report(
+            now,
+            "stepped_aside",
+            response=response.message,
+            reason=f"sse {line.field} over its bound",
+            limit=limits.line if line.field == "line" else limits.event,
+            body_offset=line.offset,
+            events=response.events,
+            tokens=response.tokens,
+        )
 
     def _reached(self, response: _Response) -> bool:
         if self.after == "events":
@@ -331,7 +361,7 @@ class Cut(HttpMatched, Fault):
     # -- time ----------------------------------------------------------------------
 
     def deadline(self) -> float | None:
-        if self._done or self.after != "time":
+        if self._done or self.after != "time" or self._aside is not None:
             return None
         response = self._response
         if response is not None:

@@ -101,7 +101,7 @@ class Handoff(Triggered, Fault):
         if self._phase == "before" and self.time_up(now):
             self._trigger(now)
         if self._phase == "before" and isinstance(item, Chunk) and item.direction is DOWN:
-            item, tail = self.split_downstream(item)
+            item, tail = self.split_downstream(item, now)
             if item.data:
                 out.extend(self._through_link(item, now))
             if tail is not None:

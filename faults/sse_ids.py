@@ -14,6 +14,9 @@ vLLM never sends `id:` (reference §1.1), so:
 Edits are at line granularity with `faults._sse_edit.SseBodyEditor`: on a chunked
 response each chunk that holds a changed line is re-encoded, every other chunk goes
 out byte for byte; a Content-Length response is left alone and reported as skipped.
+A line or event over the proxy's bound (`proxy.sse_max_line`, `sse_max_event`) ends the
+editing of that response: the ids already changed stay changed, the rest passes as it comes,
+and the fault reports `stepped_aside` (`faults._lib.sse_edit`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,13 @@ Content-Length body is not `editable` (its length is already on the wire) and pa
 untouched. `end(cut)` cuts the body short at a line boundary: what was held up to there
 goes out (a partial chunk re-encoded), then the insertions there, then the
 last chunk if asked.
+
+A line or event over the framing's bound (`middlebox.core.sse.SseLimits`), or a chunk
+held longer than twice the event bound (its peer may declare any size), ends the editing
+of that body (`step_aside`): what is held goes out with the edits made so far
+(a chunk an edit touched re-encoded, the rest of that chunk's data as chunks of its own),
+and every byte after passes as it comes, so the editor holds O(bound) bytes.
+`SseRewriter` reports it (`stepped_aside`: the journal and /metrics count it).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from faults._lib.match import HttpMatched
 from middlebox.core.fault import Fault
 from middlebox.core.framed import Framed
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Head, Piece, PieceKind, encode_chunk
-from middlebox.core.sse import SseFramer, SsePiece
+from middlebox.core.sse import SseFramer, SseKind, SseLimits, SsePiece
 from middlebox.core.stream import Chunk, Direction, Eof, Item
 
 __all__ = ["SseBodyEditor", "SseRewriter"]
@@ -82,11 +89,17 @@ class SseBodyEditor:
         self._out = bytearray()
         self._tail: bytes | None = None  # the last chunk and trailers, once they arrive
         self._raw = self.framing == "length"  # pass everything as it came
+        self._rechunk = False  # stepped aside inside a re-encoded chunk: its rest re-framed
         self.ended = False
 
     @property
     def editable(self) -> bool:
         return not self._raw and not self.ended
+
+    @property
+    def held(self) -> int:
+        """Body bytes held back (chunks waiting for their end or for a line to complete)."""
+        return sum(len(chunk.data) for chunk in self._chunks) + len(self._unframed)
 
     @property
     def complete_to(self) -> int:
@@ -104,7 +117,14 @@ class SseBodyEditor:
             piece = piece.piece
         kind = piece.kind
         if self._raw:
-            self._out += piece.data
+            if not self._rechunk:
+                self._out += piece.data
+            elif kind is PieceKind.BODY:
+                self._out += encode_chunk(piece.data) if piece.data else b""
+            else:
+                self._rechunk = False  # the chunk's own CRLF: its data went out re-framed
+                if kind is not PieceKind.CHUNK_TRAILER_CRLF:
+                    self._out += piece.data
             return []
         if kind is PieceKind.OPAQUE:
             # The framing broke: what is held goes out as it came, and so does the rest.
@@ -144,9 +164,26 @@ class SseBodyEditor:
             self._complete = max(self._complete, last.offset + len(last.data))
         return lines
 
+    def step_aside(self) -> None:
+        """Stop editing this body (a line or event passed the framing's bound): what is
+        held goes out now, with the edits already made, and the rest as it comes."""
+        if self._raw or self.ended:
+            return
+        self._release(self._received)  # whole chunks, edited or verbatim
+        for chunk in self._chunks:  # the chunk whose data is still arriving
+            if self._touched(chunk):
+                self._send_rewritten(chunk, self._received)
+                self._rechunk = True
+            else:
+                self._out += chunk.header + chunk.data
+                self._sent = self._received
+        self._chunks.clear()
+        self._release_insertions(self._sent)
+        self._raw = True
+
     def _own_sse(self) -> SseFramer:
         if self._sse is None:
-            self._sse = SseFramer()
+            self._sse = SseFramer(SseLimits())
         return self._sse
 
     def replace(self, line: SsePiece, data: bytes) -> None:
@@ -224,15 +261,19 @@ class SseBodyEditor:
             if chunk.crlf is None or chunk.end > limit:
                 break  # its data or CRLF still to come, or a line running past it
             self._chunks.popleft()
-            if any(
-                e.start < chunk.end and (e.end > chunk.start or e.start > chunk.start)
-                for e in self._edits
-            ):
+            if self._touched(chunk):
                 self._send_rewritten(chunk, chunk.end)
             else:
                 self._out += chunk.header + chunk.data + (chunk.crlf or b"")
                 self._sent = chunk.end
         self._release_insertions(self._sent)
+
+    def _touched(self, chunk: _Chunk) -> bool:
+        """Whether an edit changes or falls inside `chunk`'s data."""
+        return any(
+            e.start < chunk.end and (e.end > chunk.start or e.start > chunk.start)
+            for e in self._edits
+        )
 
     def _release_insertions(self, offset: int) -> None:
         while self._edits and self._edits[0].start == self._edits[0].end == offset:
@@ -361,13 +402,39 @@ class SseRewriter(HttpMatched):
             self._parts.append(piece.data)
             return
         for line in editor.feed(entry):
+            if line.kind is SseKind.OVERFLOW:
+                self._step_aside(editor, line.field or "", line.offset, now)
+                break
             self.edit(editor, line, now)
             if self._editor is not editor:
                 return  # cut
         self._parts.append(editor.release())
+        bound = self._flow.position.down.sse_limits.event
+        if editor.editable and bound is not None and editor.held > 2 * bound:
+            # A chunk goes out only whole (its size line promises its length): one longer
+            # than twice an event's bound (one event at the bound and its neighbours) is
+            # not held whole, however long its peer declares it.
+            self._step_aside(editor, "chunk", editor.complete_to, now)
+            self._parts.append(editor.release())
         if piece.end_of_message:
             self._editor, self._editing = None, -1
             self.finish(now)
+
+    def _step_aside(self, editor: SseBodyEditor, bound: str, offset: int, now: float) -> None:
+        """A line, an event or a held chunk of the edited body passed its bound (`line`:
+        `sse_max_line`, else `sse_max_event`) at body offset `offset`: no more edits to
+        it (the bytes pass as they come); said in the journal and /metrics."""
+        editor.step_aside()
+        limits = self._flow.position.down.sse_limits
+        cast(Fault, self).report(
+            now,
+            "stepped_aside",
+            request=self.request_index,
+            message=self._editing,
+            reason=f"sse {bound} over its bound",
+            limit=limits.line if bound == "line" else limits.event,  # a chunk: twice it
+            body_offset=offset,
+        )
 
     def _begin(self, head: Head, message: int, index: int, now: float) -> None:
         editor = SseBodyEditor(head)

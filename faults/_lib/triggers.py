@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from faults._lib.agent_events import carries_reasoning, tool_fragments
 from faults._lib.checks import check_positive
 from faults._lib.events import EventCounter
-from middlebox.core.fault import Bytes, FaultContext, Seconds
+from middlebox.core.fault import Bytes, Fault, FaultContext, Seconds
 from middlebox.core.framed import Framed, Position
 from middlebox.core.http1 import PieceKind
-from middlebox.core.sse import SsePiece
+from middlebox.core.sse import SseKind, SsePiece
 from middlebox.core.stream import Chunk
 
 
@@ -33,6 +34,10 @@ class Triggered:
     tool-call argument fragment (inside the call's arguments: the JSON is not closed yet),
     and `after_reasoning_tokens: N` after the Nth event carrying reasoning text (inside
     the reasoning phase, before the answer starts).
+
+    A response whose SSE line or event passes the proxy's bound (`proxy.sse_max_line`,
+    `sse_max_event`) has no more events to count: the trigger counts on in the next
+    response, and a fault still waiting for its count reports `stepped_aside` for it.
     """
 
     at: Seconds | None = None
@@ -104,7 +109,7 @@ class Triggered:
     def time_up(self, now: float) -> bool:
         return self._fire_at is not None and now >= self._fire_at
 
-    def split_downstream(self, chunk: Chunk) -> tuple[Chunk, Chunk | None]:
+    def split_downstream(self, chunk: Chunk, now: float) -> tuple[Chunk, Chunk | None]:
         """Count a downstream chunk: the part before the mark, and the rest (possibly
         empty) when this chunk reaches it, else None. The mark is the `after_bytes`-th
         byte, or the end of the blank line that dispatches the counted event (the
@@ -117,6 +122,16 @@ class Triggered:
         if counter is not None:
             start = counter.reader.cursor
             events = counter.feed(chunk.data, until=self._counted_enough)
+            if counter.overflow is not None and self._armed:
+                message, bound, offset = counter.overflow
+                cast(Fault, self).report(
+                    now,
+                    "stepped_aside",
+                    message=message,
+                    reason=f"sse {bound} over its bound",
+                    body_offset=offset,
+                    events=events,
+                )
             if counter.reached_at is not None:
                 # The event's end in this write's bytes. It lies inside them (the blank line
                 # that dispatches it is body data of this write), but it is clamped so that a
@@ -177,6 +192,10 @@ class AgentEventCounter(EventCounter):
         self.reasoning_tokens = 0
         self.reached_at: int | None = None
         self.reached_events = 0
+        # (message, bound, body offset) of a response whose SSE framing stopped at a bound
+        # in the last bytes fed; `_over` is the last such response
+        self.overflow: tuple[int, str, int] | None = None
+        self._over = -1
 
     def feed(self, data: bytes, until: Callable[[AgentEventCounter], bool] | None = None) -> int:
         """Count `data`; with `until`, `reached_at` is the stream offset right after the
@@ -184,11 +203,15 @@ class AgentEventCounter(EventCounter):
         and after the HTTP chunk's CRLF when the event ends its chunk and the CRLF came
         in the same bytes (an event boundary, as `cut` places one)."""
         self.reached_at = None
+        self.overflow = None
         if self.own:
             self.reader.stream.feed(data)
         pieces = self.reader.advance(len(data))
         for number, framed in enumerate(pieces):
             for line in framed.lines:
+                if line.kind is SseKind.OVERFLOW and framed.piece.message != self._over:
+                    self._over = framed.piece.message
+                    self.overflow = (self._over, line.field or "", line.offset)
                 event = line.event
                 if event is not None:
                     self.events += 1

@@ -44,7 +44,7 @@ from middlebox.core.http1 import (
     PieceKind,
     Role,
 )
-from middlebox.core.sse import SseEvent, SseFramer, SseKind, SsePiece
+from middlebox.core.sse import SseEvent, SseFramer, SseKind, SseLimits, SsePiece
 from middlebox.core.stream import Direction
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 _NO_LINES: tuple[SsePiece, ...] = ()
+_LIMITS = SseLimits()
 _SPLITTABLE = (PieceKind.BODY, PieceKind.OPAQUE)
 
 
@@ -89,9 +90,19 @@ class FramedStream:
 
     passes = 0  # class-wide: framing passes started (a stream fed its first bytes)
 
-    def __init__(self, direction: Direction, *, frames: bool = True, sse: bool = True) -> None:
+    def __init__(
+        self,
+        direction: Direction,
+        *,
+        frames: bool = True,
+        sse: bool = True,
+        sse_limits: SseLimits = _LIMITS,
+    ) -> None:
         self.direction = direction
         self.sse = sse  # frame event-stream bodies as SSE (someone reads their lines)
+        # How much of an SSE line or event is held before the body's SSE framing stops
+        # (an OVERFLOW piece: `middlebox.core.sse`), so a peer cannot grow it unbounded.
+        self.sse_limits = sse_limits
         self.emitted = 0  # stream offset after the last piece out
         role: Role = "request" if direction is Direction.UPSTREAM else "response"
         self.http: Http1Framer | None = Http1Framer(role) if frames else None
@@ -222,7 +233,7 @@ class FramedStream:
                 and not piece.end_of_message
                 and is_event_stream(head)
             ):
-                self._sse[message] = SseFramer()
+                self._sse[message] = SseFramer(self.sse_limits)
                 self._body[message] = 0
             return Framed(piece)
         if kind is PieceKind.BODY:
@@ -472,6 +483,7 @@ class FramingLayout:
     streams: tuple[tuple[Direction, int], ...]  # every stream once, in place order
     publishes: tuple[frozenset[Direction], ...]
     sse: bool
+    sse_limits: SseLimits = _LIMITS
 
     @classmethod
     def of(
@@ -479,6 +491,7 @@ class FramingLayout:
         changes: list[frozenset[Direction]],
         publishes: list[frozenset[Direction]],
         sse: bool = True,
+        sse_limits: SseLimits = _LIMITS,
     ) -> FramingLayout:
         size = len(changes)
         up, down = Direction.UPSTREAM, Direction.DOWNSTREAM
@@ -525,6 +538,7 @@ class FramingLayout:
             tuple(streams),
             tuple(publishes),
             sse,
+            sse_limits,
         )
 
 
@@ -554,9 +568,15 @@ class PathFraming:
 
     def _build(self, layout: FramingLayout) -> None:
         up, down = Direction.UPSTREAM, Direction.DOWNSTREAM
-        sse = layout.sse
-        ups = [FramedStream(up, frames=frames, sse=sse) for frames in layout.up_frames]
-        downs = [FramedStream(down, frames=frames, sse=sse) for frames in layout.down_frames]
+        sse, limits = layout.sse, layout.sse_limits
+        ups = [
+            FramedStream(up, frames=frames, sse=sse, sse_limits=limits)
+            for frames in layout.up_frames
+        ]
+        downs = [
+            FramedStream(down, frames=frames, sse=sse, sse_limits=limits)
+            for frames in layout.down_frames
+        ]
         self.layout = layout
         self.size = layout.size
         # up_at[p] / down_at[p]: the stream at place p (between faults p-1 and p).
@@ -714,6 +734,13 @@ class LegRecord:
                 start = line.offset + len(line.data) - len(event.raw)
                 where = _stream_offset(self._segments.get(piece.message, []), start, piece)
                 self.events[direction].append((piece.message, where, event))
+        lines = framed.lines
+        if lines and lines[-1].kind in (SseKind.BLANK, SseKind.OVERFLOW):
+            # No event is open: the next one starts in this piece or later, so the body's
+            # earlier segments are never looked up again (a day-long stream keeps one).
+            segments = self._segments.get(piece.message)
+            if segments:
+                del segments[:-1]
         if piece.end_of_message:
             if self._room():
                 self.ends[direction].append((piece.message, piece.offset + len(piece.data)))

@@ -18,6 +18,14 @@ the positions inside UTF-8 sequences, so a fault can cut "inside a data: payload
 
 vLLM sends only `data: <json>\\n\\n` frames and `data: [DONE]\\n\\n` (`is_done`);
 keep-alive comments (`: ping`) form blocks with no data, which dispatch nothing.
+
+Bounds (`SseLimits`): the spec sets no limit on a line or an event, so a peer that never
+ends one would make a parser hold everything it sends. With limits, a line longer than
+`line` bytes (its line ending not counted) or an event whose lines total more than
+`event` bytes (line endings counted, the blank line not) ends the parsing of that body:
+what is held, and every byte after, comes out as OVERFLOW pieces, unparsed, so the
+framer holds O(limit) bytes whatever the peer sends and the bytes still all come out.
+No event is dispatched from the block that overflowed.
 """
 
 from __future__ import annotations
@@ -35,6 +43,27 @@ _CR = 0x0D
 _LF = 0x0A
 _COLON = 0x3A
 
+MAX_LINE = 1024 * 1024
+"""The default bound on an SSE line (1 MiB). A vLLM chunk is a few hundred bytes; the
+largest honest lines are tool-call deltas or whole answers in one event, tens of KB;
+1 MiB leaves a wide margin and keeps what one stream can make the proxy hold small."""
+
+MAX_EVENT = 1024 * 1024
+"""The default bound on an SSE event's lines (1 MiB), for the same reasons: vLLM sends
+one `data:` line per event."""
+
+
+@dataclass(frozen=True, slots=True)
+class SseLimits:
+    """How much of one line and of one event a framer holds before it stops parsing
+    the body (see the module docstring); None is no bound."""
+
+    line: int | None = MAX_LINE
+    event: int | None = MAX_EVENT
+
+
+UNBOUNDED = SseLimits(None, None)
+
 
 class SseKind(enum.Enum):
     """What a line of an event stream is."""
@@ -44,6 +73,7 @@ class SseKind(enum.Enum):
     FIELD = "field"  # "name: value" or "name" ... line end
     BLANK = "blank"  # empty line: ends the block (and may dispatch an event)
     PARTIAL = "partial"  # an unterminated last line at EOF (discarded by the spec)
+    OVERFLOW = "overflow"  # bytes from a line or event over its bound on: not parsed
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +101,9 @@ class SsePiece:
     """One line. `offset` is the position of `data[0]` in the stream. For FIELD and
     COMMENT lines, `data[value_start:value_end]` is the value (after the colon and its
     optional space) or the comment text; `value_end` is where the line terminator
-    starts. `field` names a FIELD line's field. `event` is set on the BLANK line that
-    dispatches an event."""
+    starts. `field` names a FIELD line's field, and for OVERFLOW the bound that was
+    passed (`line` or `event`; when both were, the one the bytes showed first). `event`
+    is set on the BLANK line that dispatches an event."""
 
     kind: SseKind
     data: bytes
@@ -102,9 +133,13 @@ def utf8_incomplete_tail(data: bytes) -> int:
 
 
 class SseFramer:
-    """Splits an event-stream body into line pieces and parses events on the way."""
+    """Splits an event-stream body into line pieces and parses events on the way;
+    `limits` bound what it holds (none by default: a client reads its whole stream)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: SseLimits = UNBOUNDED) -> None:
+        self._max_line = limits.line
+        self._max_event = limits.event
+        self._over: str | None = None  # the bound passed: the rest is OVERFLOW
         self._buf = bytearray()
         self._scan = 0  # where the next line-end search starts: each byte is scanned once
         self._bom_pending = True
@@ -177,6 +212,12 @@ class SseFramer:
         return self._done
 
     @property
+    def overflowed(self) -> str | None:
+        """The bound a line or event passed (`line`, `event`), after which nothing of
+        this body is parsed; None while within the bounds."""
+        return self._over
+
+    @property
     def truncated(self) -> bool:
         """EOF came inside a block or a line: the spec discards that event."""
         return self._truncated
@@ -185,6 +226,12 @@ class SseFramer:
         if self._eof:
             raise RuntimeError("feed() after feed_eof()")
         self._received += len(data)
+        if self._over is not None:
+            if not data:
+                return []
+            piece = SsePiece(SseKind.OVERFLOW, bytes(data), self._offset, self._over)
+            self._offset += len(data)
+            return [piece]
         self._buf += data
         out: list[SsePiece] = []
         if self._bom_pending:
@@ -198,16 +245,42 @@ class SseFramer:
             match = _EOL.search(buf, self._scan)
             if match is None:
                 self._scan = len(buf)
+                self._bound(out, len(buf), len(buf))
                 return out
             i = match.start()
             if buf[i] == _CR:
                 if i + 1 == len(buf):
                     self._scan = i  # CR LF may be split across feeds
+                    self._bound(out, i, i)
                     return out
                 end = i + 2 if buf[i + 1] == _LF else i + 1
             else:
                 end = i + 1
+            if i and self._bound(out, i, end):
+                return out
             self._line(out, end, i)
+
+    def _bound(self, out: list[SsePiece], content: int, size: int) -> bool:
+        """Whether the line at the start of the buffer (`content` bytes without its line
+        ending, `size` with what of it has arrived) passes a bound; if so, everything
+        held goes out as OVERFLOW and the rest of the body will too. A line is checked
+        when it completes and while it is pending, so the same input gives the same
+        pieces however it was split."""
+        if self._max_line is not None and content > self._max_line:
+            bound = "line"
+        elif self._max_event is not None and content and len(self._block) + size > self._max_event:
+            bound = "event"
+        else:
+            return False
+        self._over = bound
+        if self._buf:
+            data = bytes(self._buf)
+            self._buf.clear()
+            out.append(SsePiece(SseKind.OVERFLOW, data, self._offset, bound))
+            self._offset += len(data)
+        self._scan = 0
+        self._clear_block()
+        return True
 
     def feed_eof(self) -> list[SsePiece]:
         if self._eof:
@@ -287,6 +360,10 @@ class SseFramer:
             )
             self._events += 1
             self._done = self._done or event.is_done
+        self._clear_block()
+        return event
+
+    def _clear_block(self) -> None:
         self._block = bytearray()
         self._lines = 0
         self._data = []
@@ -294,4 +371,3 @@ class SseFramer:
         self._id = None
         self._retry = None
         self._comments = []
-        return event

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from middlebox.core.fault import Fault, Seconds
+from middlebox.core.fault import Bytes, Fault, Seconds
+from middlebox.core.sse import MAX_EVENT, MAX_LINE, SseLimits
 from middlebox.scenario.convert import Problem
 
 
@@ -86,10 +87,21 @@ class ProxyOptions:
     max_connections: int | None = None
     # TLS toward the client (issue 20); null: cleartext, the relay's unchanged fast path.
     tls: TlsOptions | None = None
+    # What an SSE-aware fault (cut, sse_ids, ...) lets the framing hold of one event-stream
+    # line and of one event. nginx has no SSE notion and passes such bytes as they come;
+    # a fault that reads lines must hold one whole, so a peer that never ends one would
+    # grow the proxy without end. Past the bound the faults step aside for the rest of that
+    # response (reported `stepped_aside`) and its bytes pass as they come. 1 MiB each: a
+    # vLLM chunk is a few hundred bytes, a large tool-call delta tens of KB.
+    sse_max_line: Bytes = MAX_LINE
+    sse_max_event: Bytes = MAX_EVENT
 
     def __post_init__(self) -> None:
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError("max_connections must be at least 1 (or null for no limit)")
+        for name in ("sse_max_line", "sse_max_event"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 byte")
         for name in (
             "client_header_timeout",
             "read_timeout",
@@ -99,6 +111,10 @@ class ProxyOptions:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive (or null to turn it off)")
+
+    @property
+    def sse_limits(self) -> SseLimits:
+        return SseLimits(self.sse_max_line, self.sse_max_event)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
@@ -570,9 +570,14 @@ class ProxyServer:
         # worked out on its first connection and reused (a new scenario object, as every
         # edit makes, works it out again; `bind` checks that the classes still fit).
         known = self._layout if self._layout_scenario is scenario else None
-        pipeline.bind(FaultContext(connection_id, rng, sink), shared, known)
         if known is None:
-            self._layout_scenario, self._layout = scenario, pipeline.layout
+            known = PipelineLayout.of(path)
+            if known.framing is not None:
+                # The scenario's bounds on what the SSE framing holds (proxy.sse_max_*)
+                framing = replace(known.framing, sse_limits=scenario.proxy.sse_limits)
+                known = replace(known, framing=framing)
+            self._layout_scenario, self._layout = scenario, known
+        pipeline.bind(FaultContext(connection_id, rng, sink), shared, known)
         return pipeline
 
     def _stage_state(self, name: str) -> SharedState:

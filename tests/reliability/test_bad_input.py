@@ -86,6 +86,8 @@ BOMB = (
         ("name: a\nname: b\n", "duplicate key 'name'"),
         ("name: a\nproxy: {max_connections: 0}\n", "max_connections must be at least 1"),
         ("name: a\nproxy: {read_timeout: 0s}\n", "read_timeout must be positive"),
+        ("name: a\nproxy: {sse_max_line: 0}\n", "s.yaml:2:8: proxy: sse_max_line must be at least"),
+        ("name: a\nproxy: {sse_max_event: lots}\n", "proxy.sse_max_event: expected a size"),
         ("name: a\nproxy: {client_header_timeout: soon}\n", "client_header_timeout: expected"),
         ("name: a\nproxy: {on_upstream_unreachable: 503}\n", "503 is not valid; choose one of"),
         ("name: a\nworkload: {requests: 0}\n", "requests and concurrency must be at least 1"),
