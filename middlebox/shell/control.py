@@ -3,7 +3,8 @@
 Routes (JSON unless noted):
 - `GET /metrics`: Prometheus text (see `middlebox.observe.metrics`);
 - `GET /scenario`: the active scenario; `PUT /scenario` with a YAML body validates it
-  like `middlebox validate` (400 with every problem) and makes it active for new
+  like `middlebox validate`, in a child process within a time and memory budget
+  (`middlebox.shell.scenario_parse`; 400 with every problem) and makes it active for new
   connections (live ones keep theirs); an `upstream:` or `workload:` block other than the
   active scenario's is refused (400: a live proxy starts no upstream and runs no clients)
   unless the request says `?ignore=upstream,workload`; `DELETE /scenario` clears it to
