@@ -20,6 +20,13 @@ answer carries `Connection: close`, the client side gets a FIN after it and the
 server side a FIN (once the server has finished the responses it still owes), and
 the client's further bytes are dropped. Answers keep HTTP/1.1's order: one for a
 request behind a forwarded one waits until the server's response to that is done.
+When the server closes (or resets) first, an answer still waiting is not sent: the
+response ahead of it then either never came, or was cut short, or was one whose body the
+close itself delimits (no Content-Length, not chunked: RFC 9112 §6.3), so bytes after it
+would be read as part of it, or as the answer to the forwarded request. The client gets
+the close and retries what went unanswered (RFC 9112 §9.3.2), as behind nginx, which
+closes after a response it cannot keep alive and leaves pipelined requests unanswered.
+Each such answer is reported `unsent`.
 """
 
 from __future__ import annotations
@@ -149,8 +156,9 @@ class HttpError(HttpMatched, Fault):
     message: str | None = None
     connection: ConnectionMode = "keep-alive"
 
-    # Server responses still owed (None) and our answers waiting behind them.
-    _queue: deque[tuple[bytes, bool] | None] = field(
+    # Server responses still owed (None) and our answers waiting behind them (the answer,
+    # whether it closes, the request's index).
+    _queue: deque[tuple[bytes, bool, int] | None] = field(
         init=False, repr=False, compare=False, default_factory=deque
     )
     _down_offset: int = field(init=False, repr=False, compare=False, default=0)
@@ -201,7 +209,7 @@ class HttpError(HttpMatched, Fault):
     def on_item(self, item: Item, now: float) -> list[Item]:
         if item.direction is Direction.UPSTREAM:
             return self._from_client(item, now)
-        return self._from_server(item)
+        return self._from_server(item, now)
 
     def _from_client(self, item: Item, now: float) -> list[Item]:
         if self._client_done:
@@ -233,14 +241,15 @@ class HttpError(HttpMatched, Fault):
                 status=self.status,
                 connection="close" if close else "keep-alive",
             )
-            self._queue.append((self.answer(self.request(piece.message), close), close))
+            answer = self.answer(self.request(piece.message), close)
+            self._queue.append((answer, close, index))
             self._client_done = close
         out = joined_chunk(Direction.UPSTREAM, forward) + self._flush()
         if not isinstance(item, Chunk) and not self._client_done:
             out.append(item)
         return out
 
-    def _from_server(self, item: Item) -> list[Item]:
+    def _from_server(self, item: Item, now: float) -> list[Item]:
         if self._down_closed:
             return []
         # The server's bytes pass as they arrive; the framer only says where a response
@@ -262,7 +271,9 @@ class HttpError(HttpMatched, Fault):
         pieces = [entry.piece for entry in framed]
         out: list[Item] = []
         sent = 0
-        for piece in pieces:
+        # A response the server's end ends (a close-delimited body) is no place to answer
+        # after: nothing is flushed behind it (below).
+        for piece in pieces if isinstance(item, Chunk) else ():
             if piece.end_of_message and self._queue and self._queue[0] is None:
                 self._queue.popleft()
                 if self._queue and self._queue[0] is not None:
@@ -273,9 +284,18 @@ class HttpError(HttpMatched, Fault):
                         return out
         out += joined_chunk(Direction.DOWNSTREAM, [data[sent:]])
         if not isinstance(item, Chunk):
-            # The server ended: answers waiting only on it go out before the end.
-            self._queue = deque(entry for entry in self._queue if entry is not None)
-            out += self._flush()
+            # The server ended with a response still owed, cut short or delimited by this
+            # very close: the answers behind it cannot be told from its bytes (above).
+            for entry in self._queue:
+                if entry is not None:
+                    self.report(
+                        now,
+                        "unsent",
+                        request=entry[2],
+                        status=self.status,
+                        reason="the server closed before the response ahead of it ended",
+                    )
+            self._queue.clear()
             if not self._down_closed:
                 out.append(item)
                 self._down_closed = True
@@ -287,7 +307,7 @@ class HttpError(HttpMatched, Fault):
         while self._queue and self._queue[0] is not None and not self._down_closed:
             entry = self._queue.popleft()
             assert entry is not None
-            response, close = entry
+            response, close, _ = entry
             out.append(Chunk(Direction.DOWNSTREAM, response))
             if close:
                 out += [Eof(Direction.DOWNSTREAM), Eof(Direction.UPSTREAM)]

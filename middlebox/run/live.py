@@ -89,7 +89,10 @@ def in_process(background: BackgroundProxy) -> Transport:
     api = ControlApi(background.proxy)
 
     def send(method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        response = background._call(lambda: api.route(method, path, {}, body))
+        # A scenario is parsed in this (the caller's) thread, not on the proxy's loop.
+        upload = method == "PUT" and path.split("?", 1)[0].rstrip("/") == "/scenario"
+        parsed = api.parse_here(body) if upload else None
+        response = background._call(lambda: api.route(method, path, {}, body, parsed))
         return response.status, response.body
 
     return send

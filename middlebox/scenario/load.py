@@ -32,29 +32,12 @@ from middlebox.scenario.presets import expand_preset, scenario_proxy
 # A scenario is a page of YAML; anything this big is a mistake (or an attack), refused
 # before parsing so a stray multi-gigabyte file cannot exhaust memory.
 MAX_SCENARIO_BYTES = 1024 * 1024
-# Nodes after expanding aliases: a "billion laughs" document is tiny but expands
-# exponentially when walked as a tree, as the converters do.
+# Nodes, and characters of scalars, after expanding aliases: a "billion laughs" document is
+# tiny but expands exponentially when walked as a tree, as the converters (and the control
+# API's answer) do. Strings count too: 30 aliases of 30 aliases of a 60 KB string are only
+# 960 nodes, but 54 MB of values. Expanded, a scenario may hold no more than a file may.
 MAX_EXPANDED_NODES = 100_000
-
-
-def expanded_size(root: yaml.Node) -> int:
-    """How many nodes walking `root` as a tree visits (aliases counted each time)."""
-    sizes: dict[int, int] = {}
-
-    def size(node: yaml.Node) -> int:
-        known = sizes.get(id(node))
-        if known is not None:
-            return known
-        sizes[id(node)] = 1  # a recursive alias counts once instead of looping
-        total = 1
-        if isinstance(node, yaml.SequenceNode):
-            total += sum(size(child) for child in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            total += sum(size(key) + size(value) for key, value in node.value)
-        sizes[id(node)] = min(total, MAX_EXPANDED_NODES + 1)
-        return sizes[id(node)]
-
-    return size(root)
+MAX_EXPANDED_CHARS = MAX_SCENARIO_BYTES
 
 
 TOP_LEVEL = ("name", "description", "seed", "path", "proxy", "quiet_faults")
@@ -108,48 +91,72 @@ MAX_NUMBER_DIGITS = 100
 _NUMBER = re.compile(r"[-+]?[0-9_.]+(?:[eE][-+]?[0-9]+)?")
 
 
-def _check_shape(text: str, file: str) -> None:
-    """Nesting depth and number size, from PyYAML's event stream (its parser keeps an
-    explicit state stack, so this cannot recurse): a located problem, not a traceback."""
-    depth = 0
-    try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            mark = event.start_mark
-            line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-            if isinstance(event, yaml.CollectionStartEvent):
-                depth += 1
-                if depth > MAX_NESTING:
-                    raise ScenarioError(
-                        [
-                            Problem(
-                                file,
-                                line,
-                                column,
-                                f"nested more than {MAX_NESTING} deep; refused",
-                            )
-                        ]
-                    )
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
-            elif (
-                isinstance(event, yaml.ScalarEvent)
-                and event.style is None
-                and len(event.value) > MAX_NUMBER_DIGITS
-                and _NUMBER.fullmatch(event.value)
-            ):
-                raise ScenarioError(
-                    [
-                        Problem(
-                            file,
-                            line,
-                            column,
-                            f"a number of {len(event.value)} characters "
-                            f"(limit {MAX_NUMBER_DIGITS}); refused",
-                        )
-                    ]
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader refusing, where it stands, what no scenario needs: nesting deeper
+    than MAX_NESTING (its composer recurses, so 5000 `[` would end in a RecursionError),
+    numbers longer than MAX_NUMBER_DIGITS, and values that aliases expand past
+    MAX_EXPANDED_NODES nodes or MAX_EXPANDED_CHARS characters. All of it is counted while
+    the document is composed, in one pass that stops at the first limit crossed: the
+    pure-Python parser costs ~15 us a value, so a second pass, or one to the end of a
+    refused 700 KB list, is seconds."""
+
+    def __init__(self, text: str, file: str) -> None:
+        super().__init__(text)
+        self.file = file
+        self.depth = 0
+        self.nodes = 0
+        self.chars = 0
+        # An anchored node's expanded size (nodes, characters), added at each of its aliases.
+        self.expanded: dict[int, tuple[int, int]] = {}
+
+    def refuse(self, mark: Any, message: str) -> ScenarioError:
+        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        return ScenarioError([Problem(self.file, line, column, message)])
+
+    def count(self, nodes: int, chars: int, mark: Any) -> None:
+        self.nodes += nodes
+        self.chars += chars
+        if self.nodes > MAX_EXPANDED_NODES:
+            raise self.refuse(
+                mark,
+                f"more than {MAX_EXPANDED_NODES} values once aliases are expanded "
+                "(a YAML alias bomb?); refused",
+            )
+        if self.chars > MAX_EXPANDED_CHARS:
+            raise self.refuse(
+                mark,
+                f"more than {MAX_EXPANDED_CHARS} characters of values once aliases are "
+                "expanded (a YAML alias bomb?); refused",
+            )
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            node = self.anchors.get(event.anchor)
+            if node is not None:  # an alias inside its own anchor counts once, not forever
+                self.count(*self.expanded.get(id(node), (1, 0)), event.start_mark)
+            return super().compose_node(parent, index)
+        before = (self.nodes, self.chars)
+        collection = isinstance(event, yaml.CollectionStartEvent)
+        if collection:
+            self.depth += 1
+            if self.depth > MAX_NESTING:
+                raise self.refuse(event.start_mark, f"nested more than {MAX_NESTING} deep; refused")
+            self.count(1, 0, event.start_mark)
+        elif isinstance(event, yaml.ScalarEvent):
+            value = event.value
+            if event.style is None and len(value) > MAX_NUMBER_DIGITS and _NUMBER.fullmatch(value):
+                raise self.refuse(
+                    event.start_mark,
+                    f"a number of {len(value)} characters (limit {MAX_NUMBER_DIGITS}); refused",
                 )
-    except yaml.YAMLError:
-        return  # syntax problems are reported, located, by the composer below
+            self.count(1, len(value), event.start_mark)
+        node = super().compose_node(parent, index)
+        if collection:
+            self.depth -= 1
+        if event.anchor is not None:
+            self.expanded[id(node)] = (self.nodes - before[0], self.chars - before[1])
+        return node
 
 
 def load_scenario_text(
@@ -173,10 +180,9 @@ def load_scenario_text(
         raise ScenarioError(
             [Problem(file, 1, 1, f"too large: {len(text)} characters (limit {MAX_SCENARIO_BYTES})")]
         )
-    _check_shape(text, file)
-    loader: yaml.SafeLoader | None = None
+    loader: _BoundedLoader | None = None
     try:
-        loader = yaml.SafeLoader(text)  # its reader refuses NUL and control characters
+        loader = _BoundedLoader(text, file)  # its reader refuses NUL and control characters
         root = loader.get_single_node()
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
@@ -198,14 +204,6 @@ def load_scenario_text(
     if root is None or not isinstance(root, yaml.MappingNode):
         problems.add(root, "a scenario must be a mapping with at least `name:` and `path:`")
         raise ScenarioError(problems.problems)
-    if expanded_size(root) > MAX_EXPANDED_NODES:
-        problems.add(
-            root,
-            f"more than {MAX_EXPANDED_NODES} values once aliases are expanded "
-            "(a YAML alias bomb?); refused",
-        )
-        raise ScenarioError(problems.problems)
-
     values: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     path_node: yaml.Node | None = None

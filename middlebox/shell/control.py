@@ -3,7 +3,8 @@
 Routes (JSON unless noted):
 - `GET /metrics`: Prometheus text (see `middlebox.observe.metrics`);
 - `GET /scenario`: the active scenario; `PUT /scenario` with a YAML body validates it
-  like `middlebox validate` (400 with every problem) and makes it active for new
+  like `middlebox validate`, in a child process within a time and memory budget
+  (`middlebox.shell.scenario_parse`; 400 with every problem) and makes it active for new
   connections (live ones keep theirs); an `upstream:` or `workload:` block other than the
   active scenario's is refused (400: a live proxy starts no upstream and runs no clients)
   unless the request says `?ignore=upstream,workload`; `DELETE /scenario` clears it to
@@ -35,6 +36,7 @@ synchronous callers (the pytest plugin, `middlebox drill start`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hmac
 import ipaddress
@@ -58,15 +60,24 @@ from middlebox.observe.journal import JournalStore
 from middlebox.observe.metrics import CONTENT_TYPE, Metrics
 from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.model import Scenario
-from middlebox.shell import fault_edits
+from middlebox.shell import fault_edits, scenario_parse
 from middlebox.shell.fault_edits import EditError
+from middlebox.shell.scenario_parse import Parsed
 from middlebox.shell.server import Address, ProxyServer, relay_clock_offset, run_proxy
 
 log = logging.getLogger("middlebox.shell.control")
 
 MAX_BODY = 1024 * 1024
-# `/faults` bodies are parsed on the event loop (PUT /scenario's in a worker thread).
+# `/faults` bodies are parsed on the event loop (PUT /scenario's in a child process).
 MAX_FAULT_BODY = 64 * 1024
+# A refused upload's answer lists at most this many problems, each cut to a line: a 1 MiB
+# body of 100,000 unknown keys must not be answered with 15 MB of them.
+MAX_PROBLEMS = 100
+MAX_PROBLEM_CHARS = 500
+# Uploads waiting for a parse slot (`scenario_parse.MAX_PARSES` run at once), and for how
+# long, before the answer is 503 with Retry-After.
+MAX_PARSES_WAITING = 4
+PARSE_WAIT = 5.0
 REQUEST_TIMEOUT = 10.0
 PEEK_TIMEOUT = 5.0
 PEEK_LIMIT = 64 * 1024
@@ -207,18 +218,31 @@ class ControlledProxy(ProxyServer):
         return sorted(
             p.stem
             for p in self.scenario_dir.iterdir()
-            if p.suffix in self.loader.suffixes and _NAME.match(p.stem)
+            if p.suffix in self.loader.suffixes
+            and _NAME.match(p.stem)
+            and self._inside_scenario_dir(p)
         )
 
+    def _inside_scenario_dir(self, path: Path) -> bool:
+        """Whether `path`, links followed, is a file inside the scenario directory (its
+        real path too): a link in it to `/etc/...` or `../other` names nothing."""
+        assert self.scenario_dir is not None
+        try:
+            real = path.resolve(strict=True)
+            return real.is_file() and real.is_relative_to(self.scenario_dir.resolve(strict=True))
+        except (OSError, RuntimeError):  # a dangling link, a loop of links
+            return False
+
     def named_scenario(self, name: str) -> Scenario:
-        """`NAME.yaml` from the scenario directory; raises LookupError when not there."""
+        """`NAME.yaml` from the scenario directory; raises LookupError when not there, or
+        when it is a link to a file outside the directory."""
         if self.scenario_dir is None or not _NAME.match(name) or ".." in name:
             raise LookupError(name)
         for suffix in self.loader.suffixes:
             path = self.scenario_dir / f"{name}{suffix}"
-            if path.is_file():
+            if self._inside_scenario_dir(path):
                 if name not in self._loaded:
-                    self._loaded[name] = self.loader.file(path)
+                    self._loaded[name] = self.loader.file(path.resolve())
                 return self._loaded[name]
         raise LookupError(name)
 
@@ -254,21 +278,32 @@ class ControlledProxy(ProxyServer):
 
 
 async def peek_head(sock: socket.socket) -> bytes:
-    """The client's first request head, read with MSG_PEEK so it stays in the socket."""
+    """The client's first request head, read with MSG_PEEK so it stays in the socket.
+
+    Peeked bytes keep the socket readable, so after a peek that found no head end the
+    socket is told to wake only once more bytes than those have arrived (SO_RCVLOWAT:
+    Linux's poll honours it for TCP, socket(7); a FIN or an error still wakes it): a
+    head that stays partial costs one peek, not one every few milliseconds until
+    PEEK_TIMEOUT. The pause between peeks bounds a client dripping a byte at a time."""
     data = b""
-    with trio.move_on_after(PEEK_TIMEOUT):
-        while True:
-            await trio.lowlevel.wait_readable(sock)
-            try:
-                data = sock.recv(PEEK_LIMIT, socket.MSG_PEEK)
-            except BlockingIOError:
-                continue
-            except OSError:
-                return b""
-            if not data or b"\r\n\r\n" in data or len(data) >= PEEK_LIMIT:
-                return data
-            # Peeked bytes stay readable, so wait a little for more instead of spinning.
-            await trio.sleep(0.005)
+    try:
+        with trio.move_on_after(PEEK_TIMEOUT):
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                try:
+                    data = sock.recv(PEEK_LIMIT, socket.MSG_PEEK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return b""
+                if not data or b"\r\n\r\n" in data or len(data) >= PEEK_LIMIT:
+                    return data
+                with contextlib.suppress(OSError):  # without it: a peek every 5 ms
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, len(data) + 1)
+                await trio.sleep(0.005)
+    finally:
+        with contextlib.suppress(OSError):  # the relay reads whatever has arrived
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
     return data
 
 
@@ -298,6 +333,7 @@ _REASONS = {
     409: "Conflict",
     413: "Content Too Large",
     500: "Internal Server Error",
+    503: "Service Unavailable",
 }
 
 
@@ -314,10 +350,11 @@ class Response:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def json(cls, status: int, value: Any) -> Response:
-        return cls(status, (json.dumps(value, indent=1) + "\n").encode())
+    def json(cls, status: int, value: Any, *headers: tuple[str, str]) -> Response:
+        return cls(status, (json.dumps(value, indent=1) + "\n").encode(), headers=headers)
 
 
 @dataclass
@@ -326,8 +363,10 @@ class ControlApi:
 
     proxy: ControlledProxy
     token: str | None = None
-    # PUT bodies parsed off the event loop (parse_off_loop), taken by route.
-    parsed: dict[bytes, Scenario] = field(default_factory=dict)
+    parse_slots: trio.CapacityLimiter = field(
+        default_factory=lambda: trio.CapacityLimiter(scenario_parse.MAX_PARSES)
+    )
+    parses_waiting: int = 0
 
     def authorised(self, headers: dict[str, str]) -> bool:
         if not self.token:
@@ -335,25 +374,41 @@ class ControlApi:
         given = headers.get("authorization", "")
         return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
 
-    def parse_scenario(self, body: bytes) -> Scenario:
-        """A PUT body as a scenario (raises ScenarioError or UnicodeDecodeError)."""
-        return self.proxy.loader.text(body.decode("utf-8"), "<PUT /scenario>")
+    def parse_here(self, body: bytes) -> Parsed:
+        """A PUT body parsed in this thread: for callers of `route` without a socket (tests,
+        the in-process transport of `middlebox.run.live`), never on the relay's loop."""
+        return scenario_parse.parse_text(self.proxy.loader, body, UPLOAD_NAME)
 
-    async def parse_off_loop(
-        self, method: str, target: str, headers: dict[str, str], body: bytes
-    ) -> None:
-        """Parse an authorised `PUT /scenario` body in a worker thread, so a slow parse
-        (up to the 1 MiB limit) never stalls the relay's live streams on this event loop;
-        `route` then takes the result. Errors are left for `route` to report."""
-        path = target.split("?", 1)[0].rstrip("/") or "/"
-        if method != "PUT" or path != "/scenario" or not self.authorised(headers):
-            return
+    async def parse_upload(self, body: bytes) -> Parsed | Response:
+        """A PUT body parsed once, in a child process (`scenario_parse`), while this event
+        loop goes on relaying; a 503 with Retry-After when every parse slot stays busy."""
+        if self.parse_slots.available_tokens == 0 and self.parses_waiting >= MAX_PARSES_WAITING:
+            return busy()
+        acquired = False
+        self.parses_waiting += 1
         try:
-            self.parsed[body] = await trio.to_thread.run_sync(self.parse_scenario, body)
-        except Exception:
-            return  # route parses it again and answers the problem
+            with trio.move_on_after(PARSE_WAIT):
+                await self.parse_slots.acquire()
+                acquired = True
+        finally:
+            self.parses_waiting -= 1
+        if not acquired:
+            return busy()
+        try:
+            return await scenario_parse.parse_in_child(self.proxy.loader, body, UPLOAD_NAME)
+        finally:
+            self.parse_slots.release()
 
-    def route(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Response:
+    def route(
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes,
+        parsed: Parsed | None = None,
+    ) -> Response:
+        """The answer to one request. A `PUT /scenario` body comes `parsed` (off the loop,
+        by `parse_upload`); without it, it is parsed here (`parse_here`)."""
         if not self.authorised(headers):
             return Response.json(401, {"error": "missing or wrong bearer token"})
         path = target.split("?", 1)[0].rstrip("/") or "/"
@@ -364,14 +419,11 @@ class ControlApi:
             if method == "GET":
                 return Response.json(200, scenario_json(proxy.scenario))
             if method == "PUT":
-                try:
-                    scenario = self.parsed.pop(body, None) or self.parse_scenario(body)
-                except UnicodeDecodeError:
-                    return Response.json(400, {"error": "the body must be UTF-8 YAML"})
-                except ScenarioError as error:
+                parsed = parsed or self.parse_here(body)
+                scenario = parsed.scenario
+                if scenario is None:
                     return Response.json(
-                        400,
-                        {"error": "invalid scenario", "problems": [str(p) for p in error.problems]},
+                        400, {"error": parsed.error, **bounded_problems(parsed.problems)}
                     )
                 refused = unappliable_sections(scenario, proxy.scenario, _ignored(target))
                 if refused:
@@ -480,6 +532,18 @@ class ControlApi:
             {"scenario": scenario.name, **what, "faults": fault_edits.listing(scenario)},
         )
 
+    async def answer(
+        self, method: str, target: str, headers: dict[str, str], body: bytes
+    ) -> Response:
+        """`route`, with an authorised `PUT /scenario` body parsed off the loop first."""
+        path = target.split("?", 1)[0].rstrip("/") or "/"
+        if method == "PUT" and path == "/scenario" and self.authorised(headers):
+            parsed = await self.parse_upload(body)
+            if isinstance(parsed, Response):
+                return parsed
+            return self.route(method, target, headers, body, parsed)
+        return self.route(method, target, headers, body)
+
     async def serve_connection(self, stream: trio.SocketStream) -> None:
         """HTTP/1.1 with keep-alive, one request at a time, every read bounded in time."""
         connection = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
@@ -497,13 +561,7 @@ class ControlApi:
                         for name, value in request.headers
                     }
                     try:
-                        await self.parse_off_loop(
-                            request.method.decode("ascii"),
-                            request.target.decode("latin-1"),
-                            headers,
-                            body,
-                        )
-                        response = self.route(
+                        response = await self.answer(
                             request.method.decode("ascii"),
                             request.target.decode("latin-1"),
                             headers,
@@ -521,6 +579,7 @@ class ControlApi:
                         headers=[
                             ("content-type", response.content_type),
                             ("content-length", str(len(response.body))),
+                            *response.headers,
                             *([] if keep else [("connection", "close")]),
                         ],
                     )
@@ -538,6 +597,30 @@ class ControlApi:
             return
         finally:
             await stream.aclose()
+
+
+UPLOAD_NAME = "<PUT /scenario>"
+
+
+def busy() -> Response:
+    """Every parse slot taken for `PARSE_WAIT`: come back later (RFC 9110 §15.6.4, 503 with
+    Retry-After, as nginx's limit_req answers a burst it will not queue)."""
+    return Response.json(
+        503,
+        {"error": "scenario uploads are being parsed; try again shortly"},
+        ("retry-after", "1"),
+    )
+
+
+def bounded_problems(problems: tuple[str, ...]) -> dict[str, Any]:
+    """A refusal's problems for the answer: the first MAX_PROBLEMS, each cut to
+    MAX_PROBLEM_CHARS, and how many more there were."""
+    shown = [
+        p if len(p) <= MAX_PROBLEM_CHARS else p[: MAX_PROBLEM_CHARS - 3] + "..."
+        for p in problems[:MAX_PROBLEMS]
+    ]
+    more = len(problems) - len(shown)
+    return {"problems": shown, **({"more_problems": more} if more else {})}
 
 
 def _ignored(target: str) -> frozenset[str]:

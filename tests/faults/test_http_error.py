@@ -183,14 +183,51 @@ def test_a_model_filter_holds_the_request_until_its_body_says_which_model() -> N
     assert fault.reports[0].details["request"] == 0  # the first request of that model
 
 
-def test_the_server_closing_releases_an_answer_waiting_behind_its_response() -> None:
+SSE_HEAD_ONLY = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        b"",  # the server closed without answering the forwarded request
+        SSE_HEAD_ONLY,  # a stream cut after its head (a server aborting on the client's FIN)
+        b"HTTP/1.1 200 OK\r\n\r\npartial",  # a body the close itself delimits
+    ],
+    ids=["no-response", "bodyless-head", "close-delimited"],
+)
+@pytest.mark.parametrize("client_fin", [True, False])
+def test_an_answer_behind_a_response_the_server_s_close_ends_is_never_written(
+    response: bytes, client_fin: bool
+) -> None:
+    # The client pipelines two requests (and half-closes); the first is forwarded, the
+    # second matched. Whatever the server's close leaves owed, a 429 after it would be
+    # read as (part of) the first request's response: the client gets the close instead.
     fault = HttpError(body="text", match=RequestMatch(requests=[1]))
-    out = replay(fault, [(0.0, Chunk(UP, request() + request())), (1.0, Eof(DOWN))])
-    assert out == [
-        (0.0, Chunk(UP, request())),
-        (1.0, Chunk(DOWN, fault.answer(None, close=False))),
+    timeline = [(0.0, Chunk(UP, request() + request()))]
+    timeline += [(0.0, Eof(UP))] if client_fin else []
+    timeline += [(0.5, Chunk(DOWN, response))] if response else []
+    out = replay(fault, [*timeline, (1.0, Eof(DOWN))])
+    assert joined(out, DOWN) == response
+    assert out[-1] == (1.0, Eof(DOWN))
+    assert [(r.action, r.details["request"]) for r in fault.reports] == [
+        ("answered", 1),
+        ("unsent", 1),
+    ]
+
+
+def test_an_answer_behind_a_response_framed_to_its_end_goes_out_before_the_server_s_close() -> None:
+    fault = HttpError(body="text", match=RequestMatch(requests=[1]))
+    timeline = [(0.0, Chunk(UP, request() + request())), (0.0, Eof(UP)), (0.5, Chunk(DOWN, OK))]
+    out = replay(fault, [*timeline, (1.0, Eof(DOWN))])
+    assert out[1:] == [
+        (0.0, Eof(UP)),
+        (0.5, Chunk(DOWN, OK)),
+        (0.5, Chunk(DOWN, fault.answer(None, close=False))),
         (1.0, Eof(DOWN)),
     ]
+    assert [r.action for r in fault.reports] == ["answered"]
 
 
 def test_a_client_reset_after_a_closing_answer_still_reaches_the_server() -> None:

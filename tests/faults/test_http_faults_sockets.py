@@ -129,3 +129,29 @@ async def test_a_closing_503_reaches_the_client_then_a_fin_and_the_server_sees_n
     assert data.startswith(b"HTTP/1.1 503 Service Unavailable\r\nServer: uvicorn\r\n")
     assert b"Connection: close\r\n" in data and data.endswith(b'"code":503}}')
     assert end == "fin" and upstream.requests == 0
+
+
+async def test_a_pipelined_request_after_a_half_close_gets_no_answer_behind_a_cut_stream() -> None:
+    # A client pipelines two chats and half-closes; the server starts the first stream and,
+    # seeing the client's FIN (carried by the proxy), aborts it and closes, as vLLM does on
+    # a disconnect. `http_error` matches the second: its 429 must not follow the cut 200.
+    async def aborting(stream: trio.SocketStream) -> None:
+        with trio.move_on_after(10):
+            framer = Http1Framer("request")
+            started = False
+            while data := await stream.receive_some(65536):
+                if not started and any(p.end_of_message for p in framer.feed(data)):
+                    await stream.send_all(SSE_HEAD)
+                    started = True
+            await stream.aclose()
+
+    scenario = load_scenario_text(
+        "name: rl\npath:\n  - http_error: {status: 429, match: {requests: [1]}}\n", REGISTRY
+    )
+    with trio.fail_after(15):
+        async with proxied(aborting, scenario) as run:
+            client = await run.connect()
+            await client.send_all(request() + request())
+            await client.send_eof()
+            received, ended = await read_all(client)
+    assert received == SSE_HEAD and ended == "fin"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -88,10 +88,15 @@ class Running:
 
 @asynccontextmanager
 async def controlled(
-    token: str | None = None, scenario_dir: Path | None = None, end: str = "complete"
+    token: str | None = None,
+    scenario_dir: Path | None = None,
+    end: str = "complete",
+    upstream_handler: Callable[[trio.SocketStream], Awaitable[None]] | None = None,
 ) -> AsyncIterator[Running]:
+    """A controlled proxy and its control API on this event loop, before `sse_upstream`
+    (ending as `end` says) or `upstream_handler`."""
     async with trio.open_nursery() as nursery:
-        handler = partial(sse_upstream, end=end)
+        handler = upstream_handler or partial(sse_upstream, end=end)
         listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         upstream = Address("127.0.0.1", listeners[0].socket.getsockname()[1])
         proxy = ControlledProxy(

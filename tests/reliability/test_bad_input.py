@@ -526,31 +526,24 @@ def test_deep_nesting_and_huge_numbers_are_located_problems_not_tracebacks(
 
 
 def test_put_scenario_is_parsed_off_the_event_loop_and_a_bad_one_is_a_400() -> None:
-    import threading
-
     from middlebox.run.serve import LIBRARY_SCENARIOS
     from middlebox.shell.control import ControlApi, ControlledProxy
+    from middlebox.shell.scenario_parse import Parsed
 
     proxy = ControlledProxy(Address("127.0.0.1", 9), Scenario(name="x"), loader=LIBRARY_SCENARIOS)
     api = ControlApi(proxy)
-    threads: list[threading.Thread] = []
-    parse = api.parse_scenario
-
-    def recording(body: bytes) -> Scenario:
-        threads.append(threading.current_thread())
-        return parse(body)
-
-    api.parse_scenario = recording  # type: ignore[method-assign]
     good = b"name: swapped\npath:\n  - latency: {delay: 5ms}\n"
+    here = api.parse_here
 
-    async def put(body: bytes) -> int:
-        await api.parse_off_loop("PUT", "/scenario", {}, body)
-        return api.route("PUT", "/scenario", {}, body).status
+    def refused(body: bytes) -> Parsed:
+        raise AssertionError("parsed in the control API's own process")
 
-    assert trio.run(put, good) == 200
+    api.parse_here = refused  # type: ignore[method-assign]
+    # the socket path (`answer`) parses in a child process, never here
+    assert trio.run(api.answer, "PUT", "/scenario", {}, good).status == 200
     assert proxy.scenario.name == "swapped"
-    assert threads and threads[0] is not threading.main_thread()  # parsed in a worker thread
-    assert api.parsed == {}  # taken by route, nothing kept
     bad = ("name: x\npath: " + "[" * 5000 + "\n").encode()
-    response = api.route("PUT", "/scenario", {}, bad)
+    response = trio.run(api.answer, "PUT", "/scenario", {}, bad)
     assert response.status == 400 and b"nested more than 64 deep" in response.body
+    api.parse_here = here  # type: ignore[method-assign]
+    assert api.route("PUT", "/scenario", {}, bad).status == 400  # no socket: parsed here
