@@ -1,0 +1,277 @@
+"""Hostile HTTP/2 clients over the TLS proxy (shell/h2_streams.py, core/h2_limits.py): rapid
+reset (CVE-2023-44487), a stream reset while it waits for its upstream slot, the slots'
+bound, and the CONTINUATION and SETTINGS floods. Real loopback TLS, python-hyper's h2 as the
+client (or as the attacker's encoder), every loop bounded in time and count.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.errors
+import pytest
+import trio
+
+from middlebox.core.h2_limits import ENHANCE_YOUR_CALM, RESET_BURST, RESET_RATE
+from middlebox.observe.metrics import Metrics
+from middlebox.scenario.model import TlsOptions
+from middlebox.shell import h2_streams
+from middlebox.shell.tls import LocalCA
+from tests.harness import proxied, read_all
+from tests.shell.test_h2_streams import H2Client, chunked_response, h2_proxy, read_request
+
+ATTACK_STREAMS = 10_000
+ROUNDS = 3  # attacks (each with a normal stream beside it), and baseline normal streams
+NORMAL_PIECES = 10  # the normal stream's answer: ten chunks 20 ms apart
+PROTOCOL_ERROR = 0x1
+GOAWAY = 0x7
+
+
+@dataclass
+class Upstream:
+    """A loopback upstream that counts every connection the proxy dials to it."""
+
+    accepts: int = 0
+    open_now: int = 0
+    most_open: int = 0
+    normal: int = 0
+    hold: trio.Event = field(default_factory=trio.Event)  # `/held` answers once it is set
+
+    async def handler(self, stream: trio.SocketStream) -> None:
+        self.accepts += 1
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        try:
+            request = await read_request(stream)
+            if b"/normal" in request.split(b"\r\n")[0]:
+                self.normal += 1
+                for piece in chunked_response(b"data: x\n\n" * NORMAL_PIECES, NORMAL_PIECES):
+                    await stream.send_all(piece)
+                    await trio.sleep(0.02)
+            elif b"/held" in request.split(b"\r\n")[0]:
+                await self.hold.wait()
+                for piece in chunked_response(b"data: held\n\n"):
+                    await stream.send_all(piece)
+            else:  # an attacking stream that got dialled: it ends by the proxy's RST
+                await read_all(stream)
+                return
+            await stream.aclose()
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            self.open_now -= 1
+
+
+def rapid_reset(streams: int) -> bytes:
+    """The attack's bytes, encoded by h2 as a client would: the preface, then `streams`
+    times HEADERS for a POST and at once RST_STREAM CANCEL on it."""
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    conn.initiate_connection()
+    out = bytearray(conn.data_to_send())
+    headers = [(":method", "POST"), (":path", "/attack"), (":scheme", "https"), (":authority", "t")]
+    for _ in range(streams):
+        stream_id = conn.get_next_available_stream_id()
+        conn.send_headers(stream_id, headers)
+        conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        out += conn.data_to_send()
+    return bytes(out)
+
+
+@dataclass
+class Goaway:
+    last_stream_id: int
+    error_code: int
+    seconds: float  # from the attack's first byte to the GOAWAY
+
+
+def goaway_in(received: bytes) -> tuple[int, int] | None:
+    """The first GOAWAY frame among the server's frames: (last stream id, error code)."""
+    at = 0
+    while at + 9 <= len(received):
+        length = int.from_bytes(received[at : at + 3], "big")
+        kind = received[at + 3]
+        payload = received[at + 9 : at + 9 + length]
+        if len(payload) < length:
+            return None
+        if kind == GOAWAY:
+            last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
+            return last, int.from_bytes(payload[4:8], "big")
+        at += 9 + length
+    return None
+
+
+async def attack(port: int, ca: LocalCA, payload: bytes) -> Goaway | None:
+    """Send `payload` over a fresh h2 connection, reading meanwhile, until a GOAWAY."""
+    client = await H2Client.connect(port, ca)  # its preface is sent: the attack follows
+    stream = client.stream
+    received = bytearray()
+    found: list[Goaway] = []
+    started = time.perf_counter()
+
+    async def blast() -> None:
+        try:
+            await stream.send_all(payload[len(h2_preface()) :])
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(blast)
+        while not found:
+            try:
+                data = await stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                break
+            if not data:
+                break
+            received += data
+            seen = goaway_in(bytes(received))
+            if seen is not None:
+                found.append(Goaway(*seen, time.perf_counter() - started))
+        nursery.cancel_scope.cancel()
+    await trio.aclose_forcefully(stream)
+    return found[0] if found else None
+
+
+def h2_preface() -> bytes:
+    """What `H2Client.connect` already sent: the client preface and its SETTINGS."""
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    conn.initiate_connection()
+    return conn.data_to_send()
+
+
+async def normal_stream(port: int, ca: LocalCA) -> float:
+    """One POST /normal on a connection of its own: its whole time, its answer checked."""
+    started = time.perf_counter()
+    client = await H2Client.connect(port, ca)
+    stream_id = await client.post("/normal")
+    await client.until(client.all_over)
+    answer = client.answers[stream_id]
+    assert answer.ended and answer.data == b"data: x\n\n" * NORMAL_PIECES
+    await trio.aclose_forcefully(client.stream)
+    return time.perf_counter() - started
+
+
+async def test_a_rapid_reset_of_ten_thousand_streams_ends_in_goaway_and_dials_nothing(
+    tmp_path: Path,
+) -> None:
+    """The CVE-2023-44487 pattern, three times: 10,000 HEADERS + RST_STREAM pairs sent at
+    once. Each connection ends in GOAWAY ENHANCE_YOUR_CALM once its resets pass the budget
+    (a burst of RESET_BURST, RESET_RATE more a second), the streams it reset are never
+    dialled (a bounded number at most: a pair split between two reads), and a normal stream
+    on another connection, started with each attack, completes whole. Its time against the
+    same run's baseline is printed (`make bench` holds the 2x bound: h2_rapid_reset)."""
+    payload = rapid_reset(ATTACK_STREAMS)
+    ca = LocalCA.load_or_create(tmp_path)
+    upstream = Upstream()
+    with trio.fail_after(60):
+        async with proxied(upstream.handler, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
+            baseline = [await normal_stream(running.proxy_port, ca) for _ in range(ROUNDS)]
+            goaways: list[Goaway | None] = []
+            during: list[float] = []
+            for _ in range(ROUNDS):
+                async with trio.open_nursery() as nursery:
+
+                    async def one_attack() -> None:
+                        goaways.append(await attack(running.proxy_port, ca, payload))
+
+                    async def one_normal() -> None:
+                        during.append(await normal_stream(running.proxy_port, ca))
+
+                    nursery.start_soon(one_attack)
+                    nursery.start_soon(one_normal)
+            server = running.server
+            metrics = Metrics().render(server, None)
+    dials = upstream.accepts - upstream.normal
+    opened = 0
+    for goaway in goaways:
+        assert goaway is not None, "no GOAWAY"
+        assert goaway.error_code == ENHANCE_YOUR_CALM
+        # Every stream up to the GOAWAY's last stream id was opened and reset: no more than
+        # the budget allows in the time the attack took.
+        streams = (goaway.last_stream_id + 1) // 2
+        assert streams <= RESET_BURST + RESET_RATE * goaway.seconds + 1
+        assert streams < ATTACK_STREAMS
+        opened += streams
+    assert upstream.normal == 2 * ROUNDS
+    assert dials <= h2_streams.UPSTREAM_SLOTS
+    assert server.h2_reset_floods == ROUNDS
+    assert server.h2_streams_reset_before_dial + dials >= opened
+    assert f"middlebox_h2_reset_floods_total {ROUNDS}" in metrics
+    ratio = statistics.median(during) / statistics.median(baseline)
+    print(
+        f"rapid reset: {opened} streams opened before {ROUNDS} GOAWAYs, {dials} dialled; "
+        f"normal stream {statistics.median(baseline) * 1000:.0f} ms -> "
+        f"{statistics.median(during) * 1000:.0f} ms during (x{ratio:.2f})"
+    )
+
+
+async def test_a_client_that_resets_a_few_streams_keeps_its_connection(tmp_path: Path) -> None:
+    """Fifty resets, as a browser cancelling a page's requests: well within the budget, no
+    GOAWAY, and the next stream on the same connection is served."""
+    upstream = Upstream()
+    async with h2_proxy(tmp_path, upstream.handler) as (running, client):
+        for _ in range(50):
+            stream_id = client.conn.get_next_available_stream_id()
+            client.conn.send_headers(
+                stream_id,
+                [(":method", "GET"), (":path", "/x"), (":scheme", "https"), (":authority", "t")],
+            )
+            client.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        await client.flush()
+        last = await client.post("/normal")
+        await client.until(client.all_over)
+        assert client.goaway is None
+        assert client.answers[last].ended
+        assert running.server.h2_reset_floods == 0
+
+
+async def test_streams_past_the_upstream_slots_wait_and_are_all_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five streams at once with two upstream slots: never more than two upstream
+    connections at a time, and no stream is dropped: the others wait their turn."""
+    slots = 2
+    monkeypatch.setattr(h2_streams, "UPSTREAM_SLOTS", slots)
+    upstream = Upstream()
+    async with h2_proxy(tmp_path, upstream.handler) as (_running, client):
+        ids = [await client.post("/normal") for _ in range(5)]
+        await client.until(client.all_over)
+    assert all(client.answers[i].ended for i in ids)
+    assert upstream.normal == 5
+    assert upstream.most_open == slots
+
+
+async def test_a_stream_reset_while_it_waits_for_a_slot_is_never_dialled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One slot: stream A holds it (its upstream answers only when told), stream B waits and
+    is reset by the client meanwhile. B's upstream connection is never made, and counted."""
+    monkeypatch.setattr(h2_streams, "UPSTREAM_SLOTS", 1)
+    upstream = Upstream()
+    async with h2_proxy(tmp_path, upstream.handler) as (running, client):
+        held = await client.post("/held")
+        await wait_until(lambda: upstream.accepts == 1)
+        waiting = await client.post("/normal")
+        client.conn.reset_stream(waiting, h2.errors.ErrorCodes.CANCEL)
+        await client.flush()
+        await wait_until(lambda: running.server.h2_streams_reset_before_dial == 1)
+        upstream.hold.set()
+        await client.until(lambda: client.answers[held].ended)
+    assert upstream.accepts == 1 and upstream.normal == 0
+    assert running.server.h2_streams_reset_before_dial == 1
+
+
+async def wait_until(done: Callable[[], bool]) -> None:
+    with trio.fail_after(5):
+        while not done():
+            await trio.sleep(0.01)
