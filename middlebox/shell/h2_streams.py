@@ -92,6 +92,12 @@ MAX_CONCURRENT_STREAMS = 128
 UPSTREAM_SLOTS = MAX_CONCURRENT_STREAMS
 # The client's bytes h2 takes between two checkpoints: one TLS record's worth.
 FRAMES_SLICE = 16 * 1024
+# Bytes for the client that may wait unsent before the client's own bytes are no longer
+# read: every SETTINGS and PING a client sends is answered (an ACK), so one that sends
+# them without reading would otherwise grow the answers without end (the SETTINGS and
+# PING floods, CVE-2019-9515 and CVE-2019-9512; nghttp2 caps its queued ACKs at 1000,
+# `nghttp2_option_set_max_outbound_ack`). A slice of frames adds at most its own size.
+OUTBOUND_LIMIT = 1024 * 1024
 # SETTINGS_MAX_HEADER_LIST_SIZE: h2's own default (against HPACK bombs, CVE-2016-6581).
 MAX_HEADER_LIST_SIZE = 64 * 1024
 # How long a connection failing on a protocol error may take to write its GOAWAY.
@@ -162,6 +168,11 @@ class H2Session:
         # beside h2's own output.
         self._drain_from: int | None = None
         self._raw_frames: list[bytes] = []
+        # What the write loop has taken and not yet written (`outbound_pending`): a client
+        # that stops reading is not read either once it passes OUTBOUND_LIMIT.
+        self._outbound = bytearray()
+        self._sending = 0
+        self._sent = trio.lowlevel.ParkingLot()
         self._stream_limit = MAX_CONCURRENT_STREAMS  # as announced (a fault may lower it)
         self.protocol_errors = 0
         self._closing = False  # a protocol error: the write loop flushes h2's GOAWAY, then ends
@@ -227,6 +238,9 @@ class H2Session:
             for start in range(0, len(data), FRAMES_SLICE):
                 if start:
                     await trio.lowlevel.checkpoint()
+                while self.outbound_pending > OUTBOUND_LIMIT:
+                    self._kick()
+                    await self._sent.park()
                 if not await self._take(data[start : start + FRAMES_SLICE]):
                     return
 
@@ -654,12 +668,24 @@ class H2Session:
             self._window.unpark_all()  # a send credit may have grown
             self._kick()
 
+    def _pull_output(self) -> None:
+        """h2's bytes to send (and the frames written beside it) into `_outbound`."""
+        self._outbound += self.conn.data_to_send()
+        if self._raw_frames:
+            self._outbound += b"".join(self._raw_frames)
+            self._raw_frames.clear()
+
+    @property
+    def outbound_pending(self) -> int:
+        """Bytes for the client not yet taken by its socket."""
+        self._pull_output()
+        return len(self._outbound) + self._sending
+
     async def _write_loop(self) -> None:
         while True:
-            data = self.conn.data_to_send()
-            if self._raw_frames:
-                data += b"".join(self._raw_frames)
-                self._raw_frames.clear()
+            self._pull_output()
+            data = bytes(self._outbound)
+            self._outbound.clear()
             if not data:
                 if self._closing:
                     self._flushed.set()
@@ -669,11 +695,14 @@ class H2Session:
                     return
                 await self._output.park()
                 continue
+            self._sending = len(data)
             try:
                 await self.tls.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.nursery.cancel_scope.cancel()
                 return
+            self._sending = 0
+            self._sent.unpark_all()
 
 
 async def serve_h2(

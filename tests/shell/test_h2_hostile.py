@@ -6,6 +6,8 @@ client (or as the attacker's encoder), every loop bounded in time and count.
 
 from __future__ import annotations
 
+import socket
+import ssl
 import statistics
 import time
 from collections.abc import Callable
@@ -272,6 +274,71 @@ async def test_a_stream_reset_while_it_waits_for_a_slot_is_never_dialled(
 
 
 async def wait_until(done: Callable[[], bool]) -> None:
-    with trio.fail_after(5):
+    with trio.fail_after(10):
         while not done():
             await trio.sleep(0.01)
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
+    return (
+        len(payload).to_bytes(3, "big")
+        + bytes([kind, flags])
+        + stream_id.to_bytes(4, "big")
+        + payload
+    )
+
+
+async def test_a_continuation_flood_ends_in_goaway_and_dials_nothing(tmp_path: Path) -> None:
+    """HEADERS without END_HEADERS, then CONTINUATION frames that never end the block (the
+    2024 CONTINUATION flood, CVE-2024-27316): h2 buffers at most 64 of them, then the
+    connection ends with GOAWAY PROTOCOL_ERROR, and nothing is dialled upstream."""
+    headers, continuation = 0x1, 0x9
+    flood = frame(headers, 0, 1, b"\x82") + frame(continuation, 0, 1, b"\x84" * 16) * 1000
+    upstream = Upstream()
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(10):
+        async with proxied(upstream.handler, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
+            goaway = await attack(running.proxy_port, ca, h2_preface() + flood)
+            assert running.server.h2_reset_floods == 0
+    assert goaway is not None and goaway.error_code == PROTOCOL_ERROR
+    assert upstream.accepts == 0
+
+
+async def test_a_settings_and_ping_flood_from_a_client_that_never_reads_is_not_read_either(
+    tmp_path: Path,
+) -> None:
+    """SETTINGS and PING frames, each of which the proxy must answer with an ACK, from a
+    client that reads nothing (CVE-2019-9515, CVE-2019-9512): the answers waiting for it
+    reach OUTBOUND_LIMIT and stay there (the proxy stops reading that client, where h2
+    alone would queue an ACK for every frame without end), and a normal stream on another
+    connection is served meanwhile."""
+    settings = frame(0x4, 0, 0, b"")
+    ping = frame(0x6, 0, 0, b"12345678")
+    chunk = (settings + ping) * 4000  # 104 KB
+    upstream = Upstream()
+    ca = LocalCA.load_or_create(tmp_path)
+    with trio.fail_after(30):
+        async with proxied(upstream.handler, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
+            sock = trio.socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # it reads nothing
+            await sock.connect(("127.0.0.1", running.proxy_port))
+            context = ssl.create_default_context(cafile=str(ca.cert_path))
+            context.set_alpn_protocols(["h2"])
+            stream = trio.SSLStream(trio.SocketStream(sock), context, server_hostname="127.0.0.1")
+            await stream.do_handshake()
+            await stream.send_all(h2_preface())
+            (session,) = running.server._h2_sessions
+            async with trio.open_nursery() as nursery:
+
+                async def flood() -> None:
+                    for _ in range(100):  # 10 MB at most: the proxy stops reading long before
+                        await stream.send_all(chunk)
+
+                nursery.start_soon(flood)
+                await wait_until(lambda: session.outbound_pending >= h2_streams.OUTBOUND_LIMIT)
+                await normal_stream(running.proxy_port, ca)
+                pending = session.outbound_pending
+                nursery.cancel_scope.cancel()
+            await trio.aclose_forcefully(stream)
+    assert pending <= h2_streams.OUTBOUND_LIMIT + h2_streams.FRAMES_SLICE * 2
+    assert upstream.normal == 1
