@@ -20,19 +20,19 @@ import h2.errors
 import pytest
 import trio
 
+from bench.h2_rapid_reset import Goaway, attack, chunked_response, h2_preface, rapid_reset
 from middlebox.core.h2_limits import ENHANCE_YOUR_CALM, RESET_BURST, RESET_RATE
 from middlebox.observe.metrics import Metrics
 from middlebox.scenario.model import TlsOptions
 from middlebox.shell import h2_streams
 from middlebox.shell.tls import LocalCA
 from tests.harness import proxied, read_all
-from tests.shell.test_h2_streams import H2Client, chunked_response, h2_proxy, read_request
+from tests.shell.test_h2_streams import H2Client, h2_proxy, read_request
 
 ATTACK_STREAMS = 10_000
 ROUNDS = 3  # attacks (each with a normal stream beside it), and baseline normal streams
 NORMAL_PIECES = 10  # the normal stream's answer: ten chunks 20 ms apart
 PROTOCOL_ERROR = 0x1
-GOAWAY = 0x7
 
 
 @dataclass
@@ -70,87 +70,6 @@ class Upstream:
             self.open_now -= 1
 
 
-def rapid_reset(streams: int) -> bytes:
-    """The attack's bytes, encoded by h2 as a client would: the preface, then `streams`
-    times HEADERS for a POST and at once RST_STREAM CANCEL on it."""
-    conn = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=True, header_encoding=None)
-    )
-    conn.initiate_connection()
-    out = bytearray(conn.data_to_send())
-    headers = [(":method", "POST"), (":path", "/attack"), (":scheme", "https"), (":authority", "t")]
-    for _ in range(streams):
-        stream_id = conn.get_next_available_stream_id()
-        conn.send_headers(stream_id, headers)
-        conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
-        out += conn.data_to_send()
-    return bytes(out)
-
-
-@dataclass
-class Goaway:
-    last_stream_id: int
-    error_code: int
-    seconds: float  # from the attack's first byte to the GOAWAY
-
-
-def goaway_in(received: bytes) -> tuple[int, int] | None:
-    """The first GOAWAY frame among the server's frames: (last stream id, error code)."""
-    at = 0
-    while at + 9 <= len(received):
-        length = int.from_bytes(received[at : at + 3], "big")
-        kind = received[at + 3]
-        payload = received[at + 9 : at + 9 + length]
-        if len(payload) < length:
-            return None
-        if kind == GOAWAY:
-            last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
-            return last, int.from_bytes(payload[4:8], "big")
-        at += 9 + length
-    return None
-
-
-async def attack(port: int, ca: LocalCA, payload: bytes) -> Goaway | None:
-    """Send `payload` over a fresh h2 connection, reading meanwhile, until a GOAWAY."""
-    client = await H2Client.connect(port, ca)  # its preface is sent: the attack follows
-    stream = client.stream
-    received = bytearray()
-    found: list[Goaway] = []
-    started = time.perf_counter()
-
-    async def blast() -> None:
-        try:
-            await stream.send_all(payload[len(h2_preface()) :])
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(blast)
-        while not found:
-            try:
-                data = await stream.receive_some(65536)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                break
-            if not data:
-                break
-            received += data
-            seen = goaway_in(bytes(received))
-            if seen is not None:
-                found.append(Goaway(*seen, time.perf_counter() - started))
-        nursery.cancel_scope.cancel()
-    await trio.aclose_forcefully(stream)
-    return found[0] if found else None
-
-
-def h2_preface() -> bytes:
-    """What `H2Client.connect` already sent: the client preface and its SETTINGS."""
-    conn = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=True, header_encoding=None)
-    )
-    conn.initiate_connection()
-    return conn.data_to_send()
-
-
 async def normal_stream(port: int, ca: LocalCA) -> float:
     """One POST /normal on a connection of its own: its whole time, its answer checked."""
     started = time.perf_counter()
@@ -184,7 +103,7 @@ async def test_a_rapid_reset_of_ten_thousand_streams_ends_in_goaway_and_dials_no
                 async with trio.open_nursery() as nursery:
 
                     async def one_attack() -> None:
-                        goaways.append(await attack(running.proxy_port, ca, payload))
+                        goaways.append(await attack(running.proxy_port, ca.cert_path, payload))
 
                     async def one_normal() -> None:
                         during.append(await normal_stream(running.proxy_port, ca))
@@ -200,7 +119,7 @@ async def test_a_rapid_reset_of_ten_thousand_streams_ends_in_goaway_and_dials_no
         assert goaway.error_code == ENHANCE_YOUR_CALM
         # Every stream up to the GOAWAY's last stream id was opened and reset: no more than
         # the budget allows in the time the attack took.
-        streams = (goaway.last_stream_id + 1) // 2
+        streams = goaway.streams
         assert streams <= RESET_BURST + RESET_RATE * goaway.seconds + 1
         assert streams < ATTACK_STREAMS
         opened += streams
@@ -298,7 +217,7 @@ async def test_a_continuation_flood_ends_in_goaway_and_dials_nothing(tmp_path: P
     ca = LocalCA.load_or_create(tmp_path)
     with trio.fail_after(10):
         async with proxied(upstream.handler, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
-            goaway = await attack(running.proxy_port, ca, h2_preface() + flood)
+            goaway = await attack(running.proxy_port, ca.cert_path, flood)
             assert running.server.h2_reset_floods == 0
     assert goaway is not None and goaway.error_code == PROTOCOL_ERROR
     assert upstream.accepts == 0
