@@ -280,8 +280,7 @@ class H2Session:
         opened and reset in one read (rapid reset) costs no task and is never dialled."""
         for stream, receive in self._opened:
             if stream.ended or self._closed:
-                self._count("h2_streams_reset_before_dial")
-                self._drop_inbound(stream, receive)
+                self._never_dialled(stream, receive)
             else:
                 self.nursery.start_soon(self._serve_stream, stream, receive)
         self._opened.clear()
@@ -385,8 +384,7 @@ class H2Session:
         if stream.waiting.cancelled_caught or stream.ended or self._closed:
             if not stream.waiting.cancelled_caught:
                 self._upstream_slots.release()
-            self._count("h2_streams_reset_before_dial")
-            self._drop_inbound(stream, receive)
+            self._never_dialled(stream, receive)
             return
         relay_end, proxy_end = loopback_pair()
         bridge = stream.bridge = trio.SocketStream(trio.socket.from_stdlib_socket(proxy_end))
@@ -404,11 +402,17 @@ class H2Session:
         finally:
             self._upstream_slots.release()
 
-    def _drop_inbound(
+    def _never_dialled(
         self, stream: _Stream, receive: trio.MemoryReceiveChannel[tuple[bytes, int]]
     ) -> None:
-        """A stream that is never dialled: its request bytes are dropped, and the
-        connection window they took is given back."""
+        """A stream reset (by the client, a fault or the connection's end) before its relay
+        started: counted, its request bytes dropped and the connection window they took
+        given back, and it is over (a drained connection may close)."""
+        self._count("h2_streams_reset_before_dial")
+        if self.streams.pop(stream.stream_id, None) is not None:
+            self._stream_closed(stream)
+        if stream.inbound is not None:
+            stream.inbound.close()
         while True:
             try:
                 _data, window = receive.receive_nowait()

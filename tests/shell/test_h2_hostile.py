@@ -27,7 +27,7 @@ from middlebox.scenario.model import TlsOptions
 from middlebox.shell import h2_streams
 from middlebox.shell.tls import LocalCA
 from tests.harness import proxied, read_all
-from tests.shell.test_h2_streams import H2Client, h2_proxy, read_request
+from tests.shell.test_h2_streams import H2Client, h2_proxy, read_request, tls_scenario
 
 ATTACK_STREAMS = 10_000
 ROUNDS = 3  # attacks (each with a normal stream beside it), and baseline normal streams
@@ -188,6 +188,28 @@ async def test_a_stream_reset_while_it_waits_for_a_slot_is_never_dialled(
         await wait_until(lambda: running.server.h2_streams_reset_before_dial == 1)
         upstream.hold.set()
         await client.until(lambda: client.answers[held].ended)
+    assert upstream.accepts == 1 and upstream.normal == 0
+    assert running.server.h2_streams_reset_before_dial == 1
+
+
+async def test_a_fault_that_resets_a_waiting_stream_ends_it_without_a_dial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rst_stream` firing on a stream that still waits for its upstream slot: the client
+    gets the RST_STREAM with the fault's code, no upstream connection is made for it, and
+    the session forgets it (nothing left open once the other stream ended)."""
+    monkeypatch.setattr(h2_streams, "UPSTREAM_SLOTS", 1)
+    scenario = tls_scenario("  - rst_stream: {stream: 2, at: 0.2s, error_code: CANCEL}\n", tmp_path)
+    upstream = Upstream()
+    async with h2_proxy(tmp_path, upstream.handler, scenario) as (running, client):
+        held = await client.post("/held")
+        waiting = await client.post("/normal")
+        await client.until(lambda: client.answers[waiting].reset is not None)
+        assert client.answers[waiting].reset == h2.errors.ErrorCodes.CANCEL
+        upstream.hold.set()
+        await client.until(lambda: client.answers[held].ended)
+        (session,) = running.server._h2_sessions
+        await wait_until(lambda: not session.streams)
     assert upstream.accepts == 1 and upstream.normal == 0
     assert running.server.h2_streams_reset_before_dial == 1
 
