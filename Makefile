@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint fmt bench calibrate soak hostile journal-100k clean vllm test-vllm matrix
+.PHONY: run test lint fmt bench bench-h2-reset calibrate soak hostile journal-100k clean vllm test-vllm matrix
 
 $(RUNTIME): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ fmt: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+	$(MAKE) bench-h2-reset
+
+# HTTP/2 rapid reset (CVE-2023-44487) against a real `middlebox proxy --tls`: fails unless
+# each attack ends in GOAWAY ENHANCE_YOUR_CALM with bounded upstream dials and a normal
+# stream beside it keeps its time within 2x (bench/h2_rapid_reset.py; about 15 s).
+bench-h2-reset: $(STAMP)
+	$(BIN)/python -m bench.h2_rapid_reset --json bench/h2_rapid_reset.json
 
 # Presets against the real nginx, HAProxy, Apache and Caddy (apt-get installs missing
 # ones; needs root). Never part of `make test`. Writes docs/calibration.md's table.

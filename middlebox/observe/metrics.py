@@ -43,6 +43,14 @@ SERVER_COUNTERS = {
         "middlebox_unframeable_requests_total",
         "Requests the framer refused, answered as nginx does (400/405/501) and closed.",
     ),
+    "h2_reset_floods": (
+        "middlebox_h2_reset_floods_total",
+        "HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM: client resets past the budget.",
+    ),
+    "h2_streams_reset_before_dial": (
+        "middlebox_h2_streams_reset_before_dial_total",
+        "HTTP/2 streams reset (by the client, or a failed connection) before their upstream dial.",
+    ),
     "unframeable_responses": (
         "middlebox_unframeable_responses_total",
         "Upstream responses the framer refused (nginx's 502 before the head, else a close).",

@@ -19,6 +19,13 @@ Ends, both ways (docs/tls-http2.md):
 - the client's TCP connection closes or resets -> every stream's relay is reset at once:
   one dropped HTTP/2 connection kills all its multiplexed streams.
 
+Hostile clients (docs/tls-http2.md, "Protections"): a stream's relay (its upstream
+connection) is started only when one of the connection's `upstream_slots` is free, and
+holds it until the relay ends, so a client that opens and resets streams at once (rapid
+reset, CVE-2023-44487) never has more than that many upstream connections; a stream reset
+while it waits is never dialled. Its resets are counted against a `ResetBudget`
+(core/h2_limits.py), and past it the connection ends with GOAWAY ENHANCE_YOUR_CALM.
+
 Connection-level faults (`core/h2_faults.py`: goaway, rst_stream, h2_window,
 max_concurrent_streams) are pure; the session feeds them stream opens, DATA and closes with
 `now`, wakes them at their deadlines, and executes the actions they return (a GOAWAY, an
@@ -64,6 +71,7 @@ from middlebox.core.h2_faults import (
     SendGoaway,
     earliest,
 )
+from middlebox.core.h2_limits import ENHANCE_YOUR_CALM, ResetBudget
 from middlebox.shell.tls import READ_SIZE, loopback_pair
 
 # Relays one stream's HTTP/1.1 connection (the proxy's end of its loopback pair) until it
@@ -78,6 +86,18 @@ log = logging.getLogger("middlebox.shell.h2_streams")
 # Streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS): nginx's
 # http2_max_concurrent_streams default.
 MAX_CONCURRENT_STREAMS = 128
+# Upstream connections (stream relays) one HTTP/2 connection may hold at once: as many as
+# the streams it may have open, as Go's x/net/http2 bounds its handlers by its stream
+# limit; a reset frees the stream's slot at once, the relay's only once it has ended.
+UPSTREAM_SLOTS = MAX_CONCURRENT_STREAMS
+# The client's bytes h2 takes between two checkpoints: one TLS record's worth.
+FRAMES_SLICE = 16 * 1024
+# Bytes for the client that may wait unsent before the client's own bytes are no longer
+# read: every SETTINGS and PING a client sends is answered (an ACK), so one that sends
+# them without reading would otherwise grow the answers without end (the SETTINGS and
+# PING floods, CVE-2019-9515 and CVE-2019-9512; nghttp2 caps its queued ACKs at 1000,
+# `nghttp2_option_set_max_outbound_ack`). A slice of frames adds at most its own size.
+OUTBOUND_LIMIT = 1024 * 1024
 # SETTINGS_MAX_HEADER_LIST_SIZE: h2's own default (against HPACK bombs, CVE-2016-6581).
 MAX_HEADER_LIST_SIZE = 64 * 1024
 # How long a connection failing on a protocol error may take to write its GOAWAY.
@@ -90,7 +110,7 @@ class _Stream:
     """One HTTP/2 stream and the proxy's end of its relay."""
 
     stream_id: int
-    bridge: trio.SocketStream
+    bridge: trio.SocketStream | None  # None until its relay is started
     encoder: RequestEncoder
     decoder: ResponseDecoder
     ended: bool = False  # END_STREAM or RST_STREAM sent toward the client
@@ -98,6 +118,8 @@ class _Stream:
     # The request's bytes toward the relay, each with the flow-controlled length to give
     # back to the client once the relay took them.
     inbound: trio.MemorySendChannel[tuple[bytes, int]] | None = field(default=None, repr=False)
+    # Cancels the wait for an upstream slot (the client reset the stream meanwhile).
+    waiting: trio.CancelScope = field(default_factory=trio.CancelScope, repr=False)
 
 
 class H2Session:
@@ -110,8 +132,19 @@ class H2Session:
         connection_id: int,
         faults: Sequence[H2Fault] = (),
         sink_for: SinkFor | None = None,
+        count: Callable[[str], None] | None = None,
+        reset_budget: ResetBudget | None = None,
+        upstream_slots: int | None = None,
     ) -> None:
         self.relay = relay
+        # Told the name of each protection that acted (a counter of the server's: /metrics).
+        self._count = count or (lambda _name: None)
+        self.reset_budget = reset_budget or ResetBudget()
+        self._upstream_slots = trio.Semaphore(upstream_slots or UPSTREAM_SLOTS)
+        self._too_many_resets = False
+        self._last_opened = 0  # the newest stream the client opened that the session saw
+        # Streams opened by the frames being taken, started once they all are.
+        self._opened: list[tuple[_Stream, trio.MemoryReceiveChannel[tuple[bytes, int]]]] = []
         self.faults = list(faults)
         # The faults' reports go to the journal of the stream they name (their stream's
         # HTTP/1.1 connection), delivered when that stream ends, while its journal is open;
@@ -135,6 +168,11 @@ class H2Session:
         # beside h2's own output.
         self._drain_from: int | None = None
         self._raw_frames: list[bytes] = []
+        # What the write loop has taken and not yet written (`outbound_pending`): a client
+        # that stops reading is not read either once it passes OUTBOUND_LIMIT.
+        self._outbound = bytearray()
+        self._sending = 0
+        self._sent = trio.lowlevel.ParkingLot()
         self._stream_limit = MAX_CONCURRENT_STREAMS  # as announced (a fault may lower it)
         self.protocol_errors = 0
         self._closing = False  # a protocol error: the write loop flushes h2's GOAWAY, then ends
@@ -194,31 +232,72 @@ class H2Session:
                 return
             if not data:
                 return
-            try:
-                events = self.conn.receive_data(data)
-            except h2.exceptions.ProtocolError as error:
-                # Bytes h2 cannot frame (a bad preface, an HTTP/1.1 request on an h2
-                # connection, a malformed frame) fail the connection closed: every stream's
-                # relay is reset first (no byte passes its faults unseen), then h2's GOAWAY
-                # with the error code goes out (RFC 9113 §5.4.1), bounded, and the close.
-                log.info("connection %d: HTTP/2 protocol error: %s", self.connection_id, error)
-                self.protocol_errors += 1
-                self._reset_every_stream()
-                # h2 queues its GOAWAY for a bad frame, not for a bad preface (checked
-                # before its frame loop): then it is ours (refused quietly if h2's is there).
-                self._guarded(self.conn.close_connection, PROTOCOL_ERROR)
-                self._closing = True
-                self._kick()
-                with trio.move_on_after(GOAWAY_FLUSH_SECONDS):
-                    await self._flushed.wait()
-                    await self._lingering_close()
-                return
+            # A slice at a time, each followed by a checkpoint: one read full of frames
+            # (a flood) is never one long stall for the process's other connections, as
+            # nginx 1.25.3 bounds the new streams it takes per event-loop iteration.
+            for start in range(0, len(data), FRAMES_SLICE):
+                if start:
+                    await trio.lowlevel.checkpoint()
+                while self.outbound_pending > OUTBOUND_LIMIT:
+                    self._kick()
+                    await self._sent.park()
+                if not await self._take(data[start : start + FRAMES_SLICE]):
+                    return
+
+    async def _take(self, data: bytes | bytearray) -> bool:
+        """Feed the client's bytes to h2 and act on its events; False: the connection ends."""
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as error:
+            # Bytes h2 cannot frame (a bad preface, an HTTP/1.1 request on an h2
+            # connection, a malformed frame, a CONTINUATION flood) fail the connection.
+            log.info("connection %d: HTTP/2 protocol error: %s", self.connection_id, error)
+            self.protocol_errors += 1
+            await self._fail(PROTOCOL_ERROR)
+            return False
+        try:
             for event in events:
                 if isinstance(event, h2.events.ConnectionTerminated):
-                    self._kick()
-                    return
+                    return False
                 self._on_event(event)
+                if self._too_many_resets:
+                    # Past the reset budget: what else this read carries is not served.
+                    log.info("connection %d: %d stream resets, over the budget: GOAWAY "
+                             "ENHANCE_YOUR_CALM", self.connection_id,
+                             self.reset_budget.resets)  # fmt: skip
+                    self._count("h2_reset_floods")
+                    # The GOAWAY names the last stream seen before the limit, not the last
+                    # one h2 parsed in this read: the ones after it were never served.
+                    await self._fail(ENHANCE_YOUR_CALM, self._last_opened)
+                    return False
+        finally:
+            self._start_opened()
             self._kick()
+        return True
+
+    def _start_opened(self) -> None:
+        """Start the streams these frames opened, but for those they also reset: a stream
+        opened and reset in one read (rapid reset) costs no task and is never dialled."""
+        for stream, receive in self._opened:
+            if stream.ended or self._closed:
+                self._never_dialled(stream, receive)
+            else:
+                self.nursery.start_soon(self._serve_stream, stream, receive)
+        self._opened.clear()
+
+    async def _fail(self, error_code: int, last_stream_id: int | None = None) -> None:
+        """Fail the connection closed: every stream's relay is reset first (no byte passes
+        its faults unseen), then the GOAWAY with `error_code` goes out (RFC 9113 §5.4.1),
+        bounded, and the close."""
+        self._reset_every_stream()
+        # h2 queues its own GOAWAY for a bad frame, not for a bad preface (checked before
+        # its frame loop): then it is ours (refused quietly if h2's is there).
+        self._guarded(self.conn.close_connection, error_code, None, last_stream_id)
+        self._closing = True
+        self._kick()
+        with trio.move_on_after(GOAWAY_FLUSH_SECONDS):
+            await self._flushed.wait()
+            await self._lingering_close()
 
     async def _lingering_close(self) -> None:
         """FIN after the GOAWAY, then the client's bytes read and dropped until it closes:
@@ -251,6 +330,8 @@ class H2Session:
                 stream.request_over = True
                 self._to_upstream(stream, stream.encoder.end())
         elif isinstance(event, h2.events.StreamReset):
+            if event.remote_reset and not self.reset_budget.spend(trio.current_time()):
+                self._too_many_resets = True
             stream = self.streams.pop(event.stream_id, None)
             if stream is not None:
                 stream.ended = True
@@ -267,6 +348,7 @@ class H2Session:
 
     def _open_stream(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
+        self._last_opened = stream_id
         if self._drain_from is not None and stream_id > self._drain_from:
             self._send_reset(stream_id, REFUSED_STREAM)
             return
@@ -282,22 +364,64 @@ class H2Session:
             log.info("stream %d refused: %s", stream_id, error)
             self._send_reset(stream_id, REFUSED_STREAM)
             return
-        relay_end, proxy_end = loopback_pair()
-        bridge = trio.SocketStream(trio.socket.from_stdlib_socket(proxy_end))
-        stream = _Stream(stream_id, bridge, encoder, ResponseDecoder(encoder.method))
+        stream = _Stream(stream_id, None, encoder, ResponseDecoder(encoder.method))
         self.streams[stream_id] = stream
-        if self._sink_for is None:
-            self.nursery.start_soon(self.relay, relay_end)
-        else:  # told the stream's connection id, for its journal
-            self.nursery.start_soon(self.relay, relay_end, partial(self._note_relay, stream_id))
         # Unbounded in frames, bounded in bytes: the client may only send what its stream
         # and connection windows allow, and they reopen as the relay takes the bytes.
         send, receive = trio.open_memory_channel[tuple[bytes, int]](math.inf)
         stream.inbound = send
-        self.nursery.start_soon(self._upstream_writer, stream, receive)
-        self.nursery.start_soon(self._respond, stream)
+        self._opened.append((stream, receive))
         self._to_upstream(stream, head)
         self._feed_faults(lambda fault, now: fault.on_stream_open(stream_id, now))
+
+    async def _serve_stream(
+        self, stream: _Stream, receive: trio.MemoryReceiveChannel[tuple[bytes, int]]
+    ) -> None:
+        """Start the stream's relay once an upstream slot is free, then serve it; a stream
+        the client reset before then is never dialled (its slot wait is cancelled)."""
+        with stream.waiting:
+            await self._upstream_slots.acquire()
+        if stream.waiting.cancelled_caught or stream.ended or self._closed:
+            if not stream.waiting.cancelled_caught:
+                self._upstream_slots.release()
+            self._never_dialled(stream, receive)
+            return
+        relay_end, proxy_end = loopback_pair()
+        bridge = stream.bridge = trio.SocketStream(trio.socket.from_stdlib_socket(proxy_end))
+        self.nursery.start_soon(self._hold_slot, stream.stream_id, relay_end)
+        self.nursery.start_soon(self._upstream_writer, stream, bridge, receive)
+        await self._respond(stream, bridge)
+
+    async def _hold_slot(self, stream_id: int, relay_end: socket.socket) -> None:
+        """The stream's relay; its upstream slot is free again once the relay has ended."""
+        try:
+            if self._sink_for is None:
+                await self.relay(relay_end)
+            else:  # told the stream's connection id, for its journal
+                await self.relay(relay_end, partial(self._note_relay, stream_id))
+        finally:
+            self._upstream_slots.release()
+
+    def _never_dialled(
+        self, stream: _Stream, receive: trio.MemoryReceiveChannel[tuple[bytes, int]]
+    ) -> None:
+        """A stream reset (by the client, a fault or the connection's end) before its relay
+        started: counted, its request bytes dropped and the connection window they took
+        given back, and it is over (a drained connection may close)."""
+        self._count("h2_streams_reset_before_dial")
+        if self.streams.pop(stream.stream_id, None) is not None:
+            self._stream_closed(stream)
+        if stream.inbound is not None:
+            stream.inbound.close()
+        while True:
+            try:
+                _data, window = receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if window:
+                self._acknowledge(stream.stream_id, window)
+        receive.close()
+        self._kick()
 
     def _to_upstream(self, stream: _Stream, data: bytes, window: int = 0) -> None:
         if (data or window) and stream.inbound is not None:
@@ -307,13 +431,16 @@ class H2Session:
                 pass
 
     async def _upstream_writer(
-        self, stream: _Stream, receive: trio.MemoryReceiveChannel[tuple[bytes, int]]
+        self,
+        stream: _Stream,
+        bridge: trio.SocketStream,
+        receive: trio.MemoryReceiveChannel[tuple[bytes, int]],
     ) -> None:
         relay_gone = False
         async for data, window in receive:
             try:
                 if data and not relay_gone:
-                    await stream.bridge.send_all(data)
+                    await bridge.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 relay_gone = True  # the bytes are dropped, the connection window still reopens
             if window:
@@ -322,12 +449,12 @@ class H2Session:
 
     # ------------------------------------------------------------ streams -> client
 
-    async def _respond(self, stream: _Stream) -> None:
+    async def _respond(self, stream: _Stream, bridge: trio.SocketStream) -> None:
         """Read the stream's HTTP/1.1 response from its relay and send it as frames."""
         try:
             while not stream.ended:
                 try:
-                    data = await stream.bridge.receive_some(READ_SIZE)
+                    data = await bridge.receive_some(READ_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     # The relay reset toward the client: the upstream's RST.
                     self._finish(stream, [ResponseBroken("the upstream reset the connection")])
@@ -349,7 +476,7 @@ class H2Session:
                 stream.inbound.close()
             with trio.CancelScope(shield=True):
                 # A FIN to the relay's client side once the answer is over: its relay ends.
-                await trio.aclose_forcefully(stream.bridge)
+                await trio.aclose_forcefully(bridge)
 
     async def _send_events(self, stream: _Stream, events: Sequence[ResponseEvent]) -> None:
         for event in events:
@@ -412,13 +539,17 @@ class H2Session:
             log.debug("connection %d: %s", self.connection_id, error)
 
     def _reset_relay(self, stream: _Stream) -> None:
-        """An RST into the stream's relay (SO_LINGER 0 then close): it passes it upstream."""
-        sock = stream.bridge.socket
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
-        except OSError:
-            pass
-        sock.close()
+        """An RST into the stream's relay (SO_LINGER 0 then close): it passes it upstream.
+        A stream still waiting for its upstream slot is never dialled."""
+        if stream.bridge is None:
+            stream.waiting.cancel()
+        else:
+            sock = stream.bridge.socket
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+            except OSError:
+                pass
+            sock.close()
         if stream.inbound is not None:
             stream.inbound.close()
 
@@ -541,12 +672,24 @@ class H2Session:
             self._window.unpark_all()  # a send credit may have grown
             self._kick()
 
+    def _pull_output(self) -> None:
+        """h2's bytes to send (and the frames written beside it) into `_outbound`."""
+        self._outbound += self.conn.data_to_send()
+        if self._raw_frames:
+            self._outbound += b"".join(self._raw_frames)
+            self._raw_frames.clear()
+
+    @property
+    def outbound_pending(self) -> int:
+        """Bytes for the client not yet taken by its socket."""
+        self._pull_output()
+        return len(self._outbound) + self._sending
+
     async def _write_loop(self) -> None:
         while True:
-            data = self.conn.data_to_send()
-            if self._raw_frames:
-                data += b"".join(self._raw_frames)
-                self._raw_frames.clear()
+            self._pull_output()
+            data = bytes(self._outbound)
+            self._outbound.clear()
             if not data:
                 if self._closing:
                     self._flushed.set()
@@ -556,11 +699,14 @@ class H2Session:
                     return
                 await self._output.park()
                 continue
+            self._sending = len(data)
             try:
                 await self.tls.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.nursery.cancel_scope.cancel()
                 return
+            self._sending = 0
+            self._sent.unpark_all()
 
 
 async def serve_h2(
@@ -570,12 +716,13 @@ async def serve_h2(
     sessions: set[H2Session] | None = None,
     faults: Sequence[H2Fault] = (),
     sink_for: SinkFor | None = None,
+    count: Callable[[str], None] | None = None,
 ) -> None:
     """Serve one HTTP/2 client connection until it closes; `relay` relays each stream.
     The session is in `sessions` meanwhile (the server drains them at shutdown); `faults`
     are the connection's HTTP/2 faults, bound to it, their reports journaled per stream
-    through `sink_for`."""
-    session = H2Session(relay, tls, connection_id, faults, sink_for)
+    through `sink_for`; `count` is told each protection that acted, by counter name."""
+    session = H2Session(relay, tls, connection_id, faults, sink_for, count)
     if sessions is not None:
         sessions.add(session)
     try:

@@ -252,6 +252,11 @@ class ProxyServer:
     upstream_insecure: bool = False
     upstream_ca: str | None = None
     tls_handshake_failures: int = 0
+    # HTTP/2 protections (shell/h2_streams.py): connections ended with GOAWAY
+    # ENHANCE_YOUR_CALM past their reset budget (rapid reset), and streams the client reset
+    # before their upstream connection was dialled (never dialled).
+    h2_reset_floods: int = 0
+    h2_streams_reset_before_dial: int = 0
     connections_accepted: int = 0
     connections_failed: int = 0
     connections_refused: int = 0
@@ -500,6 +505,7 @@ class ProxyServer:
                             self._h2_sessions,
                             h2_faults,
                             self.report_sink_factory,
+                            self._count,
                         )
                 finally:
                     self.live.discard(live)
@@ -517,6 +523,9 @@ class ProxyServer:
                 self._idle.unpark_all()
                 if client.fileno() != -1:
                     client.close()
+
+    def _count(self, counter: str) -> None:
+        setattr(self, counter, getattr(self, counter) + 1)
 
     async def relay_stream(
         self, relay_end: socket.socket, told: Callable[[int], None] | None = None

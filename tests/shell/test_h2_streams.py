@@ -18,22 +18,13 @@ import h2.events
 import pytest
 import trio
 
+from bench.h2_rapid_reset import chunked_response
 from middlebox.run.serve import load_text
 from middlebox.scenario.model import Scenario, TlsOptions
 from middlebox.shell.tls import LocalCA
 from tests.harness import Handler, Running, proxied, read_all, reset
 
 SSE = b'data: {"choices":[{"delta":{"content":"caf\xc3\xa9"}}]}\n\ndata: [DONE]\n\n'
-
-
-def chunked_response(body: bytes, pieces: int = 4) -> list[bytes]:
-    head = (
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-        b"Connection: close\r\n\r\n"
-    )
-    size = max(1, len(body) // pieces)
-    parts = [body[i : i + size] for i in range(0, len(body), size)]
-    return [head, *(b"%x\r\n%s\r\n" % (len(p), p) for p in parts), b"0\r\n\r\n"]
 
 
 @dataclass
