@@ -96,6 +96,9 @@ async def parse_in_child(
 
 
 def main() -> None:
+    # The data plane comes first: a parse competes for the CPU below the relay (nice 10),
+    # so a burst of uploads on a small machine slows the uploads, not the live streams.
+    os.nice(10)
     # The payload is at most the control API's 1 MiB body; unpickling the loader imports
     # the fault library (~40 MiB) before the parse's own limit is set.
     loader, body, name, memory = pickle.loads(sys.stdin.buffer.read())
