@@ -24,6 +24,7 @@ __all__ = [
     "journalled_proxy",
     "listening_port",
     "open_fds",
+    "proxy_command",
     "rss_bytes",
     "settle",
     "task_count",
@@ -32,9 +33,8 @@ __all__ = [
 MIDDLEBOX = [sys.executable, "-c", "from middlebox.cli.main import main; main()"]
 
 
-def journalled_proxy(upstream_port: int, journal: object, *extra: str) -> list[str]:
-    """`middlebox proxy` on an ephemeral loopback port in front of `upstream_port`, with a
-    1 s grace and a journal: the command every journal and shutdown test starts."""
+def proxy_command(upstream_port: int, *extra: str) -> list[str]:
+    """`middlebox proxy` on an ephemeral loopback port in front of `upstream_port`."""
     return [
         *MIDDLEBOX,
         "proxy",
@@ -42,12 +42,14 @@ def journalled_proxy(upstream_port: int, journal: object, *extra: str) -> list[s
         "127.0.0.1:0",
         "--upstream",
         f"http://127.0.0.1:{upstream_port}",
-        "--grace",
-        "1",
-        "--journal",
-        str(journal),
         *extra,
     ]
+
+
+def journalled_proxy(upstream_port: int, journal: object, *extra: str) -> list[str]:
+    """The same with a 1 s grace and a journal: the command every journal and shutdown
+    test starts."""
+    return proxy_command(upstream_port, "--grace", "1", "--journal", str(journal), *extra)
 
 
 def listening_port(first: str) -> int:

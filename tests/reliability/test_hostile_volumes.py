@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -16,7 +18,8 @@ import pytest
 import trio
 
 from middlebox.core.http1 import MAX_HEAD_BYTES
-from tests.reliability.support import MIDDLEBOX, first_line, listening_port, rss_bytes
+from tests.observability.support import read_head
+from tests.reliability.support import first_line, listening_port, proxy_command, rss_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("MIDDLEBOX_HOSTILE_FULL") == "1"
@@ -33,12 +36,8 @@ ENDLESS_HEAD_BYTES = (512 if FULL else 32) * MiB
 async def chunked_upstream(total: int, stream: trio.SocketStream) -> None:
     """Reads a request head, answers `total` bytes in 64 KiB chunks, then the last chunk."""
     try:
-        request = b""
-        while b"\r\n\r\n" not in request:
-            data = await stream.receive_some(65536)
-            if not data:
-                return
-            request += data
+        if not await read_head(stream):
+            return
         await stream.send_all(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n"
@@ -65,35 +64,31 @@ async def counting_upstream(received: list[int], stream: trio.SocketStream) -> N
         return
 
 
+@asynccontextmanager
 async def proxy_in_front_of(
-    nursery: trio.Nursery, handler: object, tmp_path: Path, scenario: str | None
-) -> tuple[trio.Process, int]:
-    listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
-    upstream_port = listeners[0].socket.getsockname()[1]
-    command = [
-        *MIDDLEBOX,
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        f"http://127.0.0.1:{upstream_port}",
-        "--grace",
-        "0",
-    ]
-    if scenario is not None:
-        path = tmp_path / "scenario.yaml"
-        path.write_text(scenario)
-        command += ["--scenario", str(path)]
-    process = await trio.lowlevel.open_process(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT
-    )
-    return process, listening_port(await first_line(process))
-
-
-async def stop(process: trio.Process) -> None:
-    if process.returncode is None:
-        process.kill()  # the process this test started, by its handle
-        await process.wait()
+    handler: Callable[[trio.SocketStream], Awaitable[None]], tmp_path: Path, scenario: str | None
+) -> AsyncIterator[tuple[trio.Process, int]]:
+    """A real `middlebox proxy` process before `handler`; killed (by its handle) after."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        extra = ["--grace", "0"]
+        if scenario is not None:
+            path = tmp_path / "scenario.yaml"
+            path.write_text(scenario)
+            extra += ["--scenario", str(path)]
+        process = await trio.lowlevel.open_process(
+            proxy_command(listeners[0].socket.getsockname()[1], *extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        try:
+            yield process, listening_port(await first_line(process))
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            nursery.cancel_scope.cancel()
 
 
 # set_header frames every HTTP message it sees (an HTTP-aware fault): the framed path.
@@ -108,29 +103,22 @@ path:
 async def test_a_huge_chunked_response_passes_whole_with_flat_memory(
     tmp_path: Path, scenario: str | None
 ) -> None:
-    async with trio.open_nursery() as nursery:
-        process, port = await proxy_in_front_of(
-            nursery, partial(chunked_upstream, RESPONSE_BYTES), tmp_path, scenario
-        )
-        try:
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
-            received, tail, peak = 0, b"", 0
-            baseline = 0
-            with trio.fail_after(280 if FULL else 110):
-                while not tail.endswith(b"\r\n0\r\n\r\n"):
-                    data = await stream.receive_some(256 * 1024)
-                    assert data, f"closed after {received} bytes"
-                    received += len(data)
-                    tail = (tail + data)[-16:]
-                    if not baseline and received > 8 * MiB:
-                        baseline = rss_bytes(process.pid)  # warm: buffers at their size
-                    elif baseline and received % (16 * MiB) < len(data):
-                        peak = max(peak, rss_bytes(process.pid))
-            await stream.aclose()
-        finally:
-            await stop(process)
-        nursery.cancel_scope.cancel()
+    upstream = partial(chunked_upstream, RESPONSE_BYTES)
+    async with proxy_in_front_of(upstream, tmp_path, scenario) as (process, port):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        received, tail, peak, baseline = 0, b"", 0, 0
+        with trio.fail_after(280 if FULL else 110):
+            while not tail.endswith(b"\r\n0\r\n\r\n"):
+                data = await stream.receive_some(256 * 1024)
+                assert data, f"closed after {received} bytes"
+                received += len(data)
+                tail = (tail + data)[-16:]
+                if not baseline and received > 8 * MiB:
+                    baseline = rss_bytes(process.pid)  # warm: buffers at their size
+                elif baseline and received % (16 * MiB) < len(data):
+                    peak = max(peak, rss_bytes(process.pid))
+        await stream.aclose()
     # the body and its chunk framing arrived whole (a re-chunking hop would differ)
     assert received >= RESPONSE_BYTES
     assert baseline and peak, "RSS was never sampled"
@@ -138,11 +126,11 @@ async def test_a_huge_chunked_response_passes_whole_with_flat_memory(
     assert peak - baseline < RSS_BOUND, f"RSS grew {(peak - baseline) / MiB:.1f} MiB"
 
 
-async def send_until_closed(stream: trio.SocketStream, pieces: object) -> int:
+async def send_until_closed(stream: trio.SocketStream, pieces: list[bytes]) -> int:
     """Send pieces until the peer stops reading or closes; return the bytes sent."""
     sent = 0
     try:
-        for piece in pieces:  # type: ignore[attr-defined]
+        for piece in pieces:
             await stream.send_all(piece)
             sent += len(piece)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -173,29 +161,44 @@ def endless_head() -> list[bytes]:
     )
 
 
+async def sent_through(
+    tmp_path: Path, scenario: str | None, head: list[bytes]
+) -> tuple[bytes, list[int], int, int]:
+    """Send `head` through a proxy before `counting_upstream`: the client's answer, what
+    the upstream received, the bytes sent and the proxy's RSS growth."""
+    received: list[int] = []
+    async with proxy_in_front_of(partial(counting_upstream, received), tmp_path, scenario) as (
+        process,
+        port,
+    ):
+        before = rss_bytes(process.pid)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        outcome: list[int] = []
+
+        async def send() -> None:  # runs until the proxy stops reading or closes
+            outcome.append(await send_until_closed(stream, head))
+
+        with trio.fail_after(100):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                if scenario is not None:
+                    answer = await answer_of(stream)
+                else:  # a pass-through proxy answers nothing: wait for every byte to arrive
+                    answer = b""
+                    while not outcome or sum(received) < outcome[0]:
+                        await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+        grown = rss_bytes(process.pid) - before
+        await stream.aclose()
+    print(f"RSS grew {grown / MiB:.1f} MiB")
+    return answer, received, (outcome or [0])[0], grown
+
+
 @pytest.mark.parametrize("head", [many_lines, endless_head], ids=["100000-lines", "endless"])
 async def test_a_head_that_never_fits_gets_400_on_a_framed_path_and_reaches_no_upstream(
-    tmp_path: Path, head: object
+    tmp_path: Path, head: Callable[[], list[bytes]]
 ) -> None:
-    received: list[int] = []
-    async with trio.open_nursery() as nursery:
-        process, port = await proxy_in_front_of(
-            nursery, partial(counting_upstream, received), tmp_path, FRAMED
-        )
-        try:
-            before = rss_bytes(process.pid)
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            with trio.fail_after(100):
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(send_until_closed, stream, head())  # type: ignore[operator]
-                    answer = await answer_of(stream)
-                    inner.cancel_scope.cancel()
-            grown = rss_bytes(process.pid) - before
-            await stream.aclose()
-        finally:
-            await stop(process)
-        nursery.cancel_scope.cancel()
-    print(f"RSS grew {grown / MiB:.1f} MiB")
+    answer, received, _, grown = await sent_through(tmp_path, FRAMED, head())
     # nginx's answer to a head over its buffers. The stage passes bytes the framer has not
     # refused yet, so the start of the head went on as it came; the upstream never saw a
     # complete head (nothing it could serve), and at most the framer's head limit.
@@ -208,22 +211,6 @@ async def test_an_endless_head_on_a_pass_through_path_is_relayed_with_flat_memor
     tmp_path: Path,
 ) -> None:
     """Transparent by default: the upstream judges the head; the proxy holds none of it."""
-    received: list[int] = []
-    async with trio.open_nursery() as nursery:
-        process, port = await proxy_in_front_of(
-            nursery, partial(counting_upstream, received), tmp_path, None
-        )
-        try:
-            before = rss_bytes(process.pid)
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            with trio.fail_after(100):
-                sent = await send_until_closed(stream, endless_head())
-                while sum(received) < sent:
-                    await trio.sleep(0.01)
-            grown = rss_bytes(process.pid) - before
-            await stream.aclose()
-        finally:
-            await stop(process)
-        nursery.cancel_scope.cancel()
-    assert sum(received) == sent
+    _, received, sent, grown = await sent_through(tmp_path, None, endless_head())
+    assert sent and sum(received) == sent
     assert grown < RSS_BOUND, f"RSS grew {grown / MiB:.1f} MiB"
