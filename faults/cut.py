@@ -8,17 +8,20 @@ what nginx's `ngx_http_upstream_finalize_request` sends once `u->header_sent`), 
 blackholed path (the client waits forever).
 
 When: `after: events` (N dispatched SSE events, counted by the WHATWG rules of
-`middlebox.core.sse`), `tokens` (N events that carry generated text: one vLLM frame is a
-token with `--stream-interval 1`), `tool_fragments` (N events carrying a tool-call
-argument fragment, vLLM's `{"index": 0, "function": {"arguments": "..."}}` deltas: the cut
-lands inside the call's arguments, before its JSON closes), `reasoning_tokens` (N events
-carrying `delta.reasoning`: inside the reasoning phase, before the answer starts),
-`finish` (N events carrying a `finish_reason`, `count: 1` for an n=1 stream: the answer
-or tool call is complete and the connection dies before the usage chunk and `[DONE]`),
-`bytes` (N bytes of de-chunked response body), or `time` (seconds since the request's
-head arrived). Where: at the first position at
-or after that point that is an `event_boundary` (after a blank line, and after the
-chunk's CRLF when the event ends its HTTP chunk), `inside_data_line` (after at least
+`middlebox.core.sse`), `tokens` (N events that add text to the answer, the reasoning or a
+tool call's arguments: one vLLM frame is a token with `--stream-interval 1`), `tool_fragments`
+(N events carrying a tool-call argument fragment, vLLM's `{"index": 0, "function":
+{"arguments": "..."}}` deltas: the cut lands inside the call's arguments, before its JSON
+closes), `reasoning_tokens` (N events carrying reasoning text: inside the reasoning phase,
+before the answer starts), `finish` (N events that end the answer, a `finish_reason` or an
+in-band error, `count: 1` for an n=1 stream: the answer or tool call is complete and the
+connection dies before the usage chunk and `[DONE]`), `bytes` (N bytes of de-chunked
+response body), or `time` (seconds since the request's head arrived). What an event
+carries is read in the stream's own dialect by `middlebox.core.dialects` (chat,
+completions, Responses, Anthropic Messages), so `tokens: 12` lands after the same piece of
+the same answer in each. Where: at the first position at or after that point that is an
+`event_boundary` (after a blank line, and after the chunk's CRLF when the event ends its
+HTTP chunk), `inside_data_line` (after at least
 one byte of a `data:` line and before its line end) or `inside_utf8` (between the
 bytes of one multi-byte UTF-8 character of a `data:` line, in the first event that
 has one). When several positions qualify in the first line that has any, the seeded
@@ -68,11 +71,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from faults._lib.agent_events import carries_finish, carries_reasoning, tool_fragments
 from faults._lib.checks import check_choice, check_positive
-from faults._lib.events import token_bearing
 from faults._lib.items import merged
 from faults._lib.match import HttpMatched
+from middlebox.core.dialects import TokenKind, read
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Piece, PieceKind, encode_chunk
 from middlebox.core.sse import SseKind, SsePiece, utf8_cut_offsets
@@ -265,10 +267,11 @@ class Cut(HttpMatched, Fault):
         if line.kind is SseKind.BLANK:
             if line.event is not None:
                 response.events += 1
-                response.tokens += token_bearing(line.event)
-                response.tool_fragments += tool_fragments(line.event)
-                response.reasoning_tokens += carries_reasoning(line.event)
-                response.finishes += carries_finish(line.event)
+                meaning = read(line.event)
+                response.tokens += meaning.token is not None
+                response.tool_fragments += meaning.tool_fragments
+                response.reasoning_tokens += meaning.token is TokenKind.REASONING
+                response.finishes += meaning.end is not None
                 if response.threshold is None and self._reached(response):
                     self._arm(response, end, boundary=True)
                     return

@@ -37,9 +37,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from faults._lib.agent_events import tool_fragments
 from faults._lib.checks import check_choice, check_positive
 from faults._lib.sse_edit import SseBodyEditor, SseRewriter
+from middlebox.core.dialects import read
 from middlebox.core.fault import Fault
 from middlebox.core.sse import SseKind, SsePiece
 
@@ -126,7 +126,7 @@ class InbandError(SseRewriter, Fault):
     def edit(self, editor: SseBodyEditor, line: SsePiece, now: float) -> None:
         if line.kind is SseKind.BLANK and line.event is not None and not line.event.is_done:
             self._seen += 1
-            self._fragments += tool_fragments(line.event)
+            self._fragments += read(line.event).tool_fragments
             if self.after_tool_fragments is None:
                 reached = self._seen == self.events
             else:

@@ -188,12 +188,14 @@ def test_without_a_ledger_the_upstream_bytes_give_the_expected_text_of_a_real_se
 
 
 def test_junk_from_an_upstream_never_crashes_the_scorer() -> None:
+    # Content that is not a string (7) is no text: only the valid chunk's "7" is expected.
     tag = "[middlebox s/raw/0]"
     junk = sse_response(
         b'{"choices":["x",{"delta":"y"},{"delta":{"content":7}}]}',
         b'{"choices":"no"}',
         b"[1,2]",
         b"\xff\xfe",
+        b'{"choices":[{"delta":{"content":"7"}}]}',
         b"[DONE]",
     )
     score = score_client(

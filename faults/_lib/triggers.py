@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from faults._lib.agent_events import carries_reasoning, tool_fragments
 from faults._lib.checks import check_positive
 from faults._lib.events import EventCounter
+from middlebox.core.dialects import TokenKind, read
 from middlebox.core.fault import Bytes, Fault, FaultContext, Seconds
 from middlebox.core.framed import Framed, Position
 from middlebox.core.http1 import PieceKind
@@ -184,7 +184,9 @@ class Triggered:
 
 class AgentEventCounter(EventCounter):
     """An `EventCounter` that also counts tool-call argument fragments and events that
-    carry reasoning, read from the same framing (nothing is framed twice)."""
+    carry reasoning, read from the same framing (nothing is framed twice), in whichever
+    dialect the stream speaks (`middlebox.core.dialects`: chat `delta.tool_calls`,
+    Responses `response.function_call_arguments.delta`, Messages `input_json_delta`)."""
 
     def __init__(self, position: Position | None = None) -> None:
         super().__init__(position)
@@ -215,8 +217,9 @@ class AgentEventCounter(EventCounter):
                 event = line.event
                 if event is not None:
                     self.events += 1
-                    self.tool_fragments += tool_fragments(event)
-                    self.reasoning_tokens += carries_reasoning(event)
+                    meaning = read(event)
+                    self.tool_fragments += meaning.tool_fragments
+                    self.reasoning_tokens += meaning.token is TokenKind.REASONING
                     if until is not None and self.reached_at is None and until(self):
                         self.reached_at = _event_end(pieces, number, line)
                         self.reached_events = self.events

@@ -33,8 +33,16 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from middlebox.core.dialects import (
+    Dialect,
+    EndKind,
+    Meaning,
+    TokenKind,
+    dialect_for,
+    json_payload,
+    read,
+)
 from middlebox.core.framed import LegRecord, is_event_stream
-from middlebox.core.sse import SseEvent
 from middlebox.core.stream import Direction
 from middlebox.observe.requests import (
     BURST_GAP,
@@ -235,24 +243,32 @@ def _framed(leg: UpstreamLeg) -> LegRecord:
     return leg if isinstance(leg, LegRecord) else LegRecord.from_bytes(*leg)
 
 
-def _json_object(event: SseEvent) -> dict[str, Any] | None:
-    """An event's data as a JSON object, or None (`[DONE]`, junk, arrays...)."""
-    if event.is_done or not event.data.startswith("{"):
-        return None
-    try:
-        payload = json.loads(event.data)
-    except ValueError:
-        return None
-    return payload if isinstance(payload, dict) else None
+def _dialects(record: LegRecord) -> dict[int, Dialect | None]:
+    """Per request of a framed leg, the dialect of the stream that answers it (by its
+    method and target; a response to a request not seen reads by its events' shape)."""
+    return {
+        message: dialect_for(head.method, head.target)
+        for message, _, _, head in record.heads[Direction.UPSTREAM]
+        if head.method is not None and head.target is not None
+    }
+
+
+def _meanings(record: LegRecord) -> Iterable[tuple[int, int, Meaning]]:
+    """Each response event of a framed leg, with its message and stream offset, read in
+    its stream's dialect (`middlebox.core.dialects`, the one rule every reader shares)."""
+    dialects = _dialects(record)
+    for message, offset, event in record.events[Direction.DOWNSTREAM]:
+        yield message, offset, read(event, dialects.get(message))
 
 
 def upstream_generations(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str, bool]]:
     """What a real server sent, from the upstream leg of the journal: per response, the
-    request body it answered, the text it streamed (chat deltas or completion text) and
-    whether it finished (a finish_reason or `[DONE]`, and no in-band error: vLLM's
+    request body it answered, the answer text it streamed (choice 0's) and whether it
+    finished (its answer ended, or its stream's last event came: a finish_reason or
+    `[DONE]`, a stop_reason or `message_stop`, `response.completed`) without an error: vLLM's
     `data: {"error": ...}` frame followed by `[DONE]` is a failed generation, as the
-    emulator's ledger says `finish_reason: error`). This is the expected text when
-    there is no emulator ledger."""
+    emulator's ledger says `finish_reason: error`. This is the expected text when there
+    is no emulator ledger."""
     found: list[tuple[str, str, bool]] = []
     for leg in traffic:
         record = _framed(leg)
@@ -262,24 +278,14 @@ def upstream_generations(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str,
         for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
             if is_event_stream(head):
                 texts[message], finished[message] = [], False
-        for message, _, event in record.events[Direction.DOWNSTREAM]:
+        for message, _, meaning in _meanings(record):
             if message not in texts:
                 continue
-            finished[message] = finished[message] or event.is_done
-            payload = _json_object(event)
-            if payload is not None and "error" in payload:
+            finished[message] = finished[message] or meaning.last or meaning.end is not None
+            if meaning.end is EndKind.ERROR:
                 failed.add(message)
-            choices = payload.get("choices") if payload is not None else None
-            for choice in choices if isinstance(choices, list) else []:
-                # A hostile or broken upstream may send anything: judge only the
-                # shapes an OpenAI-compatible server sends, skip the rest.
-                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                    continue
-                delta = choice.get("delta")
-                content = delta.get("content") if isinstance(delta, dict) else None
-                texts[message].append(str(content or choice.get("text") or ""))
-                if choice.get("finish_reason"):
-                    finished[message] = True
+            if meaning.token is TokenKind.ANSWER and meaning.choice == 0:
+                texts[message].append(meaning.text)
         for message, parts in texts.items():
             body = record.request_body(message).decode("utf-8", "replace")
             found.append((body, "".join(parts), finished[message] and message not in failed))
@@ -287,27 +293,17 @@ def upstream_generations(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str,
 
 
 def _finish_reasons(record: LegRecord) -> dict[int, str | None]:
-    """Per event-stream response of a framed leg, the last `finish_reason` of choice 0 it
-    carried (None: the stream never said why it ended; "error" when an in-band error
-    frame came instead)."""
+    """Per event-stream response of a framed leg, the last reason its answer ended with,
+    in its API's words (choice 0's `finish_reason`, a `stop_reason`, a response's status
+    or `incomplete_details.reason`; None: the stream never said why it ended; "error"
+    when an in-band error came instead)."""
     reasons: dict[int, str | None] = {}
     for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
         if is_event_stream(head):
             reasons[message] = None
-    for message, _, event in record.events[Direction.DOWNSTREAM]:
-        payload = _json_object(event) if message in reasons else None
-        if payload is None:
-            continue
-        if "error" in payload:
-            reasons[message] = "error"
-        choices = payload.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
-            if (
-                isinstance(choice, dict)
-                and choice.get("index", 0) == 0
-                and isinstance(choice.get("finish_reason"), str)
-            ):
-                reasons[message] = choice["finish_reason"]
+    for message, _, meaning in _meanings(record):
+        if message in reasons and meaning.end is not None and meaning.choice == 0:
+            reasons[message] = meaning.reason
     return reasons
 
 
@@ -437,11 +433,12 @@ def analyse_upstream_leg(record: LegRecord) -> dict[str, int]:
             streams.add(message)
     counts["heartbeats"] = sum(n for message, n in record.comments.items() if message in streams)
     usage_seen: set[int] = set()
+    dialects = _dialects(record)
     for message, _, event in record.events[Direction.DOWNSTREAM]:
-        payload = _json_object(event) if message in streams else None
+        payload = json_payload(event) if message in streams else None
         if payload is None:
             continue
-        if "error" in payload:
+        if read(event, dialects.get(message)).end is EndKind.ERROR:
             counts["inband_errors"] += 1
         if payload.get("usage") and message not in usage_seen:
             usage_seen.add(message)
@@ -558,20 +555,6 @@ Sample = tuple[float, float, float]
 `vllm:generation_tokens_total`)."""
 
 
-def _is_token_chunk(event: SseEvent) -> bool:
-    """A chunk that carries one generated token: vLLM streams one chunk per token (an
-    empty `content` when the detokenizer holds bytes back), after a role chunk
-    (`delta.role`) that carries none, and before a usage chunk with no choices."""
-    payload = _json_object(event)
-    choices = payload.get("choices") if payload is not None else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return False
-    delta = choices[0].get("delta")
-    if isinstance(delta, dict):
-        return "role" not in delta and ("content" in delta or "tool_calls" in delta)
-    return "text" in choices[0]
-
-
 def delivered_token_times(
     record: LegRecord, time_at: Callable[[Direction, int], float]
 ) -> list[float]:
@@ -581,8 +564,8 @@ def delivered_token_times(
     `time_at(direction, offset)` is the journal's wall time of the byte at that offset."""
     return [
         time_at(Direction.DOWNSTREAM, offset)
-        for _, offset, event in record.events[Direction.DOWNSTREAM]
-        if _is_token_chunk(event)
+        for _, offset, meaning in _meanings(record)
+        if meaning.token is not None
     ]
 
 
@@ -618,8 +601,8 @@ def exchanges_of(
         for message, (_, text, done) in zip(streams, upstream_generations([record]), strict=False)
     }
     tokens: dict[int, list[float]] = {}
-    for message, offset, event in record.events[Direction.DOWNSTREAM]:
-        if _is_token_chunk(event):
+    for message, offset, meaning in _meanings(record):
+        if meaning.token is not None:
             tokens.setdefault(message, []).append(time_at(Direction.DOWNSTREAM, offset))
     ended = {message for message, _ in record.ends[Direction.DOWNSTREAM]}
     last = requests[-1][0] if requests else None

@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from faults._lib.agent_events import carries_reasoning, tool_fragments
 from faults._lib.triggers import AgentEventCounter
 from faults.client_vanish import ClientVanish
 from faults.cut import Cut
 from faults.handoff import Handoff
 from faults.inband_error import InbandError
 from faults.testing import replay
+from middlebox.core.dialects import TokenKind, read
 from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
 from middlebox.core.sse import SseEvent, SseFramer
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
@@ -57,6 +57,14 @@ TOOL_EVENTS = [ROLE, NAME, *(fragment(f) for f in FRAGMENTS), FINISH, DONE]
 TOOL_WRITES = [SSE_HEAD, *(encode_chunk(e) for e in TOOL_EVENTS), LAST_CHUNK_BYTES]
 REASONING_EVENTS = [ROLE, thought("Let me"), thought(" think"), data({"content": "Hi"}), DONE]
 REASONING_WRITES = [SSE_HEAD, *(encode_chunk(e) for e in REASONING_EVENTS), LAST_CHUNK_BYTES]
+
+
+def tool_fragments(event: SseEvent) -> int:
+    return read(event).tool_fragments
+
+
+def carries_reasoning(event: SseEvent) -> bool:
+    return read(event).token is TokenKind.REASONING
 
 
 def sse(raw: bytes) -> SseEvent:

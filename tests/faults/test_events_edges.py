@@ -1,5 +1,6 @@
-"""Which SSE events count as tokens, and the event counter on its own framing
-(faults/_lib/events.py): the chunks a vLLM or a broken hop can send that carry no text."""
+"""Which SSE events count as tokens for the faults (`middlebox.core.dialects`' one rule),
+and the event counter on its own framing (faults/_lib/events.py): the chunks a vLLM or a
+broken hop can send that carry no text."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ from typing import Any
 
 import pytest
 
-from faults._lib.events import EventCounter, token_bearing
+from faults._lib.events import EventCounter
+from middlebox.core.dialects import read
 from middlebox.core.sse import SseEvent
+
+
+def token_bearing(event: SseEvent) -> bool:
+    return read(event).token is not None
 
 
 def event(data: str) -> SseEvent:
