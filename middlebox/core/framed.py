@@ -706,14 +706,22 @@ class LegRecord:
                 self._segments.setdefault(piece.message, []).append(
                     (framed.body_offset, piece.offset)
                 )
+        dispatched = False
         for line in framed.lines:
             if line.kind is SseKind.COMMENT:
                 self.comments[piece.message] = self.comments.get(piece.message, 0) + 1
             event = line.event
-            if event is not None and self._room():
-                start = line.offset + len(line.data) - len(event.raw)
-                where = _stream_offset(self._segments.get(piece.message, []), start, piece)
-                self.events[direction].append((piece.message, where, event))
+            if event is not None:
+                dispatched = True
+                if self._room():
+                    start = line.offset + len(line.data) - len(event.raw)
+                    where = _stream_offset(self._segments.get(piece.message, []), start, piece)
+                    self.events[direction].append((piece.message, where, event))
+        segments = self._segments.get(piece.message) if dispatched else None
+        if segments:
+            # The next event starts after this one's end, in this piece or a later one: the
+            # earlier pieces' starts are never looked up again (a day-long stream has millions).
+            del segments[:-1]
         if piece.end_of_message:
             if self._room():
                 self.ends[direction].append((piece.message, piece.offset + len(piece.data)))
