@@ -413,6 +413,10 @@ class ConnectionJournal:
             op = "read" if (leg == "client") == (direction == Direction.UPSTREAM.value) else "wrote"
             rows = [r for r in self.records if r[1] == op and r[2] == leg and r[3] == direction]
             index = ([r[5] for r in rows], [r[0] for r in rows])
+            # One index per leg and direction, for the records as they are now: an open
+            # connection read again (GET /journals) has more records, and a new index.
+            for stale in [k for k in self._time_index if k[:2] == key[:2]]:
+                del self._time_index[stale]
             self._time_index[key] = index
         starts, times = index
         if not starts:
