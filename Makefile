@@ -57,8 +57,10 @@ bench-h2-reset: $(STAMP)
 calibrate: $(STAMP)
 	$(BIN)/python -m calibrate
 
-# A bounded mixed load through the proxy (default ten minutes; SOAK_SECONDS=300 make soak);
-# fails unless memory, fds and tasks stay flat. Figures: docs/reliability.md.
+# A bounded mixed load through the proxy with faults and journals (default ten minutes;
+# SOAK_SECONDS=300 make soak), then 3.6 GB through a `middlebox proxy` process with coalescer,
+# without and with --journal (SOAK_LONG_BYTES; 0 skips); fails unless memory, fds and tasks
+# stay flat. Figures: docs/reliability.md.
 soak: $(STAMP)
 	$(BIN)/python -m middlebox.tools.soak --seconds $${SOAK_SECONDS:-600} --json reports/soak.json
 

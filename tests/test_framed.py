@@ -4,6 +4,7 @@ fault in the path, the journal and the scorer read (middlebox/core/framed.py).""
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from collections.abc import Iterator
 
@@ -174,3 +175,30 @@ def test_a_leg_record_from_bytes_is_one_pass_that_keeps_heads_events_and_ends() 
     assert [event.index for _, _, event in record.events[DOWN]] == [0, 1]
     assert record.ends[DOWN] == [(0, len(HEAD + body))]
     assert record.request_body(0) == b'{"model": "m"}'
+
+
+def test_a_long_event_stream_keeps_its_event_offsets_with_constant_bookkeeping() -> None:
+    """A live leg record on one endless SSE response: each event's stream offset is right
+    when events span pieces, and the record keeps no per-piece state past the last event
+    (a day-long stream feeds it millions of pieces)."""
+    requests, responses = FramedStream(UP), FramedStream(DOWN)
+    requests.responses_to.append(responses)
+    responses.tunnels.append(requests)
+    record = LegRecord().listen(requests, responses)
+    requests.feed(REQUEST)
+    body = b"".join(frame(i) for i in range(3000))
+    wire = HEAD + body
+    rng = random.Random(7)
+    position = len(HEAD + frame(0))
+    responses.feed(wire[:position])  # the first event whole: the body's first piece has lines
+    longest = 0
+    while position < len(wire):
+        size = rng.randint(1, 90)  # events split across pieces, several events in one
+        responses.feed(wire[position : position + size])
+        position += size
+        longest = max(longest, len(record._segments.get(0, [])))
+    starts = [m.start() for m in re.finditer(rb"data: ", wire)]
+    assert [where for _, where, _ in record.events[DOWN]] == starts[:3000]
+    # a piece's start is kept only until an event ends in a later one: at most the pieces
+    # one event's bytes span (pieces of 1 byte or more), not one per piece of the stream
+    assert longest <= max(len(frame(i)) for i in range(3000)) + 1

@@ -239,6 +239,7 @@ RESPONSES = frozenset({Direction.DOWNSTREAM})
 """`changes()`/`publishes()` of a fault that changes only what the server sends."""
 
 REQUESTS = frozenset({Direction.UPSTREAM})
+DECISIONS_KEPT = 64  # requests whose decision a fault keeps (`HttpMatched.decide`)
 """... only what the client sends."""
 
 
@@ -449,6 +450,10 @@ class HttpMatched:
             request, now, fault.rng, fault.context.shared, self._key, self._epoch
         )
         self._decisions[message] = decision
+        # The last DECISIONS_KEPT requests' decisions: a keep-alive connection may carry
+        # millions of requests, and the framing keeps as many of their heads (the 64 of
+        # `FramedStream.request_heads`) as any response still in flight can need.
+        self._decisions.pop(message - DECISIONS_KEPT, None)
         return decision
 
     def selected(self, message: int) -> int | None:

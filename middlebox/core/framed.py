@@ -726,21 +726,25 @@ class LegRecord:
                 self._segments.setdefault(piece.message, []).append(
                     (framed.body_offset, piece.offset)
                 )
+        dispatched = False
         for line in framed.lines:
             if line.kind is SseKind.COMMENT:
                 self.comments[piece.message] = self.comments.get(piece.message, 0) + 1
             event = line.event
-            if event is not None and self._room():
-                start = line.offset + len(line.data) - len(event.raw)
-                where = _stream_offset(self._segments.get(piece.message, []), start, piece)
-                self.events[direction].append((piece.message, where, event))
+            if event is not None:
+                dispatched = True
+                if self._room():
+                    start = line.offset + len(line.data) - len(event.raw)
+                    where = _stream_offset(self._segments.get(piece.message, []), start, piece)
+                    self.events[direction].append((piece.message, where, event))
         lines = framed.lines
-        if lines and lines[-1].kind in (SseKind.BLANK, SseKind.OVERFLOW):
-            # No event is open: the next one starts in this piece or later, so the body's
-            # earlier segments are never looked up again (a day-long stream keeps one).
-            segments = self._segments.get(piece.message)
-            if segments:
-                del segments[:-1]
+        ended = dispatched or bool(lines and lines[-1].kind is SseKind.OVERFLOW)
+        segments = self._segments.get(piece.message) if ended else None
+        if segments:
+            # The next event starts after this one's end (or, past the SSE bound, never):
+            # the earlier pieces' starts are never looked up again (a day-long stream has
+            # millions).
+            del segments[:-1]
         if piece.end_of_message:
             if self._room():
                 self.ends[direction].append((piece.message, piece.offset + len(piece.data)))

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from middlebox.core.fault import FaultReport
+from middlebox.core.fault import REPORTS_KEPT, FaultReport
 from middlebox.core.framed import LegRecord, PathFraming
 from middlebox.core.stream import Direction
 
@@ -161,6 +161,10 @@ class ConnectionJournal:
     redaction: Redaction = DEFAULT_REDACTION
     records: list[tuple[Any, ...]] = field(default_factory=list)
     faults: list[FaultReport] = field(default_factory=list)
+    # (fault, action) -> [reports seen, time of the last]: past the first REPORTS_KEPT of a
+    # pair, reports are counted here, not kept (a `coalescer` flushes millions of times on a
+    # long stream); written as one `fault_more` line per pair when the connection ends.
+    fault_counts: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     dropped: int = 0
     capture_dropped: int = 0
     offsets: dict[tuple[str, str, str], int] = field(default_factory=dict)
@@ -233,6 +237,14 @@ class ConnectionJournal:
             self.dropped += 1
 
     def fault(self, report: FaultReport) -> None:
+        key = (report.fault, report.action)
+        counted = self.fault_counts.get(key)
+        if counted is None:
+            counted = self.fault_counts[key] = [0, report.time]
+        counted[0] += 1
+        counted[1] = report.time
+        if counted[0] > REPORTS_KEPT:
+            return  # counted: a `fault_more` line says how many
         if len(self.faults) < self.max_records:
             self.faults.append(report)
         else:
@@ -266,7 +278,31 @@ class ConnectionJournal:
                 for leg, direction, kind in self.end_kinds
             ],
             "faults_fired": sorted({report.fault for report in self.faults}),
+            "faults_more": {
+                f"{fault}:{action}": more for fault, action, more, _ in self._faults_more()
+            },
         }
+
+    def _faults_more(self) -> list[tuple[str, str, int, float]]:
+        """(fault, action, reports counted past the kept ones, time of the last)."""
+        return [
+            (fault, action, int(count) - REPORTS_KEPT, last)
+            for (fault, action), (count, last) in self.fault_counts.items()
+            if count > REPORTS_KEPT
+        ]
+
+    def _fault_more_lines(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "fault_more",
+                "time": last + self.clock_offset,
+                "fault": fault,
+                "action": action,
+                "count": more,
+                "kept": REPORTS_KEPT,
+            }
+            for fault, action, more, last in self._faults_more()
+        ]
 
     def _record_line(self, record: tuple[Any, ...]) -> dict[str, Any]:
         at, op, leg, direction, size, offset = record
@@ -334,6 +370,9 @@ class ConnectionJournal:
             line = self._fault_line(report)
             timed.append((line["time"], seq, line))
         base += len(self.faults)
+        for seq, line in enumerate(self._fault_more_lines(), start=base):
+            timed.append((line["time"], seq, line))
+        base += len(self.fault_counts)
         for seq, boundary in enumerate(self.boundaries(redact_secrets=redact_secrets), start=base):
             timed.append((boundary["time"], seq, boundary))
         timed.sort(key=lambda entry: (entry[0], entry[1]))
@@ -356,6 +395,7 @@ class ConnectionJournal:
         self._written_records = len(self.records)
         self._written_faults = len(self.faults)
         if final:
+            fresh += self._fault_more_lines()
             fresh += self.boundaries(redact_secrets=redact_secrets)
         fresh.sort(key=lambda line: float(line["time"]))
         lines += [{**line, "connection": cid} for line in fresh]
@@ -373,6 +413,10 @@ class ConnectionJournal:
             op = "read" if (leg == "client") == (direction == Direction.UPSTREAM.value) else "wrote"
             rows = [r for r in self.records if r[1] == op and r[2] == leg and r[3] == direction]
             index = ([r[5] for r in rows], [r[0] for r in rows])
+            # One index per leg and direction, for the records as they are now: an open
+            # connection read again (GET /journals) has more records, and a new index.
+            for stale in [k for k in self._time_index if k[:2] == key[:2]]:
+                del self._time_index[stale]
             self._time_index[key] = index
         starts, times = index
         if not starts:
@@ -697,6 +741,8 @@ class JournalView:
     chunks: list[dict[str, Any]] = field(default_factory=list)
     ends: list[dict[str, Any]] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
+    faults_more: list[dict[str, Any]] = field(default_factory=list)
+    """`fault_more` lines: per fault and action, the reports counted past the kept ones."""
     boundaries: list[dict[str, Any]] = field(default_factory=list)
     captured: dict[tuple[str, str], bytes] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
@@ -711,6 +757,8 @@ class JournalView:
             self.ends.append(line)
         elif kind == "fault":
             self.faults.append(line)
+        elif kind == "fault_more":
+            self.faults_more.append(line)
         elif kind in ("http_head", "http_end", "sse_event"):
             self.boundaries.append(line)
         elif kind == "summary":

@@ -64,7 +64,10 @@ class Metrics:
 
     bytes: dict[tuple[str, str, str], int] = field(default_factory=dict)
     faults: dict[tuple[str, str], int] = field(default_factory=dict)
-    faulted_connections: dict[str, set[int]] = field(default_factory=dict)
+    # fault -> connections it fired on: a count, not the ids (a proxy up for a day serves
+    # millions); each connection's sink remembers which faults it has counted already.
+    faulted_connections: dict[str, int] = field(default_factory=dict)
+    _generation: int = 0  # bumped by `reset`: a connection counts again after one
     scenario_header: dict[str, int] = field(default_factory=dict)
     baseline: dict[str, int] = field(default_factory=dict)
     journal_baseline: int = 0
@@ -75,10 +78,15 @@ class Metrics:
     def sink(
         self, connection_id: int, inner: Callable[[FaultReport], None] | None
     ) -> Callable[[FaultReport], None]:
+        counted: dict[str, int] = {}  # fault -> the generation it was counted in
+
         def record(report: FaultReport) -> None:
             key = (report.fault, report.action)
             self.faults[key] = self.faults.get(key, 0) + 1
-            self.faulted_connections.setdefault(report.fault, set()).add(connection_id)
+            fault = report.fault
+            if counted.get(fault) != self._generation:
+                counted[fault] = self._generation
+                self.faulted_connections[fault] = self.faulted_connections.get(fault, 0) + 1
             if inner is not None:
                 inner(report)
 
@@ -88,6 +96,7 @@ class Metrics:
         self.bytes.clear()
         self.faults.clear()
         self.faulted_connections.clear()
+        self._generation += 1
         self.scenario_header.clear()
         self.baseline = {name: int(getattr(server, name, 0)) for name in SERVER_COUNTERS}
         self.journal_baseline = store.dropped if store is not None else 0
@@ -133,8 +142,8 @@ class Metrics:
             "counter",
             "Connections on which a fault fired at least once, by fault.",
             [
-                (_labels(fault=fault), len(ids))
-                for fault, ids in sorted(self.faulted_connections.items())
+                (_labels(fault=fault), connections)
+                for fault, connections in sorted(self.faulted_connections.items())
             ],
         )
         if store is not None:

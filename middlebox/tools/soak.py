@@ -1,12 +1,17 @@
 """`make soak`: a bounded, mixed load through the proxy; memory, fds and tasks stay flat.
 
 It starts the vLLM emulator (its own process) and, in this process, one proxy per
-scenario of a small mix (pass-through, latency + slicer, coalescer, a cut that resets
-streams mid-response, a journalled proxy with a bounded journal), then runs streaming
-chat requests through them from `concurrency` loopback clients for `seconds`; some
-clients abandon their stream with an RST halfway. Every `interval` it samples this
-process's resident memory (RSS), open fds and live trio tasks (and the emulator's RSS,
-reported only: its request ledger grows by design).
+scenario of a small mix (pass-through, latency + slicer, coalescer, the SSE-aware faults:
+a journalled `cut` that resets streams mid-response and a journalled latency + `sse_ids`
+that numbers every event, each journal bounded), then runs streaming chat requests
+through them from `concurrency` loopback clients for `seconds`; some clients abandon
+their stream with an RST halfway. Beside them one long-lived stream runs through a
+`coalescer` proxy for the whole load (an upstream here trickling 16 KiB every 20 ms, read
+by one more client). Every `interval` it samples this process's resident memory (RSS),
+open fds and live trio tasks (and the emulator's RSS, reported only: its request ledger
+grows by design). Then (`long_stream_bytes`, the command line only) 3.6 GB go through a
+`middlebox proxy` process with `coalescer`, without and with `--journal`, its RSS read
+from /proc (`middlebox.tools.long_stream`).
 
 Flat means: after a warm-up (the first fifth), the second half's median RSS is within
 `max(8 MiB, 5%)` of the first half's, and its highest fd and task counts exceed the first
@@ -30,6 +35,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +47,7 @@ from middlebox.run.processes import start_emulator, stop_upstream
 from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import Scenario
 from middlebox.shell.server import Address, ProxyServer, listen, relay_clock_offset
+from middlebox.tools.long_stream import long_stream, read_head
 
 MODEL = "middlebox/tools/soak-7b"
 EMULATOR = {
@@ -58,8 +65,14 @@ MIX = {
     "latency-slicer": "name: latency-slicer\npath:\n  - latency: {delay: 2ms}\n  - slicer\n",
     "coalescer": "name: coalescer\npath:\n  - coalescer\n",
     "cut": "name: cut\npath:\n  - cut: {after: events, count: 8, end: rst}\n",
-    "journalled": "name: journalled\npath:\n  - latency: {delay: 1ms}\n",
+    "journalled": (
+        "name: journalled\npath:\n  - latency: {delay: 1ms}\n  - sse_ids: {mode: add}\n"
+    ),
+    "long-coalescer": "name: long-coalescer\npath:\n  - coalescer\n",
 }
+JOURNALLED = ("cut", "journalled")  # each with its own journal, bounded to 100 connections
+LONG = "long-coalescer"  # the long-lived stream's proxy, in front of the trickle upstream
+TRICKLE = (16 * 1024, 0.02)  # the long stream: this many bytes every this many seconds
 REQUEST_TIMEOUT = 15.0
 _LINGER_ABORT = struct.pack("ii", 1, 0)
 MIB = 1024 * 1024
@@ -85,6 +98,9 @@ class SoakReport:
     abandoned: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     bytes_received: int = 0
+    long_stream_bytes: int = 0  # what the long-lived stream through `coalescer` carried
+    long_stream_end: str = ""  # how it ended: "held" (open until the load stopped) or why not
+    long_streams: list[str] = field(default_factory=list)  # the real-process runs' summaries
     baseline: dict[str, int] = field(default_factory=dict)
     after: dict[str, int] = field(default_factory=dict)
     halves: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -101,7 +117,8 @@ class SoakReport:
             f"soak: {self.seconds:.0f}s, {self.concurrency} clients, {self.requests} requests "
             f"({self.complete} complete, {self.cut} cut by the fault, {self.abandoned} abandoned, "
             f"{sum(self.errors.values())} errors {self.errors or ''}), "
-            f"{self.bytes_received / MIB:.1f} MiB received",
+            f"{self.bytes_received / MIB:.1f} MiB received; the long-lived stream through "
+            f"coalescer: {self.long_stream_bytes / MIB:.1f} MiB, {self.long_stream_end}",
             f"  rss median MiB: first half {first.get('rss', 0) / MIB:.1f}, "
             f"second half {second.get('rss', 0) / MIB:.1f}",
             f"  fds max: first {first.get('fds', 0):.0f}, second {second.get('fds', 0):.0f}; "
@@ -111,6 +128,7 @@ class SoakReport:
             f"  emulator rss MiB: first {first.get('emulator_rss', 0) / MIB:.1f}, "
             f"second {second.get('emulator_rss', 0) / MIB:.1f} (not checked: its ledger grows)",
         ]
+        lines += [f"  {line}" for line in self.long_streams]
         lines += [f"  NOT FLAT: {problem}" for problem in self.problems]
         lines.append("  flat: yes" if self.flat else "  flat: no")
         return "\n".join(lines)
@@ -250,8 +268,65 @@ def check(report: SoakReport) -> None:
             )
     if report.errors:
         report.problems.append(f"unexpected request outcomes: {report.errors}")
+    if report.long_stream_end != "held":
+        report.problems.append(f"the long-lived stream did not last: {report.long_stream_end}")
     if report.complete == 0:
         report.problems.append("no request completed")
+
+
+async def _trickle(stream: trio.SocketStream) -> None:
+    """The long-lived stream's upstream: one chunked response, `TRICKLE` at a time, until
+    the proxy passes on the client's end (a FIN or an RST), as vLLM aborts a request whose
+    client has gone."""
+    if not await read_head(stream):
+        return
+    size, every = TRICKLE
+    chunk = b"%x\r\n" % size + bytes(range(256)) * (size // 256) + b"\r\n"
+
+    async def send(cancel: trio.CancelScope) -> None:
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        while True:
+            await stream.send_all(chunk)
+            await trio.sleep(every)
+
+    async def until_eof(cancel: trio.CancelScope) -> None:
+        while await stream.receive_some(4096):
+            pass
+        cancel.cancel()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, nursery.cancel_scope)
+            nursery.start_soon(until_eof, nursery.cancel_scope)
+    except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        await stream.aclose()
+
+
+async def long_client(report: SoakReport, port: int, deadline: float) -> None:
+    """Hold one stream through the `coalescer` proxy until `deadline`; say how it ended."""
+    stream: trio.SocketStream | None = None
+    report.long_stream_end = "not opened"
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /long HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        with trio.move_on_at(deadline) as scope:
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    report.long_stream_end = "closed by the proxy before the load stopped"
+                    break
+                report.long_stream_bytes += len(data)
+        if scope.cancelled_caught:
+            report.long_stream_end = "held"
+    except (OSError, trio.BrokenResourceError) as error:
+        report.long_stream_end = f"{type(error).__name__}: {error}"
+    finally:
+        if stream is not None:
+            await stream.aclose()
 
 
 async def soak(
@@ -265,22 +340,26 @@ async def soak(
         upstream = Address.parse(emulator.url)
         try:
             async with trio.open_nursery() as nursery:
+                trickle = await nursery.start(
+                    partial(trio.serve_tcp, _trickle, 0, host="127.0.0.1")
+                )
+                trickle_at = Address("127.0.0.1", trickle[0].socket.getsockname()[1])
                 servers: dict[str, ProxyServer] = {}
                 ports: dict[str, int] = {}
                 listeners = []
                 for name, scenario in mix().items():
-                    server = ProxyServer(upstream, scenario)
-                    if name == "journalled":
+                    server = ProxyServer(trickle_at if name == LONG else upstream, scenario)
+                    if name in JOURNALLED:
                         journal = JournalStore(capture=True, max_connections=100)
-                        server.observer_factory = lambda cid, _s, j=journal: j.observer(
-                            cid, time.time(), "journalled", relay_clock_offset()
+                        server.observer_factory = lambda cid, _s, j=journal, n=name: j.observer(
+                            cid, time.time(), n, relay_clock_offset()
                         )
                         server.report_sink_factory = journal.fault_sink
                     listener = listen(Address("127.0.0.1", 0))
                     listeners.append(listener)
                     ports[name] = await nursery.start(server.serve, listener)
                     servers[name] = server
-                names = sorted(ports)
+                names = sorted(name for name in ports if name != LONG)
                 await trio.sleep(0.2)
                 report.baseline = {"fds": fds_of(), "tasks": tasks_now()}
                 started = trio.current_time()
@@ -318,6 +397,7 @@ async def soak(
                 async with trio.open_nursery() as load:
                     load.start_soon(sampler)
                     async with trio.open_nursery() as clients:
+                        clients.start_soon(long_client, report, ports[LONG], deadline)
                         for _ in range(concurrency):
                             clients.start_soon(client)
                     load.cancel_scope.cancel()
@@ -341,8 +421,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--json", dest="json_path", help="Write the report (samples too) here.")
+    parser.add_argument(
+        "--long-stream-bytes",
+        type=float,
+        default=float(os.environ.get("SOAK_LONG_BYTES", 3.6e9)),
+        help="Then this many bytes through a `middlebox proxy` process with coalescer, "
+        "without and with --journal, its RSS flat (0: skip).",
+    )
     args = parser.parse_args(argv)
     report = trio.run(soak, args.seconds, args.concurrency, args.interval)
+    if args.long_stream_bytes > 0:
+        for journal in (False, True):
+            run = trio.run(partial(long_stream, int(args.long_stream_bytes), journal=journal))
+            report.long_streams.append(run.summary())
+            if not run.flat:
+                report.problems.append(f"the proxy's RSS was not flat: {run.summary()}")
     print(report.summary())
     if args.json_path:
         data: dict[str, Any] = asdict(report)

@@ -145,3 +145,25 @@ def test_an_unquoted_yaml_no_is_sent_as_the_word_no() -> None:
     (fault,) = scenario.build_faults()
     out = replay(fault, [(0.0, Chunk(UP, request())), (1.0, Chunk(DOWN, BARE_HEAD))])
     assert joined(out, DOWN) == BARE_HEAD[:-2] + b"X-Accel-Buffering: no\r\nX-Max: 5\r\n\r\n"
+
+
+def test_a_keep_alive_connection_of_many_requests_keeps_a_bounded_decision_record() -> None:
+    """1,000 requests on one connection, each answered: every response head rewritten, the
+    fault's reports capped at REPORTS_KEPT and counted past it, and its per-request decisions
+    kept for the last DECISIONS_KEPT requests only (one per request grew for the
+    connection's life)."""
+    from faults._lib.match import DECISIONS_KEPT
+    from middlebox.core.fault import REPORTS_KEPT
+
+    response = BARE_HEAD.replace(b"transfer-encoding: chunked", b"content-length: 0")
+    assert response != BARE_HEAD
+    timeline = []
+    for index in range(1000):
+        timeline += [(index * 1.0, Chunk(UP, request())), (index + 0.5, Chunk(DOWN, response))]
+    fault = SetHeader()
+    out = replay(fault, timeline)
+    rewritten = response[:-2] + b"X-Accel-Buffering: no\r\n\r\n"
+    assert [item.data for _, item in out if item.direction is DOWN] == [rewritten] * 1000
+    assert len(fault._decisions) <= DECISIONS_KEPT
+    assert len(fault.reports) == REPORTS_KEPT
+    assert fault.reports_more == {"rewrote_head": 1000 - REPORTS_KEPT}

@@ -180,3 +180,17 @@ def test_proof_fails_a_fault_that_fired_for_no_client_and_a_client_that_never_co
     # issue 13: a fault that fired for some clients but never for one that connected is
     # a problem for that one (c never connected: that is its own problem already)
     assert "s/b: declared fault 'latency' fired for a but never for b" in problems[2]
+
+
+def test_an_open_connection_read_again_keeps_one_time_index_per_leg_and_direction() -> None:
+    """The control API reads an open connection's journal again and again while it grows:
+    each read finds boundary times on the records as they are then, and keeps one index
+    per leg and direction, not one per read."""
+    journal = ConnectionJournal(1, 0.0, capture=True)
+    one_exchange(journal)
+    first = [line for line in journal.to_lines() if line["type"] == "sse_event"]
+    for tick in range(50):
+        journal.read("upstream", DOWN, b"", 10.0 + tick)  # the record grows, no new bytes
+        again = [line for line in journal.to_lines() if line["type"] == "sse_event"]
+        assert again == first
+    assert len(journal._time_index) <= 4  # two legs x two directions
