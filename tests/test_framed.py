@@ -18,8 +18,8 @@ from faults.slicer import Slicer
 from faults.sse_ids import SseIds
 from faults.testing import joined, replay
 from middlebox.core.fault import FaultContext, Pipeline
-from middlebox.core.framed import FramedStream, LegRecord
-from middlebox.core.http1 import Http1Framer, encode_chunk
+from middlebox.core.framed import REQUEST_BODIES_KEPT, FramedStream, LegRecord
+from middlebox.core.http1 import REQUEST_BODY_KEEP, Http1Framer, encode_chunk
 from middlebox.core.sse import SseFramer
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item
 from middlebox.observe.journal import JournalStore
@@ -202,3 +202,33 @@ def test_a_long_event_stream_keeps_its_event_offsets_with_constant_bookkeeping()
     # a piece's start is kept only until an event ends in a later one: at most the pieces
     # one event's bytes span (pieces of 1 byte or more), not one per piece of the stream
     assert longest <= max(len(frame(i)) for i in range(3000)) + 1
+
+
+def keep_alive_posts(count: int, body: bytes) -> bytes:
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+    return (head % len(body) + body) * count
+
+
+def test_a_limited_leg_record_keeps_request_bodies_within_its_byte_bound() -> None:
+    """A keep-alive client posting request after request (the journal's live record has a
+    limit): the bodies kept total at most REQUEST_BODIES_KEPT, the newest kept whole."""
+    body = b"x" * REQUEST_BODY_KEEP
+    count = REQUEST_BODIES_KEPT // REQUEST_BODY_KEEP * 3
+    record = LegRecord(limit=1_000_000)
+    requests = FramedStream(UP)
+    record.listen(requests, FramedStream(DOWN))
+    requests.feed(keep_alive_posts(count, body))
+    assert sum(map(len, record.request_bodies.values())) <= REQUEST_BODIES_KEPT
+    assert record.request_body(count - 1) == body
+    assert record.request_body(0) == b""  # the oldest went first
+    # without a limit (a run's scorer over a finished leg) every body is kept
+    whole = LegRecord.from_bytes(keep_alive_posts(200, body), b"")
+    assert all(whole.request_body(m) == body for m in range(200))
+
+
+def test_a_limited_leg_record_counts_comments_of_at_most_its_limit_of_responses() -> None:
+    pings = b": ping\n\n"
+    response = HEAD + encode_chunk(pings) + b"0\r\n\r\n"
+    record = LegRecord.from_bytes(REQUEST * 50, response * 50, limit=20)
+    assert len(record.comments) <= 20
+    assert LegRecord.from_bytes(REQUEST * 50, response * 50).comments == dict.fromkeys(range(50), 1)

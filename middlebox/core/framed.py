@@ -643,12 +643,21 @@ class PathFraming:
 
 # -- what the observers keep of a leg ----------------------------------------------------
 
+REQUEST_BODIES_KEPT = 8 * 1024 * 1024
+"""Request body bytes a limited LegRecord keeps in all (the journal's capture per leg and
+direction is the same 8 MiB, `observe.journal.MAX_CAPTURE_BYTES`)."""
+
 
 @dataclass
 class LegRecord:
     """One leg as the journal, scorer and recorder read it: every head, SSE event,
     comment line and message end with its stream offset, the request bodies (first
-    REQUEST_BODY_KEEP bytes), and with `keep_pieces` every piece of both directions."""
+    REQUEST_BODY_KEEP bytes), and with `keep_pieces` every piece of both directions.
+
+    With a `limit` (the journal's live records) nothing grows with the connection's age:
+    heads, events, ends and per-response comment counts share the limit, and the request
+    bodies kept total at most REQUEST_BODIES_KEPT bytes, the oldest dropped first (a
+    keep-alive client sending request after request must not grow the proxy)."""
 
     keep_pieces: bool = False
     limit: int | None = None  # most heads + events + ends kept; the rest are counted
@@ -669,6 +678,7 @@ class LegRecord:
     )
     _segments: dict[int, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
     _kept: int = field(default=0, repr=False)
+    _body_bytes: int = field(default=0, repr=False)
 
     def listen(self, requests: FramedStream, responses: FramedStream) -> LegRecord:
         requests.listen(lambda framed: self.add(Direction.UPSTREAM, framed))
@@ -721,14 +731,16 @@ class LegRecord:
             if direction is Direction.UPSTREAM:
                 body = self.request_bodies.get(piece.message)
                 if body is not None and len(body) < REQUEST_BODY_KEEP:
-                    body += piece.data[: REQUEST_BODY_KEEP - len(body)]
+                    kept = piece.data[: REQUEST_BODY_KEEP - len(body)]
+                    body += kept
+                    self._keep_body_bytes(len(kept))
             elif framed.lines or piece.message in self._segments:
                 self._segments.setdefault(piece.message, []).append(
                     (framed.body_offset, piece.offset)
                 )
         dispatched = False
         for line in framed.lines:
-            if line.kind is SseKind.COMMENT:
+            if line.kind is SseKind.COMMENT and (piece.message in self.comments or self._room()):
                 self.comments[piece.message] = self.comments.get(piece.message, 0) + 1
             event = line.event
             if event is not None:
@@ -752,6 +764,15 @@ class LegRecord:
 
     def request_body(self, message: int) -> bytes:
         return bytes(self.request_bodies.get(message, b""))
+
+    def _keep_body_bytes(self, added: int) -> None:
+        self._body_bytes += added
+        if self.limit is None:
+            return
+        while self._body_bytes > REQUEST_BODIES_KEPT and len(self.request_bodies) > 1:
+            oldest = next(iter(self.request_bodies))
+            self._body_bytes -= len(self.request_bodies.pop(oldest))
+            self.dropped += 1
 
 
 def _stream_offset(segments: list[tuple[int, int]], body_offset: int, piece: Piece) -> int:

@@ -25,6 +25,7 @@ from middlebox.shell.relay import HIGH_WATER
 from middlebox.shell.server import Address, ProxyServer, listen
 from tests.harness import proxied, read_all, reset
 from tests.reliability.support import (
+    FULL,
     MIDDLEBOX,
     blackhole,
     fds_back_to,
@@ -56,6 +57,8 @@ async def answer_once(stream: trio.SocketStream) -> None:
 
 # ---------------------------------------------------------------- slowloris
 
+SLOWLORIS = 300 if FULL else 20
+
 
 async def test_slowloris_clients_are_closed_unanswered_at_client_header_timeout(
     autojump_clock: MockClock,
@@ -70,7 +73,7 @@ async def test_slowloris_clients_are_closed_unanswered_at_client_header_timeout(
     with trio.fail_after(10):
         async with proxied(upstream, options(client_header_timeout=0.3)) as running:
             started = trio.current_time()
-            clients = [await running.connect() for _ in range(20)]
+            clients = [await running.connect() for _ in range(SLOWLORIS)]
             for client in clients:
                 await client.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
             drip = clients[0]
@@ -80,11 +83,11 @@ async def test_slowloris_clients_are_closed_unanswered_at_client_header_timeout(
             endings = [await read_all(client) for client in clients]
             elapsed = trio.current_time() - started
             assert await settle(lambda: running.server.active == 0)
-            assert running.server.header_timeouts == 20
+            assert running.server.header_timeouts == SLOWLORIS
             for client in clients:
                 await client.aclose()
-            assert await settle(lambda: len(upstream_got) == 20)
-    assert endings == [(b"", "fin")] * 20  # nginx closes on a header timeout, no 408 sent
+            assert await settle(lambda: len(upstream_got) == SLOWLORIS)
+    assert endings == [(b"", "fin")] * SLOWLORIS  # nginx closes on a header timeout, no 408 sent
     assert elapsed == pytest.approx(0.3)  # virtual time: exactly the header timeout
     assert await fds_back_to(baseline) == baseline
     assert task_count() == tasks

@@ -7,7 +7,6 @@ resident memory within a stated bound and gets a defined answer.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,10 +18,9 @@ import trio
 
 from middlebox.core.http1 import MAX_HEAD_BYTES
 from tests.observability.support import read_head
-from tests.reliability.support import first_line, listening_port, proxy_command, rss_bytes
+from tests.reliability.support import FULL, first_line, listening_port, proxy_command, rss_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
-FULL = os.environ.get("MIDDLEBOX_HOSTILE_FULL") == "1"
 MiB = 1024 * 1024
 CHUNK = 64 * 1024
 RESPONSE_BYTES = (10 * 1024 if FULL else 256) * MiB

@@ -24,10 +24,10 @@ import trio
 from middlebox.observe.prometheus import parse_text
 from middlebox.tools.soak import rss_of
 from tests.observability.support import http, read_head
-from tests.reliability.support import MIDDLEBOX, first_line
+from tests.reliability.support import FULL, MIDDLEBOX, first_line
 
 MiB = 1024 * 1024
-TOTAL = 256 * MiB  # response body bytes per run
+TOTAL = (2048 if FULL else 256) * MiB  # response body bytes per run
 # What the proxy may grow by while they flow: the framing holds at most 1 MiB of a line
 # or an event and the fault as much again; the rest is the relay's buffers and the
 # allocator's slack. Unbounded, it grows by about the bytes sent (over 256 MiB).
