@@ -319,6 +319,7 @@ class Side:
     outbox_bytes: int = 0
     pending_end: Eof | Reset | None = None
     read_done: bool = False
+    read_fin: bool = False  # what it sent ended with a FIN, not an RST
     write_done: bool = False
     closed: bool = False
     writer_lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
@@ -493,7 +494,7 @@ class Relay:
             self._feed(Reset(side.source))
             return _OVER
         if not data:
-            side.read_done = True
+            side.read_done = side.read_fin = True
             self._ended(side, "fin")
             self._feed(Eof(side.source))
             return _OVER
@@ -718,7 +719,14 @@ class Relay:
         for item in items:
             side = self.destination(item.direction)
             if side.write_done or side.pending_end is not None:
-                continue  # nothing can be written after an end; the item is dropped
+                if isinstance(item, Reset) and isinstance(side.pending_end, Eof):
+                    # TCP sends an RST after a FIN (the peer that half-closed has now
+                    # gone): it aborts what is still queued behind the FIN, if anything.
+                    side.outbox.clear()
+                    side.outbox_bytes = 0
+                    if not side.closed:
+                        self._write_end(side, item)
+                continue  # nothing else can be written after an end; the item is dropped
             if isinstance(item, Chunk):
                 if item.data:
                     side.outbox.append(item.data)
@@ -817,6 +825,12 @@ class Relay:
             self.observer.ended(side.leg, side.source.opposite, "write_failed", self.clock())
         if not side.read_done:
             side.read_done = True
+            self._feed(Reset(side.source))
+        elif side.read_fin:
+            side.read_fin = False
+            # The peer half-closed earlier (its FIN went on) and has now gone altogether:
+            # its kernel's RST travels on too, so the other peer stops sending to nobody
+            # (nginx closes the upstream once a write to the client fails).
             self._feed(Reset(side.source))
         self._wake_readers()
 

@@ -19,8 +19,9 @@ import pytest
 import trio
 from trio.testing import MockClock
 
+from faults.coalescer import Coalescer
 from middlebox.compose import PROXY_STAGES
-from middlebox.scenario.model import ProxyOptions, Scenario
+from middlebox.scenario.model import FaultSpec, ProxyOptions, Scenario
 from middlebox.shell.relay import HIGH_WATER
 from middlebox.shell.server import Address, ProxyServer, listen
 from tests.harness import proxied, read_all, reset
@@ -334,6 +335,41 @@ def test_listen_uses_the_requested_backlog() -> None:
 
 
 # ------------------------------------------------- half-open and RST storms
+
+
+@pytest.mark.parametrize("fault", [None, Coalescer], ids=["pass-through", "coalescer"])
+async def test_a_client_gone_mid_stream_resets_an_upstream_that_ignores_its_fin(
+    fault: type[Coalescer] | None,
+) -> None:
+    """The client closes mid-response (its FIN, then an RST from its kernel at our next
+    write) while the upstream ignores the FIN and streams on: the client's RST travels on
+    to the upstream, as a TCP hop carries it (and as nginx closes the upstream once a write
+    to the client fails), so a server that ignores half-closes cannot hold the connection."""
+    upstream_end: list[str] = []
+
+    async def endless(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        try:
+            await stream.send_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(20_000):  # bounded: 20,000 ms of stream at most
+                await stream.send_all(b"5\r\nhello\r\n")
+                await trio.sleep(0.001)
+            upstream_end.append("still streaming")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            upstream_end.append("reset")
+
+    chosen = Scenario(name="t", path=(FaultSpec(fault, {}),)) if fault else None
+    baseline = open_fds()
+    with trio.fail_after(15):
+        async with proxied(endless, chosen) as running:
+            client = await running.connect()
+            await client.send_all(HEAD)
+            assert await client.receive_some(65536)
+            await client.aclose()  # FIN now; the kernel answers later bytes with an RST
+            assert await settle(lambda: bool(upstream_end), 10)
+            assert await settle(lambda: running.server.active == 0)
+    assert upstream_end == ["reset"]
+    assert await fds_back_to(baseline) == baseline
 
 
 async def test_half_closed_clients_still_get_their_whole_response() -> None:
