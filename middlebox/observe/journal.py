@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from middlebox.core.dialects import EndKind, dialect_for, read
 from middlebox.core.fault import REPORTS_KEPT, FaultReport
 from middlebox.core.framed import LegRecord, PathFraming
 from middlebox.core.stream import Direction
@@ -473,7 +474,12 @@ class ConnectionJournal:
                     },
                 )
             )
+        dialects = {
+            message: dialect_for(head.method or "", head.target or "")
+            for message, _, _, head in record.heads[Direction.UPSTREAM]
+        }
         for message, offset, event in record.events[direction]:
+            meaning = read(event, dialects.get(message))
             found.append(
                 (
                     offset,
@@ -488,8 +494,10 @@ class ConnectionJournal:
                         "index": event.index,
                         "event": event.event,
                         "id": event.id,
-                        "done": event.is_done,
-                        "error": event.data.startswith('{"error"'),
+                        # the one rule of middlebox.core.dialects: the stream's closing
+                        # event in its API ([DONE], message_stop, response.completed...)
+                        "done": meaning.last,
+                        "error": meaning.end is EndKind.ERROR,
                     },
                 )
             )

@@ -217,7 +217,7 @@ def _boundary_comment(boundary: dict[str, Any]) -> tuple[int, str] | None:
         # an event is dispatched when its blank line arrives: the packet with its last byte
         size = int(boundary.get("size") or 0)
         flags = [str(boundary.get("event") or "message")]
-        flags += ["[DONE]"] if boundary.get("done") else []
+        flags += ["end of stream"] if boundary.get("done") else []
         flags += ["error"] if boundary.get("error") else []
         flags += [f"id {boundary['id']}"] if boundary.get("id") is not None else []
         text = (

@@ -8,6 +8,9 @@ import base64
 import json
 from pathlib import Path
 
+import pytest
+
+from middlebox.core.dialects import Dialect
 from middlebox.core.fault import FaultReport
 from middlebox.core.stream import DOWN, UP
 from middlebox.observe.journal import (
@@ -18,6 +21,7 @@ from middlebox.observe.journal import (
     read_ndjson,
 )
 from middlebox.run.suite import proof_problems
+from tests.core.answers import answer_events, request_bytes
 
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-secret\r\n"
@@ -194,3 +198,38 @@ def test_an_open_connection_read_again_keeps_one_time_index_per_leg_and_directio
         again = [line for line in journal.to_lines() if line["type"] == "sse_event"]
         assert again == first
     assert len(journal._time_index) <= 4  # two legs x two directions
+
+
+@pytest.mark.parametrize("dialect", list(Dialect), ids=lambda d: d.value)
+def test_the_journal_marks_each_api_s_closing_event_and_no_other(dialect: Dialect) -> None:
+    """`done` is the stream's last event by the one rule of `middlebox.core.dialects`, in
+    the API the request's path names: `[DONE]`, `message_stop`, `response.completed`."""
+    journal = ConnectionJournal(1, 0.0, capture=True)
+    events = answer_events(dialect, ["Une ", "café"])
+    journal.read("client", UP, request_bytes(dialect), 1.0)
+    journal.read("upstream", DOWN, HEAD + b"".join(chunked(e) for e in events), 2.0)
+    seen = [line for line in lines_of(journal) if line["type"] == "sse_event"]
+    assert [line["done"] for line in seen] == [False] * (len(events) - 1) + [True]
+    assert not any(line["error"] for line in seen)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "error"),
+    [
+        (Dialect.CHAT, b'data: {"error":{"message":"boom","code":500}}\n\n'),
+        (
+            Dialect.MESSAGES,
+            b'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"b"}}\n\n',
+        ),
+    ],
+    ids=["chat", "messages"],
+)
+def test_the_journal_marks_an_in_band_error_in_each_api_s_shape(
+    dialect: Dialect, error: bytes
+) -> None:
+    journal = ConnectionJournal(1, 0.0, capture=True)
+    first = answer_events(dialect, ["Une "])[:2]
+    journal.read("client", UP, request_bytes(dialect), 1.0)
+    journal.read("upstream", DOWN, HEAD + b"".join(chunked(e) for e in [*first, error]), 2.0)
+    seen = [line for line in lines_of(journal) if line["type"] == "sse_event"]
+    assert [line["error"] for line in seen] == [False, False, True]

@@ -192,10 +192,10 @@ def test_fault_decisions_and_sse_boundaries_become_comments_on_their_packets(
     ]
     assert second_read[:2] == (UPSTREAM, SECOND)
     assert second_read[2][0] == "fault proxy_buffering:released (size=77)"
-    assert second_read[2][1].startswith("SSE event 1 (message, [DONE], id 9) complete")
+    assert second_read[2][1].startswith("SSE event 1 (message, end of stream, id 9) complete")
     # the client leg's one write carries the client leg's boundary only
     assert to_client[0] == LISTEN and to_client[2] == [
-        f"SSE event 1 (message, [DONE], id 9) complete: client downstream bytes "
+        f"SSE event 1 (message, end of stream, id 9) complete: client downstream bytes "
         f"{len(HEAD + FIRST)}-{len(HEAD + FIRST + SECOND)}"
     ]
     # a timer that fired long after the last byte lands on the FIN it caused
