@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from faults._lib.checks import check_choice, check_positive
 from faults._lib.events import response_dialect
@@ -85,16 +85,14 @@ Then = Literal["done", "close", "continue"]
 
 DONE_FRAME = b"data: [DONE]\n\n"
 
+_OPENAI_MESSAGE = "The server had an error while processing your request. Sorry about that!"
+
 # shape -> (message, type, code) by default.
 _DEFAULTS: dict[str, tuple[str, str, int | None]] = {
     "vllm": ("Internal server error", "InternalServerError", 500),
     "vllm-spaced": ("Internal server error", "InternalServerError", 500),
     "vllm-legacy": ("Internal server error", "BadRequestError", 400),
-    "openai": (
-        "The server had an error while processing your request. Sorry about that!",
-        "server_error",
-        None,
-    ),
+    "openai": (_OPENAI_MESSAGE, "server_error", None),
 }
 
 
@@ -120,8 +118,6 @@ def error_frame(
         text = json.dumps({"error": error})
     return b"data: " + text.encode() + b"\n\n"
 
-
-_OPENAI_MESSAGE = "The server had an error while processing your request. Sorry about that!"
 
 # The shapes each dialect writes, its own first (the one an unset or foreign shape gets).
 SHAPES: dict[Dialect, tuple[str, ...]] = {
@@ -158,7 +154,7 @@ def dialect_error_frame(
     `response.failed` event carries with `status: failed` and the error."""
     shape = shape_for(dialect, shape)
     if dialect in (Dialect.CHAT, Dialect.COMPLETIONS):
-        return error_frame(shape, message, error_type, code)  # type: ignore[arg-type]
+        return error_frame(cast(Shape, shape), message, error_type, code)
     if dialect is Dialect.RESPONSES:
         error_code = error_type if error_type is not None else "server_error"
         text = message if message is not None else _OPENAI_MESSAGE
@@ -181,15 +177,14 @@ def dialect_error_frame(
             payload["response"] = failed
         name = str(payload["type"])
         return f"event: {name}\ndata: {_compact(payload)}\n\n".encode()
-    if shape == "anthropic":
-        error = {"type": error_type or "overloaded_error", "message": message or "Overloaded"}
-        data = json.dumps({"type": "error", "error": error})
-    else:
-        error = {
-            "type": error_type or "internal_error",
-            "message": message or "Internal server error",
-        }
-        data = _compact({"type": "error", "error": error})
+    kind, text = ("overloaded_error", "Overloaded") if shape == "anthropic" else (
+        "internal_error", "Internal server error")  # fmt: skip
+    error = {
+        "type": error_type if error_type is not None else kind,
+        "message": message if message is not None else text,
+    }
+    payload = {"type": "error", "error": error}
+    data = json.dumps(payload) if shape == "anthropic" else _compact(payload)
     return f"event: error\ndata: {data}\n\n".encode()
 
 

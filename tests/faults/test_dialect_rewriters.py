@@ -27,7 +27,7 @@ from middlebox.core.dialects import Dialect, EndKind, read
 from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
 from middlebox.core.sse import SseEvent, SseFramer
 from middlebox.core.stream import DOWN, UP, Chunk, Eof
-from middlebox.run.score import upstream_generations
+from middlebox.run.score import analyse_upstream, upstream_generations
 from tests.core.answers import agent_events, answer_events, request_bytes
 from tests.faults.httpstreams import SSE_HEAD, down_bytes, ends, timeline
 
@@ -198,6 +198,17 @@ def test_the_scorer_reads_the_injected_error_as_a_failed_generation_in_every_dia
     whole = b"".join(writes_of(answer_events(dialect, PIECES)))
     ((_, text, finished),) = upstream_generations([(request_bytes(dialect), whole)])
     assert finished and text == "".join(PIECES)
+
+
+@pytest.mark.parametrize("dialect", list(Dialect))
+def test_the_scorer_counts_one_inband_error_in_every_dialect_and_none_without_the_fault(
+    dialect: Dialect,
+) -> None:
+    asked = request_bytes(dialect)
+    out = replay(InbandError(events=3), answer_timeline(dialect))
+    assert analyse_upstream(asked, down_bytes(out))["inband_errors"] == 1
+    whole = b"".join(writes_of(answer_events(dialect, PIECES)))
+    assert analyse_upstream(asked, whole)["inband_errors"] == 0
 
 
 def test_a_shape_of_another_api_writes_the_streams_own() -> None:
