@@ -13,22 +13,27 @@ Writes are a second apart: the head at 1 s, event i (from 0) at 2 + i s.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.responses import ResponseErrorEvent, ResponseFailedEvent
 
 from faults.inband_error import DONE_FRAME, InbandError, dialect_error_frame, error_frame
 from faults.sse_ids import SseIds
 from faults.testing import replay
 from middlebox.core.dialects import Dialect, EndKind, read
+from middlebox.core.fault import Pipeline
 from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
 from middlebox.core.sse import SseEvent, SseFramer
 from middlebox.core.stream import DOWN, UP, Chunk, Eof
 from middlebox.run.score import analyse_upstream, upstream_generations
 from tests.core.answers import agent_events, answer_events, request_bytes
+from tests.faults.httpprops import dechunked
 from tests.faults.httpstreams import SSE_HEAD, down_bytes, ends, timeline
 
 PIECES = ["Un", "e", " ré", "ponse"]
@@ -299,3 +304,34 @@ def test_strip_drops_the_ids_of_a_messages_stream_and_nothing_else() -> None:
         writes_of(events)
     )
     assert fault.reports == []
+
+
+def test_in_a_pipeline_the_shared_framing_of_the_request_names_the_shape() -> None:
+    fault = InbandError(events=0)
+    out = replay(
+        Pipeline([fault]),
+        [(0.0, Chunk(UP, request_bytes(Dialect.MESSAGES))), (0.5, Chunk(DOWN, SSE_HEAD))],
+    )
+    assert down_bytes(out) == SSE_HEAD + encode_chunk(VLLM_MESSAGES_ERROR) + LAST_CHUNK_BYTES
+    assert fault.reports[0].details["dialect"] == "messages"
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from([Dialect.RESPONSES, Dialect.MESSAGES]),
+    st.integers(0, 8),
+    st.lists(st.integers(1, 10_000), max_size=6),
+)
+def test_however_tcp_splits_the_stream_the_client_reads_the_first_events_then_the_error(
+    dialect: Dialect, events: int, splits: list[int]
+) -> None:
+    wire = b"".join(writes_of(answer_events(dialect, PIECES)))
+    bounds = sorted({0, len(wire), *(s % len(wire) for s in splits)})
+    writes = [wire[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    whole = replay(InbandError(events=events), answer_timeline(dialect))
+    out = replay(InbandError(events=events), timeline(writes, request_bytes=request_bytes(dialect)))
+    ((body, valid),) = dechunked(down_bytes(out))
+    assert valid and dechunked(down_bytes(whole)) == [(body, True)]
+    shown = [p.event for p in SseFramer().feed(body) if p.event]
+    assert [e.raw for e in shown[:events]] == answer_events(dialect, PIECES)[:events]
+    assert read(shown[events], dialect).end is EndKind.ERROR and len(shown) == events + 1

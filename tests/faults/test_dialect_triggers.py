@@ -21,9 +21,12 @@ the head at 1 s, event i (from 0) at 2 + i s.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from faults.client_vanish import ClientVanish
 from faults.cut import Cut
@@ -267,3 +270,29 @@ def test_in_a_pipeline_the_shared_framing_names_the_dialect_too(
     if fired:  # the client heard up to the first reasoning delta; the cut came at event 15
         assert down_bytes(out) == through(3, Dialect.RESPONSES)
         assert cut.reports[0].details["event"] == 16
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from(NAMED),
+    st.sampled_from(["tokens", "tool_fragments", "reasoning_tokens"]),
+    st.integers(1, 3),
+    st.lists(st.integers(1, 10_000), max_size=6),
+)
+def test_however_tcp_splits_a_named_stream_the_cut_lands_after_the_same_event(
+    dialect: Dialect, after: Any, count: int, splits: list[int]
+) -> None:
+    wire = b"".join(writes_of(agent_events(dialect)))
+    bounds = sorted({0, len(wire), *(s % len(wire) for s in splits)})
+    writes = [wire[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    whole = replay(Cut(after=after, count=count), agent_timeline(dialect))
+    fault = Cut(after=after, count=count)
+    out = replay(fault, timeline(writes, request_bytes=request_bytes(dialect)))
+    assert down_bytes(out) == down_bytes(whole)  # the same event boundary, any chunking
+    assert fault.reports[0].details["event"] == whole_event(whole, dialect)
+
+
+def whole_event(out: list[TimedItem], dialect: Dialect) -> int:
+    """How many of the dialect's events `out` delivered whole."""
+    sent = down_bytes(out)
+    return sum(1 for i in range(len(agent_events(dialect))) if sent.startswith(through(i, dialect)))
