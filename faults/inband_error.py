@@ -22,7 +22,8 @@ dialect's own: `vllm` on chat, completions and Messages, `openai` on Responses.
   - `vllm-legacy`: up to 0.10.0, with `"object": "error"` inside and BadRequestError/400;
   - `openai`: OpenAI's `server_error` frame (spaced, `code: null`).
 - Responses: a named event carrying the next `sequence_number` (one past the last the
-  stream carried, 0 before any), as the OpenAI API writes it and openai-python types it:
+  stream carried; before any, 0, or N+1 on a replay `starting_after=N`), as the OpenAI
+  API writes it and openai-python types it:
   - `openai`: `event: error` + `{"type":"error","code":"server_error","message":...,
     "param":null,"sequence_number":N}` (`ResponseErrorEvent`);
   - `openai-failed`: `event: response.failed` + `{"type":"response.failed",
@@ -74,7 +75,7 @@ from typing import Any, ClassVar, Literal, cast
 from faults._lib.checks import check_choice, check_positive
 from faults._lib.events import response_dialect
 from faults._lib.sse_edit import SseBodyEditor, SseRewriter
-from middlebox.core.dialects import Dialect, json_payload, read
+from middlebox.core.dialects import Dialect, json_payload, read, starting_after
 from middlebox.core.fault import Fault
 from middlebox.core.sse import SseEvent, SseKind, SsePiece
 
@@ -243,7 +244,10 @@ class InbandError(SseRewriter, Fault):
         self._seen = self._fragments = 0
         self._injected = False
         self._dialect = response_dialect(self._flow.position.up, self.response_index)
-        self._shown = self._sequence = self._response = None
+        self._shown = self._response = None
+        # A replay of a background response (`starting_after=N`) goes on from N+1.
+        asked = self.request(self.response_index)
+        self._sequence = None if asked is None else starting_after(asked.method, asked.target)
         if self.events == 0 and self.after_tool_fragments is None:
             self._inject(editor, 0, now)
 

@@ -335,3 +335,15 @@ def test_however_tcp_splits_the_stream_the_client_reads_the_first_events_then_th
     shown = [p.event for p in SseFramer().feed(body) if p.event]
     assert [e.raw for e in shown[:events]] == answer_events(dialect, PIECES)[:events]
     assert read(shown[events], dialect).end is EndKind.ERROR and len(shown) == events + 1
+
+
+def test_an_error_before_any_event_of_a_replay_takes_the_number_after_starting_after() -> None:
+    asked = b"GET /v1/responses/resp_1?stream=true&starting_after=291 HTTP/1.1\r\nHost: up\r\n\r\n"
+    out = replay(InbandError(events=0), [(0.0, Chunk(UP, asked)), (0.5, Chunk(DOWN, SSE_HEAD))])
+    (error,) = [p.event for p in SseFramer().feed(dechunked(down_bytes(out))[0][0]) if p.event]
+    assert json.loads(error.data)["sequence_number"] == 292
+    # once the replay's own events came, the number follows the last of them
+    events = answer_events(Dialect.RESPONSES, PIECES)[5:]  # sequence 5..
+    out = replay(InbandError(events=2), timeline(writes_of(events), request_bytes=asked))
+    shown = [p.event for p in SseFramer().feed(dechunked(down_bytes(out))[0][0]) if p.event]
+    assert json.loads(shown[-1].data)["sequence_number"] == 7
