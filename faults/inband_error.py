@@ -31,14 +31,15 @@ dialect's own: `vllm` on chat, completions and Messages, `openai` on Responses.
     "message":...},...}}` (`ResponseFailedEvent`; the response is the one
     `response.created` announced, failed).
   `error_type` sets the error's `code` (a string in this API); `code` is not used.
-  vLLM 0.32's own Responses serving has no error event to write: it turns a
-  `GenerationError` into the chat error body and validates that as a streaming event
-  (`responses/serving.py`), which no event type accepts, so its stream ends without a
-  terminal event; that is `cut`'s `after: tokens` with `end: truncated_chunked`.
+  vLLM's own Responses serving has no error event to write, as its source reads
+  (`openai/responses/serving.py`: a `GenerationError` becomes the chat error body, which is
+  then validated as a streaming event that no event type of its union accepts), so its
+  stream would end without a terminal event: that is `cut` with `end: truncated_chunked`.
 - Messages: `event: error` + `{"type":"error","error":{"type":...,"message":...}}`:
   - `vllm`: vLLM's Anthropic converter (`entrypoints/anthropic/serving.py`: an exception
     while converting the chat stream becomes `AnthropicError(type="internal_error",
-    message=str(e))`, compact pydantic JSON);
+    message=str(e))`, compact pydantic JSON; the message defaults to "Internal server
+    error" here, where vLLM puts the exception's text);
   - `anthropic`: the Anthropic API's (spaced, `overloaded_error`, "Overloaded").
   `error_type` sets the error's `type`; `code` is not used.
 A shape of another dialect (`anthropic` on a chat stream, `vllm-spaced` on Messages)
