@@ -73,6 +73,8 @@ class ClientVanish(Triggered, Fault):
             return out + self._after_vanishing(item, now)
         if item.direction is UP and is_end(item):
             self.disarm()  # the client left by itself first
+        if isinstance(item, Chunk) and item.direction is UP:
+            self.count_upstream(item)
         if isinstance(item, Chunk) and item.direction is DOWN:
             item, rest = self.split_downstream(item, now)
             if rest is not None:

@@ -8,17 +8,27 @@ what nginx's `ngx_http_upstream_finalize_request` sends once `u->header_sent`), 
 blackholed path (the client waits forever).
 
 When: `after: events` (N dispatched SSE events, counted by the WHATWG rules of
-`middlebox.core.sse`), `tokens` (N events that add text to the answer, the reasoning or a
-tool call's arguments: one vLLM frame is a token with `--stream-interval 1`), `tool_fragments`
-(N events carrying a tool-call argument fragment, vLLM's `{"index": 0, "function":
-{"arguments": "..."}}` deltas: the cut lands inside the call's arguments, before its JSON
-closes), `reasoning_tokens` (N events carrying reasoning text: inside the reasoning phase,
-before the answer starts), `finish` (N events that end the answer, a `finish_reason` or an
-in-band error, `count: 1` for an n=1 stream: the answer or tool call is complete and the
-connection dies before the usage chunk and `[DONE]`), `bytes` (N bytes of de-chunked
-response body), or `time` (seconds since the request's head arrived). What an event
-carries is read in the stream's own dialect by `middlebox.core.dialects` (chat,
-completions, Responses, Anthropic Messages), so `tokens: 12` lands after the same piece of
+`middlebox.core.sse`: every event counts, a Responses stream's `response.created` and a
+Messages stream's `message_start` and `ping` included), `tokens` (N events that add text to
+the answer, the reasoning or a tool call's arguments: one vLLM frame is a token with
+`--stream-interval 1`), `tool_fragments` (N events carrying a tool-call argument fragment:
+chat's `{"index": 0, "function": {"arguments": "..."}}` deltas, Responses'
+`response.function_call_arguments.delta`, Messages' `input_json_delta`: the cut lands inside
+the call's arguments, before its JSON closes), `reasoning_tokens` (N events carrying
+reasoning text: chat's `delta.reasoning`, Responses' `response.reasoning_text.delta`,
+Messages' `thinking_delta`: inside the reasoning phase, before the answer starts), `finish`
+(N events that end the answer: a `finish_reason` or an in-band error frame on chat and
+completions, the `response.completed` / `incomplete` / `failed` or `error` event on
+Responses, the `message_delta` carrying `stop_reason` or `event: error` on Messages;
+`count: 1` for an n=1 stream: the answer or tool call is complete and the connection dies
+before what closes the stream, the usage chunk and `[DONE]` or `message_stop`; nothing
+follows a Responses stream's `response.completed` but the HTTP message's end, which is all
+the client then lacks), `bytes` (N
+bytes of de-chunked response body), or `time` (seconds since the request's head arrived).
+What an event carries is read by `middlebox.core.dialects` in the dialect of the API the
+request asked (`POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`, `GET
+/v1/responses/{id}?stream=true`, `POST /v1/messages`), as the scorer reads it, and by the
+event's own shape when the path names none; so `tokens: 12` lands after the same piece of
 the same answer in each. Where: at the first position at or after that point that is an
 `event_boundary` (after a blank line, and after the chunk's CRLF when the event ends its
 HTTP chunk), `inside_data_line` (after at least
@@ -72,9 +82,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from faults._lib.checks import check_choice, check_positive
+from faults._lib.events import response_dialect
 from faults._lib.items import merged
 from faults._lib.match import HttpMatched
-from middlebox.core.dialects import TokenKind, read
+from middlebox.core.dialects import Dialect, TokenKind, read
 from middlebox.core.fault import Fault, Seconds
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Piece, PieceKind, encode_chunk
 from middlebox.core.sse import SseKind, SsePiece, utf8_cut_offsets
@@ -104,6 +115,7 @@ class _Response:
 
     message: int
     start: float
+    dialect: Dialect | None = None  # the API the request asked; None: read by shape
     head_end: int = 0
     chunked: bool = False
     line_end: int = 0  # body offset after the last complete SSE line
@@ -227,6 +239,7 @@ class Cut(HttpMatched, Fault):
             response = self._response = _Response(
                 piece.message,
                 start,
+                response_dialect(self._flow.position.up, piece.message),
                 head_end=piece.offset + len(piece.data),
                 chunked=piece.head.is_chunked,
             )
@@ -267,7 +280,7 @@ class Cut(HttpMatched, Fault):
         if line.kind is SseKind.BLANK:
             if line.event is not None:
                 response.events += 1
-                meaning = read(line.event)
+                meaning = read(line.event, response.dialect)
                 response.tokens += meaning.token is not None
                 response.tool_fragments += meaning.tool_fragments
                 response.reasoning_tokens += meaning.token is TokenKind.REASONING

@@ -100,6 +100,8 @@ class Handoff(Triggered, Fault):
         out = self._catch_up(now)
         if self._phase == "before" and self.time_up(now):
             self._trigger(now)
+        if self._phase == "before" and isinstance(item, Chunk) and item.direction is UP:
+            self.count_upstream(item)
         if self._phase == "before" and isinstance(item, Chunk) and item.direction is DOWN:
             item, tail = self.split_downstream(item, now)
             if item.data:

@@ -11,6 +11,17 @@ vLLM never sends `id:` (reference §1.1), so:
 - `renumber` rewrites every `id:` value to `start + event index`, as when a replica
   or a restarted relay numbers from scratch, so ids repeat or jump across a resume.
 
+Every API vLLM streams is edited the same way, because `id:` is an SSE field and not
+part of any API's data: chat and completions (data-only events), Responses and Messages
+(named events: the `id:` line goes after their `event:` and `data:` lines, before the
+blank line). A Responses stream carries its own resume position in the data
+(`sequence_number`, which `GET /v1/responses/{id}?stream=true&starting_after=N` takes);
+this fault never rewrites data, so renumbering the ids there makes `Last-Event-ID` and
+`sequence_number` disagree, as behind a relay that numbers a resumed stream from scratch,
+while the API's own position stays the server's. `add` counts a response's events from
+`start`: with `start: 0` the ids equal the sequence numbers of a Responses stream read
+from its beginning (not of a resumed replay, which starts past 0).
+
 Edits are at line granularity with `faults._sse_edit.SseBodyEditor`: on a chunked
 response each chunk that holds a changed line is re-encoded, every other chunk goes
 out byte for byte; a Content-Length response is left alone and reported as skipped.

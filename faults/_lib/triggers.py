@@ -33,7 +33,14 @@ class Triggered:
     On agent streams, `after_tool_fragments: N` fires after the event carrying the Nth
     tool-call argument fragment (inside the call's arguments: the JSON is not closed yet),
     and `after_reasoning_tokens: N` after the Nth event carrying reasoning text (inside
-    the reasoning phase, before the answer starts).
+    the reasoning phase, before the answer starts). Events are read in the dialect of the
+    API the request asked (`faults._lib.events.response_dialect`): a chat chunk's
+    `tool_calls` / `reasoning`, Responses' `response.function_call_arguments.delta` /
+    `response.reasoning_text.delta`, Messages' `input_json_delta` / `thinking_delta`; every
+    event counts toward `after_events` whatever its name (a Responses stream's
+    `response.created`, a Messages stream's `message_start` and `ping`). A fault calls
+    `count_upstream` with the request bytes it sees, so that it knows the API when used
+    on its own too.
 
     A response whose SSE line or event passes the proxy's bound (`proxy.sse_max_line`,
     `sse_max_event`) has no more events to count: the trigger counts on in the next
@@ -108,6 +115,13 @@ class Triggered:
 
     def time_up(self, now: float) -> bool:
         return self._fire_at is not None and now >= self._fire_at
+
+    def count_upstream(self, chunk: Chunk) -> None:
+        """Request bytes that reached the fault: their heads name the API, and so the
+        dialect the response's events are read in (framed here only outside a pipeline,
+        where the fault frames what it sees itself)."""
+        if self._event_counter is not None:
+            self._event_counter.feed_request(chunk.data)
 
     def split_downstream(self, chunk: Chunk, now: float) -> tuple[Chunk, Chunk | None]:
         """Count a downstream chunk: the part before the mark, and the rest (possibly
@@ -184,9 +198,10 @@ class Triggered:
 
 class AgentEventCounter(EventCounter):
     """An `EventCounter` that also counts tool-call argument fragments and events that
-    carry reasoning, read from the same framing (nothing is framed twice), in whichever
-    dialect the stream speaks (`middlebox.core.dialects`: chat `delta.tool_calls`,
-    Responses `response.function_call_arguments.delta`, Messages `input_json_delta`)."""
+    carry reasoning, read from the same framing (nothing is framed twice), in the dialect
+    of the API its request asked (`middlebox.core.dialects`: chat `delta.tool_calls` and
+    `delta.reasoning`, Responses `response.function_call_arguments.delta` and
+    `response.reasoning_text.delta`, Messages `input_json_delta` and `thinking_delta`)."""
 
     def __init__(self, position: Position | None = None) -> None:
         super().__init__(position)
@@ -217,7 +232,7 @@ class AgentEventCounter(EventCounter):
                 event = line.event
                 if event is not None:
                     self.events += 1
-                    meaning = read(event)
+                    meaning = read(event, self.dialect(framed.piece.message))
                     self.tool_fragments += meaning.tool_fragments
                     self.reasoning_tokens += meaning.token is TokenKind.REASONING
                     if until is not None and self.reached_at is None and until(self):

@@ -67,7 +67,7 @@ import json
 import re
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from middlebox.core.sse import SseEvent
 
@@ -152,6 +152,18 @@ def dialect_for(method: str, target: str) -> Dialect | None:
     if method == "GET" and _RETRIEVE.search(path):
         return Dialect.RESPONSES
     return None
+
+
+def starting_after(method: str, target: str) -> int | None:
+    """The `starting_after=N` of a Responses replay (`GET /v1/responses/{id}?stream=true`):
+    its first event is N+1; None for any other request, or a value that is no integer."""
+    if dialect_for(method, target) is not Dialect.RESPONSES or method.upper() != "GET":
+        return None
+    values = parse_qs(urlsplit(target).query).get("starting_after", [])
+    try:
+        return int(values[-1]) if values else None
+    except ValueError:
+        return None
 
 
 _MESSAGES_TYPES = frozenset(

@@ -100,6 +100,117 @@ def _messages(pieces: list[str], end: str) -> list[bytes]:
     return [*events, data_event({"type": "message_stop"}, "message_stop")]
 
 
+THOUGHTS = ["Let", " me", " think"]
+FRAGMENTS = ['{"city"', ': "Par', 'is"}']
+
+
+def _agent_chat(thoughts: list[str], text: str, fragments: list[str]) -> list[bytes]:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return data_event({"object": "chat.completion.chunk", "choices": [choice]})
+
+    name = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather"}}
+    usage = {"object": "chat.completion.chunk", "choices": [], "usage": {"completion_tokens": 9}}
+    return [
+        chunk({"role": "assistant", "content": ""}),
+        *(chunk({"reasoning": t}) for t in thoughts),
+        chunk({"content": text}),
+        chunk({"tool_calls": [name]}),
+        *(chunk({"tool_calls": [{"index": 0, "function": {"arguments": f}}]}) for f in fragments),
+        chunk({}, "tool_calls"),
+        data_event(usage),
+        data_event("[DONE]"),
+    ]
+
+
+def _agent_responses(thoughts: list[str], text: str, fragments: list[str]) -> list[bytes]:
+    events: list[bytes] = []
+
+    def add(kind: str, **fields: Any) -> None:
+        events.append(data_event({**fields, "sequence_number": len(events), "type": kind}, kind))
+
+    response = {"id": "resp_1", "object": "response", "status": "in_progress"}
+    add("response.created", response=response)
+    add("response.in_progress", response=response)
+    add("response.output_item.added", output_index=0, item={"id": "rs_1", "type": "reasoning"})
+    for t in thoughts:
+        add("response.reasoning_text.delta", content_index=0, delta=t, item_id="rs_1")
+    add("response.reasoning_text.done", content_index=0, item_id="rs_1", text="".join(thoughts))
+    add("response.output_item.done", output_index=0, item={"id": "rs_1", "type": "reasoning"})
+    add("response.output_item.added", output_index=1, item={"id": "msg_1", "type": "message"})
+    add("response.content_part.added", content_index=0, item_id="msg_1", output_index=1)
+    add("response.output_text.delta", content_index=0, delta=text, item_id="msg_1")
+    add("response.output_text.done", content_index=0, item_id="msg_1", text=text)
+    add("response.content_part.done", content_index=0, item_id="msg_1", output_index=1)
+    add("response.output_item.done", output_index=1, item={"id": "msg_1", "type": "message"})
+    call = {"id": "fc_1", "type": "function_call", "name": "weather", "arguments": ""}
+    add("response.output_item.added", output_index=2, item=call)
+    for f in fragments:
+        add("response.function_call_arguments.delta", delta=f, item_id="fc_1", output_index=2)
+    whole = "".join(fragments)
+    add("response.function_call_arguments.done", arguments=whole, item_id="fc_1", output_index=2)
+    add("response.output_item.done", output_index=2, item={**call, "arguments": whole})
+    add("response.completed", response={**response, "status": "completed"})
+    return events
+
+
+def _agent_messages(thoughts: list[str], text: str, fragments: list[str]) -> list[bytes]:
+    def named(payload: dict[str, Any]) -> bytes:
+        return data_event(payload, str(payload["type"]))
+
+    def start(index: int, block: dict[str, Any]) -> bytes:
+        return named({"type": "content_block_start", "content_block": block, "index": index})
+
+    def delta(index: int, **fields: str) -> bytes:
+        return named({"type": "content_block_delta", "delta": fields, "index": index})
+
+    def stop(index: int) -> bytes:
+        return named({"type": "content_block_stop", "index": index})
+
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "content": []}
+    tool = {"type": "tool_use", "id": "call_1", "name": "weather", "input": {}}
+    return [
+        named({"type": "message_start", "message": message}),
+        start(0, {"type": "thinking", "thinking": ""}),
+        *(delta(0, type="thinking_delta", thinking=t) for t in thoughts),
+        delta(0, type="signature_delta", signature="sig"),
+        stop(0),
+        start(1, {"type": "text", "text": ""}),
+        delta(1, type="text_delta", text=text),
+        stop(1),
+        start(2, tool),
+        *(delta(2, type="input_json_delta", partial_json=f) for f in fragments),
+        stop(2),
+        named({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {}}),
+        named({"type": "message_stop"}),
+    ]
+
+
+_AGENTS = {
+    Dialect.CHAT: _agent_chat,
+    Dialect.RESPONSES: _agent_responses,
+    Dialect.MESSAGES: _agent_messages,
+}
+
+
+def agent_events(
+    dialect: Dialect,
+    thoughts: list[str] = THOUGHTS,
+    text: str = "Sure.",
+    fragments: list[str] = FRAGMENTS,
+) -> list[bytes]:
+    """An agent's turn in `dialect` as vLLM 0.32 streams it with a reasoning and a tool
+    parser: a reasoning phase (`thoughts`), a short answer (`text`), then one function
+    call whose arguments come in `fragments` (completions has no tools or reasoning).
+    Chat: the role chunk, `delta.reasoning`, `delta.content`, the call's header and its
+    `arguments` deltas, the `tool_calls` finish chunk, usage, `[DONE]`. Responses: a
+    reasoning item, a message item and a function_call item, each opened and closed by
+    `output_item.added`/`done`, then `response.completed`. Messages: a thinking block
+    (with its `signature_delta`), a text block and a tool_use block, then `message_delta`
+    with `stop_reason: tool_use` and `message_stop`."""
+    return _AGENTS[dialect](thoughts, text, fragments)
+
+
 _WRITERS = {
     Dialect.CHAT: _chat,
     Dialect.COMPLETIONS: _completions,

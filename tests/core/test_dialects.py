@@ -18,6 +18,7 @@ from middlebox.core.dialects import (
     detect,
     dialect_for,
     read,
+    starting_after,
 )
 from middlebox.core.sse import SseEvent, SseFramer
 from tests.core.answers import data_event
@@ -89,6 +90,23 @@ def test_the_request_names_the_dialect_of_its_stream(
 )
 def test_a_request_to_no_streaming_api_names_no_dialect(method: str, target: str) -> None:
     assert dialect_for(method, target) is None
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "after"),
+    [
+        ("GET", "/v1/responses/resp_8cb6?stream=true&starting_after=4", 4),
+        ("get", "/gw/v1/responses/resp_8cb6?starting_after=291&stream=true", 291),
+        ("GET", "/v1/responses/resp_8cb6?stream=true", None),  # a replay from the start
+        ("GET", "/v1/responses/resp_8cb6?stream=true&starting_after=x", None),
+        ("POST", "/v1/responses?starting_after=4", None),  # only a replay resumes
+        ("GET", "/v1/chat/completions?starting_after=4", None),
+    ],
+)
+def test_a_responses_replay_says_after_which_event_it_starts(
+    method: str, target: str, after: int | None
+) -> None:
+    assert starting_after(method, target) == after
 
 
 @pytest.mark.parametrize(

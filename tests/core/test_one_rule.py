@@ -22,7 +22,7 @@ from middlebox.core.http1 import LAST_CHUNK_BYTES, Http1Framer, PieceKind, encod
 from middlebox.core.sse import SseFramer
 from middlebox.core.stream import DOWN, UP, Reset
 from middlebox.run.score import delivered_token_times, upstream_generations
-from tests.core.answers import PATHS, answer_events, data_event, request_bytes
+from tests.core.answers import PATHS, agent_events, answer_events, request_bytes
 from tests.faults.httpstreams import SSE_HEAD, down_bytes, ends, timeline
 
 HERE = Path(__file__).parent
@@ -53,63 +53,6 @@ def recorded_events(path: Path) -> list[bytes]:
         pieces = Http1Framer("response").feed(raw)
         raw = b"".join(p.data for p in pieces if p.kind is PieceKind.BODY)
     return [p.event.raw for p in SseFramer().feed(raw) if p.event is not None]
-
-
-def agent_events(dialect: Dialect) -> list[bytes]:
-    """A reasoning phase, a short answer and a tool call's arguments in the dialect."""
-    thoughts, fragments = ["Let", " me", " think"], ['{"city"', ': "Par', 'is"}']
-    if dialect is Dialect.CHAT:
-
-        def chunk(delta: dict[str, object], finish: str | None = None) -> bytes:
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            return data_event({"object": "chat.completion.chunk", "choices": [choice]})
-
-        name = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather"}}
-        return [
-            chunk({"role": "assistant", "content": ""}),
-            *(chunk({"reasoning": t}) for t in thoughts),
-            chunk({"content": "Sure."}),
-            chunk({"tool_calls": [name]}),
-            *(
-                chunk({"tool_calls": [{"index": 0, "function": {"arguments": f}}]})
-                for f in fragments
-            ),
-            chunk({}, "tool_calls"),
-            data_event("[DONE]"),
-        ]
-    if dialect is Dialect.RESPONSES:
-        out: list[bytes] = []
-
-        def add(kind: str, **fields: object) -> None:
-            out.append(data_event({**fields, "sequence_number": len(out), "type": kind}, kind))
-
-        add("response.created", response={"status": "in_progress"})
-        for t in thoughts:
-            add("response.reasoning_text.delta", delta=t, item_id="rs_1")
-        add("response.output_text.delta", delta="Sure.", item_id="msg_1")
-        add("response.output_item.added", item={"type": "function_call", "name": "weather"})
-        for f in fragments:
-            add("response.function_call_arguments.delta", delta=f, item_id="fc_1")
-        add("response.function_call_arguments.done", arguments="".join(fragments))
-        add("response.completed", response={"status": "completed"})
-        return out
-    assert dialect is Dialect.MESSAGES
-
-    def block(index: int, delta: dict[str, str]) -> bytes:
-        payload = {"type": "content_block_delta", "index": index, "delta": delta}
-        return data_event(payload, "content_block_delta")
-
-    return [
-        data_event({"type": "message_start", "message": {}}, "message_start"),
-        *(block(0, {"type": "thinking_delta", "thinking": t}) for t in thoughts),
-        block(0, {"type": "signature_delta", "signature": "sig"}),
-        block(1, {"type": "text_delta", "text": "Sure."}),
-        *(block(2, {"type": "input_json_delta", "partial_json": f}) for f in fragments),
-        data_event(
-            {"type": "message_delta", "delta": {"stop_reason": "tool_use"}}, "message_delta"
-        ),
-        data_event({"type": "message_stop"}, "message_stop"),
-    ]
 
 
 def _streams() -> list[tuple[str, bytes, list[bytes]]]:

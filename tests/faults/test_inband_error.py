@@ -106,6 +106,8 @@ def test_after_two_events_the_error_done_and_last_chunk_follow_and_the_rest_is_d
                 "event": 2,
                 "body_offset": 2 * len(frame(0)),
                 "then": "done",
+                "dialect": "chat",
+                "shape": "vllm",
             },
         )
     ]
