@@ -74,10 +74,22 @@ class _Evicted(Exception):
     """Frames a live reader had not got yet were evicted from the resume buffer."""
 
 
-async def _stream_frames(engine: Engine, job: Job, resp: web.StreamResponse, after: int) -> None:
-    """Write the job's frames after event `after` as they come, with keep-alives."""
+TERMINAL = b"event: response.completed\n"
+
+
+async def _stream_frames(
+    engine: Engine, job: Job, resp: web.StreamResponse, after: int, replay: bool = False
+) -> None:
+    """Write the job's frames after event `after` as they come, with keep-alives.
+
+    `replay`: a background response's event store, read as vLLM's
+    `responses_background_stream_generator` reads it: it returns only after writing
+    `response.completed`, and otherwise waits for another event, so a reader that starts
+    after that event, or follows a cancelled response, waits for ever (the headers went out,
+    no byte follows: seen on vLLM 0.32.0, docs/emulator.md)."""
     config = engine.config
-    resumable = config.resumable
+    resumable = job.retain
+    wrote_terminal = False
     entry = job.entry
     loop = asyncio.get_running_loop()
     keep = KeepAlive(config.sse_keep_alive_interval, loop.time())
@@ -97,12 +109,15 @@ async def _stream_frames(engine: Engine, job: Job, resp: web.StreamResponse, aft
                 itertools.islice(job.log, max(0, position + 1 - first), None)
             ):
                 await _write(resp, entry, data)
+                wrote_terminal = wrote_terminal or data.startswith(TERMINAL)
                 position = event_id
                 entry.delivered_tokens = max(entry.delivered_tokens, tokens)
                 keep.wrote(loop.time())
             if not resumable:
                 job.trim(position)
-            if job.closed and position >= job.next_event_id - 1:
+            if replay and wrote_terminal:
+                break
+            if job.closed and position >= job.next_event_id - 1 and not replay:
                 break
             deadline = keep.deadline()
             if deadline is None:
@@ -120,14 +135,19 @@ async def _stream_frames(engine: Engine, job: Job, resp: web.StreamResponse, aft
 
 
 async def _serve_stream(
-    engine: Engine, job: Job, request: web.Request, after: int, extra: dict[str, str]
+    engine: Engine,
+    job: Job,
+    request: web.Request,
+    after: int,
+    extra: dict[str, str],
+    replay: bool = False,
 ) -> web.StreamResponse:
     headers = {"date": _date(), "server": "uvicorn", "content-type": wire.SSE_CONTENT_TYPE,
                **extra}  # fmt: skip
     resp = SseResponse(status=200, headers=headers)
     try:
         await resp.prepare(request)  # the 200 and headers go out before TTFT, as in vLLM
-        await _stream_frames(engine, job, resp, after)
+        await _stream_frames(engine, job, resp, after, replay)
     except asyncio.CancelledError:
         engine.client_left(job)
         raise
@@ -399,6 +419,9 @@ def make_app(config: EmulatorConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/streams/{stream_id}", resume_stream)
+    from vllm_emulator import api_handlers  # its routes build on this module's
+
+    api_handlers.add_routes(app)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
