@@ -419,9 +419,6 @@ def make_app(config: EmulatorConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/streams/{stream_id}", resume_stream)
-    from vllm_emulator import api_handlers  # its routes build on this module's
-
-    api_handlers.add_routes(app)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
