@@ -557,9 +557,10 @@ class ResponsesEncoder:
         error_type: str = "InternalServerError",
         code: int = 500,
     ) -> list[bytes]:
-        # `_convert_generation_error_to_streaming_response` validated as an ErrorEvent
-        # (openai's ResponseErrorEvent: code, message, param, sequence_number, type).
-        return [self._event("error", {"code": error_type, "message": message, "param": None})]
+        # vLLM 0.32 builds its error JSON (`{"error": {...}}`) and validates it as one of
+        # the stream's event types, which it is not: the ValidationError ends the generator
+        # after the 200, and the connection breaks off with no event (api_handlers.py).
+        return []
 
 
 # ------------------------------------------------------------------------ Messages
@@ -674,11 +675,12 @@ class MessagesEncoder:
         error_type: str = "InternalServerError",
         code: int = 500,
     ) -> list[bytes]:
-        return [
-            named_event(
-                "error", {"type": "error", "error": {"type": error_type, "message": message}}
-            )
-        ]
+        # The converter cannot read the chat stream's in-band `{"error": ...}` frame as a
+        # chunk; its ValidationError becomes an `internal_error` event and the stream ends
+        # (vLLM 0.32 `anthropic/serving.py`; the message, pydantic's text, is not copied).
+        del error_type, code
+        error = {"type": "internal_error", "message": message}
+        return [named_event("error", {"type": "error", "error": error})]
 
 
 def frame_text(frame: bytes) -> str:

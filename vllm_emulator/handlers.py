@@ -70,6 +70,10 @@ async def _write(resp: web.StreamResponse, entry: LedgerEntry, data: bytes) -> N
     entry.write_times.append(time.time())
 
 
+class _BrokenOff(Exception):
+    """The stream ends without its terminating chunk: the connection is dropped."""
+
+
 class _Evicted(Exception):
     """Frames a live reader had not got yet were evicted from the resume buffer."""
 
@@ -130,6 +134,8 @@ async def _stream_frames(
                 keep.wrote(loop.time())
     finally:
         job.watchers.discard(wake)
+    if job.state == "failed" and job.entry.endpoint == "responses":
+        raise _BrokenOff  # vLLM 0.32 cannot write its error as a Responses event (apis.py)
     if job.state != "aborted":
         await resp.write_eof()
 
@@ -153,6 +159,9 @@ async def _serve_stream(
         raise
     except (ConnectionResetError, ClientConnectionResetError):
         engine.client_left(job)
+    except _BrokenOff:
+        if request.transport is not None:
+            request.transport.abort()
     except _Evicted:
         # Cut the connection rather than end it cleanly over a gap; the client can
         # resume and will be told the events are gone.

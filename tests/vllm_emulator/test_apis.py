@@ -267,3 +267,20 @@ def test_a_messages_request_without_max_tokens_is_a_validation_error(emulator: A
     error = json.loads(body)["error"]
     assert status == 400 and error["type"] == "Bad Request"
     assert error["param"] == "body.max_tokens" and "'type': 'missing'" in error["message"]
+
+
+def test_a_failure_breaks_a_responses_stream_off_and_ends_a_messages_one_with_an_error(
+    emulator: Any,
+) -> None:
+    server = emulator(fail_after_tokens=3)
+    broken = server.raw("/v1/responses", response(stream=True, max_output_tokens=20))
+    kinds = [e["type"] for e in events(broken.body)]
+    assert broken.status == 200 and not broken.complete
+    assert "response.completed" not in kinds and "error" not in kinds
+    ended = server.raw("/v1/messages", message(stream=True, max_tokens=20))
+    got = events(ended.body)
+    assert ended.complete and got[-1] == {
+        "type": "error",
+        "error": {"type": "internal_error", "message": "Internal server error"},
+    }
+    assert [m.end for m in meanings(ended.body, Dialect.MESSAGES)][-1] is EndKind.ERROR
