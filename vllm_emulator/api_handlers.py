@@ -120,6 +120,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if isinstance(admitted, web.Response):
         return admitted
     engine, api, received = admitted
+    previous = api.body.get("previous_response_id")
+    if previous is not None and previous not in engine.stored:
+        # vLLM looks the previous response up in its store (which it continues from; the
+        # emulator's text does not depend on it): unknown, or no store, is a 404.
+        return json_response(404, apis.not_found_body(str(previous)))
     parsed = api.parsed
     response_id = "resp_" + engine.new_id()
     item_id = "msg_" + engine.new_id()

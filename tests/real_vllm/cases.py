@@ -105,6 +105,8 @@ CASES: list[tuple[str, str, str, Any]] = [
     ("responses-max-output-tokens-beyond-context", "POST", "/v1/responses",
      response(max_output_tokens=MAX_MODEL_LEN + 100)),
     ("responses-prompt-over-context", "POST", "/v1/responses", response(input=LONG_PROMPT)),
+    ("responses-previous-response-unknown", "POST", "/v1/responses",
+     response(previous_response_id="resp_0123456789abcdef")),
     ("responses-get-unknown", "GET", "/v1/responses/resp_0123456789abcdef", None),
     ("responses-cancel-unknown", "POST", "/v1/responses/resp_0123456789abcdef/cancel", None),
     # Anthropic's Messages API.

@@ -284,3 +284,14 @@ def test_a_failure_breaks_a_responses_stream_off_and_ends_a_messages_one_with_an
         "error": {"type": "internal_error", "message": "Internal server error"},
     }
     assert [m.end for m in meanings(ended.body, Dialect.MESSAGES)][-1] is EndKind.ERROR
+
+
+def test_a_previous_response_id_must_be_in_the_store(emulator: Any) -> None:
+    server = emulator(**STORE)
+    status, _, body = server.request("POST", "/v1/responses",
+                                     response(previous_response_id="resp_nope"))  # fmt: skip
+    assert (status, body) == (404, apis.not_found_body("resp_nope"))
+    first = json.loads(server.request("POST", "/v1/responses", response())[2])["id"]
+    status, _, body = server.request("POST", "/v1/responses",
+                                     response(previous_response_id=first))  # fmt: skip
+    assert status == 200 and json.loads(body)["previous_response_id"] == first
