@@ -61,7 +61,10 @@ class Stored:
         if job.state == "running" or not job.done.is_set():
             return wire.dumps(self.head.body("queued", [], None)).encode()
         if job.state == "failed":
-            return wire.dumps(self.head.body("failed", [], None)).encode()
+            # vLLM marks a failed background request `failed`; a failed background stream's
+            # task dies without touching the store, which keeps saying `queued`.
+            status = "queued" if job.retain else "failed"
+            return wire.dumps(self.head.body(status, [], None)).encode()
         return apis.response_body(self.head, self.item_id, entry.texts[0] if entry.texts else "",
                                   entry.finish_reason, entry.prompt_tokens,
                                   entry.completion_tokens)  # fmt: skip

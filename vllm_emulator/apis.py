@@ -31,8 +31,7 @@ this module does. Reasoning is requested but not parsed either (`reasoning` is e
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from vllm_emulator import textgen, wire
@@ -462,7 +461,6 @@ class ResponsesEncoder:
     _text: str = ""
     _opened: bool = False
     _finish: str | None = None
-    completed_at: int | None = field(default=None, init=False)
 
     @property
     def completion_tokens(self) -> int:
@@ -681,13 +679,3 @@ class MessagesEncoder:
         del error_type, code
         error = {"type": "internal_error", "message": message}
         return [named_event("error", {"type": "error", "error": error})]
-
-
-def frame_text(frame: bytes) -> str:
-    """The JSON of one named event (tests and the handlers' bookkeeping)."""
-    return frame.split(b"\ndata: ", 1)[1].rstrip(b"\n").decode()
-
-
-def sequence_of(frame: bytes) -> int | None:
-    number = json.loads(frame_text(frame)).get("sequence_number")
-    return number if isinstance(number, int) else None

@@ -295,3 +295,22 @@ def test_a_previous_response_id_must_be_in_the_store(emulator: Any) -> None:
     status, _, body = server.request("POST", "/v1/responses",
                                      response(previous_response_id=first))  # fmt: skip
     assert status == 200 and json.loads(body)["previous_response_id"] == first
+
+
+def test_a_failed_background_response_is_failed_but_a_failed_background_stream_stays_queued(
+    emulator: Any,
+) -> None:
+    server = emulator(**STORE, fail_after_tokens=2)
+    response_id = json.loads(
+        server.request("POST", "/v1/responses", response(background=True, max_output_tokens=9))[2]
+    )["id"]
+    server.wait_until(lambda: server.ledger()[0]["finished_at"] is not None)
+    answer = json.loads(server.request("GET", f"/v1/responses/{response_id}")[2])
+    assert answer["status"] == "failed" and answer["output"] == []
+    streamed = server.raw(
+        "/v1/responses", response(stream=True, background=True, max_output_tokens=9), timeout=0.5
+    )
+    stream_id = events(streamed.body)[0]["response"]["id"]
+    assert not streamed.complete  # its reader waits for a response.completed that never comes
+    answer = json.loads(server.request("GET", f"/v1/responses/{stream_id}")[2])
+    assert answer["status"] == "queued"
