@@ -426,7 +426,10 @@ class Engine:
             entry.planned_reasoning = first.reasoning
             entry.planned_reasoning_tokens = sum(a.reasoning_tokens for a in agents if a)
             entry.output_complete = first.complete
-        if config.resumable and request.stream:
+        # The resumable-stream gateway pattern (`id:` lines, /v1/streams/{id}) is chat's and
+        # completions'; the Responses API resumes by sequence_number (background), Messages not.
+        gateway = config.resumable and api is None
+        if gateway and request.stream:
             entry.stream_id = response_id
         entry.background = background
         if request.stream and encoder is None:
@@ -447,8 +450,8 @@ class Engine:
         job = Job(entry, request, plans, seq_ids, loop_now, encoder if request.stream else None,
                   agents)  # fmt: skip
         job.background = background
-        job.retain = request.stream and (background or config.resumable)
-        job.ids = config.resumable and api is None
+        job.retain = request.stream and (background or gateway)
+        job.ids = gateway
         self.ledger.append(entry)
         if entry.stream_id is not None:
             self._purge_streams(loop_now)

@@ -314,3 +314,16 @@ def test_a_failed_background_response_is_failed_but_a_failed_background_stream_s
     assert not streamed.complete  # its reader waits for a response.completed that never comes
     answer = json.loads(server.request("GET", f"/v1/responses/{stream_id}")[2])
     assert answer["status"] == "queued"
+
+
+def test_resumable_streams_stay_a_chat_pattern_a_responses_stream_keeps_vllms_bytes(
+    emulator: Any,
+) -> None:
+    # `resumable: true` adds `id:` lines and /v1/streams/{id} to chat and completions; the
+    # Responses API has its own resume (background, starting_after) and Messages none.
+    server = emulator(resumable=True, itl=0.02)
+    whole = server.raw("/v1/responses", response(stream=True))
+    assert whole.complete and not any(c.startswith(b"id:") for c in whole.chunks)
+    server.raw("/v1/messages", message(stream=True, max_tokens=200), stop_after_frames=4)
+    server.wait_until(lambda: server.ledger()[1]["aborted_at"] is not None)
+    assert [e["stream_id"] for e in server.ledger()] == [None, None]
