@@ -120,8 +120,16 @@ def build_model() -> Path:
     return MODEL_DIR
 
 
-def server_env() -> dict[str, str]:
+# vLLM keeps Responses API answers (GET /v1/responses/{id}) and runs `background` ones only
+# with this set; without it a background request is refused with 400 (docs/real-vllm.md).
+# It changes nothing else the tier compares, so the tier's server runs with it.
+RESPONSES_STORE_ENV = "VLLM_ENABLE_RESPONSES_API_STORE"
+
+
+def server_env(responses_store: bool = False) -> dict[str, str]:
     env = dict(os.environ)
+    if responses_store:
+        env[RESPONSES_STORE_ENV] = "1"
     env.update(
         VLLM_TARGET_DEVICE="cpu",
         VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
@@ -182,8 +190,12 @@ def start(
     extra_args: list[str] | None = None,
     log_dir: Path | None = None,
     max_model_len: int = MAX_MODEL_LEN,
+    responses_store: bool = False,
 ) -> Server:
-    """Install (cached), build the model (cached), start vLLM and wait until /health is 200."""
+    """Install (cached), build the model (cached), start vLLM and wait until /health is 200.
+
+    `responses_store`: serve with the Responses API's store (background mode, retrieve,
+    cancel), as VLLM_ENABLE_RESPONSES_API_STORE=1 does."""
     model = build_model()
     port = free_port()
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="realvllm-"))
@@ -191,7 +203,7 @@ def start(
     log = log_path.open("wb")
     began = time.monotonic()
     argv = command(install.PY, model, port, extra_args, max_model_len)
-    process = spawn(argv, log, server_env(), log_dir)
+    process = spawn(argv, log, server_env(responses_store), log_dir)
     url = f"http://127.0.0.1:{port}"
     server = Server(url, process, "", max_model_len=max_model_len, log_path=log_path, _log=log)
     try:
@@ -241,10 +253,17 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the context vLLM serves (default {MAX_MODEL_LEN}); a run plans its streams "
         "within it, and a scenario that cannot fit says which it needs",
     )  # fmt: skip
+    parser.add_argument(
+        "--responses-store", action="store_true",
+        help=f"serve with the Responses API's store ({RESPONSES_STORE_ENV}=1): background "
+        "responses, GET /v1/responses/{id} with stream and starting_after, cancel",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     interruptible()  # `make vllm &` from a script: its Ctrl-C (SIGINT) still stops vLLM
     server = start(
-        list(TOOL_CALL_FLAGS) if args.tool_calls else None, max_model_len=args.max_model_len
+        list(TOOL_CALL_FLAGS) if args.tool_calls else None,
+        max_model_len=args.max_model_len,
+        responses_store=args.responses_store or os.environ.get(RESPONSES_STORE_ENV) == "1",
     )
 
     def stop(signum: int, _frame: object) -> None:

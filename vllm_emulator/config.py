@@ -79,6 +79,10 @@ class EmulatorConfig:
     enable_request_id_headers: bool = False
     stale_gauges: bool = False
     log_requests: bool = False
+    # The Responses API's store (vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1): off, as in vLLM,
+    # a `background` request is refused and `store` ignored; on, responses are kept for
+    # `GET /v1/responses/{id}` and background ones run on after their client leaves.
+    responses_store: bool = False
     # Resumable streams (a gateway pattern vLLM lacks; off like vLLM).
     resumable: bool = False
     resume_buffer_size: Bytes = 1024 * 1024

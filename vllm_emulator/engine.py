@@ -19,12 +19,13 @@ import random
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from vllm_emulator import agent, host, textgen, wire
 from vllm_emulator.config import EmulatorConfig
-from vllm_emulator.ledger import LedgerEntry
+from vllm_emulator.ledger import Api, LedgerEntry
 from vllm_emulator.metrics import (
     FINISH_REASONS,
     ITL_BUCKETS,
@@ -46,6 +47,25 @@ PREFIX_HITS_HELP = "Prefix cache hits, in terms of number of cached tokens."
 Frame = tuple[int, bytes, int]  # (event id, bytes, tokens delivered once written)
 
 
+class Encoder(Protocol):
+    """Turns engine outputs into one API's frames (wire.StreamEncoder, apis.*Encoder)."""
+
+    def output(
+        self,
+        index: int,
+        text: str,
+        num_tokens: int = 1,
+        finish_reason: str | None = None,
+        stop_reason: wire.StopReason = None,
+        channel: str = ...,
+        tool: Any = None,
+    ) -> list[bytes]: ...
+
+    def end(self) -> list[bytes]: ...
+
+    def error(self, message: str = ..., error_type: str = ..., code: int = ...) -> list[bytes]: ...
+
+
 @dataclass
 class Job:
     """A request in the engine: its plans, progress and the frames it produced."""
@@ -55,7 +75,7 @@ class Job:
     plans: list[textgen.Plan]
     seq_ids: list[str]
     arrival: float  # loop time
-    encoder: StreamEncoder | None
+    encoder: Encoder | None
     # Agent plans (tool calls, JSON, reasoning: agent.py) per choice; None for plain text.
     agents: list[agent.AgentPlan | None] = field(default_factory=list)
     produced: list[int] = field(default_factory=list)
@@ -72,9 +92,17 @@ class Job:
     encoded_tokens: int = 0
     hidden_tokens: int = 0  # encoded into no frame (hidden markup): delivered with the next
     closed: bool = False
+    # Frames kept for replay after they are written: a resumable stream's (prefixed with
+    # `id:`, within resume_buffer_size) or a background response's (all, as vLLM's event
+    # store keeps every event of a background stream).
+    retain: bool = False
+    ids: bool = False
+    background: bool = False
     expires_at: float | None = None
     watchers: set[asyncio.Event] = field(default_factory=set)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Called once when the request finishes (not failed or aborted): the Responses store.
+    done_callbacks: list[Callable[[], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.plans)
@@ -100,13 +128,21 @@ class Job:
         event_id = self.next_event_id
         self.next_event_id += 1
         self.encoded_tokens += tokens
-        if resumable:
+        if resumable and self.ids:
             frame = f"id: {event_id}\n".encode() + frame
         self.log.append((event_id, frame, self.encoded_tokens))
         self.log_bytes += len(frame)
 
-    def pull(self, resumable: bool, buffer_size: int) -> None:
-        """Encode the tokens produced since the last pull (merging a lagging choice's)."""
+    def prime(self, frames: list[bytes]) -> None:
+        """Frames that go out before the first token (the Responses API's created events)."""
+        for frame in frames:
+            self._append(frame, 0, self.retain)
+
+    def pull(self, resumable: bool, buffer_size: int | None) -> None:
+        """Encode the tokens produced since the last pull (merging a lagging choice's).
+
+        `resumable`: the frames are kept for replay (`retain`); `buffer_size` bounds them
+        (None: every frame is kept)."""
         encoder = self.encoder
         if encoder is None or self.closed:
             return
@@ -156,7 +192,7 @@ class Job:
             self.closed = True
         elif self.state == "aborted":
             self.closed = True
-        if resumable:
+        if resumable and buffer_size is not None:
             while self.log_bytes > buffer_size and len(self.log) > 1:
                 self.log_bytes -= len(self.log.popleft()[1])
 
@@ -198,6 +234,8 @@ class Engine:
         self.ledger: list[LedgerEntry] = []
         self.by_seq: dict[str, tuple[Job, int]] = {}
         self.streams: dict[str, Job] = {}
+        # The Responses API's store (api_handlers.py): response id -> what GET answers.
+        self.stored: dict[str, Any] = {}
         self.sequence = 0
         # identical requests seen so far (textgen.request_key -> count), for resampling
         self.draws: dict[str, int] = {}
@@ -325,8 +363,20 @@ class Engine:
         self.draws[key] = count + 1
         return count
 
-    def start(self, request: ParsedRequest, received_at: float) -> Job:
-        """Plan a valid request's text and queue its sequences."""
+    def start(
+        self,
+        request: ParsedRequest,
+        received_at: float,
+        api: Api | None = None,
+        api_id: str | None = None,
+        encoder: Encoder | None = None,
+        background: bool = False,
+    ) -> Job:
+        """Plan a valid request's text and queue its sequences.
+
+        `api` names the Responses or Messages API a chat-shaped request came in as, with
+        its own response id and encoder (apis.py); a `background` response's frames are all
+        kept for `GET /v1/responses/{id}?stream=true` and it outlives its client."""
         config = self.config
         loop_now = asyncio.get_running_loop().time()
         base = request.request_id or self.new_id()
@@ -350,10 +400,10 @@ class Engine:
                                     request.stop, config.script)
                 for seed in seeds
             ]  # fmt: skip
-        response_id = wire.response_id(request.endpoint, base)
+        response_id = api_id or wire.response_id(request.endpoint, base)
         entry = LedgerEntry(
             request_id=base,
-            endpoint=request.endpoint,
+            endpoint=request.endpoint if api is None else api,
             model=request.model,
             stream=request.stream,
             prompt=request.prompt,
@@ -376,10 +426,13 @@ class Engine:
             entry.planned_reasoning = first.reasoning
             entry.planned_reasoning_tokens = sum(a.reasoning_tokens for a in agents if a)
             entry.output_complete = first.complete
-        if config.resumable and request.stream:
+        # The resumable-stream gateway pattern (`id:` lines, /v1/streams/{id}) is chat's and
+        # completions'; the Responses API resumes by sequence_number (background), Messages not.
+        gateway = config.resumable and api is None
+        if gateway and request.stream:
             entry.stream_id = response_id
-        encoder = None
-        if request.stream:
+        entry.background = background
+        if request.stream and encoder is None:
             encoder = StreamEncoder(
                 profile=config.profile,
                 endpoint=request.endpoint,
@@ -394,7 +447,11 @@ class Engine:
             )
         self.sequence += 1
         seq_ids = [f"{self.sequence}-{i}" for i in range(request.n)]
-        job = Job(entry, request, plans, seq_ids, loop_now, encoder, agents)
+        job = Job(entry, request, plans, seq_ids, loop_now, encoder if request.stream else None,
+                  agents)  # fmt: skip
+        job.background = background
+        job.retain = request.stream and (background or gateway)
+        job.ids = gateway
         self.ledger.append(entry)
         if entry.stream_id is not None:
             self._purge_streams(loop_now)
@@ -461,8 +518,8 @@ class Engine:
             del self.by_seq[event.seq_id]
             if all(p >= plan.num_tokens for p, plan in zip(job.produced, job.plans, strict=True)):
                 self._finish(job, "finished", event.time, wall)
-        if self.config.resumable and job.request.stream and job.state == "running":
-            job.pull(True, self.config.resume_buffer_size)
+        if job.retain and job.state == "running":
+            job.pull(True, self._buffer(job))
         job.notify()
 
     def _finish(self, job: Job, state: str, now: float, wall: float) -> None:
@@ -527,18 +584,33 @@ class Engine:
 
     def _end(self, job: Job, now: float) -> None:
         job.expires_at = now + self.config.resume_ttl
-        if self.config.resumable and job.request.stream:
-            job.pull(True, self.config.resume_buffer_size)
+        if job.retain:
+            job.pull(True, self._buffer(job))
+        if job.state == "finished":
+            for callback in job.done_callbacks:
+                callback()
         job.done.set()
         job.notify()
 
+    def _buffer(self, job: Job) -> int | None:
+        return None if job.background else self.config.resume_buffer_size
+
     def client_left(self, job: Job) -> None:
-        """The client of `job` disconnected (closed, reset or half-closed)."""
+        """The client of `job` disconnected (closed, reset or half-closed).
+
+        A background response goes on (vLLM runs it as a task of its own); a resumable
+        stream waits for its client to come back."""
         wall = time.time()
         job.entry.disconnected_at = wall
-        resumable = self.config.resumable and job.request.stream
-        if self.config.abort_on_disconnect and not resumable:
+        if self.config.abort_on_disconnect and not job.retain:
             self._abort(job, wall)
+
+    def cancel(self, job: Job) -> None:
+        """`POST /v1/responses/{id}/cancel`: vLLM cancels the background task, which aborts
+        the request in the engine (no success counted, as for a client abort)."""
+        wall = time.time()
+        job.entry.cancelled_at = wall
+        self._abort(job, wall)
 
     def _purge_streams(self, now: float) -> None:
         for stream_id, job in list(self.streams.items()):

@@ -70,14 +70,30 @@ async def _write(resp: web.StreamResponse, entry: LedgerEntry, data: bytes) -> N
     entry.write_times.append(time.time())
 
 
+class _BrokenOff(Exception):
+    """The stream ends without its terminating chunk: the connection is dropped."""
+
+
 class _Evicted(Exception):
     """Frames a live reader had not got yet were evicted from the resume buffer."""
 
 
-async def _stream_frames(engine: Engine, job: Job, resp: web.StreamResponse, after: int) -> None:
-    """Write the job's frames after event `after` as they come, with keep-alives."""
+TERMINAL = b"event: response.completed\n"
+
+
+async def _stream_frames(
+    engine: Engine, job: Job, resp: web.StreamResponse, after: int, replay: bool = False
+) -> None:
+    """Write the job's frames after event `after` as they come, with keep-alives.
+
+    `replay`: a background response's event store, read as vLLM's
+    `responses_background_stream_generator` reads it: it returns only after writing
+    `response.completed`, and otherwise waits for another event, so a reader that starts
+    after that event, or follows a cancelled response, waits for ever (the headers went out,
+    no byte follows: seen on vLLM 0.32.0, docs/emulator.md)."""
     config = engine.config
-    resumable = config.resumable
+    resumable = job.retain
+    wrote_terminal = False
     entry = job.entry
     loop = asyncio.get_running_loop()
     keep = KeepAlive(config.sse_keep_alive_interval, loop.time())
@@ -97,12 +113,15 @@ async def _stream_frames(engine: Engine, job: Job, resp: web.StreamResponse, aft
                 itertools.islice(job.log, max(0, position + 1 - first), None)
             ):
                 await _write(resp, entry, data)
+                wrote_terminal = wrote_terminal or data.startswith(TERMINAL)
                 position = event_id
                 entry.delivered_tokens = max(entry.delivered_tokens, tokens)
                 keep.wrote(loop.time())
             if not resumable:
                 job.trim(position)
-            if job.closed and position >= job.next_event_id - 1:
+            if replay and wrote_terminal:
+                break
+            if job.closed and position >= job.next_event_id - 1 and not replay:
                 break
             deadline = keep.deadline()
             if deadline is None:
@@ -115,24 +134,34 @@ async def _stream_frames(engine: Engine, job: Job, resp: web.StreamResponse, aft
                 keep.wrote(loop.time())
     finally:
         job.watchers.discard(wake)
+    if job.state == "failed" and job.entry.endpoint == "responses":
+        raise _BrokenOff  # vLLM 0.32 cannot write its error as a Responses event (apis.py)
     if job.state != "aborted":
         await resp.write_eof()
 
 
 async def _serve_stream(
-    engine: Engine, job: Job, request: web.Request, after: int, extra: dict[str, str]
+    engine: Engine,
+    job: Job,
+    request: web.Request,
+    after: int,
+    extra: dict[str, str],
+    replay: bool = False,
 ) -> web.StreamResponse:
     headers = {"date": _date(), "server": "uvicorn", "content-type": wire.SSE_CONTENT_TYPE,
                **extra}  # fmt: skip
     resp = SseResponse(status=200, headers=headers)
     try:
         await resp.prepare(request)  # the 200 and headers go out before TTFT, as in vLLM
-        await _stream_frames(engine, job, resp, after)
+        await _stream_frames(engine, job, resp, after, replay)
     except asyncio.CancelledError:
         engine.client_left(job)
         raise
     except (ConnectionResetError, ClientConnectionResetError):
         engine.client_left(job)
+    except _BrokenOff:
+        if request.transport is not None:
+            request.transport.abort()
     except _Evicted:
         # Cut the connection rather than end it cleanly over a gap; the client can
         # resume and will be told the events are gone.

@@ -9,9 +9,10 @@ after the client left and never delivered. Pure: plain data, times are given, no
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from vllm_emulator.wire import Endpoint
+# The API a request came in as: chat and completions, the Responses API, Anthropic Messages.
+Api = Literal["chat", "completions", "responses", "messages"]
 
 
 @dataclass
@@ -19,7 +20,7 @@ class LedgerEntry:
     """One request as the scorer sees it (the contract is in docs/emulator.md)."""
 
     request_id: str
-    endpoint: Endpoint
+    endpoint: Api
     model: str | None
     stream: bool
     prompt: Any
@@ -59,6 +60,9 @@ class LedgerEntry:
     reasoning_tokens: int = 0  # generated so far, every choice
     output_complete: bool = True
     engine_finish_reason: str | None = None
+    # Responses API: a background response (outlives its client) and when it was cancelled.
+    background: bool = False
+    cancelled_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         wasted = 0
@@ -109,4 +113,6 @@ class LedgerEntry:
             "reasoning_tokens": self.reasoning_tokens,
             "output_complete": self.output_complete,
             "engine_finish_reason": self.engine_finish_reason,
+            "background": self.background,
+            "cancelled_at": self.cancelled_at,
         }

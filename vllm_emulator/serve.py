@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from vllm_emulator.api_handlers import add_routes
 from vllm_emulator.config import EmulatorConfig
 from vllm_emulator.handlers import make_app
 
@@ -50,8 +51,10 @@ async def serve(
     """Serve until cancelled (or `stop` is set); `ready(port)` once listening."""
     # handler_cancellation: a disconnect cancels the handler at once, like Starlette
     # under uvicorn (ASGI spec 2.3) cancels vLLM's generator (reference §3.1).
+    app = make_app(config)
+    add_routes(app)  # the Responses and Messages APIs (api_handlers.py)
     runner = web.AppRunner(
-        make_app(config),
+        app,
         handler_cancellation=True,
         access_log=None,
         keepalive_timeout=config.http_keep_alive_timeout,

@@ -155,17 +155,8 @@ def _as_bool(value: Any) -> tuple[bool | None, dict[str, str] | None]:
     return None, {"type": "bool_type", "msg": "Input should be a valid boolean"}
 
 
-def parse(
-    profile: Profile,
-    endpoint: Endpoint,
-    content_type: str,
-    raw: bytes,
-    served_model: str,
-    max_model_len: int,
-    default_max_tokens: int | None,
-    header_request_id: str | None,
-) -> ParsedRequest:
-    """Validate a generation request or raise ApiError with vLLM's status and body."""
+def load_body(profile: Profile, content_type: str, raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request, or ApiError as FastAPI and vLLM's handlers reject it."""
     media_error = "Unsupported Media Type: Only 'application/json' is allowed"
     if content_type.split(";")[0].strip().lower() != "application/json":
         if profile == "vllm-0.32":  # validate_json_request: RequestValidationError(errors=[str])
@@ -200,6 +191,21 @@ def parse(
               "msg": "Input should be a valid dictionary or object to extract fields from",
               "input": body}],
         )  # fmt: skip
+    return body
+
+
+def parse(
+    profile: Profile,
+    endpoint: Endpoint,
+    content_type: str,
+    raw: bytes,
+    served_model: str,
+    max_model_len: int,
+    default_max_tokens: int | None,
+    header_request_id: str | None,
+) -> ParsedRequest:
+    """Validate a generation request or raise ApiError with vLLM's status and body."""
+    body = load_body(profile, content_type, raw)
 
     if profile == "vllm-0.32" and body.get("stream_options") and not body.get("stream"):
         # 0.32 checks the raw body (truthiness, so `{}` and `"false"` pass) before any field.

@@ -25,6 +25,23 @@ def completion(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": "Streams are", "max_tokens": 4, "ignore_eos": True, **fields}
 
 
+# A prompt vLLM's test model answers in ~21 tokens at temperature 0 (then EOS), so a
+# response ends `completed` / `end_turn` within 64 tokens; the emulator's natural length in
+# the tier is set below that (test_conformance.py).
+SHORT = "Say hello."
+TOOL = {"type": "function", "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}  # fmt: skip
+
+
+def response(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "input": USER[0]["content"], "max_output_tokens": 4,
+            "ignore_eos": True, **fields}  # fmt: skip
+
+
+def message(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": USER, "max_tokens": 4, "ignore_eos": True, **fields}
+
+
 CASES: list[tuple[str, str, str, Any]] = [
     ("chat-nonstream", "POST", "/v1/chat/completions", chat()),
     ("chat-stream", "POST", "/v1/chat/completions", chat(stream=True)),
@@ -62,6 +79,64 @@ CASES: list[tuple[str, str, str, Any]] = [
     ("chat-stream-options-without-stream", "POST", "/v1/chat/completions",
      chat(stream_options={"include_usage": True})),
     ("chat-not-json", "POST", "/v1/chat/completions", b"{not json"),
+    # The Responses API (vLLM 0.32, no tool-call or reasoning parser).
+    ("responses-nonstream", "POST", "/v1/responses", response()),
+    ("responses-stream", "POST", "/v1/responses", response(stream=True)),
+    ("responses-nonstream-completed", "POST", "/v1/responses",
+     response(input=SHORT, max_output_tokens=64, temperature=0, ignore_eos=False)),
+    ("responses-stream-completed", "POST", "/v1/responses",
+     response(input=SHORT, max_output_tokens=64, temperature=0, ignore_eos=False, stream=True)),
+    ("responses-stream-instructions-sampling", "POST", "/v1/responses",
+     response(stream=True, instructions="Be brief.", temperature=0.5, top_p=0.9,
+              metadata={"k": "v"}, user="u1")),
+    # Without a tool parser a function tool and a named tool_choice stream plain text.
+    ("responses-stream-named-tool", "POST", "/v1/responses",
+     response(stream=True, tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"})),
+    ("responses-nonstream-auto-tool", "POST", "/v1/responses", response(tools=[TOOL])),
+    ("responses-reasoning-effort", "POST", "/v1/responses",
+     response(reasoning={"effort": "low"})),
+    ("responses-unknown-model", "POST", "/v1/responses", response(model="no-such-model")),
+    ("responses-wrong-type-max-output-tokens", "POST", "/v1/responses",
+     response(max_output_tokens="four")),
+    ("responses-wrong-type-input", "POST", "/v1/responses", response(input=5)),
+    ("responses-missing-input", "POST", "/v1/responses",
+     {"model": MODEL, "max_output_tokens": 4}),
+    ("responses-not-json", "POST", "/v1/responses", b"{not json"),
+    ("responses-max-output-tokens-beyond-context", "POST", "/v1/responses",
+     response(max_output_tokens=MAX_MODEL_LEN + 100)),
+    ("responses-prompt-over-context", "POST", "/v1/responses", response(input=LONG_PROMPT)),
+    ("responses-previous-response-unknown", "POST", "/v1/responses",
+     response(previous_response_id="resp_0123456789abcdef")),
+    ("responses-get-unknown", "GET", "/v1/responses/resp_0123456789abcdef", None),
+    ("responses-cancel-unknown", "POST", "/v1/responses/resp_0123456789abcdef/cancel", None),
+    # Anthropic's Messages API.
+    ("messages-nonstream", "POST", "/v1/messages", message()),
+    ("messages-stream", "POST", "/v1/messages", message(stream=True)),
+    ("messages-nonstream-end-turn", "POST", "/v1/messages",
+     message(messages=[{"role": "user", "content": SHORT}], max_tokens=64, temperature=0,
+             ignore_eos=False)),
+    ("messages-stream-end-turn", "POST", "/v1/messages",
+     message(messages=[{"role": "user", "content": SHORT}], max_tokens=64, temperature=0,
+             ignore_eos=False, stream=True)),
+    ("messages-stream-system", "POST", "/v1/messages", message(stream=True, system="Be brief.")),
+    ("messages-unknown-model", "POST", "/v1/messages", message(model="no-such-model")),
+    ("messages-stream-unknown-model", "POST", "/v1/messages",
+     message(model="no-such-model", stream=True)),
+    ("messages-missing-max-tokens", "POST", "/v1/messages", {"model": MODEL, "messages": USER}),
+    ("messages-wrong-type-max-tokens", "POST", "/v1/messages", message(max_tokens="four")),
+    ("messages-wrong-type-messages", "POST", "/v1/messages", message(messages="hello")),
+    ("messages-not-json", "POST", "/v1/messages", b"{not json"),
+    ("messages-max-tokens-beyond-context", "POST", "/v1/messages",
+     message(max_tokens=MAX_MODEL_LEN + 100)),
+    ("messages-prompt-over-context", "POST", "/v1/messages",
+     message(messages=[{"role": "user", "content": LONG_PROMPT}])),
+    ("messages-tools-auto", "POST", "/v1/messages",
+     message(tools=[{"name": "f", "input_schema": {"type": "object", "properties": {}}}])),
+    ("messages-tools-named", "POST", "/v1/messages",
+     message(tools=[{"name": "f", "input_schema": {"type": "object", "properties": {}}}],
+             tool_choice={"type": "tool", "name": "f"})),
+    ("messages-thinking-budget-over-max-tokens", "POST", "/v1/messages",
+     message(thinking={"type": "enabled", "budget_tokens": 1024})),
     ("models", "GET", "/v1/models", None),
     ("health", "GET", "/health", None),
     ("version", "GET", "/version", None),

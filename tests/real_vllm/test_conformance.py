@@ -49,8 +49,13 @@ def emulator(middlebox_bin: str, tmp_path_factory: pytest.TempPathFactory) -> It
     # Timing is not compared, so the emulator runs fast (wirecompare does not count token frames,
     # so merged outputs do not matter); model name and context as the real one.
     # kv_block_size: the CPU build's 128-token blocks, which /metrics' cache_config_info shows.
+    # responses_store: the tier's vLLM runs with VLLM_ENABLE_RESPONSES_API_STORE=1.
+    # natural_length 13-20: a request without a length cut ends by EOS within 64 tokens, as
+    # vLLM's test model answers cases.SHORT, and never before the 4 or 12 tokens others ask.
     config = {"profile": "vllm-0.32", "model": MODEL, "max_model_len": MAX_MODEL_LEN,
-              "kv_block_size": 128, "itl": 0.0005, "prefill_overhead": 0.005}  # fmt: skip
+              "kv_block_size": 128, "itl": 0.0005, "prefill_overhead": 0.005,
+              "responses_store": True, "natural_length_min": 13,
+              "natural_length_max": 20}  # fmt: skip
     emu = Emulator(middlebox_bin, config, tmp_path_factory.mktemp("emulator"))
     try:
         yield emu

@@ -86,15 +86,18 @@ def test_make_vllm_serves_with_the_tool_call_parser_only_when_asked(
         extra_args: list[str] | None = None,
         log_dir: Path | None = None,
         max_model_len: int = serve.MAX_MODEL_LEN,
+        responses_store: bool = False,
     ) -> serve.Server:
-        raise Started(extra_args, max_model_len)
+        raise Started(extra_args, max_model_len, responses_store)
 
     monkeypatch.setattr(serve, "start", start)
+    monkeypatch.delenv(serve.RESPONSES_STORE_ENV, raising=False)
     tools = list(serve.TOOL_CALL_FLAGS)
     for argv, expected in (
-        (["--tool-calls"], (tools, 8192)),
-        ([], (None, 8192)),
-        (["--max-model-len", "2048"], (None, 2048)),  # a small deployment's context
+        (["--tool-calls"], (tools, 8192, False)),
+        ([], (None, 8192, False)),
+        (["--max-model-len", "2048"], (None, 2048, False)),  # a small deployment's context
+        (["--responses-store"], (None, 8192, True)),  # VLLM_ENABLE_RESPONSES_API_STORE=1
     ):
         try:
             serve.main(argv)
@@ -103,6 +106,8 @@ def test_make_vllm_serves_with_the_tool_call_parser_only_when_asked(
         else:
             raise AssertionError("main() did not start a server")
     assert serve.command(Path("py"), Path("m"), 1, None, 2048)[-2:] == ["--max-model-len", "2048"]
+    assert serve.server_env(responses_store=True)[serve.RESPONSES_STORE_ENV] == "1"
+    assert serve.RESPONSES_STORE_ENV not in serve.server_env()
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     assert "-m realvllm.serve --tool-calls" in makefile
 
@@ -116,6 +121,7 @@ def test_make_vllm_in_the_background_still_stops_on_ctrl_c(monkeypatch: pytest.M
         extra_args: list[str] | None = None,
         log_dir: Path | None = None,
         max_model_len: int = serve.MAX_MODEL_LEN,
+        responses_store: bool = False,
     ) -> serve.Server:
         seen.append(signal.getsignal(signal.SIGINT))
         raise Started()

@@ -9,10 +9,13 @@ shown to fail the comparison.
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+import pytest
 
 from tests.real_vllm import wirecompare
 from tests.real_vllm.wirecompare import Exchange
-from vllm_emulator import wire
+from vllm_emulator import apis, wire
 from vllm_emulator.metrics import Registry, declare_profile_families
 
 SSE_HEADERS = (
@@ -183,3 +186,70 @@ def test_metrics_label_values_differ_by_name_and_masked_ones_do_not() -> None:
     other_blocks = avx512.replace('num_gpu_blocks="8192"', 'num_gpu_blocks="4096"')
     assert other_blocks != avx512
     assert wirecompare.compare_metrics(avx512, other_blocks) == []
+
+
+# ----------------------------------------------------------- Responses and Messages
+
+STREAMS = Path(__file__).resolve().parents[1] / "core" / "streams"
+
+
+def recorded(name: str) -> Exchange:
+    """A real vLLM 0.32.0 stream from tests/core/streams (see its README for the request)."""
+    return exchange((STREAMS / name).read_bytes())
+
+
+def emulated_response(pieces: list[str], limit: int) -> bytes:
+    # The recording's request: max_output_tokens 3, temperature 0, streamed.
+    request = {"model": "chat", "input": "hello", "max_output_tokens": limit, "temperature": 0,
+               "stream": True}  # fmt: skip
+    head = apis.ResponseHead("resp_0123456789abcdef", 1700000000, "chat", request, False, limit)
+    encoder = apis.ResponsesEncoder(head, "msg_0123456789abcdef", prompt_tokens=9)
+    frames = encoder.start()
+    for i, piece in enumerate(pieces):
+        frames += encoder.output(0, piece, finish_reason="length" if i == len(pieces) - 1 else None)
+    return b"".join(frames + encoder.end())
+
+
+def emulated_message(pieces: list[str]) -> bytes:
+    encoder = apis.MessagesEncoder("chatcmpl-0123456789abcdef", "chat", prompt_tokens=9)
+    frames: list[bytes] = []
+    for i, piece in enumerate(pieces):
+        frames += encoder.output(0, piece, finish_reason="length" if i == len(pieces) - 1 else None)
+    return b"".join(frames + encoder.end())
+
+
+def test_the_emulators_responses_and_messages_streams_match_the_recorded_vllm_ones() -> None:
+    # Text, ids, times, counts and the number of text deltas are masked; an empty step
+    # (a held-back byte) sends no event in either API.
+    real = recorded("vllm-0.32-responses-max-output-tokens.sse")
+    assert wirecompare.compare(real, exchange(emulated_response(["a", "", "b", "c"], 3))) == []
+    real = recorded("vllm-0.32-messages-max-tokens.sse")
+    assert wirecompare.compare(real, exchange(emulated_message(["x", "y", ""]))) == []
+
+
+@pytest.mark.parametrize(
+    ("api", "before", "after"),
+    [
+        ("responses", b'"service_tier":"auto"', b'"service_tier":"default"'),
+        ("responses", b',"phase":null', b""),
+        ("responses", b'"status":"incomplete"', b'"status":"completed"'),
+        ("responses", b"event: response.completed", b"event: response.incomplete"),
+        ("responses", b'"sequence_number":5,', b'"sequence_number":6,'),
+        ("messages", b'"stop_reason":"max_tokens"', b'"stop_reason":"end_turn"'),
+        ("messages", b',"stop_sequence":null}', b"}"),
+        ("messages", b"event: message_stop", b"event: message_end"),
+    ],
+)
+def test_a_changed_field_in_the_emulators_responses_or_messages_fails_the_comparison(
+    api: str, before: bytes, after: bytes
+) -> None:
+    if api == "responses":
+        real = recorded("vllm-0.32-responses-max-output-tokens.sse")
+        body = emulated_response(["a", "b", "c"], 3)
+    else:
+        real = recorded("vllm-0.32-messages-max-tokens.sse")
+        body = emulated_message(["x", "y", "z"])
+    assert wirecompare.compare(real, exchange(body)) == []
+    changed = body.replace(before, after, 1)
+    assert changed != body
+    assert wirecompare.compare(real, exchange(changed)) != []

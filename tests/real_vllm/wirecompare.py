@@ -26,9 +26,14 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-TEXT_KEYS = {"content", "text", "reasoning", "reasoning_content"}
-COUNT_KEYS = {"prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens", "created"}
-ID_KEYS = {"id"}
+TEXT_KEYS = {"content", "text", "reasoning", "reasoning_content", "delta"}
+COUNT_KEYS = {"prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens", "created",
+              "created_at", "input_tokens", "output_tokens", "sequence_number"}  # fmt: skip
+# Anthropic's stop reasons are the API's words; any other `stop_reason` is a matched stop string.
+ANTHROPIC_STOP_REASONS = {"end_turn", "max_tokens", "stop_sequence", "tool_use"}
+# Named events that carry one step's text (the Responses API's and Anthropic's token frames).
+TOKEN_EVENTS = {b"response.output_text.delta", b"content_block_delta"}
+ID_KEYS = {"id", "item_id"}
 VARIABLE_HEADERS = {"date", "content-length"}
 
 
@@ -109,7 +114,7 @@ def skeleton(value: Any, key: str | None = None) -> Any:
         return re.sub(r"\d+", "<d>", value)
     if key == "input" and isinstance(value, (str, int)):
         return "<input>"
-    if key == "stop_reason" and isinstance(value, str):
+    if key == "stop_reason" and isinstance(value, str) and value not in ANTHROPIC_STOP_REASONS:
         return "<stop string>"  # the matched string: a piece of the generated text
     if key == "root" and isinstance(value, str):
         return "<model path>"  # /v1/models: where the weights lie, a deployment detail
@@ -126,7 +131,8 @@ def body_shape(raw: bytes) -> Any:
 
 
 def frames(body: bytes) -> list[bytes]:
-    """SSE frames: vLLM writes `data: <json>\\n\\n` and nothing else."""
+    """SSE frames: vLLM writes `data: <json>\\n\\n`, or `event: <type>\\ndata: <json>\\n\\n`
+    on its Responses and Messages streams."""
     parts = body.split(b"\n\n")
     if parts and parts[-1] == b"":
         parts.pop()
@@ -136,6 +142,9 @@ def frames(body: bytes) -> list[bytes]:
 
 
 def _frame_shape(frame: bytes) -> Any:
+    if frame.startswith(b"event: ") and b"\ndata: " in frame:
+        name, _, payload = frame[len(b"event: ") :].partition(b"\ndata: ")
+        return ("event", name, body_shape(payload))
     if not frame.startswith(b"data: "):
         return ("not-data", frame[:40])
     payload = frame[len(b"data: ") :]
@@ -162,6 +171,8 @@ def _choice_order(shape: Any, position: int) -> tuple[int, int, int]:
 
 def _is_content(shape: Any) -> bool:
     """A token frame that is neither a role chunk nor a finish chunk."""
+    if shape[0] == "event":
+        return bool(shape[1] in TOKEN_EVENTS)
     if _choice_order(shape, 0)[0] != 1:
         return False
     choice = dict(dict(shape[2][1])["choices"][1][0][1])
@@ -187,6 +198,33 @@ def stream_shape(body: bytes) -> tuple[list[Any], list[Any]]:
         else:
             kept.append(item)
     return kept, content
+
+
+def sequence_numbers(body: bytes) -> list[int]:
+    """The `sequence_number` of each Responses event, in order."""
+    numbers = []
+    for frame in frames(body):
+        _, _, payload = frame.partition(b"data: ")
+        try:
+            number = json.loads(payload).get("sequence_number")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(number, int):
+            numbers.append(number)
+    return numbers
+
+
+def _sequence_difference(want: bytes, got: bytes, prefix: str) -> str | None:
+    """Both count their events alike: consecutive, from the same first number. (The numbers
+    themselves are masked: how many token events there are is not the wire format.)"""
+    w, g = sequence_numbers(want), sequence_numbers(got)
+    if not w and not g:
+        return None
+    if g and g != list(range(g[0], g[0] + len(g))):
+        return f"{prefix}sequence_number not consecutive: {g[:40]}"
+    if w[:1] != g[:1]:
+        return f"{prefix}first sequence_number {g[:1]}, expected {w[:1]}"
+    return None
 
 
 def shape(exchange: Exchange) -> dict[str, Any]:
@@ -312,6 +350,9 @@ def compare(expected: Exchange, actual: Exchange, label: str = "") -> list[str]:
             found = _first_difference(wcontent, gcontent, f"{prefix}token frames")
             if found:
                 diffs.append(found)
+        found = _sequence_difference(expected.body, actual.body, prefix)
+        if found:
+            diffs.append(found)
         return diffs
     found = _first_difference(wbody, gbody, f"{prefix}body")
     if found:

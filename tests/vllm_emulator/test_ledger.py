@@ -52,5 +52,6 @@ def test_the_json_carries_exactly_the_contract_keys_the_scorer_reads() -> None:
         "finish_reason", "stop_reason", "wasted_tokens", "status", "stream_id", "resumed_from",
         "resumes", "cassette", "output_kind", "tool_choice_mode", "planned_tool_calls",
         "tool_calls", "planned_reasoning", "reasoning", "planned_reasoning_tokens",
-        "reasoning_tokens", "output_complete", "engine_finish_reason",
+        "reasoning_tokens", "output_complete", "engine_finish_reason", "background",
+        "cancelled_at",
     ]  # fmt: skip
