@@ -4,6 +4,7 @@ format and the tools around a run, each command one call into the room that does
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -139,6 +140,8 @@ def probe_upstream(host: str, port: int, keep: int) -> None:
         said = str(startup_error(error, f"{host}:{port}"))  # the proxy's advice, our flag
         raise click.ClickException(said.replace("--listen port", "--port")) from None
     say(f"listening on http://{host}:{server.port}")
+    # SIGTERM (docker stop, a Kubernetes pod's end) stops it as Ctrl-C does, exit status 0
+    signal.signal(signal.SIGTERM, lambda *_: server.close())
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Literal
 
+from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset
 from middlebox.scenario.units import format_duration, parse_duration, parse_size
 
 HEADER = "X-Middlebox-Probe"
@@ -97,6 +98,8 @@ class ProbeShape:
     framing: Framing = "auto"
     format: Format | None = None  # None: chat on the chat route, completion on completions
     on_leave: OnLeave = "stop"
+    retry: float | None = None
+    event_ids: bool = False
     headers: tuple[tuple[str, str], ...] = ()
     id: str | None = None
 
@@ -110,6 +113,8 @@ class ProbeShape:
                 continue
             if spec.name == "headers":
                 parts += [f"header={name}: {text}" for name, text in value]
+            elif spec.name == "event_ids":
+                parts.append(f"event_ids={'yes' if value else 'no'}")
             elif spec.name in _DURATIONS:
                 parts.append(f"{spec.name}={format_duration(value)}")
             else:
@@ -122,10 +127,10 @@ class ProbeShape:
         return self.head_delay + self.frames * self.period + self.pause
 
 
-_DURATIONS = frozenset({"period", "head_delay", "pause", "heartbeat"})
+_DURATIONS = frozenset({"period", "head_delay", "pause", "heartbeat", "retry"})
 KNOBS = (
     "frames", "size", "period", "head_delay", "pause_after", "pause", "heartbeat", "end",
-    "framing", "format", "on_leave", "header", "id",
+    "framing", "format", "on_leave", "retry", "event_ids", "header", "id",
 )  # fmt: skip
 
 
@@ -199,6 +204,12 @@ def _knob(name: str, value: object) -> object:
         if name == "heartbeat" and seconds < MIN_HEARTBEAT:
             raise ValueError(f"at least {format_duration(MIN_HEARTBEAT)}")
         return seconds
+    if name == "event_ids":
+        if isinstance(value, bool):
+            return value
+        if text not in ("yes", "no"):
+            raise ValueError("expected yes or no")
+        return text == "yes"
     choices: dict[str, tuple[str, ...]] = {
         "end": ENDS, "framing": FRAMINGS, "format": FORMATS, "on_leave": ON_LEAVE,
     }  # fmt: skip
@@ -263,29 +274,43 @@ def frame_prefix_suffix(fmt: Format, ident: str, model: str) -> tuple[bytes, byt
     return b"data: " + head.encode(), tail.encode() + b"\n\n"
 
 
-def smallest_frame(fmt: Format, ident: str, model: str) -> int:
+def smallest_frame(fmt: Format, ident: str, model: str, event_id: int | None = None) -> int:
     prefix, suffix = frame_prefix_suffix(fmt, ident, model)
-    return len(prefix) + len(suffix)
+    return len(prefix) + len(suffix) + len(_id_line(event_id))
+
+
+def _id_line(event_id: int | None) -> bytes:
+    """An SSE `id:` line (what a reconnecting EventSource sends back as Last-Event-ID)."""
+    return b"" if event_id is None else b"id: %d\n" % event_id
 
 
 def frame_size(shape: ProbeShape, ident: str, model: str) -> int:
     """The bytes of every frame of `shape` for this request (`size`, or the default)."""
     fmt = shape.format or "chat"
-    least = smallest_frame(fmt, ident, model)
+    least = smallest_frame(fmt, ident, model, shape.frames if shape.event_ids else None)
     if shape.size is None:
         return least + 40
     if shape.size < least:
+        smaller = smallest_frame("text", ident, model, shape.frames if shape.event_ids else None)
+        hint = f" (format=text frames go down to {smaller})" if smaller < least else ""
         raise ProbeSpecError(
-            f"probe knob size={shape.size}: a {fmt} frame here is at least {least} "
-            f"bytes (format=text frames go down to {smallest_frame('text', ident, model)})"
+            f"probe knob size={shape.size}: a {fmt} frame here is at least {least} bytes{hint}"
         )
     return shape.size
 
 
-def frame(index: int, size: int, fmt: Format = "text", ident: str = "", model: str = "") -> bytes:
-    """Frame `index`: one `data:` event of exactly `size` bytes, its text seeded letters
-    and digits (seed: the frame's number)."""
+def frame(
+    index: int,
+    size: int,
+    fmt: Format = "text",
+    ident: str = "",
+    model: str = "",
+    event_id: int | None = None,
+) -> bytes:
+    """Frame `index`: one `data:` event of exactly `size` bytes (with its `id:` line when
+    `event_id` is given), its text seeded letters and digits (seed: the frame's number)."""
     prefix, suffix = frame_prefix_suffix(fmt, ident, model)
+    prefix = _id_line(event_id) + prefix
     room = size - len(prefix) - len(suffix)
     text = "".join(random.Random(index).choices(TEXT_ALPHABET, k=room))
     return prefix + text.encode() + suffix
@@ -293,7 +318,7 @@ def frame(index: int, size: int, fmt: Format = "text", ident: str = "", model: s
 
 # -- the plan ---------------------------------------------------------------------------------
 
-WriteKind = Literal["head", "frame", "heartbeat", "done", "last-chunk"]
+WriteKind = Literal["head", "retry", "frame", "heartbeat", "done", "last-chunk"]
 
 
 @dataclass(frozen=True)
@@ -359,11 +384,15 @@ def plan(
             beat += 1
         return end
 
+    if shape.retry is not None:
+        body.append((at, "retry", b"retry: %d\n\n" % round(shape.retry * 1000), -1))
     if shape.pause_after == 0:
         at = wait(at)
+    fmt = shape.format or "chat"
     for index in range(shape.frames):
         at += shape.period
-        body.append((at, "frame", frame(index, size, shape.format or "chat", ident, model), index))
+        event_id = index + 1 if shape.event_ids else None
+        body.append((at, "frame", frame(index, size, fmt, ident, model, event_id), index))
         if shape.pause_after is not None and index + 1 == shape.pause_after:
             at = wait(at)
     ending: list[tuple[float, WriteKind, bytes, int]] = []
@@ -396,6 +425,48 @@ def _head(shape: ProbeShape, framing: str, length: int, keep_alive: bool) -> byt
     if framing != "close" and not keep_alive:
         lines.append(b"connection: close")
     return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def timeline(played: Plan, request: bytes) -> list[tuple[float, Item]]:
+    """The exchange as stream items on the virtual clock (`faults.testing.replay`'s input):
+    the request at 0, each write at its due second, then the upstream's end (a FIN for a
+    close-delimited body or a cut, an RST for `rst`; nothing while a kept-alive connection
+    waits for its next request). What the probe upstream writes, without a socket."""
+    items: list[tuple[float, Item]] = [(0.0, Chunk(UP, request))]
+    items += [(write.at, Chunk(DOWN, write.data)) for write in played.writes]
+    if played.end == "rst":
+        items.append((played.end_at, Reset(DOWN)))
+    elif not played.keep_alive:
+        items.append((played.end_at, Eof(DOWN)))
+    return items
+
+
+def request_for(
+    shape: ProbeShape,
+    *,
+    host: str,
+    path: str = "/v1/chat/completions",
+    model: str = "middlebox-probe",
+    http10: bool = False,
+    extra_headers: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    """A streamed chat request asking for `shape` in both places a fingerprinter uses: the
+    header (the plainest) and a prompt line (what passes every gateway a chat passes)."""
+    knobs = shape.render()
+    content = f"{PROMPT_MARK} {knobs}"
+    body = json.dumps(
+        {"model": model, "stream": True, "messages": [{"role": "user", "content": content}]}
+    ).encode()
+    lines = [
+        f"POST {path} HTTP/{'1.0' if http10 else '1.1'}",
+        f"Host: {host}",
+        f"{HEADER}: {knobs}",
+        "Content-Type: application/json",
+        "Accept: text/event-stream",
+        *(f"{name}: {value}" for name, value in extra_headers),
+        f"Content-Length: {len(body)}",
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
 # -- where the knobs came from ----------------------------------------------------------------

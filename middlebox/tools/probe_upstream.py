@@ -54,6 +54,7 @@ MAX_TIMES = 10_000  # write times a record keeps (counts go on past it)
 HEAD_TIMEOUT = 30.0  # seconds for a request's head and body (nginx's client_header_timeout 60s)
 SEND_TIMEOUT = 60.0  # seconds one write may block on a reader that stopped (nginx send_timeout)
 CLOSE_WAIT = 1.0  # seconds after our FIN for the peer's, before the socket is closed
+REFUSE_WAIT = 0.1  # the same, after an error answer (and for a refused request to arrive)
 LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST
 
 
@@ -175,8 +176,7 @@ class ProbeUpstream:
             except OSError:
                 return
             if not self._slots.acquire(blocking=False):
-                _answer(sock, 503, {"error": "too many connections to the probe upstream"})
-                sock.close()
+                _refuse(sock)
                 continue
             peer = f"{address[0]}:{address[1]}"
             thread = threading.Thread(target=self._serve, args=(sock, peer), daemon=True)
@@ -203,23 +203,23 @@ class ProbeUpstream:
         path = (head.target or "").split("?", 1)[0].rstrip("/")
         keep = head.keep_alive
         if head.method == "GET" and path.endswith("/health"):
-            return _answer(connection.sock, 200, None, keep)
+            return _answer(connection, 200, None, keep)
         if head.method == "GET" and path.endswith("/v1/models"):
             models = {"object": "list", "data": [{"id": MODEL, "object": "model",
                                                   "owned_by": "middlebox"}]}  # fmt: skip
-            return _answer(connection.sock, 200, models, keep)
+            return _answer(connection, 200, models, keep)
         if head.method == "GET" and "/probe/requests" in path:
             ident = path.rsplit("/probe/requests", 1)[1].strip("/")
             if not ident:
-                return _answer(connection.sock, 200, {"ids": self.records()}, keep)
+                return _answer(connection, 200, {"ids": self.records()}, keep)
             found = self.record(ident)
             if found is None:
                 missing = _error(f"no record of request {ident!r}")
-                return _answer(connection.sock, 404, missing, keep)
-            return _answer(connection.sock, 200, found, keep)
+                return _answer(connection, 404, missing, keep)
+            return _answer(connection, 200, found, keep)
         if head.method == "POST" and path.endswith(("/v1/chat/completions", "/v1/completions")):
             return self._stream(connection, request, chat=path.endswith("/chat/completions"))
-        return _answer(connection.sock, 404, _error(f"no route for {head.method} {path}"), keep)
+        return _answer(connection, 404, _error(f"no route for {head.method} {path}"), keep)
 
     def _stream(self, connection: _Connection, request: _Request, *, chat: bool) -> bool:
         received, wall = self.now(), self.wall()
@@ -240,7 +240,7 @@ class ProbeUpstream:
             )
         except ValueError as error:  # ProbeSpecError and bad JSON alike
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
-            return _answer(connection.sock, 400, _error(message), head.keep_alive)
+            return _answer(connection, 400, _error(message), head.keep_alive)
         record = self._new_record(ident, connection, request, shape, source, plan)
         record["received_at"] = wall
         _Player(self, connection, plan, shape, record, received).play()
@@ -412,16 +412,27 @@ class _Player:
             _close_with_fin(self.connection)
 
 
-def _close_with_fin(connection: _Connection) -> None:
-    """Our FIN, then the peer's (bounded), so close() leaves no unread byte to turn into
-    an RST (RFC 2525 §2.17)."""
+def _close_with_fin(connection: _Connection, wait: float = CLOSE_WAIT) -> None:
+    """Our FIN, then the peer's (bounded by `wait`), so close() leaves no unread byte to
+    turn into an RST (RFC 2525 §2.17)."""
     try:
         connection.sock.shutdown(socket.SHUT_WR)
     except OSError:
         return
-    deadline = time.monotonic() + CLOSE_WAIT
+    deadline = time.monotonic() + wait
     while connection.closed is None and (left := deadline - time.monotonic()) > 0:
         connection.read_some(left)
+
+
+def _refuse(sock: socket.socket) -> None:
+    """A 503 for a connection past the limit, on the accepting thread: its request read
+    first and the close a FIN (a close with the request unread would be an RST, and the
+    client might never read the answer), each wait bounded by REFUSE_WAIT."""
+    with sock:
+        sock.settimeout(1.0)  # a 503 fits any socket buffer; a stuck peer is not waited for
+        connection = _Connection(sock, "")
+        connection.read_some(REFUSE_WAIT)
+        _answer(connection, 503, _error("too many connections to the probe upstream"))
 
 
 def _read_request(connection: _Connection) -> _Request | None:
@@ -439,11 +450,11 @@ def _read_request(connection: _Connection) -> _Request | None:
             elif piece.kind is PieceKind.BODY:
                 body += piece.data
                 if len(body) > MAX_BODY:
-                    _answer(connection.sock, 413, _error("request body over 1 MiB"), False)
+                    _answer(connection, 413, _error("request body over 1 MiB"), False)
                     return None
             elif piece.kind is PieceKind.OPAQUE:
                 reason = connection.framer.degraded or "not HTTP/1.x"
-                _answer(connection.sock, 400, _error(f"bad request: {reason}"), False)
+                _answer(connection, 400, _error(f"bad request: {reason}"), False)
                 return None
             if piece.end_of_message and head is not None:
                 return _Request(head, bytes(body), raw_head)
@@ -460,8 +471,11 @@ def _error(message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "invalid_request_error"}}
 
 
-def _answer(sock: socket.socket, status: int, payload: object, keep_alive: bool = False) -> bool:
-    """A whole JSON answer (Content-Length); True when the connection stays open."""
+def _answer(
+    connection: _Connection, status: int, payload: object, keep_alive: bool = False
+) -> bool:
+    """A whole JSON answer (Content-Length); True when the connection stays open, else
+    it is closed with a FIN (its unread bytes read first, bounded)."""
     reasons = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Content Too Large",
                503: "Service Unavailable"}  # fmt: skip
     data = b"" if payload is None else json.dumps(payload).encode() + b"\n"
@@ -471,7 +485,9 @@ def _answer(sock: socket.socket, status: int, payload: object, keep_alive: bool 
     if not keep_alive:
         head.append("connection: close")
     try:
-        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+        connection.sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + data)
     except OSError:
         return False
+    if not keep_alive:
+        _close_with_fin(connection, REFUSE_WAIT)
     return keep_alive

@@ -10,6 +10,9 @@ import json
 
 import pytest
 
+from faults.latency import Latency
+from faults.testing import replay
+from middlebox.core.stream import DOWN, Chunk, Eof, Reset
 from middlebox.scenario.probe_shape import (
     DONE,
     HEARTBEAT,
@@ -22,7 +25,9 @@ from middlebox.scenario.probe_shape import (
     knobs_in_request,
     parse_knobs,
     plan,
+    request_for,
     smallest_frame,
+    timeline,
 )
 
 
@@ -147,17 +152,35 @@ def test_header_knobs_go_into_the_head_and_a_connection_close_request_is_answere
     assert not played.keep_alive
 
 
+def test_retry_comes_after_the_head_and_event_ids_number_the_frames_within_their_size() -> None:
+    shape = parse_knobs("frames=12;size=48;format=text;retry=2500ms;event_ids=yes")
+    played = plan(shape, http10=True, ident="x", model="m")
+    assert [w.kind for w in played.writes[:3]] == ["head", "retry", "frame"]
+    assert played.writes[1].data == b"retry: 2500\n\n" and played.writes[1].at == 0.0
+    frames = [w.data for w in frames_of(played.writes)]
+    assert {len(f) for f in frames} == {48}
+    assert frames[0].startswith(b"id: 1\ndata: ") and frames[11].startswith(b"id: 12\ndata: ")
+    # the id line of the last (longest) number must fit too
+    least = smallest_frame("text", "x", "m", 12)
+    with pytest.raises(ProbeSpecError, match=f"a text frame here is at least {least} bytes$"):
+        plan(parse_knobs(f"frames=12;size={least - 1};format=text;event_ids=yes"), http10=True,
+             ident="x", model="m")  # fmt: skip
+    with pytest.raises(ProbeSpecError, match="probe knob event_ids=maybe: expected yes or no"):
+        parse_knobs("event_ids=maybe")
+
+
 def test_knobs_render_back_to_the_same_shape() -> None:
     text = ("frames=7;size=99;period=250ms;head_delay=1.5s;pause_after=3;pause=2s;"
-            "heartbeat=300ms;end=rst;framing=length;format=text;on_leave=ignore;"
-            "header=X-A: 1;id=run-7.a")  # fmt: skip
+            "heartbeat=300ms;end=rst;framing=length;format=text;on_leave=ignore;retry=3s;"
+            "event_ids=yes;header=X-A: 1;id=run-7.a")  # fmt: skip
     shape = parse_knobs(text)
     assert shape.render() == text
     assert parse_knobs(shape.render()) == shape
     assert ProbeShape().render() == ""
     as_object = {"frames": 7, "size": "99", "period": "250ms", "head_delay": "1.5s",
                  "pause_after": 3, "pause": "2s", "heartbeat": "300ms", "end": "rst",
-                 "framing": "length", "format": "text", "on_leave": "ignore",
+                 "framing": "length", "format": "text", "on_leave": "ignore", "retry": "3s",
+                 "event_ids": True,
                  "header": {"X-A": "1"}, "id": "run-7.a"}  # fmt: skip
     assert parse_knobs(as_object) == shape
 
@@ -216,3 +239,37 @@ def test_a_requests_knobs_come_from_the_header_then_the_body_then_the_prompt() -
         "default", None)  # fmt: skip
     with pytest.raises(ProbeSpecError, match="middlebox_probe: expected a string"):
         knobs_in_request(None, {"middlebox_probe": 3})
+
+
+def test_a_plans_timeline_replays_through_a_fault_on_the_virtual_clock() -> None:
+    # what a fitter does: the probe's writes through a candidate path, no socket, no sleep
+    shape = parse_knobs("frames=4;size=64;period=20ms;format=text;end=fin")
+    played = plan(shape, http10=True, ident="v", model="m")
+    sent = timeline(played, request_for(shape, host="probe"))
+    assert sent[-1] == (pytest.approx(0.08), Eof(DOWN))
+    out = replay(Latency(delay=0.1, direction="downstream"), sent)
+    down = [(t, i.data) for t, i in out if isinstance(i, Chunk) and i.direction is DOWN]
+    assert down == [(pytest.approx(w.at + 0.1), w.data) for w in played.writes]
+    assert (pytest.approx(0.18), Eof(DOWN)) in out
+    reset = timeline(plan(parse_knobs("frames=1;end=rst"), http10=False, ident="r", model="m"), b"")
+    assert reset[-1] == (pytest.approx(0.05), Reset(DOWN))
+    kept = timeline(plan(parse_knobs("frames=1"), http10=False, ident="k", model="m"), b"")
+    assert isinstance(kept[-1][1], Chunk)  # a kept-alive connection waits for the next request
+
+
+def test_a_fingerprinters_request_carries_the_knobs_in_the_header_and_the_prompt() -> None:
+    shape = parse_knobs("frames=3;pause_after=1;pause=2s;id=fp-1")
+    data = request_for(shape, host="api.example.com", path="/llm/v1/chat/completions")
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /llm/v1/chat/completions HTTP/1.1"
+    header = next(line for line in lines if line.startswith("X-Middlebox-Probe: "))
+    parsed = json.loads(body)
+    assert f"Content-Length: {len(body)}" in lines and parsed["stream"] is True
+    source, knobs = knobs_in_request(header.partition(": ")[2], parsed)
+    assert (source, parse_knobs(knobs)) == ("header", shape)  # type: ignore[arg-type]
+    source, knobs = knobs_in_request(None, parsed)  # a gateway dropped the header
+    assert (source, parse_knobs(knobs)) == ("prompt", shape)  # type: ignore[arg-type]
+    assert request_for(shape, host="h", http10=True).startswith(
+        b"POST /v1/chat/completions HTTP/1.0"
+    )

@@ -317,6 +317,7 @@ def test_a_record_blanks_credentials_and_keeps_their_names(probe: ProbeUpstream)
 
 
 def test_the_command_prints_its_port_first_serves_and_says_a_busy_port_in_one_line() -> None:
+    # and a SIGTERM (a container's stop) ends it with status 0
     process = subprocess.Popen(
         [sys.executable, "-m", "middlebox", "probe-upstream", "--port", "0", "--keep", "4"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -345,5 +346,21 @@ def test_the_command_prints_its_port_first_serves_and_says_a_busy_port_in_one_li
             "one)"
         ]
     finally:
-        stop(process, signal.SIGINT)
+        stop(process, signal.SIGTERM)
     assert process.returncode == 0
+
+
+def test_a_connection_past_the_limit_gets_a_503_and_the_first_stream_goes_on() -> None:
+    with ProbeUpstream("127.0.0.1", 0, max_connections=1) as server:
+        knobs = "frames=50;size=40;period=10ms;format=text;id=first"
+        with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as first:
+            first.sendall(request(knobs))
+            read_frames(first, 1)
+            refused = exchange(server.port, request("frames=1;id=second"))
+            received = b""
+            while chunk := first.recv(65536):
+                received += chunk
+        assert refused.startswith(b"HTTP/1.1 503 Service Unavailable")
+        assert b"too many connections to the probe upstream" in refused
+        assert received.endswith(b"0\r\n\r\n") and settled(server, "first")["ended"] == "done"
+        assert server.records() == ["first"]
