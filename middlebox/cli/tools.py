@@ -139,7 +139,7 @@ def probe_upstream(host: str, port: int, keep: int) -> None:
     except OSError as error:
         said = str(startup_error(error, f"{host}:{port}"))  # the proxy's advice, our flag
         raise click.ClickException(said.replace("--listen port", "--port")) from None
-    say(f"listening on http://{host}:{server.port}")
+    say(f"listening on http://{f'[{host}]' if ':' in host else host}:{server.port}")
     # SIGTERM (docker stop, a Kubernetes pod's end) stops it as Ctrl-C does, exit status 0
     signal.signal(signal.SIGTERM, lambda *_: server.close())
     try:

@@ -25,9 +25,12 @@ the head `head_delay` after the request, frame k at `head_delay + k * period`, a
 `pause` after frame `pause_after` (0: after the head) during which a `: keep-alive` comment
 goes out every `heartbeat`, then the end: `done` (`data: [DONE]` and the message's proper
 end), `clean` (the proper end without `[DONE]`), `fin` (a close with the message cut:
-no `[DONE]`, no last chunk, Content-Length short) or `rst` (a TCP reset). The text of
-frame k is seeded letters and digits (seed k), so frames differ and a gzip hop compresses
-them about as much as model text.
+no `[DONE]`, no last chunk, Content-Length short) or `rst` (a TCP reset). `retry=` puts
+a `retry:` field after the head and `event_ids=yes` an `id:` line in each frame (within its
+size), to see whether a path passes them. The text of frame k is seeded letters and digits
+(seed k), so frames differ and a gzip hop compresses them about as much as model text.
+`timeline` turns a plan into stream items for `faults.testing.replay`, and `request_for`
+writes the request a fingerprinter sends (the knobs in the header and in the prompt).
 """
 
 from __future__ import annotations

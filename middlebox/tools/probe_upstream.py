@@ -31,6 +31,7 @@ import copy
 import dataclasses
 import errno
 import json
+import math
 import select
 import socket
 import struct
@@ -49,6 +50,7 @@ MODEL = "middlebox-probe"
 KEEP = 256  # records kept (the newest)
 MAX_CONNECTIONS = 256
 MAX_BODY = 1024 * 1024  # a request body past this is refused (413)
+MAX_PENDING = 2 * MAX_BODY  # bytes a connection may send ahead of its answers
 BODY_KEEP = 64 * 1024  # bytes of each request body a record keeps
 MAX_TIMES = 10_000  # write times a record keeps (counts go on past it)
 HEAD_TIMEOUT = 30.0  # seconds for a request's head and body (nginx's client_header_timeout 60s)
@@ -64,20 +66,31 @@ class _ClientLeft(Exception):
 
 @dataclass
 class _Connection:
+    """One client connection: its socket, the framer of what it sends, and how its side
+    ended. Bytes sent while a response streams (a pipelined request) are framed and kept
+    up to MAX_PENDING; past that they are dropped and the connection ends after the
+    response (`overflow`), while a FIN or an RST is still seen."""
+
     sock: socket.socket
     peer: str
     framer: Http1Framer = field(default_factory=lambda: Http1Framer("request"))
     pieces: collections.deque[Piece] = field(default_factory=collections.deque)
-    closed: str | None = None  # "fin" or "rst" once the peer's side is gone
+    closed: str | None = None  # "fin", "rst" or "error" once the peer's side is gone
     closed_errno: str | None = None
+    pending: int = 0  # bytes framed and not yet taken by _read_request
+    overflow: bool = False
+    _poller: Any = None
 
     def read_some(self, timeout: float | None) -> bool:
-        """Wait up to `timeout` for bytes (None: poll once); frame them. False when the
-        wait ended with nothing new (nothing readable)."""
+        """Wait up to `timeout` seconds for bytes (None: poll once); frame them. False
+        when the wait ended with nothing new. poll(2), not select(2): any fd number."""
         if self.closed is not None:
             return False
-        readable, _, _ = select.select([self.sock], [], [], timeout or 0)
-        if not readable:
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self.sock, select.POLLIN)
+        # rounded up: waking before a write is due would spin on a zero wait
+        if not self._poller.poll(math.ceil(timeout * 1000) if timeout else 0):
             return False
         try:
             data = self.sock.recv(65536)
@@ -89,6 +102,10 @@ class _Connection:
             self.closed = "fin"
             self.pieces.extend(self.framer.feed_eof())
             return True
+        if self.pending + len(data) > MAX_PENDING:
+            self.overflow = True
+            return True
+        self.pending += len(data)
         self.pieces.extend(self.framer.feed(data))
         return True
 
@@ -113,7 +130,8 @@ class ProbeUpstream:
         keep: int = KEEP,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        self._listener = socket.create_server((host, port), reuse_port=False)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, port), family=family)
         self.host = host
         self.port: int = self._listener.getsockname()[1]
         self._keep = keep
@@ -178,7 +196,11 @@ class ProbeUpstream:
             if not self._slots.acquire(blocking=False):
                 _refuse(sock)
                 continue
-            peer = f"{address[0]}:{address[1]}"
+            peer = (
+                f"[{address[0]}]:{address[1]}"
+                if ":" in address[0]
+                else f"{address[0]}:{address[1]}"
+            )
             thread = threading.Thread(target=self._serve, args=(sock, peer), daemon=True)
             thread.start()
 
@@ -231,7 +253,9 @@ class ProbeUpstream:
             shape = probe_shape.parse_knobs(knobs) if knobs is not None else ProbeShape()
             if shape.format is None:
                 shape = dataclasses.replace(shape, format="chat" if chat else "completion")
-            if not isinstance(body, dict) or body.get("stream") is False:
+            if not isinstance(body, dict):
+                raise ProbeSpecError("the request body is not a JSON object")
+            if body.get("stream") is False:
                 raise ProbeSpecError('the probe upstream only streams: send "stream": true')
             ident = shape.id or self._next_id()
             model = str(body.get("model") or MODEL)
@@ -241,8 +265,7 @@ class ProbeUpstream:
         except ValueError as error:  # ProbeSpecError and bad JSON alike
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
             return _answer(connection, 400, _error(message), head.keep_alive)
-        record = self._new_record(ident, connection, request, shape, source, plan)
-        record["received_at"] = wall
+        record = self._new_record(ident, wall, connection, request, shape, source, plan)
         _Player(self, connection, plan, shape, record, received).play()
         return plan.keep_alive and record["ended"] in ("done", "clean")
 
@@ -254,6 +277,7 @@ class ProbeUpstream:
     def _new_record(
         self,
         ident: str,
+        wall: float,
         connection: _Connection,
         request: _Request,
         shape: ProbeShape,
@@ -263,7 +287,7 @@ class ProbeUpstream:
         head = request.head
         record: dict[str, Any] = {
             "id": ident,
-            "received_at": self.wall(),
+            "received_at": wall,
             "peer": connection.peer,
             # anyone who reaches the route reads records: credentials are blanked by the
             # journal's rule (Authorization, *-Key, *token fields ...), names and sizes kept
@@ -443,8 +467,11 @@ def _read_request(connection: _Connection) -> _Request | None:
     raw_head = b""
     body = bytearray()
     while True:
+        if connection.overflow:
+            return None
         while connection.pieces:
             piece = connection.pieces.popleft()
+            connection.pending -= len(piece.data)
             if piece.kind is PieceKind.HEAD:
                 head, raw_head = piece.head, piece.data
             elif piece.kind is PieceKind.BODY:

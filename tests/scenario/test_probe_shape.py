@@ -267,9 +267,9 @@ def test_a_fingerprinters_request_carries_the_knobs_in_the_header_and_the_prompt
     parsed = json.loads(body)
     assert f"Content-Length: {len(body)}" in lines and parsed["stream"] is True
     source, knobs = knobs_in_request(header.partition(": ")[2], parsed)
-    assert (source, parse_knobs(knobs)) == ("header", shape)  # type: ignore[arg-type]
+    assert (source, parse_knobs(knobs)) == ("header", shape)
     source, knobs = knobs_in_request(None, parsed)  # a gateway dropped the header
-    assert (source, parse_knobs(knobs)) == ("prompt", shape)  # type: ignore[arg-type]
+    assert (source, parse_knobs(knobs)) == ("prompt", shape)
     assert request_for(shape, host="h", http10=True).startswith(
         b"POST /v1/chat/completions HTTP/1.0"
     )

@@ -8,6 +8,7 @@ one line; records stay bounded. Every socket has a timeout, every wait a bound."
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -38,7 +39,7 @@ def request(
     *,
     version: str = "1.1",
     path: str = "/v1/chat/completions",
-    body: dict[str, Any] | None = None,
+    body: dict[str, Any] | list[int] | None = None,
     close: bool = True,
     extra: str = "",
 ) -> bytes:
@@ -239,6 +240,7 @@ BAD_JSON = (
         (request(body={"stream": False}), 'the probe upstream only streams: send "stream": true'),
         (request("framing=chunked", version="1.0"), "framing=chunked: this request is HTTP/1.0"),
         (BAD_JSON, "Expecting property name"),
+        (request(body=[1]), "the request body is not a JSON object"),
     ],
 )
 def test_a_bad_knob_is_a_400_with_one_line(probe: ProbeUpstream, data: bytes, message: str) -> None:
@@ -364,3 +366,30 @@ def test_a_connection_past_the_limit_gets_a_503_and_the_first_stream_goes_on() -
         assert b"too many connections to the probe upstream" in refused
         assert received.endswith(b"0\r\n\r\n") and settled(server, "first")["ended"] == "done"
         assert server.records() == ["first"]
+
+
+def test_an_ipv6_loopback_probe_records_the_peer_in_brackets() -> None:
+    if not socket.has_ipv6 and not os.environ.get("CI"):
+        pytest.skip("no IPv6 on this machine")  # never skipped in CI
+    with ProbeUpstream("::1", 0) as server:
+        with socket.create_connection(("::1", server.port), timeout=WAIT) as sock:
+            sock.sendall(request("frames=1;size=40;format=text;id=v6"))
+            while sock.recv(65536):
+                pass
+        assert settled(server, "v6")["peer"].startswith("[::1]:")
+
+
+def test_a_client_that_sends_megabytes_while_it_reads_is_closed_after_its_answer(
+    probe: ProbeUpstream,
+) -> None:
+    knobs = "frames=20;size=40;period=5ms;format=text;id=flood"
+    with socket.create_connection(("127.0.0.1", probe.port), timeout=WAIT) as sock:
+        sock.sendall(request(knobs, close=False))
+        read_frames(sock, 1)
+        sock.sendall(b"x" * (3 * 1024 * 1024))  # past what the probe keeps ahead of answers
+        received = b""
+        while chunk := sock.recv(65536):  # the probe closes: a hang is a timeout here
+            received += chunk
+    record = settled(probe, "flood")
+    assert record["ended"] == "done" and record["frames_written"] == 20
+    assert received.endswith(b"0\r\n\r\n")
