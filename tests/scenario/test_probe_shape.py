@@ -273,3 +273,15 @@ def test_a_fingerprinters_request_carries_the_knobs_in_the_header_and_the_prompt
     assert request_for(shape, host="h", http10=True).startswith(
         b"POST /v1/chat/completions HTTP/1.0"
     )
+
+
+def test_a_pause_after_the_last_frame_delays_the_end() -> None:
+    # a stream that goes quiet and is then cut: what an idle timeout after the head sees
+    played = plan(parse_knobs("frames=2;period=50ms;pause_after=2;pause=3s;end=rst"),
+                  http10=False, ident="x", model="m")  # fmt: skip
+    assert played.writes[-1].at == pytest.approx(0.1)
+    assert played.end_at == pytest.approx(3.1) and played.end == "rst"
+    done = plan(parse_knobs("frames=2;period=50ms;pause_after=2;pause=3s"), http10=False,
+                ident="x", model="m")  # fmt: skip
+    assert [(w.kind, w.at) for w in done.writes[-2:]] == [
+        ("done", pytest.approx(3.1)), ("last-chunk", pytest.approx(3.1))]  # fmt: skip
