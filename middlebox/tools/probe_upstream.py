@@ -8,13 +8,13 @@ the body's `middlebox_probe` field, or a `middlebox-probe:` line in the prompt),
 on the plan's absolute schedule; `GET .../v1/models` and `GET .../health` as vLLM does; and
 `GET .../probe/requests/ID` with the record of request ID: its request line, HTTP version,
 headers and body as they arrived (after every hop; credentials blanked by the journal's
-redaction rule), the peer address, and every write's
-time, how late it ran, and when and how it learned the client left: a FIN (the peer's EOF
-on the read side), an RST (ECONNRESET), or a failed write, with the frames written before
-and after. Paths match by their end, so a route prefix (`/probe-llm/v1/...`) works as is.
+redaction rule), the peer address, and every write's time, how late it ran, and when and
+how it learned the client left: a FIN (the peer's EOF on the read side), an RST
+(ECONNRESET), or a failed write, with the frames written before and after. Paths match by
+their end, so a route prefix (`/probe-llm/v1/...`) works as is.
 
 It learns of a leave the moment it happens, also during a pause: between writes it waits in
-`select()` on the socket, as an event loop does. On a leave it stops (`on_leave=stop`, as
+`poll()` on the socket, as an event loop does. On a leave it stops (`on_leave=stop`, as
 vLLM aborts a request whose client disconnected) or writes on until a write fails
 (`on_leave=ignore`, an upstream that ignores half-closes), which shows how long a hop keeps
 its upstream connection after its client left.
@@ -166,7 +166,8 @@ class ProbeUpstream:
             self._accepting.join(timeout=5)
 
     def serve_forever(self) -> None:
-        """Serve until interrupted (Ctrl-C or SIGTERM's KeyboardInterrupt)."""
+        """Serve until Ctrl-C (KeyboardInterrupt) or `close()` (the command calls it on
+        SIGTERM)."""
         self.start()
         try:
             while not self._closing.wait(1.0):

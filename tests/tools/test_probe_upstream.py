@@ -393,3 +393,11 @@ def test_a_client_that_sends_megabytes_while_it_reads_is_closed_after_its_answer
     record = settled(probe, "flood")
     assert record["ended"] == "done" and record["frames_written"] == 20
     assert received.endswith(b"0\r\n\r\n")
+
+
+def test_a_clean_end_closes_the_chunked_body_without_done(probe: ProbeUpstream) -> None:
+    knobs = "frames=2;size=40;period=5ms;format=text;end=clean;id=clean"
+    received = exchange(probe.port, request(knobs))
+    assert received == expected(knobs)
+    assert received.endswith(b"\r\n0\r\n\r\n") and b"[DONE]" not in received
+    assert settled(probe, "clean")["ended"] == "clean"
