@@ -138,7 +138,7 @@ ROOMS: dict[str, Room] = {
         rooms("core", "scenario", "library", "shell", "observe", "report", "clients", "compose"),
     ),
     "tools": Room(
-        "load generation, the Locust file, the soak test, the cassette recorder",
+        "load generation, the Locust file, soak, the cassette recorder, the probe upstream",
         rooms("core", "scenario", "shell", "observe", "run", "compose"),
     ),
     "cli": Room(

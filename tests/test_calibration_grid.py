@@ -28,10 +28,9 @@ from calibrate.shapes import (
     SHAPES,
     FixedUpstream,
     Shape,
-    framed,
-    parse_prompt,
     prompt_for,
 )
+from middlebox.scenario.probe_shape import PROMPT_MARK, parse_knobs, plan
 
 TINY = Shape("tiny", frame_bytes=30, period=0.001, frames=12)
 
@@ -64,14 +63,18 @@ def test_a_shape_refuses_what_it_cannot_play() -> None:
         Shape("x", frame_bytes=40, period=0.01, frames=1, cancel="close", cancel_after=1)
 
 
-def test_prompts_carry_the_shape_and_a_tag() -> None:
-    assert parse_prompt(prompt_for(SHAPES["1KB-100ms"], "nginx-real")) == (
-        "1KB-100ms",
-        "nginx-real",
-    )
-    assert parse_prompt("nothing") == ("", "")
-    assert framed(b"abc", http10=True) == b"abc"
-    assert framed(b"abc", http10=False) == b"3\r\nabc\r\n"
+def test_prompts_carry_the_shapes_knobs_and_a_tag() -> None:
+    shape = SHAPES["pause-600ms-comments"]
+    prompt = prompt_for(shape, "nginx-real")
+    assert prompt.startswith(PROMPT_MARK)
+    knobs = parse_knobs(prompt[len(PROMPT_MARK) :])
+    assert (knobs.id, knobs.frames, knobs.size, knobs.format) == ("nginx-real", 40, 250, "text")
+    played = plan(knobs, http10=True, ident="nginx-real", model="m")
+    frames = [w for w in played.writes if w.kind == "frame"]
+    assert [w.data for w in frames] == [shape.frame(i) for i in range(shape.frames)]
+    # the 600 ms pause after the 10th frame, `: keep-alive` every 100 ms within it
+    assert frames[10].at - frames[9].at == pytest.approx(0.6 + shape.period)
+    assert sum(w.kind == "heartbeat" for w in played.writes) == 5
 
 
 def raw_exchange(port: int, request: bytes) -> bytes:
@@ -85,8 +88,10 @@ def raw_exchange(port: int, request: bytes) -> bytes:
 
 def completion(shape: Shape, tag: str, version: str = "1.1") -> bytes:
     body = b'{"prompt": "%s"}' % prompt_for(shape, tag).encode()
+    # the probe upstream keeps an HTTP/1.1 connection alive; this reader reads to its close
     return (
-        f"POST /v1/completions HTTP/{version}\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"POST /v1/completions HTTP/{version}\r\nHost: x\r\nConnection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
 
 
@@ -99,14 +104,14 @@ def test_the_fixed_upstream_answers_http10_close_delimited_and_http11_chunked(
         new = raw_exchange(upstream.port, completion(TINY, "new"))
         assert upstream.ledger("old")["finished_at"] and upstream.ledger("new")["finished_at"]
         assert len(upstream.ledger("new")["token_times"]) == TINY.frames
-        unknown = raw_exchange(upstream.port, completion(Shape("nope", 40, 0.01, 1), "x"))
+        unknown = raw_exchange(upstream.port, completion(Shape("nope", 40, 0.01, 1), "x y"))
     head, _, body = old.partition(b"\r\n\r\n")
     assert b"connection: close" in head and b"transfer-encoding" not in head
     assert body == b"".join(TINY.frame(i) for i in range(TINY.frames)) + b"data: [DONE]\n\n"
     head, _, body = new.partition(b"\r\n\r\n")
     assert b"transfer-encoding: chunked" in head
     assert body.startswith(b"1e\r\n" + TINY.frame(0) + b"\r\n") and body.endswith(b"\r\n0\r\n\r\n")
-    assert unknown.startswith(b"HTTP/1.1 404")
+    assert unknown.startswith(b"HTTP/1.1 400") and b"probe knob id=x y" in unknown
 
 
 def test_heartbeats_fill_a_pause_and_count_as_no_token(monkeypatch: pytest.MonkeyPatch) -> None:

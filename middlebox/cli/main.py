@@ -2,8 +2,8 @@
 
 Thin: each command parses its options and calls one importable function; the commands live
 by group in `cli/proxy.py` (the proxy), `cli/run.py` (run, scenarios, replay, drills) and
-`cli/tools.py` (validate, schema, pcap, record, load); `cli/targets.py` is the scenario
-argument (a path or a library name). `main` is the console script
+`cli/tools.py` (validate, schema, pcap, record, load, probe-upstream); `cli/targets.py` is the
+scenario argument (a path or a library name). `main` is the console script
 (pyproject: `middlebox = "middlebox.cli.main:main"`).
 """
 
@@ -16,7 +16,7 @@ import click
 from middlebox import __version__
 from middlebox.cli.proxy import proxy
 from middlebox.cli.run import drill, replay, run, scenarios
-from middlebox.cli.tools import load, pcap, record, schema, validate
+from middlebox.cli.tools import load, pcap, probe_upstream, record, schema, validate
 from middlebox.shell.lifetime import interruptible
 
 
@@ -43,7 +43,19 @@ def main(verbose: int) -> None:
 
 
 # In the order of the old single-module command line (help lists them sorted anyway).
-for command in (proxy, validate, schema, run, scenarios, replay, pcap, drill, record, load):
+for command in (
+    proxy,
+    validate,
+    schema,
+    run,
+    scenarios,
+    replay,
+    pcap,
+    drill,
+    record,
+    load,
+    probe_upstream,
+):
     main.add_command(command)
 
 

@@ -1,9 +1,10 @@
-"""`middlebox validate`, `schema`, `pcap`, `record` and `load`: the scenario format and the
-tools around a run, each command one call into the room that does the work."""
+"""`middlebox validate`, `schema`, `pcap`, `record`, `load` and `probe-upstream`: the scenario
+format and the tools around a run, each command one call into the room that does the work."""
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -107,6 +108,42 @@ def record(upstream: str, listen_at: str, out: str) -> None:
                 listen_address, upstream_address, Path(out), ready=ready, on_cassette=saved
             )
         )
+    except KeyboardInterrupt:
+        pass
+
+
+@click.command("probe-upstream")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 to stand behind an ingress).")  # fmt: skip
+@click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535),
+              help="Port; 0 picks a free one (the first stdout line says which).")  # fmt: skip
+@click.option("--keep", default=256, show_default=True, type=click.IntRange(1, 100_000),
+              help="Request records kept for GET /probe/requests/ID (the newest).")  # fmt: skip
+def probe_upstream(host: str, port: int, keep: int) -> None:
+    """Serve the OpenAI wire with a stream of exactly the shape each request asks for, and
+    record what reached it (docs/fingerprint.md).
+
+    \b
+    Example:
+      middlebox probe-upstream --host 0.0.0.0 --port 8000   # where the LLM server stands
+      curl -N https://my-ingress/v1/chat/completions \\
+           -H 'X-Middlebox-Probe: frames=10;period=200ms;id=t1' \\
+           -d '{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+      curl https://my-ingress/probe/requests/t1   # what arrived, when it learned you left
+    """
+    from middlebox.cli.proxy import say, startup_error
+    from middlebox.tools.probe_upstream import ProbeUpstream
+
+    try:
+        server = ProbeUpstream(host, port, keep=keep)
+    except OSError as error:
+        said = str(startup_error(error, f"{host}:{port}"))  # the proxy's advice, our flag
+        raise click.ClickException(said.replace("--listen port", "--port")) from None
+    say(f"listening on http://{f'[{host}]' if ':' in host else host}:{server.port}")
+    # SIGTERM (docker stop, a Kubernetes pod's end) stops it as Ctrl-C does, exit status 0
+    signal.signal(signal.SIGTERM, lambda *_: server.close())
+    try:
+        server.serve_forever()
     except KeyboardInterrupt:
         pass
 

@@ -7,6 +7,7 @@ load      files and text to a Scenario: limits, top-level keys, the fault path
 presets   `- preset: NAME` (and its `set:`) expanded in a path
 schema    the JSON Schema of the format, generated from the registry
 workload  the clients' `workload:` block
+probe_shape  the probe upstream's stream shapes: knobs, frames and the plan of writes
 
 Rule: pure (core + pyyaml); never imports faults (the registry is passed in by the
 composition root), the shell, or anything that runs.

@@ -169,6 +169,8 @@ def test_the_wheel_holds_the_library_the_drills_and_the_clients_sources(
     for source in NODE_SOURCES:
         assert f"middlebox/clients/node/{source}" in names
     assert "middlebox/clients/locks/openai-v2.txt" in names
+    # `middlebox probe-upstream`, what a user deploys behind an ingress, and its shapes
+    assert {"middlebox/tools/probe_upstream.py", "middlebox/scenario/probe_shape.py"} <= names
     assert not [n for n in names if "node_modules" in n or n.startswith(("tests/", "docs/"))]
 
 
