@@ -138,7 +138,8 @@ ROOMS: dict[str, Room] = {
         rooms("core", "scenario", "library", "shell", "observe", "report", "clients", "compose"),
     ),
     "tools": Room(
-        "load generation, the Locust file, soak, the cassette recorder, the probe upstream",
+        "load generation, the Locust file, soak, the cassette recorder, the probe upstream, "
+        "the fingerprinter",
         rooms("core", "scenario", "shell", "observe", "run", "compose"),
     ),
     "cli": Room(

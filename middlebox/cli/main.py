@@ -16,7 +16,15 @@ import click
 from middlebox import __version__
 from middlebox.cli.proxy import proxy
 from middlebox.cli.run import drill, replay, run, scenarios
-from middlebox.cli.tools import load, pcap, probe_upstream, record, schema, validate
+from middlebox.cli.tools import (
+    fingerprint,
+    load,
+    pcap,
+    probe_upstream,
+    record,
+    schema,
+    validate,
+)
 from middlebox.shell.lifetime import interruptible
 
 
@@ -55,6 +63,7 @@ for command in (
     record,
     load,
     probe_upstream,
+    fingerprint,
 ):
     main.add_command(command)
 

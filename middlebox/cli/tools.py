@@ -1,5 +1,6 @@
-"""`middlebox validate`, `schema`, `pcap`, `record`, `load` and `probe-upstream`: the scenario
-format and the tools around a run, each command one call into the room that does the work."""
+"""`middlebox validate`, `schema`, `pcap`, `record`, `load`, `probe-upstream` and
+`fingerprint`: the scenario format and the tools around a run, each command one call into
+the room that does the work."""
 
 from __future__ import annotations
 
@@ -146,6 +147,49 @@ def probe_upstream(host: str, port: int, keep: int) -> None:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
+
+
+@click.command()
+@click.argument("url")
+@click.option("--direct", metavar="URL",
+              help="The probe upstream without the path, measured too as a baseline.")  # fmt: skip
+@click.option("--budget", default=60.0, show_default=True, metavar="SECONDS",
+              type=click.FloatRange(10, 3600),
+              help="Seconds the measures may take in all (split with --direct).")  # fmt: skip
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the measures as JSON to this file.")  # fmt: skip
+def fingerprint(url: str, direct: str | None, budget: float, json_path: Path | None) -> None:
+    """Measure what the path in front of `middlebox probe-upstream` does to a token stream:
+    how much it holds and what releases it, the HTTP version and framing each way, the
+    headers it changes, whether it honours X-Accel-Buffering: no, and how long until the
+    upstream learns that a client left (docs/fingerprint.md).
+
+    \b
+    Example:
+      middlebox probe-upstream --port 8000             # where the LLM server stands
+      middlebox fingerprint https://my-ingress/probe-llm/v1 --direct http://10.0.0.5:8000/v1
+    """
+    from middlebox.tools.fingerprint import FingerprintError, write_json
+    from middlebox.tools.fingerprint import fingerprint as measure_path
+
+    def progress(line: str) -> None:
+        click.echo(f"fingerprint: {line}", err=True)
+
+    try:
+        document = measure_path(url, direct=direct, budget=budget, progress=progress)
+    except FingerprintError as error:
+        raise click.ClickException(str(error)) from None
+    for line in document["summary"]:
+        click.echo(line)
+    if "direct" in document:
+        click.echo("Directly, without the path:")
+        for line in document["direct"]["summary"][1:]:
+            click.echo(f"  {line}")
+    if json_path is not None:
+        try:
+            write_json(document, json_path)
+        except OSError as error:
+            raise click.ClickException(f"{json_path}: cannot write ({error.strerror})") from None
 
 
 @click.command()

@@ -1,0 +1,472 @@
+"""What a path does to a probe stream: the fingerprinter's measures, from plain data.
+
+`middlebox fingerprint` (middlebox/tools/fingerprint.py) sends probe shapes
+(probe_shape.request_for) through a path and keeps three things per request: the client's
+reads (`Read`: seconds after the request was sent, and the bytes), the probe's plan (what
+it wrote, byte for byte) and the probe's record (when it wrote each frame, on its own
+clock, and what reached it). This module turns them into measures, each a value with its
+uncertainty, without a socket or a clock, so a virtual-clock test feeds it a fault's
+output (`faults.testing.replay` over `probe_shape.timeline`) and gets the same answer as
+a real path:
+
+- `hold`: the bursts the client read (reads closer than half a period are one burst),
+  each burst's size in bytes of the upstream's response (its head and chunk framing
+  counted, as a proxy buffer counts what it reads), and how long each frame waited
+  beyond the fastest one (the path's transit). A hold is released by a buffer size (the
+  bursts of two shapes with the same bytes and different periods agree in bytes), a
+  timer (they agree in time) or the response's end (one burst, after the last write).
+- `header_changes`: fields added, removed or changed, request (sent vs recorded) or
+  response (the probe's head vs the client's).
+- `framing`: the HTTP version and framing toward the upstream, and toward the client
+  (re-chunked when the client's chunks are not the probe's writes).
+- `leave`: how long after the client closed the upstream learned, and the frames it
+  wrote in between.
+
+The client's and the probe's clocks are not compared directly (the probe may run on
+another machine): a frame's delay is its arrival minus its write, and the smallest delay
+of a stream is taken as the path's transit, so a hold is the delay beyond it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from middlebox.core.http1 import Http1Framer, PieceKind
+from middlebox.scenario.probe_shape import Plan, ProbeShape
+
+# A burst is reads closer than this share of the shape's period: a path that forwards
+# every write gives one read per write, a period apart.
+BURST_GAP = 0.5
+# A frame delayed by less than this (seconds, beyond the transit) is not held: scheduling
+# on a loaded 2-core machine delays single writes by a few milliseconds.
+HOLD_FLOOR = 0.015
+# A stream is held when at least this share of its frames wait: a hold makes most frames
+# wait (all but the one that fills a buffer), a client descheduled for 50 ms a few.
+HELD_SHARE = 0.2
+
+# The hold shapes: the same length (~1 s), the second twice the bytes per second, so a
+# buffer's bursts keep their size and a timer's their interval (`release`); the third is
+# the first with the knob that asks nginx-like hops not to buffer.
+HOLD_A = ProbeShape(frames=48, size=256, period=0.02)
+HOLD_B = ProbeShape(frames=48, size=512, period=0.02)
+ACCEL = ProbeShape(frames=48, size=256, period=0.02, headers=(("X-Accel-Buffering", "no"),))
+
+
+@dataclass(frozen=True)
+class Read:
+    """One read of the client: `at` seconds after its request was sent."""
+
+    at: float
+    data: bytes
+
+
+@dataclass
+class Response:
+    """The client's reads decoded: the head, the framing, the body (chunk framing
+    removed) and `body_at`, the body bytes received by the end of each read."""
+
+    status: int | None = None
+    version: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    head_at: float | None = None
+    framing: str = "none"  # chunked, length, close
+    chunks: int = 0
+    body: bytearray = field(default_factory=bytearray)
+    body_at: list[tuple[float, int]] = field(default_factory=list)
+    complete: bool = False
+
+    def header(self, name: str) -> str | None:
+        found = [v for n, v in self.headers if n.lower() == name.lower()]
+        return ", ".join(found) if found else None
+
+
+class Decoder:
+    """A response decoded read by read (`feed`, then `eof` when the peer closed)."""
+
+    def __init__(self, method: str = "POST") -> None:
+        self.framer = Http1Framer("response")
+        self.framer.expect_response_to(method)
+        self.response = Response()
+        self.last = 0.0
+
+    def feed(self, read: Read) -> Response:
+        self.last = read.at
+        _take(self.response, self.framer.feed(read.data), read.at)
+        return self.response
+
+    def eof(self) -> Response:
+        _take(self.response, self.framer.feed_eof(), self.last)
+        return self.response
+
+
+def decode(reads: Sequence[Read], *, ended: bool = True, method: str = "POST") -> Response:
+    """The response in `reads` (`ended`: the peer closed after the last one)."""
+    decoder = Decoder(method)
+    for read in reads:
+        decoder.feed(read)
+    return decoder.eof() if ended else decoder.response
+
+
+def _take(response: Response, pieces: Sequence[Any], at: float) -> None:
+    grew = False
+    for piece in pieces:
+        if piece.message > 0:
+            continue  # one response per connection is read
+        if piece.kind is PieceKind.HEAD and piece.head is not None:
+            if piece.head.is_interim:
+                continue
+            head = piece.head
+            response.status, response.version = head.status, head.version
+            response.headers, response.head_at = head.headers, at
+            encoding = (head.header("transfer-encoding") or "").lower()
+            response.framing = (
+                "chunked"
+                if "chunked" in encoding
+                else "length"
+                if head.header("content-length") is not None
+                else "close"
+            )
+        elif piece.kind is PieceKind.CHUNK_HEADER:
+            response.chunks += 1
+        elif piece.kind is PieceKind.BODY and piece.data:
+            response.body += piece.data
+            grew = True
+        if piece.end_of_message:
+            response.complete = True
+    if grew:
+        response.body_at.append((at, len(response.body)))
+
+
+# -- the upstream's side, from the plan -------------------------------------------------------
+
+
+def _payload(data: bytes, chunked: bool) -> bytes:
+    if not chunked:
+        return data
+    size, _, rest = data.partition(b"\r\n")
+    return rest[: int(size, 16)] if size.strip() else b""
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """The plan as offsets: for each write, where its payload starts in the body and where
+    its bytes start on the upstream's wire (the head first)."""
+
+    head_bytes: int
+    writes: tuple[tuple[int, int, int, int], ...]  # body start, payload, wire start, header
+    frame_ends: tuple[int, ...]  # body offset after each frame
+    body_bytes: int
+
+    @classmethod
+    def of(cls, plan: Plan) -> Upstream:
+        chunked = plan.framing == "chunked"
+        head = plan.writes[0].data
+        wire, body = len(head), 0
+        writes, ends = [], []
+        for write in plan.writes[1:]:
+            payload = _payload(write.data, chunked)
+            header = write.data.find(payload) if payload else 0
+            writes.append((body, len(payload), wire, header))
+            body += len(payload)
+            wire += len(write.data)
+            if write.kind == "frame":
+                ends.append(body)
+        return cls(len(head), tuple(writes), tuple(ends), body)
+
+    def wire_at(self, body_offset: int) -> int:
+        """Bytes of the upstream's response (head, framing, payload) up to body byte
+        `body_offset`."""
+        if body_offset <= 0:
+            return self.head_bytes
+        for start, size, wire, header in self.writes:
+            if body_offset <= start + size:
+                return wire + header + (body_offset - start)
+        last = self.writes[-1]
+        return last[2] + last[3] + last[1]
+
+
+# -- hold -------------------------------------------------------------------------------------
+
+
+def _arrival(response: Response, body_offset: int) -> float | None:
+    for at, received in response.body_at:
+        if received >= body_offset:
+            return at
+    return None
+
+
+def hold(
+    plan: Plan, frame_writes: Sequence[float], response: Response, *, period: float
+) -> dict[str, Any]:
+    """How the path held one stream: its bursts (start, end in seconds, bytes of the
+    upstream's response), each frame's wait beyond the transit, and `release`: `none`
+    (fewer than HELD_SHARE of the frames wait), `end` (one burst after the last write),
+    `periodic` (bursts before the end: a size or a timer, which `release` of two shapes
+    tells apart), or `incomplete` (the body did not all arrive)."""
+    upstream = Upstream.of(plan)
+    bursts: list[list[float]] = []  # [start, end, body end]
+    gap = max(period * BURST_GAP, 0.001)
+    for at, received in response.body_at:
+        if bursts and at - bursts[-1][1] < gap:
+            bursts[-1][1], bursts[-1][2] = at, received
+        else:
+            bursts.append([at, at, received])
+    sizes: list[int] = []
+    before = 0
+    for burst in bursts:
+        wire = upstream.wire_at(int(burst[2]))
+        sizes.append(wire - before)
+        before = wire
+    delays = []
+    for index, end in enumerate(upstream.frame_ends):
+        arrived = _arrival(response, end)
+        if arrived is None or index >= len(frame_writes):
+            break
+        delays.append(arrived - frame_writes[index])
+    transit = min(delays) if delays else 0.0
+    waits = [round(delay - transit, 6) for delay in delays]
+    complete = len(response.body) >= upstream.body_bytes
+    last_write = frame_writes[-1] if frame_writes else 0.0
+    if not complete or not delays:
+        release = "incomplete"
+    elif sum(w >= max(HOLD_FLOOR, period / 2) for w in waits) < HELD_SHARE * len(waits):
+        release = "none"
+    elif len(bursts) == 1 or (bursts[0][0] - transit >= last_write - period / 2):
+        release = "end"
+    else:
+        release = "periodic"
+    # the bursts before the end's: the releases a buffer or a timer made
+    middle = sizes[:-1] if release == "periodic" else []
+    starts = [burst[0] for burst in bursts[:-1]] if release == "periodic" else []
+    return {
+        "release": release,
+        "bursts": [{"at": round(b[0], 4), "bytes": s} for b, s in zip(bursts, sizes, strict=True)],
+        "burst_bytes": _spread([float(s) for s in middle]),
+        "burst_interval": _spread([b - a for a, b in itertools.pairwise(starts)]),
+        "frame_wire_bytes": upstream.wire_at(upstream.frame_ends[0]) - upstream.head_bytes
+        if upstream.frame_ends
+        else 0,
+        "total_bytes": upstream.wire_at(upstream.body_bytes),
+        "max_wait": round(max(waits), 4) if waits else None,
+        "first_frame_wait": waits[0] if waits else None,
+        "transit": round(transit, 4),
+        "frames_arrived": len(delays),
+        "complete": complete,
+    }
+
+
+def _spread(values: Sequence[float]) -> dict[str, float] | None:
+    """The median and half the range (the uncertainty), or None without values."""
+    if not values:
+        return None
+    middle = statistics.median(values)
+    return {"value": round(middle, 4), "uncertainty": round((max(values) - min(values)) / 2, 4)}
+
+
+def release(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+    """What releases a hold, from two shapes of which the second sends twice the bytes per
+    second: bursts equal in bytes are a buffer size, equal in time a timer. A buffer's
+    uncertainty is at least one frame of the larger shape (a release lands on a write)."""
+    kinds = {first["release"], second["release"]}
+    if kinds == {"none"}:
+        return {"held": False, "by": "nothing"}
+    if "incomplete" in kinds:
+        return {"held": None, "by": "unknown: a stream did not arrive whole"}
+    if kinds == {"end"}:
+        most = max(first["total_bytes"], second["total_bytes"])
+        return {"held": True, "by": "end", "at_least_bytes": most}
+    if kinds == {"end", "periodic"}:
+        # a buffer larger than the smaller shape's whole response
+        shape = first if first["release"] == "periodic" else second
+        if shape["burst_bytes"]:
+            sized = shape["burst_bytes"]
+            spread = max(shape["frame_wire_bytes"], sized["uncertainty"])
+            return {"held": True, "by": "size", "bytes": round(sized["value"]),
+                    "uncertainty": spread}  # fmt: skip
+    a, b = first["burst_bytes"], second["burst_bytes"]
+    ta, tb = first["burst_interval"], second["burst_interval"]
+    if "periodic" in kinds and a and b:
+        resolution = max(first["frame_wire_bytes"], second["frame_wire_bytes"])
+        # the second shape sends twice the bytes per second: a buffer's bursts keep their
+        # bytes and halve their interval, a timer's keep their interval and double in bytes
+        bytes_agree = abs(a["value"] - b["value"]) <= resolution + a["uncertainty"]
+        time_agree = bool(ta and tb) and abs(ta["value"] - tb["value"]) <= 0.25 * (
+            ta["value"] + tb["value"]
+        ) / 2 + max(ta["uncertainty"], tb["uncertainty"])
+        if bytes_agree and not time_agree:
+            # a hop that releases whole reads rounds its buffer up to a write: the size
+            # lies within one frame of the smaller shape below the bursts
+            size = (a["value"] + b["value"]) / 2
+            finest = min(first["frame_wire_bytes"], second["frame_wire_bytes"])
+            spread = max(finest, abs(a["value"] - b["value"]) / 2, a["uncertainty"])
+            return {"held": True, "by": "size", "bytes": round(size), "uncertainty": spread}
+        if time_agree and not bytes_agree:
+            assert ta is not None and tb is not None
+            interval = (ta["value"] + tb["value"]) / 2
+            spread = max(ta["uncertainty"], tb["uncertainty"], abs(ta["value"] - tb["value"]) / 2)
+            return {"held": True, "by": "timer", "seconds": round(interval, 4),
+                    "uncertainty": round(spread, 4)}  # fmt: skip
+    return {"held": True, "by": "irregular"}
+
+
+def accel_honoured(plain: Mapping[str, Any], with_knob: Mapping[str, Any]) -> bool | None:
+    """Whether `X-Accel-Buffering: no` on the response turned a hold off (None: the path
+    holds nothing, so there is nothing to turn off)."""
+    if plain["release"] in ("none", "incomplete"):
+        return None
+    return bool(with_knob["release"] == "none")
+
+
+# -- headers and framing ----------------------------------------------------------------------
+
+
+def _fields(headers: Sequence[Sequence[str]]) -> dict[str, tuple[str, str]]:
+    found: dict[str, tuple[str, str]] = {}
+    for name, value in headers:
+        key = name.lower()
+        if key in found:
+            found[key] = (found[key][0], f"{found[key][1]}, {value}")
+        else:
+            found[key] = (name, value)
+    return found
+
+
+def header_changes(
+    sent: Sequence[Sequence[str]], arrived: Sequence[Sequence[str]]
+) -> dict[str, list[list[str]]]:
+    """Fields `added` ([name, value]), `removed` ([name, value]) and `changed` ([name,
+    sent value, arrived value]); names compared case-insensitively."""
+    before, after = _fields(sent), _fields(arrived)
+    return {
+        "added": [list(after[k]) for k in after if k not in before],
+        "removed": [list(before[k]) for k in before if k not in after],
+        "changed": [
+            [after[k][0], before[k][1], after[k][1]]
+            for k in after
+            if k in before and before[k][1] != after[k][1]
+        ],
+    }
+
+
+def planned_headers(plan: Plan) -> list[list[str]]:
+    """The header fields of the probe's response head in `plan`."""
+    lines = plan.writes[0].data.decode("latin-1").split("\r\n")[1:]
+    return [[n.strip(), v.strip()] for n, _, v in (x.partition(":") for x in lines) if n]
+
+
+def framing(record: Mapping[str, Any], plan: Plan, response: Response) -> dict[str, Any]:
+    """The version and framing toward the upstream (the record) and toward the client,
+    and whether the client's chunks are the probe's writes (`rechunked`)."""
+    upstream_chunks = sum(1 for w in plan.writes[1:] if w.data and w.kind != "last-chunk")
+    same = response.framing == plan.framing and (
+        plan.framing != "chunked" or response.chunks == upstream_chunks
+    )
+    return {
+        "upstream_version": record["request"]["version"],
+        "upstream_framing": record["framing"],
+        "client_version": response.version,
+        "client_framing": response.framing,
+        "client_chunks": response.chunks,
+        "upstream_chunks": upstream_chunks if plan.framing == "chunked" else None,
+        "rechunked": not same,
+    }
+
+
+# -- a client's leave -------------------------------------------------------------------------
+
+
+def leave(record: Mapping[str, Any], closed_at: float, waited: float) -> dict[str, Any]:
+    """What a client's close did: `closed_at` is when it closed, in seconds after the
+    probe received the request (the wall clocks of both sides, so the uncertainty is
+    their offset); `waited` how long the record was watched after it."""
+    left = record.get("client_left")
+    writes = record["writes"]["frames"]
+    before = sum(1 for at in writes if at <= closed_at)
+    if left is None:
+        return {"learned": False, "at_least": round(waited, 3), "frames_after_close":
+                record["frames_written"] - before}  # fmt: skip
+    return {
+        "learned": True,
+        "how": left["how"],
+        "after": round(max(left["at"] - closed_at, 0.0), 4),
+        "frames_after_close": max(left["frames_written"] - before, 0)
+        + record.get("frames_after_leave", 0),
+    }
+
+
+# -- the summary ------------------------------------------------------------------------------
+
+
+def _size(value: float) -> str:
+    return f"{value / 1024:.1f} KiB" if value >= 1024 else f"{value:.0f} bytes"
+
+
+def summary(document: Mapping[str, Any]) -> list[str]:
+    """The fingerprint in sentences, one measure a line."""
+    lines = [f"Path {document['url']}:"]
+    measures = document["measures"]
+    held = measures.get("hold")
+    if held is not None:
+        by = held["release"]
+        if by["by"] == "nothing":
+            lines.append("It holds nothing: every frame reaches the client as it is written.")
+        elif by["by"] == "size":
+            lines.append(
+                f"It holds ~{_size(by['bytes'])} (± {by['uncertainty']:.0f} bytes) of every "
+                f"response: bursts of that size, the rest at the end; the first frame "
+                f"{held['shapes'][0]['first_frame_wait']:.2f} s late."
+            )
+        elif by["by"] == "timer":
+            lines.append(
+                f"It holds the stream for ~{by['seconds']:.2f} s at a time "
+                f"(± {by['uncertainty']:.2f} s): a timer releases it."
+            )
+        elif by["by"] == "end":
+            lines.append(
+                f"It holds the whole response until its end (at least "
+                f"{_size(by['at_least_bytes'])}: a buffer larger than the probe's answers, "
+                f"or no release before the end)."
+            )
+        else:
+            lines.append(f"It holds the stream ({by['by']}).")
+        accel = held.get("x_accel_buffering_honoured")
+        if accel is not None:
+            lines.append(
+                "It honours X-Accel-Buffering: no."
+                if accel
+                else "It ignores X-Accel-Buffering: no (the hold stays)."
+            )
+    frame = measures.get("framing")
+    if frame is not None:
+        rechunked = "re-chunked" if frame["rechunked"] else "passed as written"
+        lines.append(
+            f"Upstream leg: {frame['upstream_version']}, {frame['upstream_framing']}; "
+            f"client leg: {frame['client_version']} {frame['client_framing']} ({rechunked})."
+        )
+    for side in ("request_headers", "response_headers"):
+        changes = measures.get(side)
+        if changes is None:
+            continue
+        said = [f"+{n}: {v}" for n, v in changes["added"]]
+        said += [f"-{n}" for n, _ in changes["removed"]]
+        said += [f"~{n}: {a} -> {b}" for n, a, b in changes["changed"]]
+        name = side.replace("_", " ").capitalize()
+        lines.append(f"{name}: {'; '.join(said) if said else 'unchanged'}.")
+    gone = measures.get("leave")
+    if gone is not None:
+        if gone["learned"]:
+            lines.append(
+                f"A client that leaves is noticed by the upstream {gone['after']:.2f} s later "
+                f"({gone['how']}), {gone['frames_after_close']} frames written after."
+            )
+        else:
+            lines.append(
+                f"A client that leaves is not noticed by the upstream within "
+                f"{gone['at_least']:.1f} s: it generates for nobody."
+            )
+    lines += [f"Not measured: {item}." for item in document.get("not_measured", [])]
+    return lines

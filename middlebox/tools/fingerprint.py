@@ -1,0 +1,365 @@
+"""`middlebox fingerprint URL`: measure what stands between a client and the probe upstream.
+
+URL is the path's front door, an OpenAI base URL (`https://api.example.com/probe-llm/v1`)
+whose upstream is `middlebox probe-upstream` (docs/fingerprint.md). Each measure sends probe
+shapes (`probe_shape.request_for`: the knobs in the header and in the prompt) over a raw
+socket, timing every read, then reads the probe's record of the request through the same
+front door (`.../probe/requests/ID`) and hands both to the pure measures in
+middlebox/scenario/fingerprint.py:
+
+- hold: two shapes of the same length, the second with twice the bytes per second, tell a
+  buffer size from a timer and from a hold to the end; a third with the response header
+  `X-Accel-Buffering: no` tells whether the hold obeys it;
+- framing and headers: the first request's record (version, framing, headers as they
+  arrived) against what was sent, and the client's response head against the probe's;
+- leave: a client that closes after a few frames; the record says when the probe learned.
+
+`--direct URL` runs the same measures against the probe without the path, as a baseline.
+Every wait is bounded by the budget; a measure that does not fit is named as not measured.
+Bad input (nothing listening, a page that is not the probe, a front door whose upstream
+keeps no records) is a `FingerprintError` with one line that says what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import ssl
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from middlebox.scenario import fingerprint as measures
+from middlebox.scenario import probe_shape
+from middlebox.scenario.fingerprint import ACCEL, HOLD_A, HOLD_B, Read, Response
+from middlebox.scenario.probe_shape import Plan, ProbeShape
+
+READ_SIZE = 65536
+RECORD_WAIT = 5.0  # seconds for the probe's record to say the response ended
+LEAVE_WAIT = 5.0  # seconds a client's leave is watched for at the probe
+LEAVE_AFTER_FRAMES = 5
+
+LEAVE = ProbeShape(frames=250, size=256, period=0.02)
+CHECK = ProbeShape(frames=3, size=256, period=0.01)
+
+
+class FingerprintError(Exception):
+    """Bad input or a path that cannot be measured: one line saying what to do."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A base URL taken apart: where to connect and the path prefix of its routes."""
+
+    url: str
+    scheme: str
+    host: str
+    port: int
+    prefix: str  # without a trailing slash: `/v1`, `/probe-llm/v1`, or ``
+
+    @classmethod
+    def parse(cls, url: str) -> Target:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise FingerprintError(
+                f"{url}: expected an http:// or https:// base URL, e.g. http://127.0.0.1:8000/v1"
+            )
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise FingerprintError(f"{url}: the port is not a number") from None
+        prefix = parts.path.rstrip("/")
+        if prefix.endswith("/chat/completions"):
+            prefix = prefix[: -len("/chat/completions")]
+        return cls(url, parts.scheme, parts.hostname, port, prefix)
+
+    @property
+    def chat(self) -> str:
+        return self.prefix + ("" if self.prefix.endswith("/v1") else "/v1") + "/chat/completions"
+
+    def records(self, ident: str) -> str:
+        return f"{self.prefix}/probe/requests/{ident}"
+
+    @property
+    def host_header(self) -> str:
+        name = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return name if self.port == default else f"{name}:{self.port}"
+
+    def connect(self, timeout: float) -> socket.socket:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise FingerprintError(
+                f"cannot connect to {self.url} ({reason}): check the URL, and that the path "
+                f"in front of `middlebox probe-upstream` is up"
+            ) from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.scheme == "http":
+            return sock
+        try:
+            return ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+        except ssl.SSLCertVerificationError as error:
+            sock.close()
+            raise FingerprintError(
+                f"{self.url}: its TLS certificate is not trusted ({error.verify_message}): "
+                f"add its CA to the system's store (or SSL_CERT_FILE)"
+            ) from None
+        except (ssl.SSLError, OSError) as error:
+            sock.close()
+            raise FingerprintError(f"{self.url}: TLS failed ({error})") from None
+
+
+@dataclass
+class Exchange:
+    """One probe request through a target: what was sent, the reads, the plan."""
+
+    shape: ProbeShape
+    sent_headers: list[list[str]]
+    reads: list[Read]
+    response: Response
+    sent_wall: float
+    closed_wall: float | None  # when the client closed early (a leave), else None
+
+
+def _sent_headers(request: bytes) -> list[list[str]]:
+    head = request.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
+    return [[n.strip(), v.strip()] for n, _, v in (line.partition(":") for line in head)]
+
+
+def _receive(sock: socket.socket, deadline: float) -> bytes | None:
+    """The next bytes; b"" when the peer closed or reset (the response ends there), None
+    when `deadline` (monotonic) passed first."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    sock.settimeout(left)
+    try:
+        return sock.recv(READ_SIZE)
+    except TimeoutError:
+        return None
+    except OSError:
+        return b""
+
+
+def exchange(
+    target: Target, shape: ProbeShape, *, limit: float, leave_after: int | None = None
+) -> Exchange:
+    """Send `shape` and read to the end (or `limit` seconds); `leave_after`: close once
+    that many frames' bytes of body arrived, or at a tenth of `limit`, as a user who
+    stops reading."""
+    request = probe_shape.request_for(shape, host=target.host_header, path=target.chat)
+    reads: list[Read] = []
+    decoder = measures.Decoder()
+    closed: float | None = None
+    sock = target.connect(min(limit, 10.0))
+    with sock:
+        start, wall = time.monotonic(), time.time()
+        sock.sendall(request)
+        deadline = start + (limit / 10 if leave_after is not None else limit)
+        ended = False
+        while (data := _receive(sock, deadline)) is not None:
+            if not data:
+                ended = True
+                break
+            read = Read(round(time.monotonic() - start, 6), data)
+            reads.append(read)
+            response = decoder.feed(read)
+            if response.complete and leave_after is None:
+                break  # a kept-alive connection: the message's end is the end
+            if leave_after is not None and response.body.count(b"data: ") >= leave_after:
+                break
+        if leave_after is not None and not ended:
+            closed = time.time()
+    response = decoder.eof() if ended else decoder.response
+    return Exchange(shape, _sent_headers(request), reads, response, wall, closed)
+
+
+def _get_json(target: Target, path: str, limit: float) -> tuple[int | None, Any]:
+    """GET `path` through the target; (status, the JSON body or None)."""
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: {target.host_header}\r\nAccept: application/json\r\n"
+        f"Connection: close\r\n\r\n"
+    ).encode("latin-1")
+    reads: list[Read] = []
+    deadline = time.monotonic() + limit
+    with target.connect(limit) as sock:
+        sock.sendall(request)
+        while data := _receive(sock, deadline):
+            reads.append(Read(0.0, data))
+    response = measures.decode(reads, method="GET")
+    try:
+        return response.status, json.loads(bytes(response.body))
+    except ValueError:
+        return response.status, None
+
+
+def settled_record(target: Target, ident: str, *, limit: float, until_left: bool = False
+                   ) -> dict[str, Any]:  # fmt: skip
+    """The probe's record of `ident` once its response ended (or, `until_left`, once it
+    learned the client left), read through the front door; the last one read when
+    `limit` runs out."""
+    deadline = time.monotonic() + limit
+    record: dict[str, Any] | None = None
+    while True:
+        status, found = _get_json(target, target.records(ident), max(limit, 1.0))
+        if status != 200 or not isinstance(found, dict) or "writes" not in found:
+            raise FingerprintError(
+                f"{target.url}: no probe record at {target.records(ident)} (got "
+                f"{status or 'no answer'}): is this front door backed by `middlebox "
+                f"probe-upstream`, and does it route .../probe/requests/ID? (docs/fingerprint.md)"
+            )
+        record = found
+        done = record["ended"] != "in-progress"
+        if (until_left and record["client_left"] is not None) or (done and not until_left):
+            return record
+        if done or time.monotonic() >= deadline:
+            return record
+        time.sleep(0.05)  # the probe's progress, polled
+
+
+def _plan(shape: ProbeShape, record: dict[str, Any]) -> Plan:
+    """The probe's plan for the request as it arrived (its HTTP version decides framing)."""
+    http10 = record["request"]["version"] == "HTTP/1.0"
+    connection = ", ".join(
+        v.lower() for n, v in record["request"]["headers"] if n.lower() == "connection"
+    )
+    # RFC 9112 §9.3: HTTP/1.1 stays open unless `close`; HTTP/1.0 only with `keep-alive`
+    keep = "keep-alive" in connection if http10 else "close" not in connection
+    model = json.loads(record["request"]["body"] or "{}").get("model", "middlebox-probe")
+    return probe_shape.plan(shape, http10=http10, ident=record["id"], model=model, keep_alive=keep)
+
+
+def _check_answer(target: Target, response: Response) -> None:
+    """A front door that answers something else than the probe's stream: what it said."""
+    kind = response.header("content-type") or "no content type"
+    if response.status is None:
+        raise FingerprintError(
+            f"{target.url}: no HTTP answer to POST {target.chat}: is this an HTTP front door?"
+        )
+    if response.status != 200 or not kind.startswith("text/event-stream"):
+        raise FingerprintError(
+            f"{target.url}: POST {target.chat} answered {response.status} ({kind}), not the "
+            f"probe's event stream: give the OpenAI base URL whose upstream is `middlebox "
+            f"probe-upstream` (e.g. http://HOST:PORT/v1)"
+        )
+
+
+class Session:
+    """One fingerprint: the target, the budget, the progress line, the ids."""
+
+    def __init__(
+        self, target: Target, budget: float, progress: Callable[[str], None], run: str
+    ) -> None:
+        self.target, self.progress, self.run = target, progress, run
+        self.deadline = time.monotonic() + budget
+        self.serial = 0
+        self.not_measured: list[str] = []
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def fits(self, shape: ProbeShape, what: str) -> bool:
+        # the shape, its record, and a slack for a loaded path
+        if self.left() >= shape.duration * 2 + 2.0:
+            return True
+        self.not_measured.append(f"{what} (the budget ran out)")
+        return False
+
+    def send(
+        self, shape: ProbeShape, what: str, *, leave_after: int | None = None
+    ) -> tuple[Exchange, dict[str, Any], Plan]:
+        self.serial += 1
+        ident = f"{self.run}-{self.serial}"
+        self.progress(f"measuring {what} ({shape.render()})")
+        shape = dataclasses.replace(shape, id=ident)
+        limit = max(shape.duration * 3 + 2.0, 3.0)
+        try:
+            done = exchange(self.target, shape, limit=limit, leave_after=leave_after)
+        except OSError as error:  # a reset or a refusal once measuring began
+            reason = error.strerror or type(error).__name__
+            raise FingerprintError(
+                f"{self.target.url}: the connection failed while measuring {what} ({reason}): "
+                f"run again; if it repeats, the path refuses the probe's requests"
+            ) from None
+        if leave_after is None:
+            _check_answer(self.target, done.response)
+        record = settled_record(
+            self.target, ident, limit=LEAVE_WAIT if leave_after else RECORD_WAIT,
+            until_left=leave_after is not None,
+        )  # fmt: skip
+        return done, record, _plan(shape, record)
+
+
+def _hold(session: Session, shape: ProbeShape, what: str) -> dict[str, Any]:
+    done, record, plan = session.send(shape, what)
+    return measures.hold(plan, record["writes"]["frames"], done.response, period=shape.period)
+
+
+def measure(target: Target, budget: float, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Every measure that fits in `budget` seconds, as the fingerprint document's part
+    for one target."""
+    session = Session(target, budget, progress, f"fp{uuid.uuid4().hex[:8]}")
+    found: dict[str, Any] = {}
+    check, record, plan = session.send(CHECK, "the request and response heads")
+    found["framing"] = measures.framing(record, plan, check.response)
+    found["request_headers"] = measures.header_changes(
+        check.sent_headers, record["request"]["headers"]
+    )
+    found["response_headers"] = measures.header_changes(
+        measures.planned_headers(plan), [list(f) for f in check.response.headers]
+    )
+    if session.fits(HOLD_A, "hold") and session.fits(HOLD_B, "hold"):
+        first = _hold(session, HOLD_A, "hold, 256-byte frames")
+        second = _hold(session, HOLD_B, "hold, 512-byte frames")
+        held: dict[str, Any] = {
+            "release": measures.release(first, second), "shapes": [first, second]
+        }  # fmt: skip
+        if first["release"] not in ("none", "incomplete") and session.fits(ACCEL, "accel"):
+            knob = _hold(session, ACCEL, "X-Accel-Buffering: no")
+            held["x_accel_buffering_honoured"] = measures.accel_honoured(first, knob)
+            held["shapes"].append(knob)
+        found["hold"] = held
+    if session.left() >= LEAVE_WAIT + 3.0:
+        gone, record, _ = session.send(LEAVE, "a client's leave", leave_after=LEAVE_AFTER_FRAMES)
+        closed = gone.closed_wall if gone.closed_wall is not None else time.time()
+        found["leave"] = measures.leave(record, closed - record["received_at"], LEAVE_WAIT)
+    else:
+        session.not_measured.append("a client's leave (the budget ran out)")
+    return {"measures": found, "not_measured": session.not_measured}
+
+
+def fingerprint(
+    url: str,
+    *,
+    direct: str | None = None,
+    budget: float = 60.0,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """The fingerprint document of the path at `url` (and of `direct`, the probe without
+    the path, when given), each measure with its value and uncertainty."""
+    target = Target.parse(url)
+    baseline = Target.parse(direct) if direct else None
+    share = budget / 2 if baseline else budget
+    document: dict[str, Any] = {"url": url, **measure(target, share, progress)}
+    if baseline is not None:
+        progress(f"baseline: the same measures at {direct}")
+        document["direct"] = {"url": direct, **measure(baseline, share, progress)}
+    document["summary"] = measures.summary(document)
+    if baseline is not None:
+        document["direct"]["summary"] = measures.summary(document["direct"])
+    return document
+
+
+def write_json(document: dict[str, Any], path: Path) -> None:
+    """The document at `path`, whole or not at all (a temporary file renamed)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(document, indent=2) + "\n")
+    os.replace(partial, path)

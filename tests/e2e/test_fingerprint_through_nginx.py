@@ -1,0 +1,47 @@
+"""`middlebox fingerprint` through a real nginx (Debian's, started as `make calibrate` starts
+it: its defaults, only the listen address and upstream set) in front of a real probe
+upstream. With the default `proxy_buffering on` it must find the 4 KiB buffer
+(`proxy_buffers 8 4k`) within its stated tolerance, that nginx honours `X-Accel-Buffering:
+no`, the HTTP/1.0 upstream leg (`proxy_http_version 1.0`) re-chunked toward the client and
+the `Host` it rewrites; with `proxy_buffering off` it must find no hold. Skipped where nginx
+is not installed, never under CI=true (.ci/run installs it). Bounded by the budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from calibrate.proxies import Setup, binary, running
+from middlebox.tools.fingerprint import fingerprint
+from middlebox.tools.probe_upstream import ProbeUpstream
+from tests.harness import needs
+
+pytestmark = needs(binary("nginx"), "nginx")
+BUDGET = 40.0
+
+
+def test_nginx_defaults_hold_4_kib_and_honour_x_accel_buffering(tmp_path: Path) -> None:
+    with (
+        ProbeUpstream("127.0.0.1", 0) as probe,
+        running(Setup("nginx"), probe.port, tmp_path / "nginx") as port,
+    ):
+        found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=BUDGET)
+    measures = found["measures"]
+    held = measures["hold"]["release"]
+    assert held["by"] == "size" and abs(held["bytes"] - 4096) <= held["uncertainty"] <= 263
+    assert measures["hold"]["x_accel_buffering_honoured"] is True
+    framing = measures["framing"]
+    assert (framing["upstream_version"], framing["upstream_framing"]) == ("HTTP/1.0", "close")
+    assert (framing["client_framing"], framing["rechunked"]) == ("chunked", True)
+    changed = {name.lower() for name, _, _ in measures["request_headers"]["changed"]}
+    assert "host" in changed
+    assert ["Connection", "close"] in measures["request_headers"]["added"]
+
+
+def test_nginx_with_proxy_buffering_off_holds_nothing(tmp_path: Path) -> None:
+    with (
+        ProbeUpstream("127.0.0.1", 0) as probe,
+        running(Setup("nginx", buffering=False), probe.port, tmp_path / "nginx") as port,
+    ):
+        found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=BUDGET)
+    assert found["measures"]["hold"]["release"] == {"held": False, "by": "nothing"}
+    assert "x_accel_buffering_honoured" not in found["measures"]["hold"]

@@ -1,0 +1,125 @@
+"""`middlebox fingerprint`'s bad input: nothing listening, a front door that answers an HTML
+error page, one whose upstream streams but keeps no probe records; each is one line that says
+what to do, exit status 1, no traceback, and no JSON file. And how a base URL is read.
+Loopback servers in threads; every socket has a timeout."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import pytest
+
+from middlebox.tools.fingerprint import FingerprintError, Target, fingerprint
+from tests.run.http_stub import stub_upstream
+
+
+class HtmlErrors(BaseHTTPRequestHandler):
+    """A web server that is not an OpenAI route: an HTML 404 for everything."""
+
+    def reply(self, status: int, kind: str, body: bytes) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.reply(404, "text/html", b"<html><body><h1>404 Not Found</h1></body></html>")
+
+    do_POST = do_GET
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+class StreamWithoutRecords(HtmlErrors):
+    """An upstream that streams (any LLM server) but has no probe records."""
+
+    def do_POST(self) -> None:
+        self.reply(200, "text/event-stream", b'data: {"text":"hi"}\n\ndata: [DONE]\n\n')
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    with stub_upstream(handler) as upstream:
+        yield int(upstream.base_url.rsplit(":", 1)[1])
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A port bound and not listening: a connect to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def command(url: str, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "middlebox", "fingerprint", url, "--budget", "20",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def one_line_error(done: subprocess.CompletedProcess[str], out: Path) -> str:
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert not out.exists() and not list(out.parent.glob("*.partial"))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1
+    return errors[0]
+
+
+def test_nothing_listening_is_one_line_naming_the_url(tmp_path: Path) -> None:
+    with refusing_port() as port:
+        said = one_line_error(command(f"http://127.0.0.1:{port}/v1", tmp_path / "f.json"),
+                              tmp_path / "f.json")  # fmt: skip
+    assert f"cannot connect to http://127.0.0.1:{port}/v1 (Connection refused)" in said
+
+
+def test_an_html_404_is_one_line_asking_for_the_base_url(tmp_path: Path) -> None:
+    with serving(HtmlErrors) as port:
+        said = one_line_error(command(f"http://127.0.0.1:{port}/v1", tmp_path / "f.json"),
+                              tmp_path / "f.json")  # fmt: skip
+    assert "answered 404 (text/html)" in said and "OpenAI base URL" in said
+
+
+def test_a_front_door_without_probe_records_is_named_as_such() -> None:
+    with (
+        serving(StreamWithoutRecords) as port,
+        pytest.raises(FingerprintError, match="no probe record at /v1/probe/requests/"),
+    ):
+        fingerprint(f"http://127.0.0.1:{port}/v1", budget=20)
+
+
+def test_a_url_that_is_not_http_is_refused_before_any_connection() -> None:
+    with pytest.raises(FingerprintError, match="expected an http:// or https:// base URL"):
+        Target.parse("ftp://example.com/v1")
+
+
+@pytest.mark.parametrize(
+    ("url", "chat", "records"),
+    [
+        ("http://h:8000/v1", "/v1/chat/completions", "/v1/probe/requests/x"),
+        ("http://h:8000", "/v1/chat/completions", "/probe/requests/x"),
+        ("https://h/probe-llm/v1/", "/probe-llm/v1/chat/completions",
+         "/probe-llm/v1/probe/requests/x"),
+        ("http://h/v1/chat/completions", "/v1/chat/completions", "/v1/probe/requests/x"),
+    ],
+)  # fmt: skip
+def test_a_base_url_gives_the_chat_route_and_the_records_route_under_its_prefix(
+    url: str, chat: str, records: str
+) -> None:
+    target = Target.parse(url)
+    assert (target.chat, target.records("x")) == (chat, records)
+
+
+def test_the_host_header_leaves_out_the_schemes_default_port() -> None:
+    assert Target.parse("https://h/v1").host_header == "h"
+    assert Target.parse("http://h:8000/v1").host_header == "h:8000"
