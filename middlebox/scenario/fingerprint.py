@@ -21,6 +21,9 @@ a real path:
   (re-chunked when the client's chunks are not the probe's writes).
 - `leave`: how long after the client closed the upstream learned, and the frames it
   wrote in between.
+- `idle`: a hop's read timeout after the head, from one silence as long as the budget
+  allows: the record says when the hop closed the upstream connection, on the probe's
+  clock, after the last frame before the silence ("at least N s" when it never did).
 
 The client's and the probe's clocks are not compared directly (the probe may run on
 another machine): a frame's delay is its arrival minus its write, and the smallest delay
@@ -398,6 +401,44 @@ def leave(record: Mapping[str, Any], closed_at: float, waited: float) -> dict[st
     }
 
 
+# -- an idle timeout -------------------------------------------------------------------------
+
+
+def idle_shape(pause: float) -> ProbeShape:
+    """Two frames, then silence for `pause`, then the end: a hop's read timeout shorter
+    than `pause` closes the upstream connection during the silence."""
+    return ProbeShape(frames=2, size=256, period=0.02, pause_after=1, pause=pause)
+
+
+def idle(record: Mapping[str, Any], response: Response, pause: float) -> dict[str, Any]:
+    """A hop's read timeout after the head: when the upstream connection ended during the
+    silence (the record's `client_left.at`) minus the last write before it, on the probe's
+    own clock; `at_least` the silence when it outlasted the pause. `client_saw`: how the
+    client's response ended (`truncated`: a cut message; `complete-without-done`: a proper
+    end without `data: [DONE]`, as Caddy ends it; `complete`)."""
+    left = record.get("client_left")
+    frames = record["writes"]["frames"]
+    cut = left is not None and left["frames_written"] < 2
+    done = b"data: [DONE]" in response.body
+    saw = (
+        "complete"
+        if response.complete and done
+        else "complete-without-done"
+        if response.complete
+        else "truncated"
+    )
+    if response.status not in (None, 200):
+        saw = f"status {response.status}"
+    if not cut or left is None or not frames:
+        return {"cut": False, "at_least": round(pause, 3), "client_saw": saw}
+    return {
+        "cut": True,
+        "timeout": round(left["at"] - frames[0], 3),
+        "how": left["how"],
+        "client_saw": saw,
+    }
+
+
 # -- the summary ------------------------------------------------------------------------------
 
 
@@ -467,6 +508,19 @@ def summary(document: Mapping[str, Any]) -> list[str]:
             lines.append(
                 f"A client that leaves is not noticed by the upstream within "
                 f"{gone['at_least']:.1f} s: it generates for nobody."
+            )
+    silent = measures.get("idle")
+    if silent is not None:
+        if silent["cut"]:
+            lines.append(
+                f"It cuts a stream silent for {silent['timeout']:.2f} s (its read timeout "
+                f"after the head; the upstream saw a {silent['how']}, the client a "
+                f"{silent['client_saw']} response)."
+            )
+        else:
+            lines.append(
+                f"Its read timeout after the head is at least {silent['at_least']:.1f} s "
+                f"(a silence that long passed)."
             )
     lines += [f"Not measured: {item}." for item in document.get("not_measured", [])]
     return lines

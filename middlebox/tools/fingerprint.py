@@ -12,7 +12,9 @@ middlebox/scenario/fingerprint.py:
   `X-Accel-Buffering: no` tells whether the hold obeys it;
 - framing and headers: the first request's record (version, framing, headers as they
   arrived) against what was sent, and the client's response head against the probe's;
-- leave: a client that closes after a few frames; the record says when the probe learned.
+- leave: a client that closes after a few frames; the record says when the probe learned;
+- idle: two frames, then a silence as long as the budget has left; the record says when a
+  hop's read timeout closed the upstream connection ("at least" the silence otherwise).
 
 `--direct URL` runs the same measures against the probe without the path, as a baseline.
 Every wait is bounded by the budget; a measure that does not fit is named as not measured.
@@ -44,6 +46,8 @@ READ_SIZE = 65536
 RECORD_WAIT = 5.0  # seconds for the probe's record to say the response ended
 LEAVE_WAIT = 5.0  # seconds a client's leave is watched for at the probe
 LEAVE_AFTER_FRAMES = 5
+IDLE_MIN = 2.0  # seconds: a shorter silence would say nothing a hold does not
+IDLE_SLACK = 3.0  # seconds of the budget kept for the silence's record and a slow path
 
 LEAVE = ProbeShape(frames=250, size=256, period=0.02)
 CHECK = ProbeShape(frames=3, size=256, period=0.01)
@@ -280,7 +284,8 @@ class Session:
         ident = f"{self.run}-{self.serial}"
         self.progress(f"measuring {what} ({shape.render()})")
         shape = dataclasses.replace(shape, id=ident)
-        limit = max(shape.duration * 3 + 2.0, 3.0)
+        # a slow path's share: three times a short shape, a few seconds past a long one
+        limit = max(min(shape.duration * 3 + 2.0, shape.duration + 5.0), 3.0)
         try:
             done = exchange(self.target, shape, limit=limit, leave_after=leave_after)
         except OSError as error:  # a reset or a refusal once measuring began
@@ -333,6 +338,14 @@ def measure(target: Target, budget: float, progress: Callable[[str], None]) -> d
         found["leave"] = measures.leave(record, closed - record["received_at"], LEAVE_WAIT)
     else:
         session.not_measured.append("a client's leave (the budget ran out)")
+    # the silence takes what the budget has left: a longer timeout is "at least" that
+    pause = min(session.left() - IDLE_SLACK, probe_shape.MAX_WAIT)
+    if pause >= IDLE_MIN:
+        shape = measures.idle_shape(round(pause, 1))
+        silent, record, _ = session.send(shape, f"the read timeout (a {pause:.0f} s silence)")
+        found["idle"] = measures.idle(record, silent.response, shape.pause)
+    else:
+        session.not_measured.append("the read timeout after the head (the budget ran out)")
     return {"measures": found, "not_measured": session.not_measured}
 
 

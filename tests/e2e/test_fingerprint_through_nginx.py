@@ -3,7 +3,8 @@ it: its defaults, only the listen address and upstream set) in front of a real p
 upstream. With the default `proxy_buffering on` it must find the 4 KiB buffer
 (`proxy_buffers 8 4k`) within its stated tolerance, that nginx honours `X-Accel-Buffering:
 no`, the HTTP/1.0 upstream leg (`proxy_http_version 1.0`) re-chunked toward the client and
-the `Host` it rewrites; with `proxy_buffering off` it must find no hold. Skipped where nginx
+the `Host` it rewrites, and no read timeout within the budget (its 60 s); with
+`proxy_buffering off` and `proxy_read_timeout 1s` no hold and a timeout of ~1 s. Skipped where nginx
 is not installed, never under CI=true (.ci/run installs it). Bounded by the budget."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from middlebox.tools.probe_upstream import ProbeUpstream
 from tests.harness import needs
 
 pytestmark = needs(binary("nginx"), "nginx")
-BUDGET = 40.0
+BUDGET = 16.0
 
 
 def test_nginx_defaults_hold_4_kib_and_honour_x_accel_buffering(tmp_path: Path) -> None:
@@ -35,13 +36,22 @@ def test_nginx_defaults_hold_4_kib_and_honour_x_accel_buffering(tmp_path: Path) 
     changed = {name.lower() for name, _, _ in measures["request_headers"]["changed"]}
     assert "host" in changed
     assert ["Connection", "close"] in measures["request_headers"]["added"]
+    # proxy_read_timeout 60s: longer than the silence the budget leaves
+    assert measures["idle"]["cut"] is False and measures["idle"]["at_least"] >= 2.0
 
 
-def test_nginx_with_proxy_buffering_off_holds_nothing(tmp_path: Path) -> None:
+def test_nginx_with_proxy_buffering_off_holds_nothing_and_its_read_timeout_is_found(
+    tmp_path: Path,
+) -> None:
+    setup = Setup("nginx", buffering=False, read_timeout=1.0)
     with (
         ProbeUpstream("127.0.0.1", 0) as probe,
-        running(Setup("nginx", buffering=False), probe.port, tmp_path / "nginx") as port,
+        running(setup, probe.port, tmp_path / "nginx") as port,
     ):
         found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=BUDGET)
     assert found["measures"]["hold"]["release"] == {"held": False, "by": "nothing"}
     assert "x_accel_buffering_honoured" not in found["measures"]["hold"]
+    idle = found["measures"]["idle"]
+    # nginx's lazy timers (NGX_TIMER_LAZY_DELAY, 300 ms) fire up to 300 ms early
+    assert idle["cut"] is True and 0.65 <= idle["timeout"] <= 1.1
+    assert idle["client_saw"] == "truncated"

@@ -1,8 +1,9 @@
 """`middlebox fingerprint` through a real `middlebox proxy` process with a known path in front
 of a real probe upstream: it must find nginx's 4 KiB buffer within its stated tolerance,
-that `X-Accel-Buffering: no` is honoured, and the header the path adds on each side; through
-a bare path (no fault) it must find no hold and no header change. Bounded: each run has a
-budget, every socket a timeout."""
+that `X-Accel-Buffering: no` is honoured, the header the path adds on each side and the 1 s
+read timeout (`idle_reaper`); through a bare path (no fault) it must find no hold, no
+header change and no read timeout. Bounded: each run has a budget, every socket a
+timeout."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ BUFFERING = (
     "  - set_header: {direction: request, headers: {X-Team: blue}}\n"
     "  - set_header: {direction: response, headers: {X-Served-By: edge-1}}\n"
     "  - proxy_buffering: {}\n"
+    "  - idle_reaper: {timeout: 1s}\n"
 )
-BUDGET = 40.0
+BUDGET = 20.0
 
 
 def test_the_fingerprint_finds_the_buffer_and_the_header_changes(tmp_path: Path) -> None:
@@ -38,34 +40,43 @@ def test_the_fingerprint_finds_the_buffer_and_the_header_changes(tmp_path: Path)
     assert measures["framing"]["rechunked"] is False
     assert measures["leave"]["learned"] is True
     assert found["summary"][1].startswith("It holds ~4.0 KiB")
+    idle = measures["idle"]
+    assert idle["cut"] is True and abs(idle["timeout"] - 1.0) <= 0.1
+    assert (idle["how"], idle["client_saw"]) == ("fin", "truncated")
 
 
-def test_a_bare_path_shows_no_hold_and_no_header_change(tmp_path: Path) -> None:
+def test_a_bare_path_shows_no_hold_no_header_change_and_no_timeout(tmp_path: Path) -> None:
     with (
         ProbeUpstream("127.0.0.1", 0) as probe,
         middlebox_proxy(tmp_path, probe.port, "  []\n", "bare") as port,
     ):
-        found = fingerprint(
-            f"http://127.0.0.1:{port}/v1", direct=f"http://127.0.0.1:{probe.port}/v1", budget=BUDGET
-        )
-    for side in (found, found["direct"]):
-        measures = side["measures"]
-        assert measures["hold"]["release"] == {"held": False, "by": "nothing"}
-        assert "x_accel_buffering_honoured" not in measures["hold"]
-        for headers in (measures["request_headers"], measures["response_headers"]):
-            assert headers == {"added": [], "removed": [], "changed": []}
-        assert measures["framing"]["rechunked"] is False
+        found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=14)
+    measures = found["measures"]
+    assert measures["hold"]["release"] == {"held": False, "by": "nothing"}
+    assert "x_accel_buffering_honoured" not in measures["hold"]
+    for headers in (measures["request_headers"], measures["response_headers"]):
+        assert headers == {"added": [], "removed": [], "changed": []}
+    assert measures["framing"]["rechunked"] is False
+    assert measures["idle"]["cut"] is False and measures["idle"]["at_least"] >= 2.0
+    assert measures["idle"]["client_saw"] == "complete"
 
 
-def test_the_command_prints_the_summary_and_writes_the_json(tmp_path: Path) -> None:
+def test_the_command_prints_both_summaries_and_writes_the_json(tmp_path: Path) -> None:
     out = tmp_path / "fp.json"
     with ProbeUpstream("127.0.0.1", 0) as probe:
+        url = f"http://127.0.0.1:{probe.port}/v1"
         done = subprocess.run(
-            [sys.executable, "-m", "middlebox", "fingerprint",
-             f"http://127.0.0.1:{probe.port}/v1", "--budget", "20", "--json", str(out)],
+            [sys.executable, "-m", "middlebox", "fingerprint", url, "--direct", url,
+             "--budget", "20", "--json", str(out)],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "It holds nothing" in done.stdout
+    said = done.stdout.strip().splitlines()
+    assert said.count("Directly, without the path:") == 1
+    assert said[1] == "It holds nothing: every frame reaches the client as it is written."
+    assert "  It holds nothing: every frame reaches the client as it is written." in said
     assert "fingerprint: measuring hold" in done.stderr
-    assert json.loads(out.read_text())["summary"] == done.stdout.strip().splitlines()
+    assert "fingerprint: baseline: the same measures at" in done.stderr
+    document = json.loads(out.read_text())
+    assert document["summary"] == said[: said.index("Directly, without the path:")]
+    assert document["direct"]["measures"]["hold"]["release"]["held"] is False

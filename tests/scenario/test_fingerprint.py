@@ -196,3 +196,43 @@ def test_a_two_frame_buffer_is_a_hold() -> None:
     found = released(ProxyBuffering, buffer_size=512, buffers_size=512, postpone_output=1)
     assert found["held"] is True and found["by"] == "size"
     assert abs(found["bytes"] - 512) <= found["uncertainty"]
+
+
+def silent_record(left: dict[str, Any] | None) -> dict[str, Any]:
+    return record_of("HTTP/1.1", "chunked", client_left=left,
+                     writes={"frames": [0.02] if left else [0.02, 30.04]})  # fmt: skip
+
+
+def test_a_hop_that_closes_the_upstream_during_the_silence_gives_its_read_timeout() -> None:
+    left = {"how": "fin", "at": 1.02, "frames_written": 1}
+    cut = fp.decode([fp.Read(1.0, b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")])
+    assert fp.idle(silent_record(left), cut, pause=30.0) == {
+        "cut": True, "timeout": 1.0, "how": "fin", "client_saw": "truncated",
+    }  # fmt: skip
+
+
+def test_a_silence_the_path_lets_pass_is_at_least_its_length() -> None:
+    whole = b"HTTP/1.1 200 OK\r\ncontent-length: 14\r\n\r\ndata: [DONE]\n\n"
+    found = fp.idle(silent_record(None), fp.decode([fp.Read(30.1, whole)]), pause=30.0)
+    assert found == {"cut": False, "at_least": 30.0, "client_saw": "complete"}
+
+
+def test_a_proper_end_without_done_is_told_apart_from_a_whole_answer() -> None:
+    left = {"how": "fin", "at": 1.02, "frames_written": 1}
+    ended = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\ndata:\r\n0\r\n\r\n"
+    found = fp.idle(silent_record(left), fp.decode([fp.Read(1.0, ended)]), pause=30.0)
+    assert found["client_saw"] == "complete-without-done"
+
+
+def test_the_summary_says_the_read_timeout_or_that_it_is_at_least_the_silence() -> None:
+    cut = {"cut": True, "timeout": 1.0, "how": "fin", "client_saw": "truncated"}
+    lines = fp.summary({"url": "u", "measures": {"idle": cut}})
+    assert lines[1] == (
+        "It cuts a stream silent for 1.00 s (its read timeout after the head; the upstream "
+        "saw a fin, the client a truncated response)."
+    )
+    passed = fp.summary({"url": "u", "measures": {"idle": {"cut": False, "at_least": 30.0}}})
+    assert (
+        passed[1]
+        == "Its read timeout after the head is at least 30.0 s (a silence that long passed)."
+    )
