@@ -18,23 +18,25 @@ START_BOUND = 60.0  # seconds: a bound for a loaded machine, not a measurement
 
 
 @contextmanager
-def middlebox_proxy(folder: Path, upstream_port: int, path: str, name: str) -> Iterator[int]:
-    """`middlebox proxy` with the scenario `name` whose `path:` is the YAML list `path`;
-    yields the port it listens on."""
+def middlebox_proxy(
+    folder: Path, upstream_port: int, path: str, name: str, extra: tuple[str, ...] = ()
+) -> Iterator[int]:
+    """`middlebox proxy` with the scenario `name` whose `path:` is the YAML list `path`
+    (and the options in `extra`, e.g. `--tls`); yields the port it listens on."""
     scenario = folder / f"{name}.yaml"
     scenario.write_text(f"name: {name}\npath:\n{path}")
     ready = folder / f"{name}.ready"
     process = subprocess.Popen(
         [sys.executable, "-m", "middlebox", "proxy", "--listen", "127.0.0.1:0",
          "--upstream", f"http://127.0.0.1:{upstream_port}", "--scenario", str(scenario),
-         "--grace", "1", "--ready-file", str(ready)],
+         "--grace", "1", "--ready-file", str(ready), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + START_BOUND
         while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)  # another process's start-up, polled
-        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", ready.read_text())
+        found = re.search(r"listening on https?://127\.0\.0\.1:(\d+)", ready.read_text())
         assert found is not None
         yield int(found[1])
     finally:

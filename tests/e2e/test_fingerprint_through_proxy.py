@@ -2,7 +2,8 @@
 of a real probe upstream: it must find nginx's 4 KiB buffer within its stated tolerance,
 that `X-Accel-Buffering: no` is honoured, the header the path adds on each side and the 1 s
 read timeout (`idle_reaper`); through a bare path (no fault) it must find no hold, no
-header change and no read timeout. Bounded: each run has a budget, every socket a
+header change and no read timeout; through a TLS front door with middlebox's own CA, a
+one-line error until the CA is trusted. Bounded: each run has a budget, every socket a
 timeout."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from middlebox.tools.fingerprint import fingerprint
+import pytest
+
+from middlebox.tools.fingerprint import FingerprintError, fingerprint
 from middlebox.tools.probe_upstream import ProbeUpstream
 from tests.proxy_process import middlebox_proxy
 
@@ -80,3 +83,19 @@ def test_the_command_prints_both_summaries_and_writes_the_json(tmp_path: Path) -
     document = json.loads(out.read_text())
     assert document["summary"] == said[: said.index("Directly, without the path:")]
     assert document["direct"]["measures"]["hold"]["release"]["held"] is False
+
+
+def test_an_untrusted_certificate_is_one_line_and_a_trusted_one_is_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tls = ("--tls", "--ca-dir", str(tmp_path / "ca"))
+    with (
+        ProbeUpstream("127.0.0.1", 0) as probe,
+        middlebox_proxy(tmp_path, probe.port, "  []\n", "tls", tls) as port,
+    ):
+        url = f"https://127.0.0.1:{port}/v1"
+        with pytest.raises(FingerprintError, match="its TLS certificate is not trusted"):
+            fingerprint(url, budget=10)
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca" / "ca.pem"))
+        measured = fingerprint(url, budget=10)
+    assert measured["measures"]["hold"]["release"]["held"] is False
