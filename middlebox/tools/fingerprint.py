@@ -270,9 +270,9 @@ class Session:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def fits(self, shape: ProbeShape, what: str) -> bool:
-        # the shape, its record, and a slack for a loaded path
-        if self.left() >= shape.duration * 2 + 2.0:
+    def fits(self, what: str, *shapes: ProbeShape) -> bool:
+        # each shape, its record, and a slack for a loaded path
+        if self.left() >= sum(shape.duration * 2 + 2.0 for shape in shapes):
             return True
         self.not_measured.append(f"{what} (the budget ran out)")
         return False
@@ -321,13 +321,14 @@ def measure(target: Target, budget: float, progress: Callable[[str], None]) -> d
     found["response_headers"] = measures.header_changes(
         measures.planned_headers(plan), [list(f) for f in check.response.headers]
     )
-    if session.fits(HOLD_A, "hold") and session.fits(HOLD_B, "hold"):
+    if session.fits("hold", HOLD_A, HOLD_B):
         first = _hold(session, HOLD_A, "hold, 256-byte frames")
         second = _hold(session, HOLD_B, "hold, 512-byte frames")
         held: dict[str, Any] = {
             "release": measures.release(first, second), "shapes": [first, second]
         }  # fmt: skip
-        if first["release"] not in ("none", "incomplete") and session.fits(ACCEL, "accel"):
+        held_once = first["release"] not in ("none", "incomplete")
+        if held_once and session.fits("X-Accel-Buffering: no", ACCEL):
             knob = _hold(session, ACCEL, "X-Accel-Buffering: no")
             held["x_accel_buffering_honoured"] = measures.accel_honoured(first, knob)
             held["shapes"].append(knob)
