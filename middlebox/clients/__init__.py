@@ -140,6 +140,13 @@ BUILTIN_CLIENTS = ClientRegistry(
         "aiohttp-naive": [sys.executable, "-m", "middlebox.clients.aiohttp_naive"],
         "tools-naive": [sys.executable, "-m", "middlebox.clients.tools_naive"],
         "openai-tools": [sys.executable, "-m", "middlebox.clients.sdk_tool_loop"],
+        "openai-responses": [sys.executable, "-m", "middlebox.clients.openai_responses"],
+        "openai-responses-resume": [
+            sys.executable,
+            "-m",
+            "middlebox.clients.openai_responses",
+            "--resume",
+        ],
     }
 )
 

@@ -59,6 +59,7 @@ LOCKED_CLIENTS: dict[str, LockedClient] = {
         LockedClient("openai-v2", "middlebox.clients.openai_sdk_line", "openai"),
         LockedClient("langchain-openai", "middlebox.clients.langchain_chat", "langchain-openai"),
         LockedClient("litellm", "middlebox.clients.litellm_completion", "litellm"),
+        LockedClient("anthropic-messages", "middlebox.clients.anthropic_messages", "anthropic"),
     )
 }
 
