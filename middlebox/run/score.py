@@ -482,7 +482,13 @@ def analyse_upstream_leg(record: LegRecord) -> dict[str, int]:
             continue
         if read(event, dialects.get(message)).end is EndKind.ERROR:
             counts["inband_errors"] += 1
-        if payload.get("usage") and message not in usage_seen:
+        # Chat's usage chunk and Messages' `message_delta` carry `usage`; a Responses
+        # stream reports it in its terminal event's `response` (null until then).
+        response = payload.get("response")
+        usage = payload.get("usage") or (
+            response.get("usage") if isinstance(response, dict) else None
+        )
+        if usage and message not in usage_seen:
             usage_seen.add(message)
             counts["usage_reported"] += 1
     return counts

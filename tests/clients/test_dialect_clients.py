@@ -128,6 +128,7 @@ def test_the_responses_client_shows_the_whole_answer_and_its_completed_end(
     assert entry["resumes"] == 0
     assert entry["attempts"] == 1 and not entry["saw_done"]
     assert [r.verdict for r in score.requests] == ["complete"]
+    assert score.metrics["server.usage_reported"] == 1
 
 
 def test_the_responses_client_reports_a_length_cut_as_max_output_tokens(tmp_path: Path) -> None:
@@ -186,6 +187,7 @@ def test_the_anthropic_client_shows_the_whole_answer_and_end_turn(tmp_path: Path
     assert entry["text"] == ledger[0]["text"] and entry["text"]
     assert ledger[0]["endpoint"] == "messages"
     assert [r.verdict for r in score.requests] == ["complete"]
+    assert score.metrics["server.usage_reported"] == 1
 
 
 def test_the_anthropic_client_reports_max_tokens_as_its_stop_reason(tmp_path: Path) -> None:
