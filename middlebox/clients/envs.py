@@ -1,6 +1,6 @@
 """Client environments: a library the matrix scores that is no dependency of middlebox.
 
-`openai` 1.x and 2.x, `langchain-openai` and `litellm` each run in their own virtual
+`openai` 1.x and 2.x, `langchain-openai`, `litellm` and `anthropic` each run in their own virtual
 environment, `<env_root>/<name>/`, built on first use from a lock file of exact versions
 shipped with the package (`middlebox/clients/locks/<name>.txt`, every transitive package
 pinned), like `.venv` from pyproject.toml: a stamp holding the lock file's digest says the
