@@ -84,9 +84,7 @@ def on_event(event: Any, rec: Recorder, cursor: Cursor) -> None:
         rec.finish_reason = seen.reason
         if isinstance(response, dict) and isinstance(response.get("usage"), dict):
             rec.usage = response["usage"]
-        if seen.end is EndKind.ERROR and seen.reason == "error":
-            raise ResponseFailed(_error_message(payload))
-        if payload.get("type") == "response.failed":
+        if seen.end is EndKind.ERROR and payload.get("type") in ("error", "response.failed"):
             raise ResponseFailed(_error_message(payload))
     if seen.token is TokenKind.ANSWER:
         rec.show(seen.text)

@@ -45,12 +45,12 @@ def proxy_for(tmp_path: Path, path: str, store: bool = True) -> BackgroundProxy:
     return start_background(load(scenario), tmp_path)
 
 
-def workload(tmp_path: Path, model: str, max_tokens: int) -> dict[str, str]:
+def workload(tmp_path: Path, model: str, max_tokens: int, stream: bool = True) -> dict[str, str]:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": f"{TAG} hello"}],
         "max_tokens": max_tokens,
-        "stream": True,
+        "stream": stream,
     }
     request = {"index": 0, "endpoint": "chat", "body": body}
     (tmp_path / "workload.json").write_text(json.dumps({"requests": [request]}))
@@ -75,12 +75,19 @@ def scored(proxy: BackgroundProxy, client: str, result: Path, ledger: Any) -> Cl
 
 
 def run_openai(
-    tmp_path: Path, path: str, *, resume: bool, max_tokens: int = 40, store: bool = True
+    tmp_path: Path,
+    path: str,
+    *,
+    resume: bool,
+    max_tokens: int = 40,
+    store: bool = True,
+    stream: bool = True,
 ) -> Any:
     """The result entry, the emulator's ledger of one request and the client's score."""
     proxy = proxy_for(tmp_path, path, store)
     try:
-        environ = {"OPENAI_BASE_URL": proxy.base_url, **workload(tmp_path, proxy.model, max_tokens)}
+        request = workload(tmp_path, proxy.model, max_tokens, stream)
+        environ = {"OPENAI_BASE_URL": proxy.base_url, **request}
         if resume:
             code = run_client("openai-responses-resume", openai_responses.resuming_session, environ)
         else:
@@ -129,6 +136,12 @@ def test_the_responses_client_shows_the_whole_answer_and_its_completed_end(
     assert entry["attempts"] == 1 and not entry["saw_done"]
     assert [r.verdict for r in score.requests] == ["complete"]
     assert score.metrics["server.usage_reported"] == 1
+
+
+def test_the_responses_client_without_stream_shows_the_response_body(tmp_path: Path) -> None:
+    entry, ledger, _ = run_openai(tmp_path, NO_FAULT, resume=False, max_tokens=5, stream=False)
+    assert entry["text"] == ledger[0]["text"] and entry["text"]
+    assert entry["finish_reason"] == "max_output_tokens" and not ledger[0]["stream"]
 
 
 def test_the_responses_client_reports_a_length_cut_as_max_output_tokens(tmp_path: Path) -> None:
