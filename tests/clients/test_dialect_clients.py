@@ -256,3 +256,23 @@ def test_the_anthropic_sdk_gets_the_server_root_it_appends_v1_messages_to() -> N
     assert root_url("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000"
     assert root_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
     assert root_url("http://h/gateway/v1") == "http://h/gateway"
+
+
+INBAND = "  - inband_error: {events: 8, shape: %s}\n"
+
+
+@pytest.mark.parametrize("shape", ["openai", "openai-failed"])
+def test_an_error_event_in_a_responses_stream_is_surfaced_not_shown(
+    tmp_path: Path, shape: str
+) -> None:
+    entry, _, score = run_openai(tmp_path, INBAND % shape, resume=False)
+    assert entry["error"].startswith("ResponseFailed: ")
+    assert entry["finish_reason"] in ("error", "failed")
+    assert "error" not in entry["text"].lower()
+    assert [r.verdict for r in score.requests] == ["truncation_detected"]
+
+
+def test_an_error_event_in_a_messages_stream_is_raised_by_the_sdk(tmp_path: Path) -> None:
+    entry, _, score = run_anthropic(tmp_path, INBAND % "vllm", max_tokens=40)
+    assert entry["error"].startswith("APIStatusError: ") and entry["finish_reason"] is None
+    assert [r.verdict for r in score.requests] == ["truncation_detected"]
