@@ -13,8 +13,9 @@ each piece of `text_stream` shown; `finish_reason` is the final message's `stop_
 (`end_turn`, `max_tokens`, ...; None when the stream ended before its `message_delta`),
 usage its `usage`. What the SDK raises is surfaced as the error (`event: error` raises
 `APIStatusError`; an RST lets httpx's `ReadError` escape unwrapped, measured in
-reset-mid-stream); when it raises, the stop reason is read from the snapshot the stream accumulated. A stream that
-closes cleanly before `message_stop` ends `text_stream` without a word and
+reset-mid-stream); when it raises, the stop reason is read from the snapshot the stream
+accumulated. A stream that closes cleanly before `message_stop` ends `text_stream` without a
+word and
 `get_final_message` returns that snapshot (`stop_reason` None): the client reports what it
 had. The workload's chat request becomes a Messages request
 (`middlebox.clients.api_requests`). The SDK lives in its own environment
