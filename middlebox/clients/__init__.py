@@ -66,14 +66,20 @@ The compatibility matrix's clients (docs/compatibility.md), scored when named or
 - `aiohttp-naive`: aiohttp `iter_any()` with each read decoded on its own (mojibake);
 - `openai-v1`, `openai-v2`: the openai SDK's 1.x and 2.x lines, run as `openai` is;
 - `langchain-openai`: `ChatOpenAI(...).astream`;
-- `litellm`: `acompletion(stream=True)` against the OpenAI-compatible base.
-The last four run in their own environments (`middlebox.clients.envs`), built from a lock
-file the first time the client is looked up in BUILTIN_CLIENTS.
+- `litellm`: `acompletion(stream=True)` against the OpenAI-compatible base;
+- `openai-responses`: the openai SDK's `responses.create(stream=True)` (the Responses API);
+- `openai-responses-resume`: a background response (`background`, `store`) resumed with
+  `responses.retrieve(id, stream=True, starting_after=N)` when its stream breaks;
+- `anthropic-messages`: the anthropic SDK's `messages.stream` against `/v1/messages`.
+`openai-v1`, `openai-v2`, `langchain-openai`, `litellm` and `anthropic-messages` run in their
+own environments (`middlebox.clients.envs`), built from a lock file the first time the client
+is looked up in BUILTIN_CLIENTS.
 Agent clients (SCENARIO_CLIENTS), scored in the scenarios whose `workload.clients` names
 them: `tools-naive` (acts on partial tool calls and JSON, retries without idempotency
 keys, shows reasoning as the answer) and `openai-tools` (the SDK's documented tool-call
 loop); `resilient` is their reference. Results may carry `tool_calls_executed`,
-`json_acted_on` and `reasoning` (docs/clients.md).
+`json_acted_on` and `reasoning` (docs/clients.md). `openai-responses-resume` is scored
+the same way: only where a scenario names it (it needs a server with the Responses store).
 """
 
 from __future__ import annotations
@@ -140,12 +146,28 @@ BUILTIN_CLIENTS = ClientRegistry(
         "aiohttp-naive": [sys.executable, "-m", "middlebox.clients.aiohttp_naive"],
         "tools-naive": [sys.executable, "-m", "middlebox.clients.tools_naive"],
         "openai-tools": [sys.executable, "-m", "middlebox.clients.sdk_tool_loop"],
+        "openai-responses": [sys.executable, "-m", "middlebox.clients.openai_responses"],
+        "openai-responses-resume": [
+            sys.executable,
+            "-m",
+            "middlebox.clients.openai_responses",
+            "--resume",
+        ],
     }
 )
 
 # Agent clients (issue 19, docs/clients.md "Agent streams"): scored in the scenarios whose
 # `workload.clients` names them (tool calls, JSON answers, reasoning), never by default.
-SCENARIO_CLIENTS = ("tools-naive", "openai-tools", "httpx-h2", "browser-tls")
+# `openai-responses-resume` needs a server with the Responses store (vLLM's
+# VLLM_ENABLE_RESPONSES_API_STORE=1, off by default; the emulator's `responses_store`), which
+# only the scenarios that name it configure: elsewhere `background` is refused with a 400.
+SCENARIO_CLIENTS = (
+    "tools-naive",
+    "openai-tools",
+    "httpx-h2",
+    "browser-tls",
+    "openai-responses-resume",
+)
 
 # What `middlebox run` scores when no --client is given (browsers only with Chromium): the
 # matrix's clients (docs/compatibility.md) are scored when named, or all by `make matrix`.

@@ -1,6 +1,6 @@
 """Client environments: a library the matrix scores that is no dependency of middlebox.
 
-`openai` 1.x and 2.x, `langchain-openai` and `litellm` each run in their own virtual
+`openai` 1.x and 2.x, `langchain-openai`, `litellm` and `anthropic` each run in their own virtual
 environment, `<env_root>/<name>/`, built on first use from a lock file of exact versions
 shipped with the package (`middlebox/clients/locks/<name>.txt`, every transitive package
 pinned), like `.venv` from pyproject.toml: a stamp holding the lock file's digest says the
@@ -59,6 +59,7 @@ LOCKED_CLIENTS: dict[str, LockedClient] = {
         LockedClient("openai-v2", "middlebox.clients.openai_sdk_line", "openai"),
         LockedClient("langchain-openai", "middlebox.clients.langchain_chat", "langchain-openai"),
         LockedClient("litellm", "middlebox.clients.litellm_completion", "litellm"),
+        LockedClient("anthropic-messages", "middlebox.clients.anthropic_messages", "anthropic"),
     )
 }
 

@@ -56,6 +56,30 @@ CLIENT_FACTS: dict[str, ClientFacts] = {
             "hang": "AsyncOpenAI(timeout=httpx.Timeout(30, read=10)); catch httpx errors too",
         },
     ),
+    "openai-responses": ClientFacts(
+        "openai", "python", "600 s read, 5 s connect", "2, none once streaming", "none",
+        {
+            "silent_truncation": "treat a stream that ended before response.completed as an "
+            "error; check response.status and incomplete_details",
+            "hang": "AsyncOpenAI(timeout=httpx.Timeout(30, read=10)) for a stall timeout",
+        },
+    ),
+    "openai-responses-resume": ClientFacts(
+        "openai", "python", "600 s read, 5 s connect", "2, none once streaming",
+        "responses.retrieve(id, stream=True, starting_after=N) on a background response",
+        {
+            "silent_truncation": "check response.status and incomplete_details at the end",
+            "hang": "AsyncOpenAI(timeout=httpx.Timeout(30, read=10)), then resume",
+        },
+    ),
+    "anthropic-messages": ClientFacts(
+        "anthropic", "python-env", "600 s", "2, none once streaming", "none",
+        {
+            "silent_truncation": "treat a stream without message_stop (stop_reason None) as an "
+            "error; check stop_reason != 'max_tokens'",
+            "hang": "AsyncAnthropic(timeout=httpx.Timeout(30, read=10)) for a stall timeout",
+        },
+    ),
     "httpx-sse": ClientFacts(
         "httpx-sse", "python", "5 s (httpx default, per read)", "none", "none",
         {

@@ -323,12 +323,14 @@ def delivered_finish_reasons(client_traffic: Iterable[UpstreamLeg], tag: str) ->
     to it on the client leg, in order, the last `finish_reason` that crossed toward the
     client (None: the response ended, or was cut, before a finish chunk crossed). A resume
     by `GET /v1/streams/{id}` carries no body to find the tag in: it belongs to the request
-    when an earlier response of it named that stream (`X-Stream-Id`). Empty when the leg
+    when an earlier response of it named that stream (`X-Stream-Id`), and a
+    `GET /v1/responses/{id}` when a stream of it named that response. Empty when the leg
     shows none of its responses as events (a content-coded body, an HTTP/2 leg)."""
     found: list[str | None] = []
     streams: set[str] = set()
-    for leg in client_traffic:
-        record = _framed(leg)
+    legs = [_framed(leg) for leg in client_traffic]
+    responses = _stored_responses(legs, tag)
+    for record in legs:
         targets = {m: head.target or "" for m, _, _, head in record.heads[Direction.UPSTREAM]}
         named = {
             m: head.header("x-stream-id")
@@ -338,7 +340,11 @@ def delivered_finish_reasons(client_traffic: Iterable[UpstreamLeg], tag: str) ->
         for message, reason in _finish_reasons(record).items():
             body = record.request_body(message).decode("utf-8", "replace")
             target = targets.get(message, "").split("?")[0]
-            if tag in body or any(target.endswith(f"/streams/{sid}") for sid in streams):
+            if (
+                tag in body
+                or any(target.endswith(f"/streams/{sid}") for sid in streams)
+                or _retrieves(record, message, responses)
+            ):
                 found.append(reason)
                 if named.get(message):
                     streams.add(str(named[message]))
@@ -348,14 +354,50 @@ def delivered_finish_reasons(client_traffic: Iterable[UpstreamLeg], tag: str) ->
 def wire_attempts(client_traffic: Iterable[UpstreamLeg], tag: str) -> int:
     """HTTP requests the client sent for one logical request: those on the client leg
     whose body carries its tag, whoever answered them (the upstream, or a fault such as
-    a gateway's 429 that never let them through)."""
+    a gateway's 429 that never let them through), and its resumes of a background
+    response (`GET /v1/responses/{id}`, no body: `_stored_responses`)."""
     count = 0
-    for leg in client_traffic:
-        record = _framed(leg)
+    legs = [_framed(leg) for leg in client_traffic]
+    responses = _stored_responses(legs, tag)
+    for record in legs:
         for message, _, _, _ in record.heads[Direction.UPSTREAM]:
-            if tag in record.request_body(message).decode("utf-8", "replace"):
+            body = record.request_body(message).decode("utf-8", "replace")
+            if tag in body or _retrieves(record, message, responses):
                 count += 1
     return count
+
+
+def _stored_responses(legs: Sequence[LegRecord], tag: str) -> set[str]:
+    """The ids of the Responses-API responses made for one logical request: those its
+    requests' streams named (`response.created` and every event carrying `response.id`), so
+    that a resume by `GET /v1/responses/{id}?stream=true`, which carries no body to find
+    the tag in, is counted as the same request's."""
+    ids: set[str] = set()
+    for record in legs:
+        asked = {
+            message
+            for message, _, _, _ in record.heads[Direction.UPSTREAM]
+            if tag in record.request_body(message).decode("utf-8", "replace")
+        }
+        for message, _, event in record.events[Direction.DOWNSTREAM]:
+            if message not in asked:
+                continue
+            payload = json_payload(event)
+            response = payload.get("response") if payload is not None else None
+            if isinstance(response, dict) and isinstance(response.get("id"), str):
+                ids.add(response["id"])
+    return ids
+
+
+def _retrieves(record: LegRecord, message: int, responses: set[str]) -> bool:
+    """The request is a `GET /v1/responses/{id}` of one of `responses`."""
+    for found, _, _, head in record.heads[Direction.UPSTREAM]:
+        if found == message and head.method is not None and head.target is not None:
+            path = head.target.split("?")[0].rstrip("/")
+            return head.method.upper() == "GET" and any(
+                path.endswith(f"/responses/{rid}") for rid in responses
+            )
+    return False
 
 
 def finish_flag(
@@ -440,7 +482,13 @@ def analyse_upstream_leg(record: LegRecord) -> dict[str, int]:
             continue
         if read(event, dialects.get(message)).end is EndKind.ERROR:
             counts["inband_errors"] += 1
-        if payload.get("usage") and message not in usage_seen:
+        # Chat's usage chunk and Messages' `message_delta` carry `usage`; a Responses
+        # stream reports it in its terminal event's `response` (null until then).
+        response = payload.get("response")
+        usage = payload.get("usage") or (
+            response.get("usage") if isinstance(response, dict) else None
+        )
+        if usage and message not in usage_seen:
             usage_seen.add(message)
             counts["usage_reported"] += 1
     return counts

@@ -82,6 +82,7 @@ def test_the_locks_hold_the_majors_the_client_names_promise() -> None:
     assert envs.library_version("openai-v2").startswith("2.")
     assert envs.library_version("langchain-openai").split(".")[0].isdigit()
     assert envs.library_version("litellm").startswith("1.")
+    assert envs.library_version("anthropic-messages").startswith("0.")
 
 
 def test_lock_versions_are_read_with_normalised_names_and_comments_skipped(

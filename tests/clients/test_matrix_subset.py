@@ -11,13 +11,14 @@ ends silently without `[DONE]` and waits 600 s on a stall where httpx-sse times 
 5 s, and the openai 1.x/2.x lines let httpx's exceptions escape where 3.x wraps them.
 
 The clients whose libraries live in their own environments (openai-v1, openai-v2,
-langchain-openai, litellm) build them on first use (middlebox.clients.envs); each client
-runs the five scenarios on its own, so a dozen interpreters never import side by side
-inside the scenarios' bounds. The Node clients run the same five in
-tests/clients/test_node_clients.py (checked below to stay so). Each group's report stays
-under pytest's tmp dir, and a failure message says what each failing client's proxy saw
-(tests/clients/suite_evidence.py): client-vanishes/httpx-sse has failed intermittently in
-CI (the vanish never fired, so httpx-sse read the whole answer) and never here.
+langchain-openai, litellm, anthropic-messages) build them on first use
+(middlebox.clients.envs); each client runs the five scenarios on its own, so a dozen
+interpreters never import side by side inside the scenarios' bounds. The Node clients run
+the same five in tests/clients/test_node_clients.py (checked below to stay so). Each
+group's report stays under pytest's tmp dir, and a failure message says what each failing
+client's proxy saw (tests/clients/suite_evidence.py): client-vanishes/httpx-sse has failed
+intermittently in CI (the vanish never fired, so httpx-sse read the whole answer) and never
+here.
 """
 
 from __future__ import annotations
@@ -46,7 +47,15 @@ SUBSET = [
 ]
 # light clients (aiohttp, httpx, the .venv's openai) share a run three at a time; each
 # locked one runs alone
-LIGHT = ["raw", "openai", "httpx-sse", "resilient", "aiohttp-lines", "aiohttp-naive"]
+LIGHT = [
+    "raw",
+    "openai",
+    "httpx-sse",
+    "resilient",
+    "aiohttp-lines",
+    "aiohttp-naive",
+    "openai-responses",
+]
 LOCKED = list(envs.LOCKED_CLIENTS)
 PYTHON_CLIENTS = LIGHT + LOCKED
 
@@ -151,6 +160,19 @@ def test_openai_1x_and_2x_let_httpx_exceptions_escape_where_3x_wraps_them(
         assert verdicts(subset, "reset-mid-stream", line) == ["truncation_detected"]
         raised = errors(subset, "reset-mid-stream", line)[0].split(":")[0]
         assert raised in {"RemoteProtocolError", "ReadError"}, (line, raised)
+
+
+def test_the_responses_and_messages_loops_raise_on_a_reset_and_are_silent_on_a_clean_end(
+    subset: dict[str, Any],
+) -> None:
+    """Neither SDK checks that its stream reached `response.completed` / `message_stop`;
+    on a reset openai wraps httpx's error, anthropic lets it escape."""
+    raised = {"openai-responses": "APIConnectionError", "anthropic-messages": "ReadError"}
+    for client in ("openai-responses", "anthropic-messages"):
+        assert verdicts(subset, "reset-mid-stream", client) == ["truncation_detected"]
+        assert errors(subset, "reset-mid-stream", client)[0].startswith(raised[client])
+        assert verdicts(subset, "clean-close-without-done", client) == ["silent_truncation"]
+        assert verdicts(subset, "client-vanishes", client) == ["hang"]
 
 
 def test_the_node_clients_run_the_same_subset_in_their_own_test() -> None:
