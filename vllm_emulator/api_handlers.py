@@ -118,6 +118,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             config.max_model_len,
             config.responses_store,
             request.headers.get("X-Request-Id"),
+            config.natural_ends,
         ),
     )
     if isinstance(admitted, web.Response):
@@ -232,6 +233,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
             config.model,
             config.max_model_len,
             request.headers.get("X-Request-Id"),
+            config.natural_ends,
         ),
     )
     if isinstance(admitted, web.Response):

@@ -157,13 +157,15 @@ def _chat_request(
     stop: tuple[str, ...],
     prompt_tokens: int,
     request_id: str | None,
+    natural_ends: bool = True,
 ) -> ParsedRequest:
     # Planned as the chat request vLLM renders it into; tools are not planned as calls
-    # (no tool-call parser), so only the sampling fields go along. The length limit caps
-    # the answer, which otherwise ends at its natural length (EOS), unless `ignore_eos`
-    # asks for exactly the limit. (Chat keeps the emulator's older rule: a max_tokens is
-    # always generated in full.)
-    if body.get("ignore_eos") is not True:
+    # (no tool-call parser), so only the sampling fields go along. With `natural_ends`
+    # (the real-vLLM tier's emulator, whose tiny model stops at EOS) the length limit caps
+    # the answer, which otherwise ends at its natural length, unless `ignore_eos` asks for
+    # exactly the limit; without it a limit is generated in full, as a chat max_tokens
+    # always is here, so a scenario's workload means the same generation in every API.
+    if natural_ends and body.get("ignore_eos") is not True:
         max_tokens = None
     chat = {"model": model, "messages": messages}
     for name in ("temperature", "top_p", "seed"):
@@ -184,6 +186,7 @@ def parse_responses(
     max_model_len: int,
     store_enabled: bool,
     header_request_id: str | None,
+    natural_ends: bool = True,
 ) -> ApiRequest:
     """Validate `POST /v1/responses` as vLLM 0.32 does, or raise ApiError with its answer."""
     body = load_body(profile, content_type, raw)
@@ -225,7 +228,7 @@ def parse_responses(
     limit = _limits(profile, "max_output_tokens", requested, prompt_tokens, max_model_len, False)
     max_tokens = None if requested is None else limit
     parsed = _chat_request(body, messages, model, flags["stream"], max_tokens, limit, (),
-                           prompt_tokens, header_request_id)  # fmt: skip
+                           prompt_tokens, header_request_id, natural_ends)  # fmt: skip
     return ApiRequest("responses", parsed, body, flags["background"],
                       flags["store"] and store_enabled, requested)  # fmt: skip
 
@@ -237,6 +240,7 @@ def parse_messages(
     served_model: str,
     max_model_len: int,
     header_request_id: str | None,
+    natural_ends: bool = True,
 ) -> ApiRequest:
     """Validate `POST /v1/messages` as vLLM 0.32 does, or raise ApiError with its answer."""
     body = load_body(profile, content_type, raw)
@@ -298,7 +302,7 @@ def parse_messages(
     stops = body.get("stop_sequences")
     stop = tuple(s for s in stops if isinstance(s, str)) if isinstance(stops, list) else ()
     parsed = _chat_request(body, messages, model, stream, limit, limit, stop, prompt_tokens,
-                           header_request_id)  # fmt: skip
+                           header_request_id, natural_ends)  # fmt: skip
     return ApiRequest("messages", parsed, body, max_output_tokens=requested)
 
 

@@ -83,6 +83,11 @@ class EmulatorConfig:
     # a `background` request is refused and `store` ignored; on, responses are kept for
     # `GET /v1/responses/{id}` and background ones run on after their client leaves.
     responses_store: bool = False
+    # Responses and Messages answers end at their natural length (EOS, in
+    # natural_length_min..max) under their limit, as the real-vLLM tier's tiny model does;
+    # off, a limit given is generated in full, as a chat max_tokens always is here, so a
+    # scenario's workload asks for the same generation in every API.
+    natural_ends: bool = False
     # Resumable streams (a gateway pattern vLLM lacks; off like vLLM).
     resumable: bool = False
     resume_buffer_size: Bytes = 1024 * 1024

@@ -31,7 +31,7 @@ from middlebox.run.score import ClientScore, score_client
 pytestmark = pytest.mark.e2e
 
 UPSTREAM = "upstream: {itl: 2ms, prefill_overhead: 5ms, responses_store: true, " \
-    "natural_length_min: 12, natural_length_max: 12}\n"  # fmt: skip
+    "natural_ends: true, natural_length_min: 12, natural_length_max: 12}\n"  # fmt: skip
 CLIENT_BOUND = 60
 TAG = "[middlebox dialect-clients/c/0]"
 

@@ -54,7 +54,7 @@ def emulator(middlebox_bin: str, tmp_path_factory: pytest.TempPathFactory) -> It
     # vLLM's test model answers cases.SHORT, and never before the 4 or 12 tokens others ask.
     config = {"profile": "vllm-0.32", "model": MODEL, "max_model_len": MAX_MODEL_LEN,
               "kv_block_size": 128, "itl": 0.0005, "prefill_overhead": 0.005,
-              "responses_store": True, "natural_length_min": 13,
+              "responses_store": True, "natural_ends": True, "natural_length_min": 13,
               "natural_length_max": 20}  # fmt: skip
     emu = Emulator(middlebox_bin, config, tmp_path_factory.mktemp("emulator"))
     try:

@@ -69,7 +69,7 @@ def test_a_responses_stream_has_vllms_events_in_order_and_the_ledger_text(emulat
 def test_a_response_without_ignore_eos_ends_at_its_natural_length_completed(
     emulator: Any,
 ) -> None:
-    server = emulator(natural_length_min=3, natural_length_max=3)
+    server = emulator(natural_length_min=3, natural_length_max=3, natural_ends=True)
     status, _, body = server.request(
         "POST", "/v1/responses", response(ignore_eos=False, max_output_tokens=50)
     )
@@ -79,6 +79,21 @@ def test_a_response_without_ignore_eos_ends_at_its_natural_length_completed(
     # The same request cut by its limit: incomplete.
     _, _, body = server.request("POST", "/v1/responses", response(max_output_tokens=2))
     assert json.loads(body)["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_without_natural_ends_a_limit_is_generated_in_full_as_chat_s_max_tokens(
+    emulator: Any,
+) -> None:
+    """The default: a scenario's workload asks for the same generation in every API."""
+    server = emulator(natural_length_min=3, natural_length_max=3)
+    _, _, body = server.request(
+        "POST", "/v1/responses", response(ignore_eos=False, max_output_tokens=50)
+    )
+    answer = json.loads(body)
+    assert answer["status"] == "incomplete" and answer["usage"]["output_tokens"] == 50
+    _, _, body = server.request("POST", "/v1/messages", message(max_tokens=40, ignore_eos=False))
+    assert json.loads(body)["stop_reason"] == "max_tokens"
+    assert json.loads(body)["usage"]["output_tokens"] == 40
 
 
 def test_a_foreground_responses_stream_aborts_when_its_client_leaves(emulator: Any) -> None:
@@ -213,7 +228,7 @@ def test_a_streamed_get_of_a_response_without_events_drops_after_the_headers(
 
 
 def test_a_messages_stream_has_anthropics_events_and_stop_reasons(emulator: Any) -> None:
-    server = emulator(natural_length_min=3, natural_length_max=3)
+    server = emulator(natural_length_min=3, natural_length_max=3, natural_ends=True)
     result = server.raw("/v1/messages", message(stream=True))
     got = events(result.body)
     kinds = [e["type"] for e in got]
