@@ -396,3 +396,23 @@ def _messages(event: SseEvent, payload: dict[str, Any] | None) -> Meaning:
     if kind == "error":
         return Meaning(Dialect.MESSAGES, end=EndKind.ERROR, reason="error", last=True)
     return Meaning(Dialect.MESSAGES)
+
+
+NATURAL_STOPS = frozenset({"stop", "end_turn", "stop_sequence", "completed"})
+"""The reasons an answer gives when the model itself stopped (not a tool call): chat's and
+completions' `stop`, Messages' `end_turn` / `stop_sequence`, a Responses `completed`."""
+
+
+def end_of_reason(reason: str | None) -> EndKind | None:
+    """How an answer ended, from the reason word a client or a leg reports in its API's
+    terms (a `finish_reason`, a `stop_reason`, a response's status or its
+    `incomplete_details.reason`): the same four ends `read` gives events."""
+    if reason is None:
+        return None
+    if reason in NATURAL_STOPS or reason in ("tool_calls", "tool_use", "pause_turn"):
+        return EndKind.COMPLETE
+    if reason in _LENGTH_REASONS or reason in ("length", "model_context_window_exceeded"):
+        return EndKind.LENGTH
+    if reason in ("abort", "cancelled"):
+        return EndKind.CANCELLED
+    return EndKind.ERROR if reason in ("error", "failed", "refusal", "incomplete") else None

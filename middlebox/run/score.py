@@ -34,11 +34,13 @@ from itertools import pairwise
 from typing import Any
 
 from middlebox.core.dialects import (
+    NATURAL_STOPS,
     Dialect,
     EndKind,
     Meaning,
     TokenKind,
     dialect_for,
+    end_of_reason,
     json_payload,
     read,
 )
@@ -404,18 +406,22 @@ def finish_flag(
     reported: str | None, reached: str | None, result: Mapping[str, Any] | None
 ) -> str | None:
     """Judge the client's `finish_reason` against the one that reached it (`reached`:
-    the last that crossed its leg; `reached_reason`). `length_hidden`: the stream's
-    `length` reached the client and the client, reporting success, did not say `length`
-    (the seed article: "a completed stream is not a complete answer"); a stream cut
-    before its finish chunk hid nothing the client could have seen. `stop_invented`: the
-    client says `stop` where no stop reached it (cut, aborted, failed or cut at
-    max_tokens)."""
+    the last that crossed its leg; `reached_reason`), each in its API's words. `length_hidden`:
+    the stream's length cut (`length`, `max_tokens`, `max_output_tokens`) reached the client
+    and the client, reporting success, did not say so (the seed article: "a completed
+    stream is not a complete answer"); a stream cut before its finish chunk hid nothing
+    the client could have seen. `stop_invented`: the client says the model stopped
+    (`stop`, `end_turn`, `completed`) where no such stop reached it (cut, aborted, failed or
+    cut at its limit)."""
     if result is None or result.get("abandoned"):
         return None
-    if reported == "stop" and reached != "stop":
+    # In each API's words (core.dialects): chat's stop/length, Messages' end_turn/max_tokens,
+    # a Responses completed/max_output_tokens.
+    if reported in NATURAL_STOPS and reached not in NATURAL_STOPS:
         return "stop_invented"
-    if reached == "length" and reported != "length" and not result.get("error"):
-        return "length_hidden"
+    length = EndKind.LENGTH
+    if end_of_reason(reached) is length and end_of_reason(reported) is not length:
+        return None if result.get("error") else "length_hidden"
     return None
 
 
@@ -688,7 +694,10 @@ def _max_tokens(body: str) -> int | None:
         parsed = json.loads(body)
     except ValueError:
         return None
-    value = parsed.get("max_tokens") if isinstance(parsed, dict) else None
+    if not isinstance(parsed, dict):
+        return None
+    # chat, completions and Messages say max_tokens; the Responses API max_output_tokens
+    value = parsed.get("max_tokens", parsed.get("max_output_tokens"))
     return value if isinstance(value, int) else None
 
 

@@ -17,6 +17,7 @@ from middlebox.core.dialects import (
     TokenKind,
     detect,
     dialect_for,
+    end_of_reason,
     read,
     starting_after,
 )
@@ -416,3 +417,27 @@ def test_a_known_dialect_reads_an_event_even_where_its_shape_says_little() -> No
     # data-only junk inside a Messages stream is no chat chunk
     assert read(one(b"data: {}\n\n"), MESSAGES).dialect is MESSAGES
     assert read(one(b"data: {}\n\n")).dialect is CHAT
+
+
+@pytest.mark.parametrize(
+    ("reason", "end"),
+    [
+        ("stop", EndKind.COMPLETE),
+        ("end_turn", EndKind.COMPLETE),
+        ("completed", EndKind.COMPLETE),
+        ("tool_use", EndKind.COMPLETE),
+        ("length", EndKind.LENGTH),
+        ("max_tokens", EndKind.LENGTH),
+        ("max_output_tokens", EndKind.LENGTH),
+        ("abort", EndKind.CANCELLED),
+        ("cancelled", EndKind.CANCELLED),
+        ("error", EndKind.ERROR),
+        ("failed", EndKind.ERROR),
+        ("whatever", None),
+        (None, None),
+    ],
+)
+def test_a_reason_word_of_any_api_says_how_the_answer_ended(
+    reason: str | None, end: EndKind | None
+) -> None:
+    assert end_of_reason(reason) is end

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from middlebox.core.dialects import Dialect
 from middlebox.core.framed import LegRecord
 from middlebox.core.stream import Direction
 from middlebox.observe.requests import tokens_reached, upstream_tokens_per_burst
@@ -29,6 +30,7 @@ from middlebox.run.score import (
     reached_reason,
     score_client,
 )
+from tests.core.answers import PATHS, answer_events
 
 TAG = "[middlebox s/raw/0]"
 START = 1000.0
@@ -255,3 +257,29 @@ def test_the_path_delivery_is_timed_where_the_proxy_wrote_toward_the_client() ->
     # per connection: two connections' chunks never make one burst
     assert delivered_tokens_per_burst([lumped, lumped]) == pytest.approx(3.0)
     assert delivered_tokens_per_burst([[], []]) is None  # nothing framed: unknown
+
+
+def named_stream(events: list[bytes]) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+    return head + b"".join(events)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "cut_word", "done_word"),
+    [
+        (Dialect.RESPONSES, "max_output_tokens", "completed"),
+        (Dialect.MESSAGES, "max_tokens", "end_turn"),
+    ],
+    ids=["responses", "messages"],
+)
+def test_each_api_s_length_cut_is_hidden_only_when_the_client_did_not_say_it(
+    dialect: Dialect, cut_word: str, done_word: str
+) -> None:
+    target = PATHS[dialect].encode()
+    cut = [(request(target=target), named_stream(answer_events(dialect, ["ab", "c"], "length")))]
+    # the client says the model finished where the API said its limit cut the answer
+    assert flagged(done_word, cut) == (cut_word, "stop_invented")
+    assert flagged(None, cut) == (cut_word, "length_hidden")
+    assert flagged(cut_word, cut) == (cut_word, None)
+    whole = [(request(target=target), named_stream(answer_events(dialect, ["ab", "c"])))]
+    assert flagged(done_word, whole, upstream_reason="stop") == (done_word, None)
