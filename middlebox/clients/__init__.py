@@ -80,6 +80,8 @@ keys, shows reasoning as the answer) and `openai-tools` (the SDK's documented to
 loop); `resilient` is their reference. Results may carry `tool_calls_executed`,
 `json_acted_on` and `reasoning` (docs/clients.md). `openai-responses-resume` is scored
 the same way: only where a scenario names it (it needs a server with the Responses store).
+`openai-responses` and `anthropic-messages` (DIALECT_CLIENTS) are matrix clients that also
+run wherever a scenario names them: the library's Responses and Messages scenarios.
 """
 
 from __future__ import annotations
@@ -168,6 +170,11 @@ SCENARIO_CLIENTS = (
     "browser-tls",
     "openai-responses-resume",
 )
+
+# The Python clients of the Responses and Messages APIs: matrix clients (scored when named,
+# or by `make matrix`), and also scored wherever a scenario's `workload.clients` names them,
+# so the library's Responses and Messages scenarios run in `middlebox run` with no --client.
+DIALECT_CLIENTS = ("openai-responses", "anthropic-messages")
 
 # What `middlebox run` scores when no --client is given (browsers only with Chromium): the
 # matrix's clients (docs/compatibility.md) are scored when named, or all by `make matrix`.

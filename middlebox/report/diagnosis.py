@@ -340,7 +340,13 @@ def findings(result: dict[str, Any]) -> list[Finding]:
     # is server.generations_per_request (a 429 answered by a hop runs nothing)
     amplification = int(metrics.get("client.amplification") or 0)
     generations = metrics.get("server.generations_per_request")
-    if amplification > 1:
+    resumed = int(metrics.get("client.resumed") or 0)
+    # a resume (Last-Event-ID, or a Responses `starting_after`) reads the same generation on
+    # from where it broke: its attempts ran the model once, which is the fix, not the fault
+    resumed_one_generation = (
+        resumed > 0 and isinstance(generations, int | float) and generations <= 1
+    )
+    if amplification > 1 and not resumed_one_generation:
         ran = (
             f"the model ran {int(generations)}"
             if isinstance(generations, int | float)
@@ -394,6 +400,9 @@ def findings(result: dict[str, Any]) -> list[Finding]:
         name = f"{found.tokens_wasted} tokens generated for nobody"
         said = _said("server.tokens_wasted")
         out.append(Finding(name, f"{name}: {said}", f"tokens generated for nobody: {said}"))
+    if not out and resumed_one_generation and set(verdicts) <= {"complete", "abandoned"}:
+        name = f"cut, and resumed {resumed} time{'s' if resumed > 1 else ''}: one generation"
+        out.append(Finding(name, name))
     if not out and "truncation_detected" in verdicts:
         name = "cut short, and the client said so"
         said = f"{name}: {EXPLAIN['client.truncations_detected'].fix}"

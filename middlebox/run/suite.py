@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from middlebox.clients import BUILTIN_CLIENTS, SCENARIO_CLIENTS
+from middlebox.clients import BUILTIN_CLIENTS, DIALECT_CLIENTS, SCENARIO_CLIENTS
 from middlebox.compose import expand_paths, load
 from middlebox.core.stream import Direction
 from middlebox.library import scenario_dir
@@ -77,6 +77,7 @@ from middlebox.run.upstream import (
     UpstreamClient,
     UpstreamError,
     acontext,
+    akeeps_background_responses,
     amodel,
     apace,
     sampled,
@@ -96,6 +97,7 @@ IMITATION_FIELDS = frozenset(
         "itl_jitter", "batch_slowdown", "natural_length_min", "natural_length_max",
         "default_max_tokens", "created", "system_fingerprint", "log_requests",
         "http_keep_alive_timeout", "resume_buffer_size", "resume_ttl", "fail_kind", "cpu_flags",
+        "responses_store",
     }
 )  # fmt: skip
 """`EmulatorConfig` fields that tune how the emulator imitates a server (its speed, its
@@ -103,7 +105,9 @@ wire profile, its ids, the details of a behaviour switched on elsewhere): a real
 has its own, so against one they are not in play. Every other field, set away from its
 default (the defaults are what vLLM does), asks for behaviour that only the emulator
 has, so the list of what needs the emulator is derived from the config's fields: a
-field added to `EmulatorConfig` needs the emulator until it is named here."""
+field added to `EmulatorConfig` needs the emulator until it is named here.
+`responses_store` is a real vLLM's own switch (VLLM_ENABLE_RESPONSES_API_STORE=1, which
+`make vllm` sets): against a real server it is checked, not emulated (`store_problem`)."""
 
 WHY_EMULATOR = {
     "pauses": "a stall after N tokens (a real vLLM cannot be told to pause)",
@@ -297,6 +301,23 @@ def needs_emulator(scenario: Scenario) -> str | None:
     return "; ".join(reasons) or None
 
 
+STORE_NEEDED = (
+    "needs a server that keeps background Responses (upstream.responses_store): this one "
+    "refused `background: true`; start vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1 "
+    "(`make vllm` does)"
+)
+
+
+async def store_problem(scenario: Scenario, upstream: UpstreamClient, model: str) -> str | None:
+    """A scenario that asks for the Responses store (`upstream.responses_store`) against a
+    real server that was started without it: said before any client runs, since every
+    background request of the scenario would get a 400 and be scored as the client's."""
+    block: Any = scenario.sections.get("upstream")
+    if not getattr(block, "responses_store", False):
+        return None
+    return None if await akeeps_background_responses(upstream, model) else STORE_NEEDED
+
+
 # ----------------------------------------------------------------- one scenario
 
 
@@ -315,8 +336,9 @@ async def run_scenario(
     expect = scenario.sections.get("expect") or {}
     chosen = [c for c in clients if workload.clients is None or c.name in workload.clients]
     given = {c.name for c in clients}
-    # agent clients run where a scenario names them (clients.SCENARIO_CLIENTS, issue 19)
-    named = [n for n in workload.clients or () if n in SCENARIO_CLIENTS]
+    # agent and dialect clients run where a scenario names them (clients.SCENARIO_CLIENTS,
+    # clients.DIALECT_CLIENTS), given or not
+    named = [n for n in workload.clients or () if n in SCENARIO_CLIENTS or n in DIALECT_CLIENTS]
     chosen += [ClientSpec(n, list(BUILTIN_CLIENTS[n])) for n in named if n not in given]
     outcome.problems += [
         f"{scenario.source}: {p}"
@@ -339,6 +361,9 @@ async def run_scenario(
         upstream = UpstreamClient(base_url)
         model = await amodel(upstream)
         if emulator is None:
+            if (problem := await store_problem(scenario, upstream, model)) is not None:
+                outcome.problems.append(f"{scenario.source}: {problem}")
+                return outcome
             pace = await apace(upstream, model)
             pace_args = (
                 None if pace is None else pace.seconds_per_token,

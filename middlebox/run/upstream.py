@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -73,6 +74,28 @@ class UpstreamClient:
         """The emulator's ledger: one entry per generation (see docs/emulator.md)."""
         return list(self.json("/emulator/requests")["requests"])
 
+    def keeps_background_responses(self, model: str) -> bool:
+        """Whether the upstream takes a background Responses request (vLLM does only when
+        started with VLLM_ENABLE_RESPONSES_API_STORE=1: else a 400 names the variable).
+        The question is a one-token background response, answered `queued` at once."""
+        body = {
+            "model": model, "input": "ping", "max_output_tokens": 1,
+            "background": True, "store": True,
+        }  # fmt: skip
+        request = urllib.request.Request(
+            self.base_url + "/v1/responses", method="POST", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+                return bool(response.status == 200)
+        except urllib.error.HTTPError:
+            return False
+        except OSError as error:
+            raise UpstreamError(
+                f"cannot ask {self.base_url}/v1/responses for a background response: {error}"
+            ) from None
+
     def metrics(self) -> dict[str, float] | None:
         """vLLM's /metrics summed over label sets, or None when the upstream has none."""
         try:
@@ -92,6 +115,10 @@ async def amodel(upstream: UpstreamClient) -> str:
 
 async def acontext(upstream: UpstreamClient) -> int | None:
     return await trio.to_thread.run_sync(upstream.context)
+
+
+async def akeeps_background_responses(upstream: UpstreamClient, model: str) -> bool:
+    return await trio.to_thread.run_sync(upstream.keeps_background_responses, model)
 
 
 async def ametrics(upstream: UpstreamClient) -> dict[str, float] | None:

@@ -51,6 +51,17 @@ CATALOGUE: dict[str, tuple[str, dict[str, Any]]] = {
         "attempts for one request",
         run(attempts=3, **{"client.amplification": 3, "server.generations_per_request": 3}),
     ),
+    "resumed": (
+        "cut, and resumed 1 time: one generation",
+        run(
+            attempts=2,
+            **{
+                "client.amplification": 2,
+                "client.resumed": 1,
+                "server.generations_per_request": 1,
+            },
+        ),
+    ),
     "buffering hop": (
         "a buffering hop",
         run(fired=["proxy_buffering:released"], **{"client.tokens_per_burst": 15.0}),
@@ -174,6 +185,22 @@ def test_a_late_first_text_is_a_slow_hop_only_with_a_delaying_fault_and_one_atte
 def test_a_few_tokens_in_flight_when_the_client_left_are_not_waste_worth_naming() -> None:
     assert "nobody" not in diagnose(run(["abandoned"], **{"server.tokens_wasted": 3}))
     assert "nobody" in diagnose(run(["abandoned"], **{"server.tokens_wasted": 4}))
+
+
+def test_a_resume_of_the_one_generation_is_not_amplification_but_a_restart_is() -> None:
+    resumed = {"client.amplification": 2, "client.resumed": 1}
+    one = diagnose(run(attempts=2, **resumed, **{"server.generations_per_request": 1}))
+    assert "attempts for one request" not in one and one.startswith("cut, and resumed")
+    # a client that resumed once but still ran the model twice (it restarted as well)
+    two = diagnose(run(attempts=2, **resumed, **{"server.generations_per_request": 2}))
+    assert "2 attempts for one request (the model ran 2)" in two and "resumed" not in two
+    # the generations unknown: the attempts may each have run the model
+    unknown = diagnose(run(attempts=2, **resumed))
+    assert "attempts for one request (each may re-run the model)" in unknown
+    # a resumed run whose text is damaged is named for the damage, not as resumed
+    assert "resumed" not in diagnose(
+        run(["duplicated"], attempts=2, **resumed, **{"server.generations_per_request": 1})
+    )
 
 
 def test_one_attempt_per_request_is_not_amplification() -> None:
