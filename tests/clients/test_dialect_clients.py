@@ -102,14 +102,16 @@ def run_openai(
     return entry, ledger, score
 
 
-def run_process(tmp_path: Path, client: str, path: str, max_tokens: int) -> Any:
+def run_process(
+    tmp_path: Path, client: str, path: str, max_tokens: int, stream: bool = True
+) -> Any:
     """A built-in client run as the matrix runs it, in its own process: the result entry,
     the emulator's ledger of one request and the client's score."""
     argv = BUILTIN_CLIENTS[client]  # builds its environment (or npm ci) on first use
     proxy = proxy_for(tmp_path, path)
     try:
         env = {**os.environ, "OPENAI_BASE_URL": proxy.base_url}
-        env |= workload(tmp_path, proxy.model, max_tokens)
+        env |= workload(tmp_path, proxy.model, max_tokens, stream)
         done = subprocess.run(argv, env=env, timeout=CLIENT_BOUND, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         proxy.settle()

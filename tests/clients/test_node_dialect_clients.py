@@ -43,9 +43,11 @@ def api(client: str) -> str:
     return "responses" if client in RESPONSES_CLIENTS else "messages"
 
 
-def run_node(tmp_path: Path, client: str, path: str, max_tokens: int = 40) -> Any:
+def run_node(
+    tmp_path: Path, client: str, path: str, max_tokens: int = 40, stream: bool = True
+) -> Any:
     """The client's result entry, the emulator's ledger and the client's score."""
-    entry, ledger, score = run_process(tmp_path, client, path, max_tokens)
+    entry, ledger, score = run_process(tmp_path, client, path, max_tokens, stream)
     assert json.loads((tmp_path / "result.json").read_text())["client"] == client
     assert entry["text"] == "".join(piece for _, piece in entry["chunks"])
     return entry, ledger, score
@@ -73,6 +75,17 @@ def test_a_token_limit_is_reported_in_the_apis_own_words(tmp_path: Path, client:
     (request,) = score.requests  # the whole (cut) answer, and the client said why
     assert request.verdict == "complete" and request.reached_finish_reason == LIMIT[api(client)]
     assert request.finish_flag is None  # neither length_hidden nor stop_invented
+
+
+@pytest.mark.parametrize("client", ["node-openai-responses", "node-anthropic"])
+def test_the_sdks_without_stream_show_the_response_body_and_its_end(
+    tmp_path: Path, client: str
+) -> None:
+    entry, ledger, _ = run_node(tmp_path, client, NO_FAULT, max_tokens=5, stream=False)
+    assert not ledger[0]["stream"] and ledger[0]["endpoint"] == api(client)
+    assert entry["text"] == ledger[0]["text"] and entry["text"]
+    assert entry["finish_reason"] == LIMIT[api(client)] and entry["error"] is None
+    assert len(entry["chunks"]) == 1 and entry["usage"]["output_tokens"] == 5
 
 
 # A clean close (FIN) four tokens in, as measured: the openai SDK's loop and the AI SDK's

@@ -10,6 +10,7 @@
 // `message_delta`'s `stop_reason` (`end_turn`, `max_tokens`, ...), reported as it is, as the
 // Python client reports it; a stream that ends before its `message_delta` finishes as
 // `other` without one: null.
+// `streamText` streams even where the workload says `stream: false`, as in node-ai-sdk.
 
 import { createAnthropic } from "@ai-sdk/anthropic";
 

@@ -10,6 +10,7 @@
 // absent for a `completed` response, whose unified `stop` reads `completed`; a stream that
 // ends before its terminal event finishes as `other` without a raw reason: null. The
 // workload's chat request becomes `streamText` settings (api_requests.mjs `aiSdkSettings`).
+// `streamText` streams even where the workload says `stream: false`, as in node-ai-sdk.
 
 import { createOpenAI } from "@ai-sdk/openai";
 
