@@ -74,6 +74,11 @@ The compatibility matrix's clients (docs/compatibility.md), scored when named or
 `openai-v1`, `openai-v2`, `langchain-openai`, `litellm` and `anthropic-messages` run in their
 own environments (`middlebox.clients.envs`), built from a lock file the first time the client
 is looked up in BUILTIN_CLIENTS.
+The Node clients (`middlebox.clients.node`, NODE_CLIENTS; node >= 20 and npm), scored when
+named or by `make matrix`: `node-openai`, `node-ai-sdk`, `node-eventsource`,
+`node-fetch-event-source`, `node-fetch-naive` on chat completions, and `node-openai-responses`,
+`node-anthropic`, `node-ai-sdk-responses`, `node-ai-sdk-anthropic` on the Responses and
+Messages APIs.
 Agent clients (SCENARIO_CLIENTS), scored in the scenarios whose `workload.clients` names
 them: `tools-naive` (acts on partial tool calls and JSON, retries without idempotency
 keys, shows reasoning as the answer) and `openai-tools` (the SDK's documented tool-call

@@ -181,4 +181,34 @@ CLIENT_FACTS: dict[str, ClientFacts] = {
             "mojibake": "new TextDecoder().decode(chunk, {stream: true}) (or TextDecoderStream)",
         },
     ),
+    "node-openai-responses": ClientFacts(
+        "openai", "node", "600 s (10 min)", "2, none once streaming", "none",
+        {
+            "silent_truncation": "treat a stream that ended before response.completed as an "
+            "error; check response.status and incomplete_details",
+            "hang": "new OpenAI({timeout: 30_000}) and an AbortController stall timer",
+        },
+    ),
+    "node-anthropic": ClientFacts(
+        "@anthropic-ai/sdk", "node", "600 s (10 min)", "2, none once streaming", "none",
+        {
+            "silent_truncation": "await stream.finalMessage() (it throws without message_stop); "
+            "check stop_reason != 'max_tokens'",
+            "hang": "new Anthropic({timeout: 30_000}) and an AbortController stall timer",
+        },
+    ),
+    "node-ai-sdk-responses": ClientFacts(
+        "ai", "node", "none (fetch)", "2 (maxRetries), none once streaming", "none",
+        {
+            "silent_truncation": "treat a finishReason other than 'stop' or 'length' as an error",
+            "hang": "streamText({abortSignal: AbortSignal.timeout(ms)})",
+        },
+    ),
+    "node-ai-sdk-anthropic": ClientFacts(
+        "ai", "node", "none (fetch)", "2 (maxRetries), none once streaming", "none",
+        {
+            "silent_truncation": "treat a finishReason other than 'stop' or 'length' as an error",
+            "hang": "streamText({abortSignal: AbortSignal.timeout(ms)})",
+        },
+    ),
 }  # fmt: skip

@@ -102,21 +102,29 @@ def run_openai(
     return entry, ledger, score
 
 
-def run_anthropic(tmp_path: Path, path: str, max_tokens: int) -> Any:
-    argv = BUILTIN_CLIENTS["anthropic-messages"]  # builds its environment on first use
+def run_process(
+    tmp_path: Path, client: str, path: str, max_tokens: int, stream: bool = True
+) -> Any:
+    """A built-in client run as the matrix runs it, in its own process: the result entry,
+    the emulator's ledger of one request and the client's score."""
+    argv = BUILTIN_CLIENTS[client]  # builds its environment (or npm ci) on first use
     proxy = proxy_for(tmp_path, path)
     try:
         env = {**os.environ, "OPENAI_BASE_URL": proxy.base_url}
-        env |= workload(tmp_path, proxy.model, max_tokens)
+        env |= workload(tmp_path, proxy.model, max_tokens, stream)
         done = subprocess.run(argv, env=env, timeout=CLIENT_BOUND, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         proxy.settle()
         ledger = proxy.ledger()
-        score = scored(proxy, "anthropic-messages", tmp_path / "result.json", ledger)
+        score = scored(proxy, client, tmp_path / "result.json", ledger)
     finally:
         proxy.close()
     (entry,) = json.loads((tmp_path / "result.json").read_text())["results"]
     return entry, ledger, score
+
+
+def run_anthropic(tmp_path: Path, path: str, max_tokens: int) -> Any:
+    return run_process(tmp_path, "anthropic-messages", path, max_tokens)
 
 
 NO_FAULT = "  - latency: {delay: 0ms}\n"

@@ -23,7 +23,14 @@ import pytest
 
 from middlebox.clients import BUILTIN_CLIENTS, available_clients
 from middlebox.clients import node as node_clients
-from middlebox.clients.node import DRIVERS, HERE, NODE_CLIENTS, node_available, node_version
+from middlebox.clients.node import (
+    CHAT_DRIVERS,
+    DRIVERS,
+    HERE,
+    NODE_CLIENTS,
+    node_available,
+    node_version,
+)
 from middlebox.clients.node.launch import (
     SOURCES,
     copy_sources,
@@ -61,6 +68,9 @@ pytestmark = [pytest.mark.e2e]
 with_node = needs(node_available(), "node (>= 20) and npm")
 
 NODE = list(NODE_CLIENTS)
+# The drivers that speak chat completions, the wire the scripted server below writes; the
+# Responses and Messages drivers have tests/clients/test_node_dialect_clients.py.
+CHAT_NODE = list(CHAT_DRIVERS)
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -74,7 +84,12 @@ def test_every_node_client_is_registered_with_a_launcher_argv_and_a_driver_file(
         "node-eventsource",
         "node-fetch-event-source",
         "node-fetch-naive",
+        "node-openai-responses",
+        "node-anthropic",
+        "node-ai-sdk-responses",
+        "node-ai-sdk-anthropic",
     ]
+    assert NODE[:5] == CHAT_NODE
     for name in NODE:
         assert BUILTIN_CLIENTS[name] == [
             sys.executable,
@@ -343,7 +358,8 @@ def runs(npm_installed: None, tmp_path_factory: pytest.TempPathFactory) -> Itera
     # with_node skips these tests before this runs, except under CI=true: there it fails.
     assert node_available(), "node >= 20 and npm are needed (.ci/run installs them)"
     tmp = tmp_path_factory.mktemp("node-clients")
-    with finished([NodeStarted(c, BUILTIN_CLIENTS[c], tmp, workload_for(c)) for c in NODE]) as done:
+    started = [NodeStarted(c, BUILTIN_CLIENTS[c], tmp, workload_for(c)) for c in CHAT_NODE]
+    with finished(started) as done:
         yield done
 
 
@@ -353,7 +369,7 @@ def outcome(runs: dict[str, Run], client: str, name: str) -> tuple[str, str | No
 
 
 @with_node
-@pytest.mark.parametrize("client", NODE)
+@pytest.mark.parametrize("client", CHAT_NODE)
 def test_every_node_result_file_follows_the_contract(runs: dict[str, Run], client: str) -> None:
     run = runs[client]
     assert_follows_the_contract(run, client)
@@ -361,7 +377,7 @@ def test_every_node_result_file_follows_the_contract(runs: dict[str, Run], clien
 
 
 @with_node
-@pytest.mark.parametrize("client", NODE)
+@pytest.mark.parametrize("client", CHAT_NODE)
 def test_a_complete_vllm_stream_is_shown_whole_with_its_finish_reason(
     runs: dict[str, Run], client: str
 ) -> None:
@@ -375,7 +391,7 @@ def test_a_complete_vllm_stream_is_shown_whole_with_its_finish_reason(
 
 @with_node
 def test_only_the_readers_that_see_done_themselves_say_so(runs: dict[str, Run]) -> None:
-    saw = {c: entry(runs, c, "complete")["saw_done"] for c in NODE}
+    saw = {c: entry(runs, c, "complete")["saw_done"] for c in CHAT_NODE}
     # Both SDKs consume [DONE] in their parsers and never tell the caller.
     assert saw == {
         "node-openai": False,
@@ -493,7 +509,7 @@ def test_a_429_with_retry_after_is_waited_out_by_both_sdks_and_fetch_event_sourc
 
 @with_node
 def test_an_in_band_error_frame_is_surfaced_by_every_posting_client(runs: dict[str, Run]) -> None:
-    errors = {c: outcome(runs, c, "inband-error") for c in NODE}
+    errors = {c: outcome(runs, c, "inband-error") for c in CHAT_NODE}
     assert all(text == "Hello" for text, _ in errors.values()), errors
     assert errors["node-openai"][1] == "APIError: Internal server error"
     assert errors["node-fetch-naive"][1] == "Error: Internal server error"
@@ -566,7 +582,7 @@ def test_node_eventsource_resumes_with_the_stream_id_and_its_last_event_id(
 
 
 @with_node
-@pytest.mark.parametrize("client", NODE)
+@pytest.mark.parametrize("client", CHAT_NODE)
 def test_abandoning_after_three_tokens_stops_reading_and_closes_the_connection(
     runs: dict[str, Run], client: str
 ) -> None:
@@ -574,7 +590,7 @@ def test_abandoning_after_three_tokens_stops_reading_and_closes_the_connection(
 
 
 @with_node
-@pytest.mark.parametrize("client", NODE)
+@pytest.mark.parametrize("client", CHAT_NODE)
 def test_abandoning_after_a_second_of_silence_closes_the_connection_promptly(
     runs: dict[str, Run], client: str
 ) -> None:
@@ -582,7 +598,7 @@ def test_abandoning_after_a_second_of_silence_closes_the_connection_promptly(
 
 
 @with_node
-@pytest.mark.parametrize("client", NODE)
+@pytest.mark.parametrize("client", CHAT_NODE)
 def test_keep_alive_comments_are_no_text(runs: dict[str, Run], client: str) -> None:
     assert outcome(runs, client, "heartbeats") == (FULL, None)
 
@@ -590,6 +606,9 @@ def test_keep_alive_comments_are_no_text(runs: dict[str, Run], client: str) -> N
 # --- the CI subset of the scenario library, through the proxy and the emulator ----------------
 
 LIBRARY = scenario_dir()
+# One of the Responses/Messages drivers runs the subset too (the others run the whole library
+# in `make matrix`; test_node_dialect_clients.py holds all four to the same faults).
+DIALECT_SUBSET = ["node-openai-responses"]
 CI_SUBSET = [
     "reset-mid-stream",
     "clean-close-without-done",
@@ -633,13 +652,16 @@ def matrix(npm_installed: None, tmp_path_factory: pytest.TempPathFactory) -> dic
     (folder / "utf8-sliced-apart.yaml").write_text(UTF8_APART)
     (folder / "wifi-to-lte-resume-live.yaml").write_text(RESUME_LIVE)
     files = [LIBRARY / f"{name}.yaml" for name in CI_SUBSET]
-    suite = run_suite([*files, *sorted(folder.iterdir())], client_names=NODE, jobs=2)
+    clients = [*CHAT_NODE, *DIALECT_SUBSET]
+    suite = run_suite([*files, *sorted(folder.iterdir())], client_names=clients, jobs=2)
     scores = {(o.scenario.name, s.client): s for o in suite.outcomes for s in o.scores}
     return {"suite": suite, "scores": scores}
 
 
-def verdicts(matrix: dict[str, Any], scenario: str) -> dict[str, list[str]]:
-    return {c: matrix["scores"][(scenario, c)].verdicts()["requests"] for c in NODE}
+def verdicts(
+    matrix: dict[str, Any], scenario: str, clients: list[str] = CHAT_NODE
+) -> dict[str, list[str]]:
+    return {c: matrix["scores"][(scenario, c)].verdicts()["requests"] for c in clients}
 
 
 @with_node
@@ -728,6 +750,24 @@ def test_a_vanished_client_hangs_every_node_client_without_a_read_timeout(
         "node-fetch-event-source": ["hang"],
         "node-fetch-naive": ["hang"],
     }
+
+
+@with_node
+def test_the_responses_sdk_loop_on_the_subset_as_the_chat_one_but_it_names_no_done(
+    matrix: dict[str, Any],
+) -> None:
+    # node-openai-responses drives the same package as node-openai, over /v1/responses: the
+    # same story, told by the terminal event instead of [DONE] (it reads none either way).
+    shown = {s: verdicts(matrix, s, DIALECT_SUBSET)["node-openai-responses"] for s in CI_SUBSET}
+    assert shown == {
+        "reset-mid-stream": ["truncation_detected"],
+        "clean-close-without-done": ["silent_truncation"],  # no response.completed: quiet
+        "utf8-sliced-stream": ["complete"],
+        "rate-limit-storm": ["complete"] * 2,
+        "client-vanishes": ["hang"],
+    }
+    metrics = matrix["scores"][("rate-limit-storm", "node-openai-responses")].metrics
+    assert metrics["client.amplification"] == 3  # 2 answered 429, then the stream
 
 
 @with_node

@@ -13,7 +13,15 @@ hash like `.venv`'s stamp, then becomes `node DRIVER.mjs`. The drivers share the
   `Last-Event-ID` (`eventsource_reader.mjs`);
 - `node-fetch-event-source`: `@microsoft/fetch-event-source` (`fetch_event_source.mjs`);
 - `node-fetch-naive`: fetch() decoding each read with `new TextDecoder().decode(chunk)`,
-  without `{stream: true}`: the mojibake producer (`fetch_naive.mjs`).
+  without `{stream: true}`: the mojibake producer (`fetch_naive.mjs`);
+- `node-openai-responses`: the `openai` package's `responses.create({stream: true})`
+  (`openai_responses.mjs`);
+- `node-anthropic`: `@anthropic-ai/sdk`'s `messages.stream` (`anthropic_sdk.mjs`);
+- `node-ai-sdk-responses`, `node-ai-sdk-anthropic`: `streamText` over `@ai-sdk/openai`'s
+  Responses model and over `@ai-sdk/anthropic` (`ai_sdk_responses.mjs`, `ai_sdk_anthropic.mjs`).
+
+The last four speak the Responses and Anthropic Messages APIs: `api_requests.mjs` maps the
+workload's chat request onto them and reads their events by core/dialects.py's rule.
 """
 
 from __future__ import annotations
@@ -33,7 +41,16 @@ DRIVERS: dict[str, str] = {
     "node-eventsource": "eventsource_reader.mjs",
     "node-fetch-event-source": "fetch_event_source.mjs",
     "node-fetch-naive": "fetch_naive.mjs",
+    "node-openai-responses": "openai_responses.mjs",
+    "node-anthropic": "anthropic_sdk.mjs",
+    "node-ai-sdk-responses": "ai_sdk_responses.mjs",
+    "node-ai-sdk-anthropic": "ai_sdk_anthropic.mjs",
 }
+
+# The drivers that speak chat completions (the workload's own API); the others send the same
+# conversation as a Responses or Anthropic Messages request (api_requests.mjs).
+CHAT_DRIVERS = ("node-openai", "node-ai-sdk", "node-eventsource", "node-fetch-event-source",
+                "node-fetch-naive")  # fmt: skip
 
 NODE_CLIENTS: dict[str, list[str]] = {
     name: [sys.executable, "-m", "middlebox.clients.node.launch", name] for name in DRIVERS

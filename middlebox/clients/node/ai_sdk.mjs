@@ -3,17 +3,17 @@
 // `createOpenAICompatible({name, baseURL, apiKey})` and `streamText({model, messages})`, read
 // through `fullStream`, the documented way to see a stream's errors (`textStream` alone
 // hands them to `onError`, which only logs): `text-delta` parts are shown, an `error` part is
-// surfaced, the `finish` part carries the finish reason. Defaults kept: `maxRetries: 2` with
-// backoff that honours `retry-after` (retrying only until the stream starts), no timeout.
-// The SDK itself treats a stream that ends without a `finish_reason` as an error ("Response
-// stream ended without a finish reason."). The workload body maps onto the SDK's settings
-// (max_tokens -> maxOutputTokens, ...); fields the SDK has no setting for (vLLM's top_k,
-// ignore_eos) go through `providerOptions`, which the provider copies into the body.
+// surfaced, the `finish` part carries the finish reason (ai_sdk_stream.mjs). Defaults kept:
+// `maxRetries: 2` with backoff that honours `retry-after` (retrying only until the stream
+// starts), no timeout. The SDK itself treats a stream that ends without a `finish_reason` as
+// an error ("Response stream ended without a finish reason."). The workload body maps onto
+// the SDK's settings (max_tokens -> maxOutputTokens, ...); fields the SDK has no setting for
+// (vLLM's top_k, ignore_eos) go through `providerOptions`, which the provider copies into the body.
 // `[DONE]` is consumed by the SDK's parser, so `saw_done` stays false.
 
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
-import { streamText } from "ai";
 
+import { streamAnswer } from "./ai_sdk_stream.mjs";
 import { countingFetch, runClient } from "./contract.mjs";
 
 const PROVIDER = "vllm";
@@ -32,6 +32,8 @@ const CONSUMED = new Set(["model", "messages", "prompt", "stream", "stream_optio
 
 /** The SDK's unified finish reason back in the OpenAI vocabulary the contract uses. */
 const FINISH = { stop: "stop", length: "length", "content-filter": "content_filter", "tool-calls": "tool_calls" };
+
+const usage = (u) => ({ prompt_tokens: u.inputTokens, completion_tokens: u.outputTokens, total_tokens: u.totalTokens });
 
 function callSettings(body) {
   const settings = {};
@@ -62,21 +64,6 @@ runClient("node-ai-sdk", async (env) => {
         : { model: vllm.completionModel(spec.body.model), prompt: spec.body.prompt };
     // streamText streams whatever `stream` says; the SDK has generateText for the other case,
     // but every workload the scorer sends here streams.
-    const result = streamText({ ...prompt, ...callSettings(spec.body), abortSignal: signal });
-    for await (const part of result.fullStream) {
-      if (part.type === "text-delta") rec.show(part.text);
-      else if (part.type === "error") throw part.error;
-      else if (part.type === "finish") {
-        rec.finishReason = part.rawFinishReason ?? FINISH[part.finishReason] ?? null;
-        const usage = part.totalUsage;
-        if (usage && usage.inputTokens !== undefined) {
-          rec.usage = {
-            prompt_tokens: usage.inputTokens,
-            completion_tokens: usage.outputTokens,
-            total_tokens: usage.totalTokens,
-          };
-        }
-      }
-    }
+    await streamAnswer(rec, { ...prompt, ...callSettings(spec.body), abortSignal: signal }, FINISH, usage);
   };
 });

@@ -27,8 +27,9 @@ from middlebox.clients.places import cache_root, in_checkout
 
 STAMP = HERE / "node_modules" / ".middlebox-installed"
 LOCK = HERE / ".npm-install.lock"
-# What a driver needs beside it to run: the drivers, the shared contract and what npm reads.
-SOURCES = ("package.json", "package-lock.json", "contract.mjs", *DRIVERS.values())
+# What a driver needs beside it to run: the drivers, the modules they share and what npm reads.
+SHARED = ("contract.mjs", "api_requests.mjs", "ai_sdk_stream.mjs")
+SOURCES = ("package.json", "package-lock.json", *SHARED, *DRIVERS.values())
 
 
 def lock_digest(folder: Path = HERE) -> str:
