@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+from urllib.parse import urlsplit
 
 from middlebox.core.dialects import (
     NATURAL_STOPS,
@@ -81,6 +82,12 @@ METRICS: dict[str, str] = {
     "the client, which did not report it as length",
     "client.stop_invented": "requests the client reported as finish_reason stop where no "
     "stop reached it",
+    "client.sequence_gaps": "Responses events the client was never sent between two it was "
+    "sent, over a response's create and resume legs (a resume with starting_after past the "
+    "last event it had), summed",
+    "client.sequence_repeats": "Responses events sent to the client again on a resume (a "
+    "starting_after before the last event it had), summed: duplicated text unless the "
+    "client skips them",
     "client.perceived_ttft_ms": "time from request start to the first shown text (list)",
     "client.itl_ms": "gaps between shown pieces (list)",
     "client.largest_gap_ms": "the longest wait between two shown pieces",
@@ -141,6 +148,10 @@ class RequestScore:
     # the same verdicts
     expected_digest: str = ""
     shown_digest: str = ""
+    # Responses-API events its client was sent over the create and resume legs: skipped
+    # between two it was sent, and sent twice (`sequence_faults`)
+    sequence_gaps: int = 0
+    sequence_repeats: int = 0
 
 
 @dataclass
@@ -263,35 +274,167 @@ def _meanings(record: LegRecord) -> Iterable[tuple[int, int, Meaning]]:
         yield message, offset, read(event, dialects.get(message))
 
 
+def _streamed(record: LegRecord) -> dict[int, tuple[str, bool]]:
+    """Per event-stream response of one framed leg, the answer text it streamed (choice
+    0's) and whether it finished without an error (`upstream_generations`)."""
+    texts: dict[int, list[str]] = {}
+    finished: dict[int, bool] = {}
+    failed: set[int] = set()
+    for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
+        if is_event_stream(head):
+            texts[message], finished[message] = [], False
+    for message, _, meaning in _meanings(record):
+        if message not in texts:
+            continue
+        finished[message] = finished[message] or meaning.last or meaning.end is not None
+        if meaning.end is EndKind.ERROR:
+            failed.add(message)
+        if meaning.token is TokenKind.ANSWER and meaning.choice == 0:
+            texts[message].append(meaning.text)
+    return {
+        message: ("".join(parts), finished[message] and message not in failed)
+        for message, parts in texts.items()
+    }
+
+
 def upstream_generations(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str, bool]]:
-    """What a real server sent, from the upstream leg of the journal: per response, the
+    """What a real server sent, from the upstream leg of the journal: per generation, the
     request body it answered, the answer text it streamed (choice 0's) and whether it
     finished (its answer ended, or its stream's last event came: a finish_reason or
     `[DONE]`, a stop_reason or `message_stop`, `response.completed`) without an error: vLLM's
     `data: {"error": ...}` frame followed by `[DONE]` is a failed generation, as the
-    emulator's ledger says `finish_reason: error`. This is the expected text when there
-    is no emulator ledger."""
+    emulator's ledger says `finish_reason: error`. A Responses-API response is one
+    generation however many legs read it: its create's body with the whole answer its
+    create and resume legs sent together (`response_answers`); a resume
+    (`GET /v1/responses/{id}`) is no generation of its own. This is the expected text when
+    there is no emulator ledger."""
+    legs = [_framed(leg) for leg in traffic]
+    whole = response_answers(legs)
     found: list[tuple[str, str, bool]] = []
+    for record in legs:
+        ids = response_ids(record)
+        resumes = _resume_messages(record)
+        for message, (text, done) in _streamed(record).items():
+            if message in resumes:
+                continue
+            answer = whole.get(ids.get(message, ""))
+            if answer is not None:
+                text, done = answer.text, answer.finished
+            body = record.request_body(message).decode("utf-8", "replace")
+            found.append((body, text, done))
+    return found
+
+
+def _resume_messages(record: LegRecord) -> set[int]:
+    """The requests of a framed leg that read a stored response (`GET /v1/responses/{id}`)."""
+    return {
+        message
+        for message, _, _, head in record.heads[Direction.UPSTREAM]
+        if head.method is not None
+        and head.target is not None
+        and head.method.upper() == "GET"
+        and dialect_for(head.method, head.target) is Dialect.RESPONSES
+    }
+
+
+def response_ids(record: LegRecord) -> dict[int, str]:
+    """Per request of a framed leg that is about one Responses-API response, its id: a
+    resume's from its target (`GET /v1/responses/{id}`), a create's from the first of its
+    events that names `response.id` (`response.created`)."""
+    ids: dict[int, str] = {}
+    resumes = _resume_messages(record)
+    for message, _, _, head in record.heads[Direction.UPSTREAM]:
+        if message in resumes and head.target is not None:
+            ids[message] = urlsplit(head.target).path.rstrip("/").rsplit("/", 1)[-1]
+    for message, _, event in record.events[Direction.DOWNSTREAM]:
+        if message in ids:
+            continue
+        payload = json_payload(event)
+        response = payload.get("response") if payload is not None else None
+        if isinstance(response, dict) and isinstance(response.get("id"), str):
+            ids[message] = response["id"]
+    return ids
+
+
+@dataclass(frozen=True)
+class ResponseAnswer:
+    """A Responses-API response's whole answer as the server sent it over all its legs."""
+
+    text: str
+    finished: bool
+    reason: str | None
+    sequences: frozenset[int]
+
+
+def response_answers(traffic: Iterable[UpstreamLeg]) -> dict[str, ResponseAnswer]:
+    """Per Responses-API response id, the server's whole answer: the union, by
+    `sequence_number`, of the events it sent on the create leg and on every resume leg
+    (`GET /v1/responses/{id}?stream=true&starting_after=N`) of that response, read in
+    sequence order. A background response's event store numbers its events once, so an
+    event sent on two legs is one event; `finished` when its terminal event was sent on
+    any leg (and it said no error), `reason` that event's word (`completed`,
+    `max_output_tokens`, `cancelled`). Where the union has a hole (a resume past an event
+    no leg carried) the deltas cannot tell the whole text, and each content part's
+    `response.output_text.done` (which repeats its whole text) tells it instead."""
+    events: dict[str, dict[int, Meaning]] = {}
+    done_texts: dict[str, dict[int, str]] = {}
     for leg in traffic:
         record = _framed(leg)
-        texts: dict[int, list[str]] = {}
-        finished: dict[int, bool] = {}
-        failed: set[int] = set()
-        for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
-            if is_event_stream(head):
-                texts[message], finished[message] = [], False
-        for message, _, meaning in _meanings(record):
-            if message not in texts:
+        ids = response_ids(record)
+        dialects = _dialects(record)
+        for message, _, event in record.events[Direction.DOWNSTREAM]:
+            rid = ids.get(message)
+            meaning = read(event, dialects.get(message))
+            if rid is None or meaning.sequence is None or meaning.dialect is not Dialect.RESPONSES:
                 continue
-            finished[message] = finished[message] or meaning.last or meaning.end is not None
-            if meaning.end is EndKind.ERROR:
-                failed.add(message)
-            if meaning.token is TokenKind.ANSWER and meaning.choice == 0:
-                texts[message].append(meaning.text)
-        for message, parts in texts.items():
-            body = record.request_body(message).decode("utf-8", "replace")
-            found.append((body, "".join(parts), finished[message] and message not in failed))
-    return found
+            events.setdefault(rid, {}).setdefault(meaning.sequence, meaning)
+            payload = json_payload(event) or {}
+            if payload.get("type") == "response.output_text.done":
+                text = payload.get("text")
+                done_texts.setdefault(rid, {})[meaning.sequence] = str(text or "")
+    answers: dict[str, ResponseAnswer] = {}
+    for rid, numbered in events.items():
+        ordered = [numbered[number] for number in sorted(numbered)]
+        ends = [meaning for meaning in ordered if meaning.end is not None]
+        text = "".join(m.text for m in ordered if m.token is TokenKind.ANSWER)
+        holes = len(numbered) < max(numbered) + 1
+        dones = done_texts.get(rid, {})
+        if holes and dones:
+            text = "".join(dones[number] for number in sorted(dones))
+        answers[rid] = ResponseAnswer(
+            text=text,
+            finished=bool(ends) and all(m.end is not EndKind.ERROR for m in ends),
+            reason=ends[-1].reason if ends else None,
+            sequences=frozenset(numbered),
+        )
+    return answers
+
+
+def sequence_faults(client_traffic: Iterable[UpstreamLeg], tag: str) -> tuple[int, int]:
+    """Gaps and repeats in the `sequence_number`s one logical request's client was sent,
+    over its create and resume legs of each of its Responses-API responses, in the order
+    they crossed the client leg: (events skipped between two it was sent, events it was
+    sent again). A resume whose `starting_after` is past the last event the client had
+    leaves a gap (those events never reach it); one before it brings a repeat (shown
+    again unless the client skips it). A stream cut short is no gap: nothing came after
+    it. (0, 0) for a request with no Responses stream."""
+    legs = [_framed(leg) for leg in client_traffic]
+    mine = _stored_responses(legs, tag)
+    seen: dict[str, set[int]] = {}
+    gaps = repeats = 0
+    for record in legs:
+        ids = response_ids(record)
+        for message, _, meaning in _meanings(record):
+            rid = ids.get(message)
+            if rid not in mine or meaning.sequence is None:
+                continue
+            numbers = seen.setdefault(rid, set())
+            if meaning.sequence in numbers:
+                repeats += 1
+                continue
+            gaps += max(meaning.sequence - max(numbers, default=-1) - 1, 0)
+            numbers.add(meaning.sequence)
+    return gaps, repeats
 
 
 def _finish_reasons(record: LegRecord) -> dict[int, str | None]:
@@ -312,10 +455,18 @@ def _finish_reasons(record: LegRecord) -> dict[int, str | None]:
 def upstream_finish_reasons(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str | None]]:
     """Per event-stream response on the upstream leg, its request body and the last
     `finish_reason` of choice 0 it carried (`_finish_reasons`)."""
+    legs = [_framed(leg) for leg in traffic]
+    whole = response_answers(legs)
     found: list[tuple[str, str | None]] = []
-    for leg in traffic:
-        record = _framed(leg)
+    for record in legs:
+        ids = response_ids(record)
+        resumes = _resume_messages(record)
         for message, reason in _finish_reasons(record).items():
+            if message in resumes:
+                continue  # its response's create carries the whole answer's end
+            answer = whole.get(ids.get(message, ""))
+            if answer is not None:
+                reason = answer.reason
             found.append((record.request_body(message).decode("utf-8", "replace"), reason))
     return found
 
@@ -644,16 +795,10 @@ def exchanges_of(
     can meet before its response ended."""
     requests = [(m, offset) for m, offset, _, head in record.heads[Direction.UPSTREAM]]
     statuses: dict[int, int | None] = {}
-    streams: list[int] = []
     for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
         if not head.is_interim:
             statuses.setdefault(message, head.status)
-            if is_event_stream(head):
-                streams.append(message)
-    streamed = {
-        message: (text, done)
-        for message, (_, text, done) in zip(streams, upstream_generations([record]), strict=False)
-    }
+    streamed = _streamed(record)
     tokens: dict[int, list[float]] = {}
     for message, offset, meaning in _meanings(record):
         if meaning.token is not None:
@@ -849,6 +994,7 @@ def score_client(
         client_reason = (request_result or {}).get("finish_reason")
         delivered = [] if client_traffic is None else delivered_finish_reasons(client_traffic, tag)
         reached_here = reached_reason(delivered, upstream_reason, verdict)
+        gaps, repeats = (0, 0) if client_traffic is None else sequence_faults(client_traffic, tag)
         score.requests.append(
             RequestScore(
                 index=index,
@@ -865,6 +1011,8 @@ def score_client(
                 finish_flag=finish_flag(client_reason, reached_here, request_result),
                 expected_digest=_digest(expected or ""),
                 shown_digest=_digest(shown_text),
+                sequence_gaps=gaps,
+                sequence_repeats=repeats,
             )
         )
         if request_result is not None:
@@ -912,6 +1060,8 @@ def score_client(
         "client.attempts_mismatch": len(mismatched),
         "client.length_hidden": flags.count("length_hidden"),
         "client.stop_invented": flags.count("stop_invented"),
+        "client.sequence_gaps": sum(request.sequence_gaps for request in score.requests),
+        "client.sequence_repeats": sum(request.sequence_repeats for request in score.requests),
         "server.generations_per_request": max(
             (request.generations for request in score.requests), default=0
         ),

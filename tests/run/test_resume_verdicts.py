@@ -1,0 +1,154 @@
+"""A background Responses stream judged against the server's whole answer across its legs.
+
+The server's whole answer of a response is the union, by `sequence_number`, of what it sent
+on the create leg and on every resume (`GET /v1/responses/{id}?stream=true&starting_after=N`)
+leg; the client's shown text is compared with it, and the sequence numbers the client was
+sent over its legs are checked for gaps (a resume past its last event) and repeats (a resume
+before it). Each case is a run's real shape as scorer inputs: the journal's legs, built
+from the events vLLM 0.32 writes (tests/core/answers.py), and the client's result.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from middlebox.core.dialects import Dialect
+from middlebox.run.score import (
+    METRICS,
+    ClientScore,
+    response_answers,
+    score_client,
+    sequence_faults,
+)
+from tests.core.answers import answer_events
+
+TAG = "[middlebox s/openai-responses-resume/0]"
+PIECES = ["Une ", "café ", "et ", "un ", "reçu"]
+WHOLE = "".join(PIECES)
+EVENTS = answer_events(Dialect.RESPONSES, PIECES)  # sequence_number = index; resp_1
+FIRST_DELTA = 4  # created, in_progress, output_item.added, content_part.added, then deltas
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+Leg = tuple[bytes, bytes]
+
+
+def create(events: list[bytes], tag: str = TAG) -> Leg:
+    """The background create and what came back on its leg (read until the cut)."""
+    body = json.dumps(
+        {"input": f"{tag} hi", "background": True, "store": True, "stream": True}
+    ).encode()
+    head = b"POST /v1/responses HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body)
+    return head + body, HEAD + b"".join(events)
+
+
+def resume(after: int, events: list[bytes], response_id: str = "resp_1") -> Leg:
+    target = f"/v1/responses/{response_id}?stream=true&starting_after={after}".encode()
+    return b"GET %s HTTP/1.1\r\n\r\n" % target, HEAD + b"".join(events)
+
+
+def shown(*texts: str, error: str | None = None) -> dict[str, Any]:
+    text = "".join(texts)
+    return {"results": [{"index": 0, "text": text, "error": error, "resumes": len(texts) - 1}]}
+
+
+def scored(result: dict[str, Any], legs: list[Leg], ledger: list[Any] | None = None) -> ClientScore:
+    """Scored as `middlebox run` scores it: a real server (no ledger) unless one is given;
+    the proxy forwarded every event it read, so both legs carry the same bytes."""
+    return score_client(
+        "s", "openai-responses-resume", [TAG], result, ledger or [], legs, [], [],
+        client_traffic=legs,
+    )  # fmt: skip
+
+
+def cut_at(count: int) -> Leg:
+    """The create leg cut after its first `count` events (sequence 0..count-1)."""
+    return create(EVENTS[:count])
+
+
+def text_of(start: int, end: int | None = None) -> str:
+    """The answer text events start..end carry (by sequence number)."""
+    return "".join(
+        PIECES[n - FIRST_DELTA]
+        for n in range(start, len(EVENTS) if end is None else end)
+        if FIRST_DELTA <= n < FIRST_DELTA + len(PIECES)
+    )
+
+
+CUT = FIRST_DELTA + 2  # the cut leaves two deltas shown: "Une café "
+
+
+def test_a_clean_resume_is_the_whole_answer_once_with_no_gap_and_no_repeat() -> None:
+    legs = [cut_at(CUT), resume(CUT - 1, EVENTS[CUT:])]
+    assert response_answers(legs)["resp_1"].text == WHOLE
+    score = scored(shown(text_of(0, CUT), text_of(CUT)), legs)
+    (request,) = score.requests
+    # one generation read over two legs: not two, and its create's text is not all of it
+    assert (request.verdict, request.generations) == ("complete", 1)
+    assert request.upstream_finish_reason == "completed"
+    assert score.metrics["client.duplicated"] == score.metrics["client.missing_tokens"] == 0
+    assert score.metrics["client.sequence_gaps"] == score.metrics["client.sequence_repeats"] == 0
+    assert score.metrics["server.generations_per_request"] == 1
+
+
+def test_a_resume_one_past_the_last_event_is_a_gap_and_missing_tokens() -> None:
+    legs = [cut_at(CUT), resume(CUT, EVENTS[CUT + 1 :])]
+    # no leg carried event CUT ("et "): the done event's text still tells the whole answer
+    assert response_answers(legs)["resp_1"].text == WHOLE
+    score = scored(shown(text_of(0, CUT), text_of(CUT + 1)), legs)
+    assert score.requests[0].verdict == "missing_tokens"
+    assert score.metrics["client.missing_tokens"] == 1
+    assert (score.metrics["client.sequence_gaps"], score.metrics["client.sequence_repeats"]) == (
+        1,
+        0,
+    )
+    assert sequence_faults(legs, TAG) == (1, 0)
+
+
+def test_a_resume_one_before_the_last_event_shown_again_is_a_repeat_and_duplicated() -> None:
+    legs = [cut_at(CUT), resume(CUT - 2, EVENTS[CUT - 1 :])]
+    assert response_answers(legs)["resp_1"].text == WHOLE
+    score = scored(shown(text_of(0, CUT), text_of(CUT - 1)), legs)  # "café " twice
+    assert score.requests[0].verdict == "duplicated"
+    assert score.metrics["client.duplicated"] == 1
+    assert (score.metrics["client.sequence_gaps"], score.metrics["client.sequence_repeats"]) == (
+        0,
+        1,
+    )
+
+
+def test_a_repeat_the_client_skipped_is_reported_on_the_wire_but_the_text_is_whole() -> None:
+    legs = [cut_at(CUT), resume(CUT - 2, EVENTS[CUT - 1 :])]
+    score = scored(shown(text_of(0, CUT), text_of(CUT)), legs)
+    assert score.requests[0].verdict == "complete"
+    assert score.metrics["client.duplicated"] == 0
+    assert score.metrics["client.sequence_repeats"] == 1
+
+
+def test_the_emulators_ledger_judges_the_same_resume_the_same_way() -> None:
+    entry = {"prompt": f"{TAG} hi", "planned_text": WHOLE, "texts": [WHOLE], "background": True}
+    legs = [cut_at(CUT), resume(CUT, EVENTS[CUT + 1 :])]
+    gap = scored(shown(text_of(0, CUT), text_of(CUT + 1)), legs, [entry])
+    assert gap.requests[0].verdict == "missing_tokens"
+    assert gap.metrics["client.sequence_gaps"] == 1
+    clean = [cut_at(CUT), resume(CUT - 1, EVENTS[CUT:])]
+    whole = scored(shown(text_of(0, CUT), text_of(CUT)), clean, [entry])
+    assert whole.requests[0].verdict == "complete"
+    assert whole.metrics["client.sequence_gaps"] == whole.metrics["client.sequence_repeats"] == 0
+
+
+def test_another_requests_response_is_no_gap_or_repeat_of_this_one() -> None:
+    other = create(EVENTS[:CUT], tag="[middlebox s/openai-responses-resume/1]")
+    legs = [other, resume(CUT + 1, EVENTS[CUT + 2 :])]  # resp_1 is the other request's
+    assert sequence_faults(legs, TAG) == (0, 0)
+
+
+def test_a_stream_cut_short_and_never_resumed_is_no_gap() -> None:
+    legs = [cut_at(CUT)]
+    score = scored(shown(text_of(0, CUT)), legs)
+    assert score.metrics["client.sequence_gaps"] == 0
+    assert score.requests[0].verdict == "silent_truncation"
+
+
+def test_the_new_metrics_are_described() -> None:
+    assert "resume" in METRICS["client.sequence_gaps"]
+    assert "resume" in METRICS["client.sequence_repeats"]
