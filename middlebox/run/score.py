@@ -52,6 +52,7 @@ from middlebox.observe.requests import (
     WASTE_SLACK,
     arrivals,
     ledger_for,
+    tokens_after,
     tokens_reached,
     tokens_wasted,
     upstream_tokens_per_burst,
@@ -651,11 +652,43 @@ def analyse_upstream_leg(record: LegRecord) -> dict[str, int]:
     return counts
 
 
+def background_waste(entry: Mapping[str, Any], to_client: Mapping[str, ResponseAnswer]) -> int:
+    """Tokens a background Responses generation (`background` in the emulator's ledger) made
+    for nobody. Such a response keeps generating after its client disconnects: that is its
+    purpose (vLLM runs it as a task of its own), so what it makes while its client is away
+    and then reads on a resume is no waste. Its client was sent its end (its terminal event
+    crossed the client leg, on any leg of the response; `to_client` is `response_answers`
+    of the client leg): nothing was made for nobody. Otherwise what it generated past what
+    it delivered went to nobody: what it made after the user gave up and did not cancel,
+    after a cancel (`cancelled_at`, `POST /v1/responses/{id}/cancel`), or on its own after
+    a restarting client left it for a new response. A foreground Responses stream is
+    judged as chat is (vLLM aborts it on the disconnect)."""
+    answer = to_client.get(str(entry.get("id")))
+    if answer is not None and answer.reason is not None and answer.reason != "cancelled":
+        return 0
+    undelivered = int(entry.get("completion_tokens") or 0) - int(entry.get("delivered_tokens") or 0)
+    cancelled = entry.get("cancelled_at")
+    after_cancel = tokens_after([entry], float(cancelled)) if cancelled else 0
+    return max(undelivered, after_cancel, 0)
+
+
+def judged_entry(
+    entry: Mapping[str, Any], to_client: Mapping[str, ResponseAnswer]
+) -> Mapping[str, Any]:
+    """A ledger entry whose `wasted_tokens` a background response's own rule sets
+    (`background_waste`); any other entry as the emulator wrote it."""
+    if not entry.get("background"):
+        return entry
+    return {**entry, "wasted_tokens": background_waste(entry, to_client)}
+
+
 def server_metrics(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
+    # A cancelled background response is aborted by its cancel, not by a disconnect it
+    # outlives: its latency runs from the cancel.
     latencies = [
-        (entry["aborted_at"] - entry["disconnected_at"]) * 1000
+        (entry["aborted_at"] - (entry.get("cancelled_at") or entry["disconnected_at"])) * 1000
         for entry in entries
-        if entry.get("aborted_at") and entry.get("disconnected_at")
+        if entry.get("aborted_at") and (entry.get("cancelled_at") or entry.get("disconnected_at"))
     ]
     return {
         "server.generations": len(entries),
@@ -958,6 +991,9 @@ def score_client(
     largest_gap = 0.0
     unseen_waste = 0
     reached = 0  # tokens generated while the client was still there (observe.requests)
+    # A background response's waste is judged by what reached its client (`background_waste`)
+    to_client = response_answers(client_traffic) if client_traffic is not None else {}
+    ledger = [judged_entry(entry, to_client) for entry in ledger]
     # With no emulator ledger (a real server), the upstream's own bytes say what it sent.
     sent = [] if ledger else upstream_generations(upstream_traffic)
     reasons_sent = [] if ledger else upstream_finish_reasons(upstream_traffic)

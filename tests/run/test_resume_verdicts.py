@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from middlebox.core.dialects import Dialect
 from middlebox.run.score import (
     METRICS,
@@ -152,3 +154,64 @@ def test_a_stream_cut_short_and_never_resumed_is_no_gap() -> None:
 def test_the_new_metrics_are_described() -> None:
     assert "resume" in METRICS["client.sequence_gaps"]
     assert "resume" in METRICS["client.sequence_repeats"]
+
+
+# ------------------------------------------------- a background response's waste
+
+START = 1000.0
+
+
+def background(tokens: int, delivered: int, **extra: Any) -> dict[str, Any]:
+    """The emulator's ledger entry of a background response `resp_1`: `tokens` made 10 ms
+    apart, `delivered` of them written to a client."""
+    return {
+        "id": "resp_1",
+        "prompt": f"{TAG} hi",
+        "planned_text": WHOLE,
+        "texts": [WHOLE],
+        "background": True,
+        "completion_tokens": tokens,
+        "delivered_tokens": delivered,
+        "wasted_tokens": tokens - delivered,
+        "disconnected_at": START + 0.02,
+        "finish_reason": "stop",
+        "received_at": START,
+        "token_times": [START + 0.01 * n for n in range(tokens)],
+        **extra,
+    }
+
+
+def test_a_background_response_read_to_its_end_on_a_resume_wasted_nothing() -> None:
+    # the emulator saw the disconnect and counts the step that closed the answer (no text)
+    # as undelivered; its client was sent the terminal event on the resume all the same
+    legs = [cut_at(CUT), resume(CUT - 1, EVENTS[CUT:])]
+    score = scored(shown(WHOLE), legs, [background(6, 5)])
+    assert score.metrics["server.tokens_wasted"] == 0
+    assert score.metrics["server.aborted"] == 0
+
+
+def test_a_background_response_its_client_left_without_a_cancel_wasted_the_rest() -> None:
+    result = {"results": [{"index": 0, "text": "Une café ", "abandoned": True,
+                           "ended_at": START + 0.025}]}  # fmt: skip
+    score = scored(result, [cut_at(CUT)], [background(24, 2)])
+    assert score.metrics["server.tokens_wasted"] == 22
+    assert score.metrics["server.aborted"] == 0
+
+
+def test_a_cancelled_background_response_wastes_what_it_made_after_the_cancel() -> None:
+    # the client read all that was made, then cancelled: only the tokens made after the
+    # cancel reached nobody; the cancel is the abort, timed from the cancel
+    cancelled = background(
+        10, 8, wasted_tokens=0, disconnected_at=None, cancelled_at=START + 0.075,
+        aborted_at=START + 0.095, finish_reason="abort",
+    )  # fmt: skip
+    score = scored(shown("Une café "), [cut_at(CUT)], [cancelled])
+    assert score.metrics["server.tokens_wasted"] == 2  # made at 80 and 90 ms
+    assert score.metrics["server.aborted"] == 1
+    assert score.metrics["server.abort_latency_ms"] == [pytest.approx(20.0)]
+
+
+def test_a_foreground_responses_stream_keeps_the_ledgers_own_waste() -> None:
+    foreground = {**background(6, 2, wasted_tokens=1), "background": False}
+    legs = [cut_at(CUT), resume(CUT - 1, EVENTS[CUT:])]
+    assert scored(shown(WHOLE), legs, [foreground]).metrics["server.tokens_wasted"] == 1
