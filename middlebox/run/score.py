@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -102,9 +103,12 @@ METRICS: dict[str, str] = {
     "server.generations_per_request": "upstream generations per logical request (largest)",
     "server.tokens_generated": "tokens the upstream generated",
     "server.tokens_wasted": "tokens generated after the client had gone (ledger, or token "
-    "times after the client stopped reading)",
-    "server.aborted": "generations aborted because the client left",
-    "server.abort_latency_ms": "time from the client leaving to the abort (list)",
+    "times after the client stopped reading); a background Responses response only what "
+    "reached no client: after the user gave up without a cancel, after a cancel, or left "
+    "running by a restart, never what a resume read",
+    "server.aborted": "generations aborted because the client left (a background Responses "
+    "response: by its cancel)",
+    "server.abort_latency_ms": "time from the client leaving (or the cancel) to the abort (list)",
     "server.heartbeats": "SSE comment lines (keep-alives) the upstream sent",
     "server.usage_reported": "responses whose stream carried a usage object",
     "server.inband_errors": 'data: {"error": ...} frames the upstream sent',
@@ -786,6 +790,12 @@ class UpstreamExchange:
     finished: bool
     closed_at: float | None = None
     token_times: tuple[float, ...] = ()
+    # A Responses-API exchange: `resume` (`GET /v1/responses/{id}`, reading a stored
+    # response) and `cancel` (`POST /v1/responses/{id}/cancel`) start no generation; the
+    # response it is about, and whether a create asked for `background`
+    role: str = "generation"
+    response_id: str | None = None
+    background: bool = False
 
 
 Sample = tuple[float, float, float]
@@ -838,21 +848,85 @@ def exchanges_of(
             tokens.setdefault(message, []).append(time_at(Direction.DOWNSTREAM, offset))
     ended = {message for message, _ in record.ends[Direction.DOWNSTREAM]}
     last = requests[-1][0] if requests else None
+    ids = response_ids(record)
+    resumes = _resume_messages(record)
+    targets = {m: head.target or "" for m, _, _, head in record.heads[Direction.UPSTREAM]}
     exchanges = []
     for message, offset in requests:
         text, done = streamed.get(message, ("", message in ended))
+        body = record.request_body(message).decode("utf-8", "replace")
+        cancelled = _CANCEL.search(urlsplit(targets.get(message, "")).path.rstrip("/"))
+        role = "resume" if message in resumes else "cancel" if cancelled else "generation"
         exchanges.append(
             UpstreamExchange(
-                body=record.request_body(message).decode("utf-8", "replace"),
+                body=body,
                 sent_at=time_at(Direction.UPSTREAM, offset),
                 status=statuses.get(message),
                 text=text,
                 finished=done,
                 closed_at=closed_at if message == last and message not in ended else None,
                 token_times=tuple(tokens.get(message, ())),
+                role=role,
+                response_id=cancelled.group(1) if cancelled else ids.get(message),
+                background=_asks_background(body),
             )
         )
     return exchanges
+
+
+_CANCEL = re.compile(r"/responses/([^/]+)/cancel$")
+
+
+def _asks_background(body: str) -> bool:
+    """The request body asks for a background Responses-API response."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("background") is True
+
+
+@dataclass(frozen=True)
+class _Generation:
+    """One generation of a real server with every leg that read it: a response's create
+    and its resumes (`GET /v1/responses/{id}`), the first cancel of it."""
+
+    create: UpstreamExchange
+    token_times: tuple[float, ...]
+    finished: bool
+    closed_at: float | None  # the proxy let go of its last leg before the response ended
+    cancelled_at: float | None
+
+
+def _generations(exchanges: Sequence[UpstreamExchange]) -> list[_Generation]:
+    """The accepted generations in the order they were asked, each with the legs that
+    read it: a resume or a cancel is part of the response it names, never a generation."""
+    accepted = [e for e in exchanges if e.status is None or 200 <= e.status < 300]
+    resumes: dict[str, list[UpstreamExchange]] = {}
+    cancels: dict[str, float] = {}
+    for exchange in accepted:
+        if exchange.response_id is None:
+            continue
+        if exchange.role == "resume":
+            resumes.setdefault(exchange.response_id, []).append(exchange)
+        elif exchange.role == "cancel":
+            before = cancels.get(exchange.response_id, exchange.sent_at)
+            cancels[exchange.response_id] = min(before, exchange.sent_at)
+    found = []
+    for create in sorted((e for e in accepted if e.role == "generation"), key=lambda e: e.sent_at):
+        named = create.response_id or ""
+        legs = sorted([create, *resumes.get(named, [])], key=lambda leg: leg.sent_at)
+        finished = any(leg.finished for leg in legs)
+        found.append(
+            _Generation(
+                create=create,
+                token_times=tuple(sorted(t for leg in legs for t in leg.token_times)),
+                finished=finished,
+                closed_at=None if finished else legs[-1].closed_at,
+                cancelled_at=cancels.get(named),
+            )
+        )
+    return found
 
 
 def counter_at(samples: Sequence[Sample], when: float) -> float:
@@ -909,12 +983,21 @@ def real_server_metrics(
       interpolated there when it says more), as `tokens_after` does with the emulator's
       token times.
 
+    A Responses-API response read over several legs (its create and its resumes, `GET
+    /v1/responses/{id}`) is one generation, timed from its create; a resume or a cancel
+    starts none. A background response (`background: true`) is meant to outlive its
+    client, so the proxy's close is neither its abort nor its client leaving while a
+    later leg reads it to its end: its waste is what it made after the user gave up
+    (`ended_at`), after its cancel (`POST /v1/responses/{id}/cancel`, which is also its
+    abort, timed from the cancel), or after its last leg closed before its end (a
+    restarting client left it for a new response). Such a response left running goes
+    on into the later requests' windows: there, tokens counted beyond the chunks the
+    later request read are its waste, up to its `max_output_tokens` (to within the steps
+    vLLM streams no text for).
+
     `client_left` maps a request tag to when its client left (the result's `ended_at`).
     """
-    ours = sorted(
-        (e for e in exchanges if e.status is None or 200 <= e.status < 300),
-        key=lambda e: e.sent_at,
-    )
+    ours = _generations(exchanges)
     out: dict[str, Any] = {
         "server.generations": len(ours),
         "server.tokens_generated": 0,
@@ -922,37 +1005,53 @@ def real_server_metrics(
         "server.aborted": 0,
         "server.abort_latency_ms": [],
         "server.upstream_ttft_ms": [
-            (e.token_times[0] - e.sent_at) * 1000 for e in ours if e.token_times
+            (g.create.token_times[0] - g.create.sent_at) * 1000
+            for g in ours
+            if g.create.token_times
         ],
     }
     if not samples:
         return out
     last = samples[-1][0]
-    for number, exchange in enumerate(ours):
-        end = ours[number + 1].sent_at if number + 1 < len(ours) else last
+    running = 0.0  # tokens an unwatched background response may still make
+    for number, generation in enumerate(ours):
+        exchange = generation.create
+        end = ours[number + 1].create.sent_at if number + 1 < len(ours) else last
         final = counter_at(samples, end)
         base = counter_at(samples, exchange.sent_at)
         tokens = round(max(final - base, 0.0))
         out["server.tokens_generated"] += tokens
-        unread = max(tokens - len(exchange.token_times), 0)
+        unread = max(tokens - len(generation.token_times), 0)
         quiet_at_end = [s for s in samples if s[0] <= end][-1][1] == 0
         left = [t for tag, t in client_left.items() if tag in exchange.body]
-        if exchange.closed_at is not None and not exchange.finished:
-            left.append(exchange.closed_at)
+        if generation.closed_at is not None:
+            left.append(generation.closed_at)
+        if generation.cancelled_at is not None:
+            left.append(generation.cancelled_at)
         gone = min((t for t in left if t < end), default=None)
+        wasted = 0
         if gone is not None:
             # counted by then: the chunks read by then, or the counter if it says more
             cutoff = gone + WASTE_SLACK
-            read = sum(1 for t in exchange.token_times if t <= cutoff)
+            read = sum(1 for t in generation.token_times if t <= cutoff)
             counted = max(counter_at(samples, cutoff) - base, read)
-            out["server.tokens_wasted"] += max(tokens - round(counted), 0)
-        closed = exchange.closed_at
+            wasted = max(tokens - round(counted), 0)
+        # an earlier background response still running for nobody counted in this window
+        spill = int(min(max(unread - wasted, 0), running))
+        running -= spill
+        out["server.tokens_wasted"] += wasted + spill
         limit = _max_tokens(exchange.body)
-        if closed is None or exchange.finished or (limit is not None and tokens >= limit):
+        if exchange.background:
+            if gone is not None and not generation.finished and generation.cancelled_at is None:
+                running += float("inf") if limit is None else max(limit - tokens + spill, 0)
+            closed = generation.cancelled_at  # the close is no abort: the cancel is
+        else:
+            closed = generation.closed_at
+        if closed is None or generation.finished or (limit is not None and tokens >= limit):
             continue  # ended first, or ran to its end: generated for nobody, not aborted
         if not quiet_at_end:
             continue  # still generating when sampling gave up: no abort seen
-        stopped = max(exchange.token_times, default=closed)
+        stopped = max(generation.token_times, default=closed)
         if unread:
             all_counted = [t for t, _, c in samples if t >= closed and c >= final]
             stopped = max(stopped, min(all_counted, default=stopped))

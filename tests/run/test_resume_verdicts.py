@@ -16,9 +16,14 @@ from typing import Any
 import pytest
 
 from middlebox.core.dialects import Dialect
+from middlebox.core.framed import LegRecord
 from middlebox.run.score import (
     METRICS,
     ClientScore,
+    Sample,
+    UpstreamExchange,
+    exchanges_of,
+    real_server_metrics,
     response_answers,
     score_client,
     sequence_faults,
@@ -215,3 +220,107 @@ def test_a_foreground_responses_stream_keeps_the_ledgers_own_waste() -> None:
     foreground = {**background(6, 2, wasted_tokens=1), "background": False}
     legs = [cut_at(CUT), resume(CUT - 1, EVENTS[CUT:])]
     assert scored(shown(WHOLE), legs, [foreground]).metrics["server.tokens_wasted"] == 1
+
+
+# ------------------------------------------------ the same, against a real server
+
+
+def create_body(background: bool) -> str:
+    return json.dumps(
+        {"input": f"{TAG} hi", "max_output_tokens": 40, "stream": True, "background": background}
+    )
+
+
+def samples(spans: list[tuple[float, float, float]], until: float) -> list[Sample]:
+    """/metrics read every 10 ms from 9.9 to `until`: each (start, end, tokens/s) span adds
+    to the token counter, and the server runs while any span does."""
+    out: list[Sample] = []
+    for step in range(round((until - 9.9) / 0.01) + 1):
+        t = 9.9 + 0.01 * step
+        count = sum(rate * (min(max(t, a), b) - a) for a, b, rate in spans)
+        out.append((t, float(any(a <= t < b for a, b, _ in spans)), count))
+    return out
+
+
+def reads(start: float, count: int) -> tuple[float, ...]:
+    """`count` chunks read 5 ms apart from `start` (200 tokens/s)."""
+    return tuple(start + 0.005 * n for n in range(count))
+
+
+def leg(role: str, sent_at: float, **fields: Any) -> UpstreamExchange:
+    body = create_body(fields.pop("background", True)) if role == "generation" else ""
+    return UpstreamExchange(
+        body, sent_at, 200, "", fields.pop("finished", False), role=role, response_id="resp_1",
+        background=role == "generation" and json.loads(body)["background"], **fields,
+    )  # fmt: skip
+
+
+def test_a_real_background_response_resumed_to_its_end_is_one_generation_and_no_waste() -> None:
+    # 40 tokens from 10.0 to 10.2; the proxy let go of the create at 10.05 (the cut) and
+    # the resume at 10.1 read the rest to response.completed
+    created = leg("generation", 10.0, closed_at=10.05, token_times=reads(10.0, 10))
+    resumed = leg("resume", 10.1, finished=True, token_times=reads(10.1, 20))
+    measured = real_server_metrics([created, resumed], samples([(10.0, 10.2, 200.0)], 10.4), {})
+    assert measured["server.generations"] == 1
+    assert measured["server.tokens_generated"] == 40
+    assert measured["server.tokens_wasted"] == 0 and measured["server.aborted"] == 0
+
+
+def test_a_real_foreground_responses_stream_closed_is_an_abort_as_chat_is() -> None:
+    cut = leg("generation", 10.0, background=False, closed_at=10.05, token_times=reads(10.0, 10))
+    measured = real_server_metrics([cut], samples([(10.0, 10.06, 200.0)], 10.3), {})
+    assert measured["server.aborted"] == 1
+
+
+def test_a_real_background_response_left_without_a_cancel_wastes_the_rest() -> None:
+    # the client gave up at 10.05 and closed; the response ran on to its 40 tokens
+    left = leg("generation", 10.0, closed_at=10.05, token_times=reads(10.0, 10))
+    measured = real_server_metrics([left], samples([(10.0, 10.2, 200.0)], 10.4), {TAG: 10.05})
+    assert measured["server.generations"] == 1 and measured["server.aborted"] == 0
+    assert measured["server.tokens_wasted"] == 40 - 20  # all made after 10.1 (50 ms slack)
+
+
+def test_a_real_background_response_cancelled_wastes_what_it_made_after_the_cancel() -> None:
+    # read to 10.05, still read (no close); cancelled at 10.1, stopped at 10.12
+    watched = leg("generation", 10.0, token_times=reads(10.0, 24))
+    cancel = leg("cancel", 10.1)
+    measured = real_server_metrics([watched, cancel], samples([(10.0, 10.12, 200.0)], 10.3), {})
+    assert measured["server.generations"] == 1  # the cancel is none
+    assert measured["server.aborted"] == 1
+    assert measured["server.abort_latency_ms"] == [pytest.approx(20.0, abs=6.0)]
+    assert measured["server.tokens_wasted"] == 0  # 24 tokens, all made by 10.15
+
+
+def test_a_restart_leaves_the_first_background_response_running_for_nobody() -> None:
+    # the first response, left at its cut at 10.05, runs on to its 40 tokens (to 10.2);
+    # the restart at 10.1 makes its own 40, all read
+    first = leg("generation", 10.0, closed_at=10.05, token_times=reads(10.0, 10))
+    second = UpstreamExchange(
+        create_body(True), 10.1, 200, "", True, token_times=reads(10.1, 40), role="generation",
+        response_id="resp_2", background=True,
+    )  # fmt: skip
+    spans = [(10.0, 10.2, 200.0), (10.1, 10.3, 200.0)]
+    measured = real_server_metrics([first, second], samples(spans, 10.5), {TAG: 10.31})
+    assert measured["server.generations"] == 2
+    assert measured["server.tokens_generated"] == 80
+    # what the first made after its cut (10.1 on, the 50 ms slack) went to nobody: its 20
+    # last tokens, counted in the restart's window beyond the chunks the restart read
+    assert measured["server.tokens_wasted"] == 20
+    assert measured["server.aborted"] == 0
+
+
+def test_exchanges_say_which_request_resumed_or_cancelled_which_response() -> None:
+    create_leg, resume_leg = cut_at(CUT), resume(CUT - 1, EVENTS[CUT:])
+    cancel_leg = (b"POST /v1/responses/resp_1/cancel HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"")
+    found = [
+        exchange
+        for request, response in (create_leg, resume_leg, cancel_leg)
+        for exchange in exchanges_of(
+            LegRecord.from_bytes(request, response), lambda _, offset: 10.0, None
+        )
+    ]
+    assert [(e.role, e.response_id, e.background) for e in found] == [
+        ("generation", "resp_1", True),
+        ("resume", "resp_1", False),
+        ("cancel", "resp_1", False),
+    ]
