@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai.resources.responses import AsyncResponses
 
 from middlebox.clients import BUILTIN_CLIENTS, openai_responses
 from middlebox.clients.api_requests import (
@@ -264,6 +265,34 @@ def test_a_background_response_left_without_a_cancel_wastes_what_it_makes_after(
     assert generated["completion_tokens"] == 24  # it kept generating for nobody
     assert score.metrics["server.tokens_wasted"] >= 24 - 8
     assert score.metrics["server.aborted"] == 0
+
+
+@pytest.mark.parametrize("shift", [1, -1], ids=["one-too-far", "one-too-early"])
+def test_a_resume_from_the_wrong_event_is_caught_on_the_wire(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shift: int
+) -> None:
+    """The resuming client with its `starting_after` off by one: one too far skips an
+    event (a gap, text missing); one too early is sent an event again (a repeat), which
+    this client skips, so its text stays whole."""
+    retrieve = AsyncResponses.retrieve
+
+    async def off_by_one(self: Any, response_id: str, **options: Any) -> Any:
+        options["starting_after"] = options["starting_after"] + shift
+        return await retrieve(self, response_id, **options)
+
+    monkeypatch.setattr(AsyncResponses, "retrieve", off_by_one)
+    entry, ledger, score = run_openai(tmp_path, CUT_FIRST_POST, resume=True)
+    assert entry["resumes"] == 1 and entry["error"] is None
+    (request,) = score.requests
+    if shift > 0:
+        assert request.verdict == "missing_tokens" and score.metrics["client.missing_tokens"] == 1
+        assert (request.sequence_gaps, request.sequence_repeats) == (1, 0)
+        assert score.metrics["client.sequence_gaps"] == 1
+    else:
+        assert entry["text"] == ledger[0]["text"] and request.verdict == "complete"
+        assert (request.sequence_gaps, request.sequence_repeats) == (0, 1)
+        assert score.metrics["client.sequence_repeats"] == 1
+        assert score.metrics["client.duplicated"] == 0
 
 
 def test_the_resuming_client_without_a_fault_never_resumes(tmp_path: Path) -> None:
