@@ -427,8 +427,10 @@ def sequence_faults(client_traffic: Iterable[UpstreamLeg], tag: str) -> tuple[in
     mine = _stored_responses(legs, tag)
     seen: dict[str, set[int]] = {}
     gaps = repeats = 0
-    for record in legs:
+    for record in legs if mine else ():
         ids = response_ids(record)
+        if not mine.intersection(ids.values()):
+            continue
         for message, _, meaning in _meanings(record):
             rid = ids.get(message)
             if rid not in mine or meaning.sequence is None:
