@@ -61,11 +61,11 @@ class Explanation:
 # run/score.py's METRICS (the report room reads them as plain names, never imports run).
 EXPLAIN: dict[str, Explanation] = {
     "client.silent_truncations": Explanation(
-        "the stream ended without its API's end (finish_reason or [DONE]; "
-        "response.completed; stop_reason and message_stop) and the client reported success "
-        "with text missing",
-        "treat a stream that ends without it (finish_reason or data: [DONE]; "
-        "response.completed; message_stop) as an error (then retry or resume)",
+        "the stream ended without finish_reason or [DONE] (a Responses stream without "
+        "response.completed, a Messages one without stop_reason and message_stop) and the "
+        "client reported success with text missing",
+        "treat a stream that ends without finish_reason or data: [DONE] (response.completed; "
+        "message_stop) as an error (then retry or resume)",
     ),
     "client.complete": Explanation(
         "fewer requests showed exactly the text the upstream generated",
