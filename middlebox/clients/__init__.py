@@ -70,6 +70,8 @@ The compatibility matrix's clients (docs/compatibility.md), scored when named or
 - `openai-responses`: the openai SDK's `responses.create(stream=True)` (the Responses API);
 - `openai-responses-resume`: a background response (`background`, `store`) resumed with
   `responses.retrieve(id, stream=True, starting_after=N)` when its stream breaks;
+- `openai-responses-restart`: the same background response created again (a new response,
+  a new generation) when its stream breaks, its text shown on top of what was shown;
 - `anthropic-messages`: the anthropic SDK's `messages.stream` against `/v1/messages`.
 `openai-v1`, `openai-v2`, `langchain-openai`, `litellm` and `anthropic-messages` run in their
 own environments (`middlebox.clients.envs`), built from a lock file the first time the client
@@ -83,8 +85,9 @@ Agent clients (SCENARIO_CLIENTS), scored in the scenarios whose `workload.client
 them: `tools-naive` (acts on partial tool calls and JSON, retries without idempotency
 keys, shows reasoning as the answer) and `openai-tools` (the SDK's documented tool-call
 loop); `resilient` is their reference. Results may carry `tool_calls_executed`,
-`json_acted_on` and `reasoning` (docs/clients.md). `openai-responses-resume` is scored
-the same way: only where a scenario names it (it needs a server with the Responses store).
+`json_acted_on` and `reasoning` (docs/clients.md). `openai-responses-resume` and
+`openai-responses-restart` are scored the same way: only where a scenario names them (they
+need a server with the Responses store).
 `openai-responses` and `anthropic-messages` (DIALECT_CLIENTS) are matrix clients that also
 run wherever a scenario names them: the library's Responses and Messages scenarios.
 """
@@ -160,12 +163,18 @@ BUILTIN_CLIENTS = ClientRegistry(
             "middlebox.clients.openai_responses",
             "--resume",
         ],
+        "openai-responses-restart": [
+            sys.executable,
+            "-m",
+            "middlebox.clients.openai_responses",
+            "--restart",
+        ],
     }
 )
 
 # Agent clients (issue 19, docs/clients.md "Agent streams"): scored in the scenarios whose
 # `workload.clients` names them (tool calls, JSON answers, reasoning), never by default.
-# `openai-responses-resume` needs a server with the Responses store (vLLM's
+# `openai-responses-resume` and `-restart` need a server with the Responses store (vLLM's
 # VLLM_ENABLE_RESPONSES_API_STORE=1, off by default; the emulator's `responses_store`), which
 # only the scenarios that name it configure: elsewhere `background` is refused with a 400.
 SCENARIO_CLIENTS = (
@@ -174,6 +183,7 @@ SCENARIO_CLIENTS = (
     "httpx-h2",
     "browser-tls",
     "openai-responses-resume",
+    "openai-responses-restart",
 )
 
 # The Python clients of the Responses and Messages APIs: matrix clients (scored when named,

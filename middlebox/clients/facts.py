@@ -72,6 +72,15 @@ CLIENT_FACTS: dict[str, ClientFacts] = {
             "hang": "AsyncOpenAI(timeout=httpx.Timeout(30, read=10)), then resume",
         },
     ),
+    "openai-responses-restart": ClientFacts(
+        "openai", "python", "600 s read, 5 s connect", "2, none once streaming",
+        "none: a broken background stream is created again (a new response), shown on top",
+        {
+            "silent_truncation": "check response.status and incomplete_details at the end",
+            "hang": "AsyncOpenAI(timeout=httpx.Timeout(30, read=10)), then resume by "
+            "responses.retrieve(id, stream=True, starting_after=N) instead of creating again",
+        },
+    ),
     "anthropic-messages": ClientFacts(
         "anthropic", "python-env", "600 s", "2, none once streaming", "none",
         {

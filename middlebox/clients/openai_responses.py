@@ -1,4 +1,5 @@
-"""`openai-responses` and `openai-responses-resume`: the openai SDK's Responses streaming.
+"""`openai-responses`, `openai-responses-resume` and `openai-responses-restart`: the openai
+SDK's Responses streaming.
 
 `openai-responses` is the SDK's README: `AsyncOpenAI()` with its defaults (600 s read
 timeout, 5 s connect, 2 retries before a stream starts), `await
@@ -23,6 +24,13 @@ no text is shown twice. A resume that brings no new event counts toward a bound 
 (`abandon_after_*`) closes the stream and does not cancel the response: the guide's loop
 has no cancel, and the server's waste after that is what a scenario measures.
 
+`openai-responses-restart` is what a naive app does with the same background response when
+its stream breaks: it never learned to resume, so it creates the response again (a new
+`responses.create`, a new response id, a new generation) and keeps showing text on top of
+what it had shown, so the user reads the start again, or a different answer from a
+sampling server. The first response runs on unwatched in the background (nobody cancels
+it). At most `MAX_RESTARTS` creates after the first; then the last error is surfaced.
+
 `attempts` counts HTTP requests through the SDK's `_prepare_request` hook (as `openai`
 does); `resumes` counts the `retrieve` reconnects. `saw_done` is always false: Responses
 streams have no `[DONE]`.
@@ -44,6 +52,7 @@ from middlebox.clients.openai_sdk import _CountingOpenAI, _current
 from middlebox.core.dialects import Dialect, EndKind, TokenKind
 
 MAX_IDLE_RESUMES = 3
+MAX_RESTARTS = 3
 
 
 class ResponseFailed(Exception):
@@ -153,6 +162,30 @@ async def resuming_session(env: ClientEnv) -> AsyncIterator[Handler]:
         yield handle
 
 
+@asynccontextmanager
+async def restarting_session(env: ClientEnv) -> AsyncIterator[Handler]:
+    async with _CountingOpenAI(base_url=env.base_url, api_key=env.api_key) as client:
+
+        async def handle(spec: RequestSpec, rec: Recorder) -> None:
+            _current.set(rec)
+            request = responses_request(spec)
+            for _ in range(MAX_RESTARTS + 1):
+                cursor = Cursor()  # a new response: its own id and sequence numbers
+                error: Exception | None = None
+                try:
+                    stream = await client.responses.create(
+                        **request, background=True, store=True, stream=True
+                    )
+                    await _read(stream, rec, cursor)
+                except openai.APIConnectionError as exc:  # an RST, a cut body, a timeout
+                    error = exc
+                if cursor.ended:
+                    return
+            raise error or ResponseFailed(f"{MAX_RESTARTS} restarts ended before their end")
+
+        yield handle
+
+
 def _output_text(answer: dict[str, Any]) -> str:
     texts = []
     for item in answer.get("output") or []:
@@ -173,6 +206,8 @@ def _status(answer: dict[str, Any]) -> str | None:
 def main() -> int:
     if "--resume" in sys.argv[1:]:
         return run_client("openai-responses-resume", resuming_session)
+    if "--restart" in sys.argv[1:]:
+        return run_client("openai-responses-restart", restarting_session)
     return run_client("openai-responses", session)
 
 

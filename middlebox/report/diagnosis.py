@@ -61,10 +61,11 @@ class Explanation:
 # run/score.py's METRICS (the report room reads them as plain names, never imports run).
 EXPLAIN: dict[str, Explanation] = {
     "client.silent_truncations": Explanation(
-        "the stream ended without finish_reason or [DONE] and the client reported success "
-        "with text missing",
-        "treat a stream that ends without finish_reason or data: [DONE] as an error "
-        "(then retry or resume)",
+        "the stream ended without finish_reason or [DONE] (a Responses stream without "
+        "response.completed, a Messages one without stop_reason and message_stop) and the "
+        "client reported success with text missing",
+        "treat a stream that ends without finish_reason or data: [DONE] (response.completed; "
+        "message_stop) as an error (then retry or resume)",
     ),
     "client.complete": Explanation(
         "fewer requests showed exactly the text the upstream generated",
@@ -80,7 +81,19 @@ EXPLAIN: dict[str, Explanation] = {
     ),
     "client.duplicated": Explanation(
         "the shown text repeats tokens: a retry or resume replayed text already shown",
-        "on a restart discard what was shown, or resume with Last-Event-ID",
+        "on a restart discard what was shown, or resume with Last-Event-ID (a background "
+        "response: responses.retrieve(id, stream=True, starting_after=<last shown>))",
+    ),
+    "client.sequence_gaps": Explanation(
+        "a resume of a background response skipped events: starting_after was past the last "
+        "sequence_number the client had",
+        "resume with starting_after = the last sequence_number the client really showed",
+    ),
+    "client.sequence_repeats": Explanation(
+        "a resume of a background response sent events again: starting_after was before the "
+        "last sequence_number the client had",
+        "resume with starting_after = the last sequence_number shown, and skip any event at "
+        "or before it",
     ),
     "client.contradicted": Explanation(
         "a retry drew a different answer and the client showed it over text already read",

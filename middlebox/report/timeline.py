@@ -8,7 +8,8 @@ journal), and the gaps and bursts between shown pieces. A smooth stream shows tw
 staircases a constant latency apart reaching the planned line; a buffering proxy shows
 the client's staircase as a few tall steps (bursts); an idle cut or a silent truncation
 shows both staircases stopping below the planned line, with an end-of-stream marker
-that says no finish_reason or `[DONE]` arrived.
+that says no finish_reason or `[DONE]` arrived (in the API's own words: no
+`response.completed`, no `stop_reason` or `message_stop`).
 
 `timeline_data` builds plain JSON (kept next to the journals); `write_png` draws it
 with matplotlib (Agg, no display needed) and `svg` draws it as inline SVG for the
@@ -29,6 +30,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from middlebox.core.dialects import Dialect, EndKind, dialect_for, end_of_reason
 from middlebox.observe.journal import JournalView
 from middlebox.observe.requests import BURST_GAP, ledger_for, tokens_reached
 
@@ -57,8 +59,10 @@ def timeline_data(
         (float(f["time"]), f"{f['fault']}:{f['action']}") for view in journal for f in view.faults
     )
     requests = []
+    spoken = journal_api(journal)
     for index, tag in enumerate(tags):
         entries = ledger_for(ledger, tag)
+        endpoints = {str(e.get("endpoint")) for e in entries if e.get("endpoint")}
         shown = results.get(index) or {}
         starts = [float(e["received_at"]) for e in entries if e.get("received_at")]
         origin = float(shown.get("started_at") or min(starts, default=0.0))
@@ -113,6 +117,9 @@ def timeline_data(
                 "largest_gap_ms": (largest[1] - largest[0]) * 1000 if largest else None,
                 "finish_reason": shown.get("finish_reason"),
                 "saw_done": shown.get("saw_done"),
+                # the API it spoke, whose words the end marker uses: the emulator's ledger
+                # says, else the run's requests on the wire when they all spoke one
+                "api": endpoints.pop() if len(endpoints) == 1 else spoken,
                 "error": shown.get("error"),
                 "ended": _rel(shown.get("ended_at"), origin),
                 # decisions taken while this request was in flight (a keep-alive
@@ -205,13 +212,45 @@ class TimeUnit:
         return f"{self.number(seconds)} {self.name}"
 
 
+def journal_api(journal: Sequence[JournalView]) -> str | None:
+    """The one streaming API a run's requests spoke, by the request lines on its journal
+    (`middlebox.core.dialects.dialect_for`); None when they spoke none or several."""
+    found: set[Dialect] = set()
+    for view in journal:
+        for line in view.boundaries:
+            parts = str(line.get("start_line") or "").split(" ")
+            if line.get("type") != "http_head" or len(parts) < 3 or parts[0].startswith("HTTP/"):
+                continue
+            dialect = dialect_for(parts[0], parts[1])
+            if dialect is not None:
+                found.add(dialect)
+    return found.pop().value if len(found) == 1 else None
+
+
 def end_of_stream(request: Mapping[str, Any]) -> tuple[str, bool]:
-    """How the stream ended, as the end marker's label, and whether that is a proper
-    end (a finish_reason or vLLM's `data: [DONE]`), which the scorer needs to call an
-    answer complete rather than silently truncated."""
+    """How the stream ended, as the end marker's label in its API's own words (the
+    request's `api`, a `middlebox.core.dialects.Dialect` value; chat's when unknown), and
+    whether that is a proper end, which the scorer needs to call an answer complete
+    rather than silently truncated: a finish_reason or vLLM's `data: [DONE]` on chat and
+    completions, a Responses stream's terminal event (`response.completed`, whose status
+    or `incomplete_details.reason` the client reports), a Messages stream's `stop_reason`
+    (in its `message_delta`, before `message_stop`)."""
     if request.get("error"):
         return f"error: {str(request['error'])[:60]}", True
     reason, done = request.get("finish_reason"), request.get("saw_done")
+    api = request.get("api")
+    if api == Dialect.RESPONSES.value:
+        if not reason:
+            return "no response.completed", False
+        if end_of_reason(reason) is EndKind.LENGTH:
+            return f"response.completed, incomplete {reason}", True
+        if reason == "completed":
+            return "response.completed", True
+        return f"response.completed, status {reason}", True
+    if api == Dialect.MESSAGES.value:
+        if not reason:
+            return "no stop_reason, no message_stop", False
+        return f"message_stop, stop_reason {reason}", True
     if reason and done:
         return f"finish_reason {reason} + [DONE]", True
     if reason:

@@ -27,11 +27,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+from urllib.parse import urlsplit
 
 from middlebox.core.dialects import (
     NATURAL_STOPS,
@@ -51,6 +53,7 @@ from middlebox.observe.requests import (
     WASTE_SLACK,
     arrivals,
     ledger_for,
+    tokens_after,
     tokens_reached,
     tokens_wasted,
     upstream_tokens_per_burst,
@@ -81,6 +84,12 @@ METRICS: dict[str, str] = {
     "the client, which did not report it as length",
     "client.stop_invented": "requests the client reported as finish_reason stop where no "
     "stop reached it",
+    "client.sequence_gaps": "Responses events the client was never sent between two it was "
+    "sent, over a response's create and resume legs (a resume with starting_after past the "
+    "last event it had), summed",
+    "client.sequence_repeats": "Responses events sent to the client again on a resume (a "
+    "starting_after before the last event it had), summed: duplicated text unless the "
+    "client skips them",
     "client.perceived_ttft_ms": "time from request start to the first shown text (list)",
     "client.itl_ms": "gaps between shown pieces (list)",
     "client.largest_gap_ms": "the longest wait between two shown pieces",
@@ -94,9 +103,12 @@ METRICS: dict[str, str] = {
     "server.generations_per_request": "upstream generations per logical request (largest)",
     "server.tokens_generated": "tokens the upstream generated",
     "server.tokens_wasted": "tokens generated after the client had gone (ledger, or token "
-    "times after the client stopped reading)",
-    "server.aborted": "generations aborted because the client left",
-    "server.abort_latency_ms": "time from the client leaving to the abort (list)",
+    "times after the client stopped reading); a background Responses response only what "
+    "reached no client: after the user gave up without a cancel, after a cancel, or left "
+    "running by a restart, never what a resume read",
+    "server.aborted": "generations aborted because the client left (a background Responses "
+    "response: by its cancel)",
+    "server.abort_latency_ms": "time from the client leaving (or the cancel) to the abort (list)",
     "server.heartbeats": "SSE comment lines (keep-alives) the upstream sent",
     "server.usage_reported": "responses whose stream carried a usage object",
     "server.inband_errors": 'data: {"error": ...} frames the upstream sent',
@@ -141,6 +153,10 @@ class RequestScore:
     # the same verdicts
     expected_digest: str = ""
     shown_digest: str = ""
+    # Responses-API events its client was sent over the create and resume legs: skipped
+    # between two it was sent, and sent twice (`sequence_faults`)
+    sequence_gaps: int = 0
+    sequence_repeats: int = 0
 
 
 @dataclass
@@ -263,35 +279,169 @@ def _meanings(record: LegRecord) -> Iterable[tuple[int, int, Meaning]]:
         yield message, offset, read(event, dialects.get(message))
 
 
+def _streamed(record: LegRecord) -> dict[int, tuple[str, bool]]:
+    """Per event-stream response of one framed leg, the answer text it streamed (choice
+    0's) and whether it finished without an error (`upstream_generations`)."""
+    texts: dict[int, list[str]] = {}
+    finished: dict[int, bool] = {}
+    failed: set[int] = set()
+    for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
+        if is_event_stream(head):
+            texts[message], finished[message] = [], False
+    for message, _, meaning in _meanings(record):
+        if message not in texts:
+            continue
+        finished[message] = finished[message] or meaning.last or meaning.end is not None
+        if meaning.end is EndKind.ERROR:
+            failed.add(message)
+        if meaning.token is TokenKind.ANSWER and meaning.choice == 0:
+            texts[message].append(meaning.text)
+    return {
+        message: ("".join(parts), finished[message] and message not in failed)
+        for message, parts in texts.items()
+    }
+
+
 def upstream_generations(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str, bool]]:
-    """What a real server sent, from the upstream leg of the journal: per response, the
+    """What a real server sent, from the upstream leg of the journal: per generation, the
     request body it answered, the answer text it streamed (choice 0's) and whether it
     finished (its answer ended, or its stream's last event came: a finish_reason or
     `[DONE]`, a stop_reason or `message_stop`, `response.completed`) without an error: vLLM's
     `data: {"error": ...}` frame followed by `[DONE]` is a failed generation, as the
-    emulator's ledger says `finish_reason: error`. This is the expected text when there
-    is no emulator ledger."""
+    emulator's ledger says `finish_reason: error`. A Responses-API response is one
+    generation however many legs read it: its create's body with the whole answer its
+    create and resume legs sent together (`response_answers`); a resume
+    (`GET /v1/responses/{id}`) is no generation of its own. This is the expected text when
+    there is no emulator ledger."""
+    legs = [_framed(leg) for leg in traffic]
+    whole = response_answers(legs)
     found: list[tuple[str, str, bool]] = []
+    for record in legs:
+        ids = response_ids(record)
+        resumes = _resume_messages(record)
+        for message, (text, done) in _streamed(record).items():
+            if message in resumes:
+                continue
+            answer = whole.get(ids.get(message, ""))
+            if answer is not None:
+                text, done = answer.text, answer.finished
+            body = record.request_body(message).decode("utf-8", "replace")
+            found.append((body, text, done))
+    return found
+
+
+def _resume_messages(record: LegRecord) -> set[int]:
+    """The requests of a framed leg that read a stored response (`GET /v1/responses/{id}`)."""
+    return {
+        message
+        for message, _, _, head in record.heads[Direction.UPSTREAM]
+        if head.method is not None
+        and head.target is not None
+        and head.method.upper() == "GET"
+        and dialect_for(head.method, head.target) is Dialect.RESPONSES
+    }
+
+
+def response_ids(record: LegRecord) -> dict[int, str]:
+    """Per request of a framed leg that is about one Responses-API response, its id: a
+    resume's from its target (`GET /v1/responses/{id}`), a create's from the first of its
+    events that names `response.id` (`response.created`)."""
+    ids: dict[int, str] = {}
+    resumes = _resume_messages(record)
+    for message, _, _, head in record.heads[Direction.UPSTREAM]:
+        if message in resumes and head.target is not None:
+            ids[message] = urlsplit(head.target).path.rstrip("/").rsplit("/", 1)[-1]
+    for message, _, event in record.events[Direction.DOWNSTREAM]:
+        if message in ids:
+            continue
+        payload = json_payload(event)
+        response = payload.get("response") if payload is not None else None
+        if isinstance(response, dict) and isinstance(response.get("id"), str):
+            ids[message] = response["id"]
+    return ids
+
+
+@dataclass(frozen=True)
+class ResponseAnswer:
+    """A Responses-API response's whole answer as the server sent it over all its legs."""
+
+    text: str
+    finished: bool
+    reason: str | None
+    sequences: frozenset[int]
+
+
+def response_answers(traffic: Iterable[UpstreamLeg]) -> dict[str, ResponseAnswer]:
+    """Per Responses-API response id, the server's whole answer: the union, by
+    `sequence_number`, of the events it sent on the create leg and on every resume leg
+    (`GET /v1/responses/{id}?stream=true&starting_after=N`) of that response, read in
+    sequence order. A background response's event store numbers its events once, so an
+    event sent on two legs is one event; `finished` when its terminal event was sent on
+    any leg (and it said no error), `reason` that event's word (`completed`,
+    `max_output_tokens`, `cancelled`). Where the union has a hole (a resume past an event
+    no leg carried) the deltas cannot tell the whole text, and each content part's
+    `response.output_text.done` (which repeats its whole text) tells it instead."""
+    events: dict[str, dict[int, Meaning]] = {}
+    done_texts: dict[str, dict[int, str]] = {}
     for leg in traffic:
         record = _framed(leg)
-        texts: dict[int, list[str]] = {}
-        finished: dict[int, bool] = {}
-        failed: set[int] = set()
-        for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
-            if is_event_stream(head):
-                texts[message], finished[message] = [], False
-        for message, _, meaning in _meanings(record):
-            if message not in texts:
+        ids = response_ids(record)
+        dialects = _dialects(record)
+        for message, _, event in record.events[Direction.DOWNSTREAM]:
+            rid = ids.get(message)
+            meaning = read(event, dialects.get(message))
+            if rid is None or meaning.sequence is None or meaning.dialect is not Dialect.RESPONSES:
                 continue
-            finished[message] = finished[message] or meaning.last or meaning.end is not None
-            if meaning.end is EndKind.ERROR:
-                failed.add(message)
-            if meaning.token is TokenKind.ANSWER and meaning.choice == 0:
-                texts[message].append(meaning.text)
-        for message, parts in texts.items():
-            body = record.request_body(message).decode("utf-8", "replace")
-            found.append((body, "".join(parts), finished[message] and message not in failed))
-    return found
+            events.setdefault(rid, {}).setdefault(meaning.sequence, meaning)
+            payload = json_payload(event) or {}
+            if payload.get("type") == "response.output_text.done":
+                text = payload.get("text")
+                done_texts.setdefault(rid, {})[meaning.sequence] = str(text or "")
+    answers: dict[str, ResponseAnswer] = {}
+    for rid, numbered in events.items():
+        ordered = [numbered[number] for number in sorted(numbered)]
+        ends = [meaning for meaning in ordered if meaning.end is not None]
+        text = "".join(m.text for m in ordered if m.token is TokenKind.ANSWER)
+        holes = len(numbered) < max(numbered) + 1
+        dones = done_texts.get(rid, {})
+        if holes and dones:
+            text = "".join(dones[number] for number in sorted(dones))
+        answers[rid] = ResponseAnswer(
+            text=text,
+            finished=bool(ends) and all(m.end is not EndKind.ERROR for m in ends),
+            reason=ends[-1].reason if ends else None,
+            sequences=frozenset(numbered),
+        )
+    return answers
+
+
+def sequence_faults(client_traffic: Iterable[UpstreamLeg], tag: str) -> tuple[int, int]:
+    """Gaps and repeats in the `sequence_number`s one logical request's client was sent,
+    over its create and resume legs of each of its Responses-API responses, in the order
+    they crossed the client leg: (events skipped between two it was sent, events it was
+    sent again). A resume whose `starting_after` is past the last event the client had
+    leaves a gap (those events never reach it); one before it brings a repeat (shown
+    again unless the client skips it). A stream cut short is no gap: nothing came after
+    it. (0, 0) for a request with no Responses stream."""
+    legs = [_framed(leg) for leg in client_traffic]
+    mine = _stored_responses(legs, tag)
+    seen: dict[str, set[int]] = {}
+    gaps = repeats = 0
+    for record in legs if mine else ():
+        ids = response_ids(record)
+        if not mine.intersection(ids.values()):
+            continue
+        for message, _, meaning in _meanings(record):
+            rid = ids.get(message)
+            if rid not in mine or meaning.sequence is None:
+                continue
+            numbers = seen.setdefault(rid, set())
+            if meaning.sequence in numbers:
+                repeats += 1
+                continue
+            gaps += max(meaning.sequence - max(numbers, default=-1) - 1, 0)
+            numbers.add(meaning.sequence)
+    return gaps, repeats
 
 
 def _finish_reasons(record: LegRecord) -> dict[int, str | None]:
@@ -312,10 +462,18 @@ def _finish_reasons(record: LegRecord) -> dict[int, str | None]:
 def upstream_finish_reasons(traffic: Iterable[UpstreamLeg]) -> list[tuple[str, str | None]]:
     """Per event-stream response on the upstream leg, its request body and the last
     `finish_reason` of choice 0 it carried (`_finish_reasons`)."""
+    legs = [_framed(leg) for leg in traffic]
+    whole = response_answers(legs)
     found: list[tuple[str, str | None]] = []
-    for leg in traffic:
-        record = _framed(leg)
+    for record in legs:
+        ids = response_ids(record)
+        resumes = _resume_messages(record)
         for message, reason in _finish_reasons(record).items():
+            if message in resumes:
+                continue  # its response's create carries the whole answer's end
+            answer = whole.get(ids.get(message, ""))
+            if answer is not None:
+                reason = answer.reason
             found.append((record.request_body(message).decode("utf-8", "replace"), reason))
     return found
 
@@ -500,11 +658,43 @@ def analyse_upstream_leg(record: LegRecord) -> dict[str, int]:
     return counts
 
 
+def background_waste(entry: Mapping[str, Any], to_client: Mapping[str, ResponseAnswer]) -> int:
+    """Tokens a background Responses generation (`background` in the emulator's ledger) made
+    for nobody. Such a response keeps generating after its client disconnects: that is its
+    purpose (vLLM runs it as a task of its own), so what it makes while its client is away
+    and then reads on a resume is no waste. Its client was sent its end (its terminal event
+    crossed the client leg, on any leg of the response; `to_client` is `response_answers`
+    of the client leg): nothing was made for nobody. Otherwise what it generated past what
+    it delivered went to nobody: what it made after the user gave up and did not cancel,
+    after a cancel (`cancelled_at`, `POST /v1/responses/{id}/cancel`), or on its own after
+    a restarting client left it for a new response. A foreground Responses stream is
+    judged as chat is (vLLM aborts it on the disconnect)."""
+    answer = to_client.get(str(entry.get("id")))
+    if answer is not None and answer.reason is not None and answer.reason != "cancelled":
+        return 0
+    undelivered = int(entry.get("completion_tokens") or 0) - int(entry.get("delivered_tokens") or 0)
+    cancelled = entry.get("cancelled_at")
+    after_cancel = tokens_after([entry], float(cancelled)) if cancelled else 0
+    return max(undelivered, after_cancel, 0)
+
+
+def judged_entry(
+    entry: Mapping[str, Any], to_client: Mapping[str, ResponseAnswer]
+) -> Mapping[str, Any]:
+    """A ledger entry whose `wasted_tokens` a background response's own rule sets
+    (`background_waste`); any other entry as the emulator wrote it."""
+    if not entry.get("background"):
+        return entry
+    return {**entry, "wasted_tokens": background_waste(entry, to_client)}
+
+
 def server_metrics(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
+    # A cancelled background response is aborted by its cancel, not by a disconnect it
+    # outlives: its latency runs from the cancel.
     latencies = [
-        (entry["aborted_at"] - entry["disconnected_at"]) * 1000
+        (entry["aborted_at"] - (entry.get("cancelled_at") or entry["disconnected_at"])) * 1000
         for entry in entries
-        if entry.get("aborted_at") and entry.get("disconnected_at")
+        if entry.get("aborted_at") and (entry.get("cancelled_at") or entry.get("disconnected_at"))
     ]
     return {
         "server.generations": len(entries),
@@ -602,6 +792,12 @@ class UpstreamExchange:
     finished: bool
     closed_at: float | None = None
     token_times: tuple[float, ...] = ()
+    # A Responses-API exchange: `resume` (`GET /v1/responses/{id}`, reading a stored
+    # response) and `cancel` (`POST /v1/responses/{id}/cancel`) start no generation; the
+    # response it is about, and whether a create asked for `background`
+    role: str = "generation"
+    response_id: str | None = None
+    background: bool = False
 
 
 Sample = tuple[float, float, float]
@@ -644,37 +840,95 @@ def exchanges_of(
     can meet before its response ended."""
     requests = [(m, offset) for m, offset, _, head in record.heads[Direction.UPSTREAM]]
     statuses: dict[int, int | None] = {}
-    streams: list[int] = []
     for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
         if not head.is_interim:
             statuses.setdefault(message, head.status)
-            if is_event_stream(head):
-                streams.append(message)
-    streamed = {
-        message: (text, done)
-        for message, (_, text, done) in zip(streams, upstream_generations([record]), strict=False)
-    }
+    streamed = _streamed(record)
     tokens: dict[int, list[float]] = {}
     for message, offset, meaning in _meanings(record):
         if meaning.token is not None:
             tokens.setdefault(message, []).append(time_at(Direction.DOWNSTREAM, offset))
     ended = {message for message, _ in record.ends[Direction.DOWNSTREAM]}
     last = requests[-1][0] if requests else None
+    ids = response_ids(record)
+    resumes = _resume_messages(record)
+    targets = {m: head.target or "" for m, _, _, head in record.heads[Direction.UPSTREAM]}
     exchanges = []
     for message, offset in requests:
         text, done = streamed.get(message, ("", message in ended))
+        body = record.request_body(message).decode("utf-8", "replace")
+        cancelled = _CANCEL.search(urlsplit(targets.get(message, "")).path.rstrip("/"))
+        role = "resume" if message in resumes else "cancel" if cancelled else "generation"
         exchanges.append(
             UpstreamExchange(
-                body=record.request_body(message).decode("utf-8", "replace"),
+                body=body,
                 sent_at=time_at(Direction.UPSTREAM, offset),
                 status=statuses.get(message),
                 text=text,
                 finished=done,
                 closed_at=closed_at if message == last and message not in ended else None,
                 token_times=tuple(tokens.get(message, ())),
+                role=role,
+                response_id=cancelled.group(1) if cancelled else ids.get(message),
+                background=_asks_background(body),
             )
         )
     return exchanges
+
+
+_CANCEL = re.compile(r"/responses/([^/]+)/cancel$")
+
+
+def _asks_background(body: str) -> bool:
+    """The request body asks for a background Responses-API response."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("background") is True
+
+
+@dataclass(frozen=True)
+class _Generation:
+    """One generation of a real server with every leg that read it: a response's create
+    and its resumes (`GET /v1/responses/{id}`), the first cancel of it."""
+
+    create: UpstreamExchange
+    token_times: tuple[float, ...]
+    finished: bool
+    closed_at: float | None  # the proxy let go of its last leg before the response ended
+    cancelled_at: float | None
+
+
+def _generations(exchanges: Sequence[UpstreamExchange]) -> list[_Generation]:
+    """The accepted generations in the order they were asked, each with the legs that
+    read it: a resume or a cancel is part of the response it names, never a generation."""
+    accepted = [e for e in exchanges if e.status is None or 200 <= e.status < 300]
+    resumes: dict[str, list[UpstreamExchange]] = {}
+    cancels: dict[str, float] = {}
+    for exchange in accepted:
+        if exchange.response_id is None:
+            continue
+        if exchange.role == "resume":
+            resumes.setdefault(exchange.response_id, []).append(exchange)
+        elif exchange.role == "cancel":
+            before = cancels.get(exchange.response_id, exchange.sent_at)
+            cancels[exchange.response_id] = min(before, exchange.sent_at)
+    found = []
+    for create in sorted((e for e in accepted if e.role == "generation"), key=lambda e: e.sent_at):
+        named = create.response_id or ""
+        legs = sorted([create, *resumes.get(named, [])], key=lambda leg: leg.sent_at)
+        finished = any(leg.finished for leg in legs)
+        found.append(
+            _Generation(
+                create=create,
+                token_times=tuple(sorted(t for leg in legs for t in leg.token_times)),
+                finished=finished,
+                closed_at=None if finished else legs[-1].closed_at,
+                cancelled_at=cancels.get(named),
+            )
+        )
+    return found
 
 
 def counter_at(samples: Sequence[Sample], when: float) -> float:
@@ -731,12 +985,21 @@ def real_server_metrics(
       interpolated there when it says more), as `tokens_after` does with the emulator's
       token times.
 
+    A Responses-API response read over several legs (its create and its resumes, `GET
+    /v1/responses/{id}`) is one generation, timed from its create; a resume or a cancel
+    starts none. A background response (`background: true`) is meant to outlive its
+    client, so the proxy's close is neither its abort nor its client leaving while a
+    later leg reads it to its end: its waste is what it made after the user gave up
+    (`ended_at`), after its cancel (`POST /v1/responses/{id}/cancel`, which is also its
+    abort, timed from the cancel), or after its last leg closed before its end (a
+    restarting client left it for a new response). Such a response left running goes
+    on into the later requests' windows: there, tokens counted beyond the chunks the
+    later request read are its waste, up to its `max_output_tokens` (to within the steps
+    vLLM streams no text for).
+
     `client_left` maps a request tag to when its client left (the result's `ended_at`).
     """
-    ours = sorted(
-        (e for e in exchanges if e.status is None or 200 <= e.status < 300),
-        key=lambda e: e.sent_at,
-    )
+    ours = _generations(exchanges)
     out: dict[str, Any] = {
         "server.generations": len(ours),
         "server.tokens_generated": 0,
@@ -744,37 +1007,53 @@ def real_server_metrics(
         "server.aborted": 0,
         "server.abort_latency_ms": [],
         "server.upstream_ttft_ms": [
-            (e.token_times[0] - e.sent_at) * 1000 for e in ours if e.token_times
+            (g.create.token_times[0] - g.create.sent_at) * 1000
+            for g in ours
+            if g.create.token_times
         ],
     }
     if not samples:
         return out
     last = samples[-1][0]
-    for number, exchange in enumerate(ours):
-        end = ours[number + 1].sent_at if number + 1 < len(ours) else last
+    running = 0.0  # tokens an unwatched background response may still make
+    for number, generation in enumerate(ours):
+        exchange = generation.create
+        end = ours[number + 1].create.sent_at if number + 1 < len(ours) else last
         final = counter_at(samples, end)
         base = counter_at(samples, exchange.sent_at)
         tokens = round(max(final - base, 0.0))
         out["server.tokens_generated"] += tokens
-        unread = max(tokens - len(exchange.token_times), 0)
+        unread = max(tokens - len(generation.token_times), 0)
         quiet_at_end = [s for s in samples if s[0] <= end][-1][1] == 0
         left = [t for tag, t in client_left.items() if tag in exchange.body]
-        if exchange.closed_at is not None and not exchange.finished:
-            left.append(exchange.closed_at)
+        if generation.closed_at is not None:
+            left.append(generation.closed_at)
+        if generation.cancelled_at is not None:
+            left.append(generation.cancelled_at)
         gone = min((t for t in left if t < end), default=None)
+        wasted = 0
         if gone is not None:
             # counted by then: the chunks read by then, or the counter if it says more
             cutoff = gone + WASTE_SLACK
-            read = sum(1 for t in exchange.token_times if t <= cutoff)
+            read = sum(1 for t in generation.token_times if t <= cutoff)
             counted = max(counter_at(samples, cutoff) - base, read)
-            out["server.tokens_wasted"] += max(tokens - round(counted), 0)
-        closed = exchange.closed_at
+            wasted = max(tokens - round(counted), 0)
+        # an earlier background response still running for nobody counted in this window
+        spill = int(min(max(unread - wasted, 0), running))
+        running -= spill
+        out["server.tokens_wasted"] += wasted + spill
         limit = _max_tokens(exchange.body)
-        if closed is None or exchange.finished or (limit is not None and tokens >= limit):
+        if exchange.background:
+            if gone is not None and not generation.finished and generation.cancelled_at is None:
+                running += float("inf") if limit is None else max(limit - tokens + spill, 0)
+            closed = generation.cancelled_at  # the close is no abort: the cancel is
+        else:
+            closed = generation.closed_at
+        if closed is None or generation.finished or (limit is not None and tokens >= limit):
             continue  # ended first, or ran to its end: generated for nobody, not aborted
         if not quiet_at_end:
             continue  # still generating when sampling gave up: no abort seen
-        stopped = max(exchange.token_times, default=closed)
+        stopped = max(generation.token_times, default=closed)
         if unread:
             all_counted = [t for t, _, c in samples if t >= closed and c >= final]
             stopped = max(stopped, min(all_counted, default=stopped))
@@ -813,6 +1092,9 @@ def score_client(
     largest_gap = 0.0
     unseen_waste = 0
     reached = 0  # tokens generated while the client was still there (observe.requests)
+    # A background response's waste is judged by what reached its client (`background_waste`)
+    to_client = response_answers(client_traffic) if client_traffic is not None else {}
+    ledger = [judged_entry(entry, to_client) for entry in ledger]
     # With no emulator ledger (a real server), the upstream's own bytes say what it sent.
     sent = [] if ledger else upstream_generations(upstream_traffic)
     reasons_sent = [] if ledger else upstream_finish_reasons(upstream_traffic)
@@ -849,6 +1131,7 @@ def score_client(
         client_reason = (request_result or {}).get("finish_reason")
         delivered = [] if client_traffic is None else delivered_finish_reasons(client_traffic, tag)
         reached_here = reached_reason(delivered, upstream_reason, verdict)
+        gaps, repeats = (0, 0) if client_traffic is None else sequence_faults(client_traffic, tag)
         score.requests.append(
             RequestScore(
                 index=index,
@@ -865,6 +1148,8 @@ def score_client(
                 finish_flag=finish_flag(client_reason, reached_here, request_result),
                 expected_digest=_digest(expected or ""),
                 shown_digest=_digest(shown_text),
+                sequence_gaps=gaps,
+                sequence_repeats=repeats,
             )
         )
         if request_result is not None:
@@ -912,6 +1197,8 @@ def score_client(
         "client.attempts_mismatch": len(mismatched),
         "client.length_hidden": flags.count("length_hidden"),
         "client.stop_invented": flags.count("stop_invented"),
+        "client.sequence_gaps": sum(request.sequence_gaps for request in score.requests),
+        "client.sequence_repeats": sum(request.sequence_repeats for request in score.requests),
         "server.generations_per_request": max(
             (request.generations for request in score.requests), default=0
         ),

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from openai.resources.responses import AsyncResponses
 
 from middlebox.clients import BUILTIN_CLIENTS, openai_responses
 from middlebox.clients.api_requests import (
@@ -36,23 +38,28 @@ CLIENT_BOUND = 60
 TAG = "[middlebox dialect-clients/c/0]"
 
 
-def proxy_for(tmp_path: Path, path: str, store: bool = True) -> BackgroundProxy:
+def proxy_for(
+    tmp_path: Path, path: str, store: bool = True, upstream: str = UPSTREAM
+) -> BackgroundProxy:
     scenario = tmp_path / "scenario.yaml"
-    upstream = (
-        UPSTREAM if store else UPSTREAM.replace("responses_store: true", "responses_store: false")
-    )
+    if not store:
+        upstream = upstream.replace("responses_store: true", "responses_store: false")
     scenario.write_text(f"name: dialect-clients\nseed: 3\npath:\n{path}{upstream}")
     return start_background(load(scenario), tmp_path)
 
 
-def workload(tmp_path: Path, model: str, max_tokens: int, stream: bool = True) -> dict[str, str]:
+def workload(
+    tmp_path: Path, model: str, max_tokens: int, stream: bool = True, abandon: int | None = None
+) -> dict[str, str]:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": f"{TAG} hello"}],
         "max_tokens": max_tokens,
         "stream": stream,
     }
-    request = {"index": 0, "endpoint": "chat", "body": body}
+    request: dict[str, Any] = {"index": 0, "endpoint": "chat", "body": body}
+    if abandon is not None:
+        request["abandon_after_tokens"] = abandon
     (tmp_path / "workload.json").write_text(json.dumps({"requests": [request]}))
     return {
         "MIDDLEBOX_WORKLOAD": str(tmp_path / "workload.json"),
@@ -82,24 +89,43 @@ def run_openai(
     max_tokens: int = 40,
     store: bool = True,
     stream: bool = True,
+    restart: bool = False,
+    abandon: int | None = None,
+    upstream: str = UPSTREAM,
 ) -> Any:
     """The result entry, the emulator's ledger of one request and the client's score."""
-    proxy = proxy_for(tmp_path, path, store)
+    proxy = proxy_for(tmp_path, path, store, upstream)
     try:
-        request = workload(tmp_path, proxy.model, max_tokens, stream)
+        request = workload(tmp_path, proxy.model, max_tokens, stream, abandon)
         environ = {"OPENAI_BASE_URL": proxy.base_url, **request}
         if resume:
             code = run_client("openai-responses-resume", openai_responses.resuming_session, environ)
+        elif restart:
+            code = run_client(
+                "openai-responses-restart", openai_responses.restarting_session, environ
+            )
         else:
             code = run_client("openai-responses", openai_responses.session, environ)
         assert code == 0
         proxy.settle()
-        ledger = proxy.ledger()
+        ledger = ended(proxy)
         score = scored(proxy, "openai-responses", tmp_path / "result.json", ledger)
     finally:
         proxy.close()
     (entry,) = json.loads((tmp_path / "result.json").read_text())["results"]
     return entry, ledger, score
+
+
+def ended(proxy: BackgroundProxy, bound: float = 10.0) -> list[dict[str, Any]]:
+    """The ledger once every generation has ended: a background response left by its
+    client generates on after the client's run is over (bounded wait, 20 ms polls)."""
+    deadline = time.monotonic() + bound
+    while True:
+        ledger = proxy.ledger()
+        running = [e for e in ledger if e["finished_at"] is None and e["aborted_at"] is None]
+        if not running or time.monotonic() > deadline:
+            return ledger
+        time.sleep(0.02)
 
 
 def run_process(
@@ -192,6 +218,89 @@ def test_the_resuming_client_reads_a_background_response_once_across_a_reset(
     (request,) = score.requests
     assert request.verdict == "complete" and request.attempts == 2
     assert request.reported_attempts == 2 and request.finish_flag is None
+    # it ran on while nobody read it, and all of it was read on the resume: no waste
+    assert score.metrics["server.tokens_wasted"] == 0 and score.metrics["server.aborted"] == 0
+    assert score.metrics["client.sequence_gaps"] == score.metrics["client.sequence_repeats"] == 0
+    assert score.metrics["server.generations_per_request"] == 1
+
+
+CUT_FIRST_CREATE = (
+    "  - cut: {after: tokens, count: 4, end: rst, match: {method: POST, requests: [0]}}\n"
+)
+# a whole answer that takes a while: the first background response is still generating
+# when the restart creates the second, and runs on to its limit with nobody reading it
+SLOW = UPSTREAM.replace("itl: 2ms", "itl: 10ms").replace("natural_ends: true, ", "")
+
+
+def test_the_restarting_client_creates_the_response_again_and_shows_its_start_twice(
+    tmp_path: Path,
+) -> None:
+    entry, ledger, score = run_openai(
+        tmp_path, CUT_FIRST_CREATE, resume=False, restart=True, max_tokens=24, upstream=SLOW
+    )
+    first, second = ledger  # two background generations of one request, two response ids
+    assert first["background"] and second["background"] and first["id"] != second["id"]
+    assert entry["error"] is None and entry["finish_reason"] in ("completed", "max_output_tokens")
+    assert entry["resumes"] == 0 and entry["attempts"] == 2
+    shown_first = "".join(piece for _, piece in entry["chunks"][:4])
+    assert entry["text"] == shown_first + second["text"]  # the start shown again
+    (request,) = score.requests
+    assert request.verdict in ("duplicated", "contradicted") and request.generations == 2
+    assert score.metrics["server.generations_per_request"] == 2
+    # the first response ran on unwatched: what it made past the 4 tokens shown is waste
+    unread = first["completion_tokens"] - first["delivered_tokens"]
+    assert first["completion_tokens"] == 24 and unread >= 24 - 8
+    assert score.metrics["server.tokens_wasted"] == unread
+    assert score.metrics["client.sequence_gaps"] == score.metrics["client.sequence_repeats"] == 0
+
+
+def test_the_restarting_client_without_a_fault_creates_once(tmp_path: Path) -> None:
+    entry, ledger, score = run_openai(tmp_path, NO_FAULT, resume=False, restart=True)
+    assert len(ledger) == 1 and entry["text"] == ledger[0]["text"] and entry["attempts"] == 1
+    assert [r.verdict for r in score.requests] == ["complete"]
+    assert score.metrics["server.tokens_wasted"] == 0
+    assert score.metrics["server.generations_per_request"] == 1
+
+
+def test_a_background_response_left_without_a_cancel_wastes_what_it_makes_after(
+    tmp_path: Path,
+) -> None:
+    entry, ledger, score = run_openai(
+        tmp_path, NO_FAULT, resume=True, abandon=4, max_tokens=24, upstream=SLOW
+    )
+    (generated,) = ledger
+    assert entry["abandoned"] and generated["background"] and generated["cancelled_at"] is None
+    assert generated["completion_tokens"] == 24  # it kept generating for nobody
+    assert score.metrics["server.tokens_wasted"] >= 24 - 8
+    assert score.metrics["server.aborted"] == 0
+
+
+@pytest.mark.parametrize("shift", [1, -1], ids=["one-too-far", "one-too-early"])
+def test_a_resume_from_the_wrong_event_is_caught_on_the_wire(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shift: int
+) -> None:
+    """The resuming client with its `starting_after` off by one: one too far skips an
+    event (a gap, text missing); one too early is sent an event again (a repeat), which
+    this client skips, so its text stays whole."""
+    retrieve = AsyncResponses.retrieve
+
+    async def off_by_one(self: Any, response_id: str, **options: Any) -> Any:
+        options["starting_after"] = options["starting_after"] + shift
+        return await retrieve(self, response_id, **options)
+
+    monkeypatch.setattr(AsyncResponses, "retrieve", off_by_one)
+    entry, ledger, score = run_openai(tmp_path, CUT_FIRST_POST, resume=True)
+    assert entry["resumes"] == 1 and entry["error"] is None
+    (request,) = score.requests
+    if shift > 0:
+        assert request.verdict == "missing_tokens" and score.metrics["client.missing_tokens"] == 1
+        assert (request.sequence_gaps, request.sequence_repeats) == (1, 0)
+        assert score.metrics["client.sequence_gaps"] == 1
+    else:
+        assert entry["text"] == ledger[0]["text"] and request.verdict == "complete"
+        assert (request.sequence_gaps, request.sequence_repeats) == (0, 1)
+        assert score.metrics["client.sequence_repeats"] == 1
+        assert score.metrics["client.duplicated"] == 0
 
 
 def test_the_resuming_client_without_a_fault_never_resumes(tmp_path: Path) -> None:
