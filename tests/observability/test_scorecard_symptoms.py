@@ -104,9 +104,10 @@ def test_nginx_default_buffering_reads_as_a_buffering_hop_in_the_terminal_scorec
     assert verdict == "ok 2/2"
     perceived, upstream = map(int, ttft.split("/"))
     assert perceived > 2 * upstream
-    # tokens per burst the client saw / the upstream's own: one token per flush at 15 ms
+    # tokens per burst the client saw / the upstream's own: one token per flush at 15 ms (on a
+    # loaded machine the emulator's writes now and then merge two tokens: 1.1 seen at load 4)
     seen, made = map(float, per_burst.split("/"))
-    assert seen >= 4 and made == pytest.approx(1.0, abs=0.1)
+    assert seen >= 4 * made and made == pytest.approx(1.0, abs=0.25)
     assert "lumps: a buffering hop (proxy_buffering)" in row
     # the why and the fix are said once, under the table
     key = row_of(text, "a buffering hop: ")
