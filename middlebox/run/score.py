@@ -369,6 +369,9 @@ class ResponseAnswer:
     finished: bool
     reason: str | None
     sequences: frozenset[int]
+    # events that added text (the one rule's tokens) among those sent: vLLM writes one
+    # delta per decoding step that adds text, so this is the tokens that crossed the leg
+    token_events: int = 0
 
 
 def response_answers(traffic: Iterable[UpstreamLeg]) -> dict[str, ResponseAnswer]:
@@ -411,6 +414,7 @@ def response_answers(traffic: Iterable[UpstreamLeg]) -> dict[str, ResponseAnswer
             finished=bool(ends) and all(m.end is not EndKind.ERROR for m in ends),
             reason=ends[-1].reason if ends else None,
             sequences=frozenset(numbered),
+            token_events=sum(1 for m in ordered if m.token is not None),
         )
     return answers
 
@@ -672,7 +676,12 @@ def background_waste(entry: Mapping[str, Any], to_client: Mapping[str, ResponseA
     answer = to_client.get(str(entry.get("id")))
     if answer is not None and answer.reason is not None and answer.reason != "cancelled":
         return 0
-    undelivered = int(entry.get("completion_tokens") or 0) - int(entry.get("delivered_tokens") or 0)
+    # what the emulator wrote into a connection the path then reset (its socket buffers took
+    # it; a handoff's outage holds it there) reached nobody: delivered is what crossed the
+    # client leg where the journal says less
+    delivered = int(entry.get("delivered_tokens") or 0)
+    reached = answer.token_events if answer is not None else 0
+    undelivered = int(entry.get("completion_tokens") or 0) - min(delivered, reached)
     cancelled = entry.get("cancelled_at")
     after_cancel = tokens_after([entry], float(cancelled)) if cancelled else 0
     return max(undelivered, after_cancel, 0)

@@ -32,7 +32,9 @@ from middlebox.run.score import ClientScore, score_client
 
 pytestmark = pytest.mark.e2e
 
-UPSTREAM = "upstream: {itl: 2ms, prefill_overhead: 5ms, responses_store: true, " \
+# 10 ms a token: at 2 ms a loaded machine's writer fell behind and vLLM's merging of lagging
+# deltas (the emulator's too) put the whole answer in fewer events than the faults count
+UPSTREAM = "upstream: {itl: 10ms, prefill_overhead: 5ms, responses_store: true, " \
     "natural_ends: true, natural_length_min: 12, natural_length_max: 12}\n"  # fmt: skip
 CLIENT_BOUND = 60
 TAG = "[middlebox dialect-clients/c/0]"

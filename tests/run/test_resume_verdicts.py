@@ -204,16 +204,30 @@ def test_a_background_response_its_client_left_without_a_cancel_wasted_the_rest(
 
 
 def test_a_cancelled_background_response_wastes_what_it_made_after_the_cancel() -> None:
-    # the client read all that was made, then cancelled: only the tokens made after the
-    # cancel reached nobody; the cancel is the abort, timed from the cancel
+    # the client was sent all five tokens made before its cancel (the leg carries them),
+    # then cancelled: only the two made after the cancel reached nobody; the cancel is the
+    # abort, timed from the cancel
     cancelled = background(
-        10, 8, wasted_tokens=0, disconnected_at=None, cancelled_at=START + 0.075,
-        aborted_at=START + 0.095, finish_reason="abort",
+        7, 5, wasted_tokens=0, disconnected_at=None, cancelled_at=START + 0.045,
+        aborted_at=START + 0.065, finish_reason="abort",
     )  # fmt: skip
-    score = scored(shown("Une café "), [cut_at(CUT)], [cancelled])
-    assert score.metrics["server.tokens_wasted"] == 2  # made at 80 and 90 ms
+    every_delta = cut_at(FIRST_DELTA + len(PIECES))
+    score = scored(shown(WHOLE), [every_delta], [cancelled])
+    assert score.metrics["server.tokens_wasted"] == 2  # made at 50 and 60 ms
     assert score.metrics["server.aborted"] == 1
     assert score.metrics["server.abort_latency_ms"] == [pytest.approx(20.0)]
+
+
+def test_tokens_written_into_a_connection_the_path_reset_reached_nobody() -> None:
+    # the emulator wrote all five tokens (its socket took them), but a handoff held them and
+    # then reset the connection: the client leg carried two, and the client never came back
+    # for the rest (a restarting client left this response for a new one)
+    left = background(5, 5, disconnected_at=START + 0.06)
+    score = scored(shown("Une café "), [cut_at(CUT)], [left])
+    assert score.metrics["server.tokens_wasted"] == 3
+    # the same response whose five tokens all crossed the client leg wasted none of them
+    sent = scored(shown(WHOLE), [cut_at(FIRST_DELTA + len(PIECES))], [left])
+    assert sent.metrics["server.tokens_wasted"] == 0
 
 
 def test_a_foreground_responses_stream_keeps_the_ledgers_own_waste() -> None:
