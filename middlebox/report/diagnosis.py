@@ -170,6 +170,13 @@ EXPLAIN: dict[str, Explanation] = {
         "propagate the client's close to the upstream (nginx: proxy_ignore_client_abort "
         "off; vLLM aborts on disconnect)",
     ),
+    "server.background_left_running": Explanation(
+        "a background Responses response outlives its connection by design: nobody cancelled "
+        "it, so it generated the rest of its answer for nobody",
+        "cancel it when the user leaves (POST /v1/responses/{id}/cancel), and resume a broken "
+        "stream (GET /v1/responses/{id}?stream=true&starting_after=N) instead of creating it "
+        "again",
+    ),
     "server.aborted": Explanation(
         "the upstream did not abort the generations whose client left",
         "the proxy must close the upstream connection when the client goes",
@@ -409,7 +416,14 @@ def findings(result: dict[str, Any]) -> list[Finding]:
                 "the stream, not the model",
             )
         )
-    if found.tokens_wasted > WASTE_WORTH_NAMING:
+    left_running = int(metrics.get("server.background_left_running") or 0)
+    if found.tokens_wasted > WASTE_WORTH_NAMING and left_running:
+        # vLLM runs a background response as a task of its own: no close stops it, by design
+        name = f"a background response left running: {found.tokens_wasted} tokens for nobody"
+        said = _said("server.background_left_running")
+        key = f"a background response left running: {said}"
+        out.append(Finding(name, f"{name}: {said}", key))
+    elif found.tokens_wasted > WASTE_WORTH_NAMING:
         name = f"{found.tokens_wasted} tokens generated for nobody"
         said = _said("server.tokens_wasted")
         out.append(Finding(name, f"{name}: {said}", f"tokens generated for nobody: {said}"))

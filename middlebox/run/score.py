@@ -106,6 +106,9 @@ METRICS: dict[str, str] = {
     "times after the client stopped reading); a background Responses response only what "
     "reached no client: after the user gave up without a cancel, after a cancel, or left "
     "running by a restart, never what a resume read",
+    "server.background_left_running": "background Responses responses that generated for "
+    "nobody, neither read to their end nor cancelled (left by a user who gave up, or by a "
+    "client that created the response again)",
     "server.aborted": "generations aborted because the client left (a background Responses "
     "response: by its cancel)",
     "server.abort_latency_ms": "time from the client leaving (or the cancel) to the abort (list)",
@@ -709,6 +712,11 @@ def server_metrics(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
         "server.generations": len(entries),
         "server.tokens_generated": sum(int(e.get("completion_tokens") or 0) for e in entries),
         "server.tokens_wasted": sum(int(e.get("wasted_tokens") or 0) for e in entries),
+        "server.background_left_running": sum(
+            1
+            for e in entries
+            if e.get("background") and not e.get("cancelled_at") and e.get("wasted_tokens")
+        ),
         "server.aborted": sum(1 for e in entries if e.get("finish_reason") == "abort"),
         "server.abort_latency_ms": latencies,
         "server.upstream_ttft_ms": [
@@ -1013,6 +1021,7 @@ def real_server_metrics(
         "server.generations": len(ours),
         "server.tokens_generated": 0,
         "server.tokens_wasted": 0,
+        "server.background_left_running": 0,
         "server.aborted": 0,
         "server.abort_latency_ms": [],
         "server.upstream_ttft_ms": [
@@ -1055,6 +1064,7 @@ def real_server_metrics(
         if exchange.background:
             if gone is not None and not generation.finished and generation.cancelled_at is None:
                 running += float("inf") if limit is None else max(limit - tokens + spill, 0)
+                out["server.background_left_running"] += 1
             closed = generation.cancelled_at  # the close is no abort: the cancel is
         else:
             closed = generation.closed_at

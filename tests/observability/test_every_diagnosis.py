@@ -77,6 +77,10 @@ CATALOGUE: dict[str, tuple[str, dict[str, Any]]] = {
         "tokens generated for nobody",
         run(["abandoned"], **{"server.tokens_wasted": 280}),
     ),
+    "wasted by a background response": (
+        "a background response left running: 280 tokens for nobody",
+        run(["abandoned"], **{"server.tokens_wasted": 280, "server.background_left_running": 1}),
+    ),
     "cut short": ("cut short, and the client said so", run(["truncation_detected"])),
     "failed": ("failed, and the client said so", run(["error_reported"])),
     "whole answer then error": ("whole answer, then an error: ", run(["complete_then_error"])),
@@ -201,6 +205,16 @@ def test_a_resume_of_the_one_generation_is_not_amplification_but_a_restart_is() 
     assert "resumed" not in diagnose(
         run(["duplicated"], attempts=2, **resumed, **{"server.generations_per_request": 1})
     )
+
+
+def test_a_background_response_left_running_is_told_to_cancel_not_to_propagate_a_close() -> None:
+    left = diagnose(
+        run(["abandoned"], **{"server.tokens_wasted": 280, "server.background_left_running": 1})
+    )
+    assert "POST /v1/responses/{id}/cancel" in left and "proxy_ignore_client_abort" not in left
+    # waste with no background response left running is the close that never reached it
+    closed = diagnose(run(["abandoned"], **{"server.tokens_wasted": 280}))
+    assert "proxy_ignore_client_abort" in closed and "cancel" not in closed
 
 
 def test_one_attempt_per_request_is_not_amplification() -> None:

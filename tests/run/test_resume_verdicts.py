@@ -192,6 +192,7 @@ def test_a_background_response_read_to_its_end_on_a_resume_wasted_nothing() -> N
     legs = [cut_at(CUT), resume(CUT - 1, EVENTS[CUT:])]
     score = scored(shown(WHOLE), legs, [background(6, 5)])
     assert score.metrics["server.tokens_wasted"] == 0
+    assert score.metrics["server.background_left_running"] == 0
     assert score.metrics["server.aborted"] == 0
 
 
@@ -201,6 +202,7 @@ def test_a_background_response_its_client_left_without_a_cancel_wasted_the_rest(
     score = scored(result, [cut_at(CUT)], [background(24, 2)])
     assert score.metrics["server.tokens_wasted"] == 22
     assert score.metrics["server.aborted"] == 0
+    assert score.metrics["server.background_left_running"] == 1
 
 
 def test_a_cancelled_background_response_wastes_what_it_made_after_the_cancel() -> None:
@@ -214,6 +216,7 @@ def test_a_cancelled_background_response_wastes_what_it_made_after_the_cancel() 
     every_delta = cut_at(FIRST_DELTA + len(PIECES))
     score = scored(shown(WHOLE), [every_delta], [cancelled])
     assert score.metrics["server.tokens_wasted"] == 2  # made at 50 and 60 ms
+    assert score.metrics["server.background_left_running"] == 0  # it was cancelled
     assert score.metrics["server.aborted"] == 1
     assert score.metrics["server.abort_latency_ms"] == [pytest.approx(20.0)]
 
@@ -278,6 +281,7 @@ def test_a_real_background_response_resumed_to_its_end_is_one_generation_and_no_
     assert measured["server.generations"] == 1
     assert measured["server.tokens_generated"] == 40
     assert measured["server.tokens_wasted"] == 0 and measured["server.aborted"] == 0
+    assert measured["server.background_left_running"] == 0
 
 
 def test_a_real_foreground_responses_stream_closed_is_an_abort_as_chat_is() -> None:
@@ -292,6 +296,7 @@ def test_a_real_background_response_left_without_a_cancel_wastes_the_rest() -> N
     measured = real_server_metrics([left], samples([(10.0, 10.2, 200.0)], 10.4), {TAG: 10.05})
     assert measured["server.generations"] == 1 and measured["server.aborted"] == 0
     assert measured["server.tokens_wasted"] == 40 - 20  # all made after 10.1 (50 ms slack)
+    assert measured["server.background_left_running"] == 1
 
 
 def test_a_real_background_response_cancelled_wastes_what_it_made_after_the_cancel() -> None:
