@@ -414,15 +414,15 @@ def agreement(path: Mapping[str, Any], model: Mapping[str, Any]) -> list[Row]:
 
 
 def agreement_lines(rows: Sequence[Row]) -> list[str]:
-    """The rows as a table a person reads, then the count that agrees."""
-    width = max((len(row.measure) for row in rows), default=7)
-    lines = [f"{'measure':<{width}}  {'path':>16}  {'scenario':>16}  tolerance"]
-    for row in rows:
-        mark = "agrees" if row.ok else "DIFFERS"
-        lines.append(
-            f"{row.measure:<{width}}  {_shown(row.path):>16}  {_shown(row.model):>16}  "
-            f"{row.tolerance}  {mark}"
-        )
+    """The rows as a table a person reads (columns as wide as their values), then the
+    count that agrees."""
+    table = [("measure", "path", "scenario", "tolerance", "")]
+    table += [(row.measure, _shown(row.path), _shown(row.model), row.tolerance,
+               "agrees" if row.ok else "DIFFERS") for row in rows]  # fmt: skip
+    widths = [max(len(line[k]) for line in table) for k in range(4)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False))
+             + "  " + line[4] for line in table]  # fmt: skip
+    lines = [line.rstrip() for line in lines]
     agreed = sum(row.ok for row in rows)
     lines.append(f"{agreed} of {len(rows)} measures agree.")
     return lines

@@ -260,3 +260,16 @@ def test_agreement_takes_at_least_readings_as_bounds() -> None:
     rows = fit.agreement({"idle_timeout": 1.0}, {"idle_timeout": 1.15})
     assert rows[0].ok and rows[0].tolerance == "±0.05s or ±20%"
     assert not fit.agreement({"hold_by": "size"}, {"hold_by": "end"})[0].ok
+
+
+def test_the_agreement_table_marks_only_the_measures_that_differ() -> None:
+    rows = fit.agreement(
+        {"hold_by": "size", "hold_bytes": 4096, "idle_timeout": 1.0},
+        {"hold_by": "size", "hold_bytes": 8192, "idle_timeout": 1.02},
+    )
+    lines = fit.agreement_lines(rows)
+    assert [line.split()[0] for line in lines if line.endswith("DIFFERS")] == ["hold_bytes"]
+    assert [line.split()[0] for line in lines if line.endswith("agrees")] == [
+        "hold_by", "idle_timeout",
+    ]  # fmt: skip
+    assert lines[-1] == "2 of 3 measures agree."
