@@ -339,10 +339,14 @@ def values(measures: Mapping[str, Any]) -> dict[str, Any]:
     for side in ("request_headers", "response_headers"):
         changes = measures.get(side)
         if changes is not None:
+            # Host and the framing fields are not fitted (`fit`): the framing rows and the
+            # lines for what is not fitted cover them
             names = [f"+{n}" for n, _ in changes["added"]]
             names += [f"-{n}" for n, _ in changes["removed"]]
-            names += [f"~{n}" for n, *_ in changes["changed"] if n.lower() != "host"]
-            found[side] = sorted(n.lower() for n in names)
+            names += [f"~{n}" for n, *_ in changes["changed"]]
+            found[side] = sorted(
+                n.lower() for n in names if n[1:].lower() not in FRAMING_FIELDS | {"host"}
+            )
     idle = measures.get("idle")
     if idle:
         if idle["cut"]:
@@ -512,8 +516,10 @@ class Closest:
         tie = " (indistinguishable on these measures)" if len(self.names) > 1 else ""
         if self.agrees:
             return f"Closest preset: {said}{tie}, agreeing on all {len(self.rows)} measures."
-        differ = ", ".join(row.measure for row in self.rows if not row.ok)
-        return f"No preset agrees; the nearest, {said}{tie}, differs on {differ}."
+        wrong = [row.measure for row in self.rows if not row.ok]
+        if len(self.names) > 2:
+            return f"No preset agrees: each differs on at least {len(wrong)} measures."
+        return f"No preset agrees; the nearest, {said}{tie}, differs on {', '.join(wrong)}."
 
 
 def closest_preset(measures: Mapping[str, Any], presets: Mapping[str, str]) -> Closest:

@@ -273,3 +273,12 @@ def test_the_agreement_table_marks_only_the_measures_that_differ() -> None:
         "hold_by", "idle_timeout",
     ]  # fmt: skip
     assert lines[-1] == "2 of 3 measures agree."
+
+
+def test_many_presets_equally_far_are_not_listed_as_the_nearest() -> None:
+    # no hold, an HTTP/1.0 leg no preset has, a 1 s read timeout: six presets differ on two
+    measures = fingerprint(lambda: [IdleReaper(timeout=1)], silence=600.0)
+    measures["framing"] = framing_measure(upstream_version="HTTP/1.0")
+    closest = fit.closest_preset(measures, PRESETS)
+    assert not closest.agrees and len(closest.names) > 2
+    assert closest.line() == "No preset agrees: each differs on at least 2 measures."
