@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -286,3 +287,27 @@ def test_many_presets_equally_far_are_not_listed_as_the_nearest() -> None:
     closest = fit.closest_preset(measures, PRESETS)
     assert not closest.agrees and len(closest.names) > 2
     assert closest.line() == "No preset agrees: each differs on at least 2 measures."
+
+
+@pytest.mark.parametrize(
+    ("end", "fitted_end"), [("close", "close"), ("finish", "finish"), ("reset", "reset")]
+)
+def test_how_a_read_timeout_ends_the_stream_is_fitted(end: str, fitted_end: str) -> None:
+    idle = idle_of([IdleReaper(timeout=2.0, after_headers=end)])  # type: ignore[arg-type]
+    fitted = fit.fit({"idle": idle})
+    assert fitted.path == [{"idle_reaper": {"timeout": 2.0, "after_headers": fitted_end}}]
+    assert fitted.not_fitted == []
+
+
+def timer_hold(honoured: bool | None) -> dict[str, Any]:
+    release = {"held": True, "by": "timer", "seconds": 0.2, "uncertainty": 0.01}
+    return {"release": release, "shapes": [], "x_accel_buffering_honoured": honoured}
+
+
+def test_a_timer_that_x_accel_buffering_turns_off_is_said_and_one_that_stays_is_not() -> None:
+    said = fit.fit({"hold": timer_hold(True)}).not_fitted
+    assert said == [
+        "hold: X-Accel-Buffering: no turned a timer's hold off; coalescer does not read that "
+        "header, so the fitted path holds those answers too"
+    ]
+    assert fit.fit({"hold": timer_hold(False)}).not_fitted == []
