@@ -158,7 +158,20 @@ def probe_upstream(host: str, port: int, keep: int) -> None:
               help="Seconds the measures may take in all (split with --direct).")  # fmt: skip
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the measures as JSON to this file.")  # fmt: skip
-def fingerprint(url: str, direct: str | None, budget: float, json_path: Path | None) -> None:
+@click.option("--write", "scenario_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the scenario fitted to the measures (a path: of faults).")  # fmt: skip
+@click.option("--verify", is_flag=True,
+              help="Play the same measures through `middlebox proxy --scenario` with the "
+              "written scenario, in front of a local probe upstream, and print the agreement "
+              "measure by measure (needs --write).")  # fmt: skip
+def fingerprint(
+    url: str,
+    direct: str | None,
+    budget: float,
+    json_path: Path | None,
+    scenario_path: Path | None,
+    verify: bool,
+) -> None:
     """Measure what the path in front of `middlebox probe-upstream` does to a token stream:
     how much it holds and what releases it, the HTTP version and framing each way, the
     headers it changes, whether it honours X-Accel-Buffering: no, and how long until the
@@ -168,23 +181,23 @@ def fingerprint(url: str, direct: str | None, budget: float, json_path: Path | N
     Example:
       middlebox probe-upstream --port 8000             # where the LLM server stands
       middlebox fingerprint https://my-ingress/probe-llm/v1 --direct http://10.0.0.5:8000/v1
+      middlebox fingerprint https://my-ingress/probe-llm/v1 --write path.yaml --verify
     """
-    from middlebox.tools.fingerprint import FingerprintError, write_json
-    from middlebox.tools.fingerprint import fingerprint as measure_path
+    from middlebox.tools.fingerprint import FingerprintError, fingerprint_and_fit, write_json
+
+    if verify and scenario_path is None:
+        raise click.UsageError("--verify plays the scenario --write writes: give --write PATH")
 
     def progress(line: str) -> None:
         click.echo(f"fingerprint: {line}", err=True)
 
     try:
-        document = measure_path(url, direct=direct, budget=budget, progress=progress)
+        document = fingerprint_and_fit(
+            url, direct=direct, budget=budget, scenario=scenario_path, verify=verify,
+            progress=progress, say=click.echo,
+        )  # fmt: skip
     except FingerprintError as error:
         raise click.ClickException(str(error)) from None
-    for line in document["summary"]:
-        click.echo(line)
-    if "direct" in document:
-        click.echo("Directly, without the path:")
-        for line in document["direct"]["summary"][1:]:
-            click.echo(f"  {line}")
     if json_path is not None:
         try:
             write_json(document, json_path)

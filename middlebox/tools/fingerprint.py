@@ -27,8 +27,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 import ssl
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -37,8 +39,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from middlebox import compose
+from middlebox.run.processes import UpstreamProcess, UpstreamStartError
 from middlebox.scenario import fingerprint as measures
-from middlebox.scenario import probe_shape
+from middlebox.scenario import fit, probe_shape
+from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.fingerprint import ACCEL, HOLD_A, HOLD_B, Read, Response
 from middlebox.scenario.probe_shape import Plan, ProbeShape
 
@@ -366,14 +371,144 @@ def fingerprint(
     if baseline is not None:
         progress(f"baseline: the same measures at {direct}")
         document["direct"] = {"url": direct, **measure(baseline, share, progress)}
-    document["summary"] = measures.summary(document)
+    document["closest_preset"] = _closest(document)
+    document["summary"] = [*measures.summary(document), document["closest_preset"]["line"]]
     if baseline is not None:
         document["direct"]["summary"] = measures.summary(document["direct"])
     return document
 
 
+def _write_whole(text: str, path: Path) -> None:
+    """`text` at `path`, whole or not at all: written aside, then renamed; the aside file
+    is removed when the write fails."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def _closest(document: dict[str, Any]) -> dict[str, Any]:
+    """The preset whose expected fingerprint agrees with the document's (middlebox's
+    presets, as `- preset: NAME` in a scenario takes them)."""
+    closest = fit.closest_preset(document["measures"], compose.PRESETS)
+    return {"names": list(closest.names), "agrees": closest.agrees, "line": closest.line(),
+            "rows": [dataclasses.asdict(row) for row in closest.rows]}  # fmt: skip
+
+
 def write_json(document: dict[str, Any], path: Path) -> None:
     """The document at `path`, whole or not at all (a temporary file renamed)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(document, indent=2) + "\n")
-    os.replace(partial, path)
+    _write_whole(json.dumps(document, indent=2) + "\n", path)
+
+
+# -- fit and verify ----------------------------------------------------------------------------
+
+
+def fitted_scenario(document: dict[str, Any], name: str) -> tuple[str, fit.Fitted]:
+    """The scenario fitted to the document's path, as YAML text that the loader accepts
+    (checked here: a fitter's mistake is an error, never a file that fails later)."""
+    fitted = fit.fit(document["measures"])
+    text = fit.scenario_text(fitted, name=name, url=document["url"])
+    try:
+        compose.load_text(text, name)
+    except ScenarioError as error:  # the fitter wrote what the loader refuses: a bug here
+        raise FingerprintError(f"the fitted scenario does not load: {error}") from None
+    return text, fitted
+
+
+def write_scenario(document: dict[str, Any], path: Path) -> fit.Fitted:
+    """The fitted scenario at `path` (whole or not at all); the fit goes into `document`
+    (`fit`: its path and what no fault expresses)."""
+    text, fitted = fitted_scenario(document, path.stem)
+    document["fit"] = {"scenario": str(path), "path": fitted.path,
+                       "not_fitted": fitted.not_fitted}  # fmt: skip
+    try:
+        _write_whole(text, path)
+    except OSError as error:
+        raise FingerprintError(f"{path}: cannot write ({error.strerror})") from None
+    return fitted
+
+
+def _listening(line: str) -> str | None:
+    found = re.search(r"listening on (https?://\S+)", line)
+    return found[1] if found else None
+
+
+def verify_scenario(
+    document: dict[str, Any],
+    scenario: Path,
+    *,
+    budget: float,
+    progress: Callable[[str], None] = lambda line: None,
+) -> list[fit.Row]:
+    """Play the same measures through `middlebox proxy --scenario SCENARIO` in front of a
+    local probe upstream (both on loopback, each its own process, stopped at the end) and
+    compare them with the document's, measure by measure; the rows go into `document`
+    (`verify`)."""
+    command = [sys.executable, "-m", "middlebox"]
+    try:
+        probe = UpstreamProcess([*command, "probe-upstream", "--port", "0"], _listening,
+                                what="the probe upstream")  # fmt: skip
+    except UpstreamStartError as error:
+        raise FingerprintError(f"cannot verify: {error}") from None
+    try:
+        proxy = UpstreamProcess(
+            [*command, "proxy", "--listen", "127.0.0.1:0", "--upstream", probe.url,
+             "--scenario", str(scenario), "--grace", "1"],
+            _listening, what=f"middlebox proxy --scenario {scenario}",
+        )  # fmt: skip
+        try:
+            progress(f"verifying: the same measures through middlebox proxy --scenario {scenario}")
+            model = measure(Target.parse(f"{proxy.url}/v1"), budget, progress)
+        finally:
+            proxy.stop()
+    except UpstreamStartError as error:
+        raise FingerprintError(f"cannot verify: {error}") from None
+    finally:
+        probe.stop()
+    rows = fit.agreement(fit.values(document["measures"]), fit.values(model["measures"]))
+    document["verify"] = {
+        "scenario": str(scenario),
+        "measures": model["measures"],
+        "rows": [dataclasses.asdict(row) for row in rows],
+        "agreed": sum(row.ok for row in rows),
+        "of": len(rows),
+    }
+    return rows
+
+
+def fingerprint_and_fit(
+    url: str,
+    *,
+    direct: str | None,
+    budget: float,
+    scenario: Path | None,
+    verify: bool,
+    progress: Callable[[str], None],
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """`middlebox fingerprint`: measure, `say` the summary; with `scenario`, write the
+    fitted scenario there and say what no fault expresses; with `verify`, play the same
+    measures through it and say the agreement. The document has all of it."""
+    document = fingerprint(url, direct=direct, budget=budget, progress=progress)
+    for line in document["summary"]:
+        say(line)
+    if "direct" in document:
+        say("Directly, without the path:")
+        for line in document["direct"]["summary"][1:]:
+            say(f"  {line}")
+    if scenario is None:
+        return document
+    fitted = write_scenario(document, scenario)
+    count = len(fitted.path)
+    say(f"Wrote {scenario}: a path of {count} fault{'' if count == 1 else 's'}.")
+    for line in fitted.not_fitted:
+        say(f"Not expressed by any fault: {line}.")
+    if verify:
+        rows = verify_scenario(document, scenario, budget=budget, progress=progress)
+        say(f"Verified through middlebox proxy --scenario {scenario}:")
+        for line in fit.agreement_lines(rows):
+            say(f"  {line}")
+    return document

@@ -4,15 +4,18 @@ upstream. With the default `proxy_buffering on` it must find the 4 KiB buffer
 (`proxy_buffers 8 4k`) within its stated tolerance, that nginx honours `X-Accel-Buffering:
 no`, the HTTP/1.0 upstream leg (`proxy_http_version 1.0`) re-chunked toward the client and
 the `Host` it rewrites, and no read timeout within the budget (its 60 s); with
-`proxy_buffering off` and `proxy_read_timeout 1s` no hold and a timeout of ~1 s. Skipped where nginx
-is not installed, never under CI=true (.ci/run installs it). Bounded by the budget."""
+`proxy_buffering off` and `proxy_read_timeout 1s` no hold and a timeout of ~1 s. The scenario
+fitted to nginx's defaults, played back through `middlebox proxy` (`--verify`), must agree on
+at least as many measures as the preset nginx-default played back the same way, and the
+preset must be named as the closest. Skipped where nginx is not installed, never under
+CI=true (.ci/run installs it). Bounded by the budget."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from calibrate.proxies import Setup, binary, running
-from middlebox.tools.fingerprint import fingerprint
+from middlebox.tools.fingerprint import fingerprint, verify_scenario, write_scenario
 from middlebox.tools.probe_upstream import ProbeUpstream
 from tests.harness import needs
 
@@ -55,3 +58,30 @@ def test_nginx_with_proxy_buffering_off_holds_nothing_and_its_read_timeout_is_fo
     # nginx's lazy timers (NGX_TIMER_LAZY_DELAY, 300 ms) fire up to 300 ms early
     assert idle["cut"] is True and 0.65 <= idle["timeout"] <= 1.1
     assert idle["client_saw"] == "truncated"
+    fitted = write_scenario(found, tmp_path / "path.yaml")
+    reaper = fitted.config("idle_reaper")
+    assert reaper == {"timeout": idle["timeout"], "after_headers": "close"}
+    assert fitted.config("proxy_buffering") is None and fitted.config("http10_upstream") == {}
+
+
+def test_the_scenario_fitted_to_nginx_agrees_at_least_as_well_as_its_preset(
+    tmp_path: Path,
+) -> None:
+    with (
+        ProbeUpstream("127.0.0.1", 0) as probe,
+        running(Setup("nginx"), probe.port, tmp_path / "nginx") as port,
+    ):
+        found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=BUDGET)
+    said = "\n".join(found["summary"])
+    # with gzip on nginx compresses only for a client that asks, and the probe's do not
+    assert found["closest_preset"]["names"] == ["nginx-default", "nginx-gzip"], said
+    assert found["closest_preset"]["agrees"] is True, said
+    fitted = write_scenario(found, tmp_path / "path.yaml")
+    assert fitted.config("proxy_buffering") is not None and fitted.config("http10_upstream") == {}
+    mine = verify_scenario(found, tmp_path / "path.yaml", budget=BUDGET)
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("name: preset\npath:\n  - preset: nginx-default\n")
+    theirs = verify_scenario(dict(found), preset, budget=BUDGET)
+    table = "\n".join(f"{row.measure}: {row.path} / {row.model} {row.ok}" for row in mine)
+    assert sum(row.ok for row in mine) >= sum(row.ok for row in theirs), table
+    assert {row.measure for row in mine if not row.ok} == set(), table

@@ -100,3 +100,39 @@ def test_an_untrusted_certificate_is_one_line_and_a_trusted_one_is_measured(
         monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca" / "ca.pem"))
         measured = fingerprint(url, budget=10)
     assert measured["measures"]["hold"]["release"]["held"] is False
+
+
+FITTED = (
+    "  - set_header: {direction: response, headers: {X-Served-By: edge-1}}\n"
+    "  - http10_upstream: {}\n"
+    "  - proxy_buffering: {buffer_size: 6KiB, buffers_size: 6KiB}\n"
+    "  - idle_reaper: {timeout: 1500ms}\n"
+)
+
+
+def test_write_then_verify_agrees_on_every_measure(tmp_path: Path) -> None:
+    # a path no preset has (a 6 KiB buffer, a 1.5 s read timeout): fitted, written, played
+    # back through `middlebox proxy --scenario` in front of a fresh probe, and compared
+    scenario, out = tmp_path / "path.yaml", tmp_path / "fp.json"
+    with (
+        ProbeUpstream("127.0.0.1", 0) as probe,
+        middlebox_proxy(tmp_path, probe.port, FITTED, "measured") as port,
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "middlebox", "fingerprint", f"http://127.0.0.1:{port}/v1",
+             "--budget", "14", "--write", str(scenario), "--verify", "--json", str(out)],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = done.stdout
+    assert "No preset agrees; the nearest, nginx-default and nginx-gzip" in said, said
+    written = scenario.read_text()
+    assert "  - proxy_buffering: {buffer_size: 6" in written and "idle_reaper:" in written
+    assert "  - http10_upstream: {}" in written and "X-Served-By: edge-1" in written
+    document = json.loads(out.read_text())
+    verified = document["verify"]
+    assert verified["of"] >= 10 and verified["agreed"] == verified["of"], said
+    measures = {row["measure"] for row in verified["rows"]}
+    assert {"hold_bytes", "first_frame_wait", "idle_timeout", "response_headers"} <= measures
+    assert f"{verified['of']} of {verified['of']} measures agree." in said
+    assert "fingerprint: verifying: the same measures through middlebox proxy" in done.stderr

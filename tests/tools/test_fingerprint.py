@@ -1,10 +1,13 @@
 """`middlebox fingerprint`'s bad input: nothing listening, a front door that answers an HTML
 error page, one whose upstream streams but keeps no probe records; each is one line that says
-what to do, exit status 1, no traceback, and no JSON file. And how a base URL is read.
+what to do, exit status 1, no traceback, and no JSON file. A fitted scenario is written whole
+or not at all (an unwritable place, a fit the loader refuses), and one the proxy refuses is
+one line from --verify. And how a base URL is read.
 Loopback servers in threads; every socket has a timeout."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -15,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from middlebox.tools.fingerprint import FingerprintError, Target, fingerprint
+from middlebox import compose
+from middlebox.scenario import fit
+from middlebox.tools.fingerprint import (
+    FingerprintError,
+    Target,
+    fingerprint,
+    verify_scenario,
+    write_scenario,
+)
 from tests.run.http_stub import stub_upstream
 
 
@@ -123,3 +134,60 @@ def test_a_base_url_gives_the_chat_route_and_the_records_route_under_its_prefix(
 def test_the_host_header_leaves_out_the_schemes_default_port() -> None:
     assert Target.parse("https://h/v1").host_header == "h"
     assert Target.parse("http://h:8000/v1").host_header == "h:8000"
+
+
+# -- --write and --verify: whole or nothing, one line on failure --------------------------------
+
+BUFFERED = {
+    "url": "http://front/v1",
+    "measures": {
+        "hold": {"release": {"held": True, "by": "size", "bytes": 4096, "uncertainty": 256},
+                 "shapes": [], "x_accel_buffering_honoured": True},
+        "idle": {"cut": True, "timeout": 1.0, "how": "fin", "client_saw": "truncated"},
+    },
+}  # fmt: skip
+
+
+def test_the_written_scenario_loads_and_the_document_says_what_was_fitted(tmp_path: Path) -> None:
+    document = json.loads(json.dumps(BUFFERED))
+    fitted = write_scenario(document, tmp_path / "path.yaml")
+    scenario = compose.load(tmp_path / "path.yaml")
+    assert [spec.name for spec in scenario.path] == ["proxy_buffering", "idle_reaper"]
+    assert scenario.path[0].config["buffer_size"] == 4096
+    assert scenario.path[1].config["timeout"] == 1.0
+    assert document["fit"]["path"] == fitted.path and document["fit"]["not_fitted"] == []
+    assert list(tmp_path.iterdir()) == [tmp_path / "path.yaml"]
+
+
+def test_an_unwritable_scenario_path_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "missing" / "path.yaml"
+    with pytest.raises(FingerprintError, match=r"path\.yaml: cannot write \(No such file"):
+        write_scenario(json.loads(json.dumps(BUFFERED)), target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fit_the_loader_refuses_is_an_error_and_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fit, "scenario_text", lambda *_, **__: "name: x\npath:\n  - nope: {}\n")
+    with pytest.raises(FingerprintError, match=r"the fitted scenario does not load: .*nope"):
+        write_scenario(json.loads(json.dumps(BUFFERED)), tmp_path / "path.yaml")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_without_write_is_a_usage_error_before_any_measure() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "middlebox", "fingerprint", "http://127.0.0.1:9/v1", "--verify"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--verify plays the scenario --write writes" in done.stderr
+    assert "cannot connect" not in done.stderr
+
+
+def test_a_scenario_the_proxy_refuses_is_one_line_with_the_proxys_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "path.yaml"
+    broken.write_text("name: broken\npath:\n  - proxy_buffering: {buffer_size: -1}\n")
+    with pytest.raises(FingerprintError, match="cannot verify: middlebox proxy --scenario") as said:
+        verify_scenario(json.loads(json.dumps(BUFFERED)), broken, budget=10)
+    assert "buffer_size: a size cannot be negative" in str(said.value)
+    assert "\n" not in str(said.value)
