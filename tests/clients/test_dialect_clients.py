@@ -36,23 +36,27 @@ CLIENT_BOUND = 60
 TAG = "[middlebox dialect-clients/c/0]"
 
 
-def proxy_for(tmp_path: Path, path: str, store: bool = True) -> BackgroundProxy:
+def proxy_for(
+    tmp_path: Path, path: str, store: bool = True, upstream: str = UPSTREAM
+) -> BackgroundProxy:
     scenario = tmp_path / "scenario.yaml"
-    upstream = (
-        UPSTREAM if store else UPSTREAM.replace("responses_store: true", "responses_store: false")
-    )
+    if not store:
+        upstream = upstream.replace("responses_store: true", "responses_store: false")
     scenario.write_text(f"name: dialect-clients\nseed: 3\npath:\n{path}{upstream}")
     return start_background(load(scenario), tmp_path)
 
 
-def workload(tmp_path: Path, model: str, max_tokens: int, stream: bool = True) -> dict[str, str]:
+def workload(
+    tmp_path: Path, model: str, max_tokens: int, stream: bool = True, **user: Any
+) -> dict[str, str]:
+    """One chat request; `user` adds the contract's request fields (`abandon_after_tokens`)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": f"{TAG} hello"}],
         "max_tokens": max_tokens,
         "stream": stream,
     }
-    request = {"index": 0, "endpoint": "chat", "body": body}
+    request = {"index": 0, "endpoint": "chat", "body": body, **user}
     (tmp_path / "workload.json").write_text(json.dumps({"requests": [request]}))
     return {
         "MIDDLEBOX_WORKLOAD": str(tmp_path / "workload.json"),
@@ -103,16 +107,32 @@ def run_openai(
 
 
 def run_anthropic(tmp_path: Path, path: str, max_tokens: int) -> Any:
-    argv = BUILTIN_CLIENTS["anthropic-messages"]  # builds its environment on first use
-    proxy = proxy_for(tmp_path, path)
+    return run_locked(tmp_path, "anthropic-messages", path, max_tokens)
+
+
+def run_locked(
+    tmp_path: Path,
+    client: str,
+    path: str,
+    max_tokens: int,
+    stream: bool = True,
+    upstream: str = UPSTREAM,
+    **user: Any,
+) -> Any:
+    """A client of its own environment run as the matrix runs it (with the runner's API key
+    in its environment): its result entry, the emulator's ledger and its score; its stderr
+    is left in `stderr.log`."""
+    argv = BUILTIN_CLIENTS[client]  # builds its environment on first use
+    proxy = proxy_for(tmp_path, path, upstream=upstream)
     try:
-        env = {**os.environ, "OPENAI_BASE_URL": proxy.base_url}
-        env |= workload(tmp_path, proxy.model, max_tokens)
+        env = {**os.environ, "OPENAI_BASE_URL": proxy.base_url, "OPENAI_API_KEY": "sk-test"}
+        env |= workload(tmp_path, proxy.model, max_tokens, stream, **user)
         done = subprocess.run(argv, env=env, timeout=CLIENT_BOUND, capture_output=True, text=True)
+        (tmp_path / "stderr.log").write_text(done.stderr)
         assert done.returncode == 0, done.stderr
         proxy.settle()
         ledger = proxy.ledger()
-        score = scored(proxy, "anthropic-messages", tmp_path / "result.json", ledger)
+        score = scored(proxy, client, tmp_path / "result.json", ledger)
     finally:
         proxy.close()
     (entry,) = json.loads((tmp_path / "result.json").read_text())["results"]
