@@ -70,10 +70,12 @@ The compatibility matrix's clients (docs/compatibility.md), scored when named or
 - `openai-responses`: the openai SDK's `responses.create(stream=True)` (the Responses API);
 - `openai-responses-resume`: a background response (`background`, `store`) resumed with
   `responses.retrieve(id, stream=True, starting_after=N)` when its stream breaks;
-- `anthropic-messages`: the anthropic SDK's `messages.stream` against `/v1/messages`.
-`openai-v1`, `openai-v2`, `langchain-openai`, `litellm` and `anthropic-messages` run in their
-own environments (`middlebox.clients.envs`), built from a lock file the first time the client
-is looked up in BUILTIN_CLIENTS.
+- `anthropic-messages`: the anthropic SDK's `messages.stream` against `/v1/messages`;
+- `openai-agents`: the OpenAI Agents SDK's `Runner.run_streamed` with its Responses model
+  pointed at the server (tracing off: its default exports to api.openai.com).
+`openai-v1`, `openai-v2`, `langchain-openai`, `litellm`, `anthropic-messages` and
+`openai-agents` run in their own environments (`middlebox.clients.envs`), built from a lock
+file the first time the client is looked up in BUILTIN_CLIENTS.
 Agent clients (SCENARIO_CLIENTS), scored in the scenarios whose `workload.clients` names
 them: `tools-naive` (acts on partial tool calls and JSON, retries without idempotency
 keys, shows reasoning as the answer) and `openai-tools` (the SDK's documented tool-call
