@@ -72,10 +72,12 @@ The compatibility matrix's clients (docs/compatibility.md), scored when named or
   `responses.retrieve(id, stream=True, starting_after=N)` when its stream breaks;
 - `openai-responses-restart`: the same background response created again (a new response,
   a new generation) when its stream breaks, its text shown on top of what was shown;
-- `anthropic-messages`: the anthropic SDK's `messages.stream` against `/v1/messages`.
-`openai-v1`, `openai-v2`, `langchain-openai`, `litellm` and `anthropic-messages` run in their
-own environments (`middlebox.clients.envs`), built from a lock file the first time the client
-is looked up in BUILTIN_CLIENTS.
+- `anthropic-messages`: the anthropic SDK's `messages.stream` against `/v1/messages`;
+- `openai-agents`: the OpenAI Agents SDK's `Runner.run_streamed` with its Responses model
+  pointed at the server (tracing off: its default exports to api.openai.com).
+`openai-v1`, `openai-v2`, `langchain-openai`, `litellm`, `anthropic-messages` and
+`openai-agents` run in their own environments (`middlebox.clients.envs`), built from a lock
+file the first time the client is looked up in BUILTIN_CLIENTS.
 The Node clients (`middlebox.clients.node`, NODE_CLIENTS; node >= 20 and npm), scored when
 named or by `make matrix`: `node-openai`, `node-ai-sdk`, `node-eventsource`,
 `node-fetch-event-source`, `node-fetch-naive` on chat completions, and `node-openai-responses`,

@@ -1,15 +1,15 @@
 """Client environments: a library the matrix scores that is no dependency of middlebox.
 
-`openai` 1.x and 2.x, `langchain-openai`, `litellm` and `anthropic` each run in their own virtual
-environment, `<env_root>/<name>/`, built on first use from a lock file of exact versions
-shipped with the package (`middlebox/clients/locks/<name>.txt`, every transitive package
-pinned), like `.venv` from pyproject.toml: a stamp holding the lock file's digest says the
-environment is complete and current, so a changed lock rebuilds it and an interrupted build
-is redone. The environment sees the `middlebox` package alone, through a `.pth` file naming
-a folder that holds one link to the package's folder (the driver imports only
-`middlebox.clients` and `middlebox.core`, both standard library only): never an install of
-middlebox and its runtime dependencies, nor the rest of the site-packages an installed
-middlebox lives in.
+`openai` 1.x and 2.x, `langchain-openai`, `litellm`, `anthropic` and `openai-agents` each
+run in their own virtual environment, `<env_root>/<name>/`, built on first use from a lock
+file of exact versions shipped with the package (`middlebox/clients/locks/<name>.txt`, every
+transitive package pinned), like `.venv` from pyproject.toml: a stamp holding the lock
+file's digest says the environment is complete and current, so a changed lock rebuilds it
+and an interrupted build is redone. The environment sees the `middlebox` package alone,
+through a `.pth` file naming a folder that holds one link to the package's folder (the
+driver imports only `middlebox.clients` and `middlebox.core`, both standard library only):
+never an install of middlebox and its runtime dependencies, nor the rest of the
+site-packages an installed middlebox lives in.
 
 Building says so on stderr, once, before the client runs: a build takes tens of seconds,
 far longer than a scenario's client bound, so it must never happen inside the bound.
@@ -60,6 +60,7 @@ LOCKED_CLIENTS: dict[str, LockedClient] = {
         LockedClient("langchain-openai", "middlebox.clients.langchain_chat", "langchain-openai"),
         LockedClient("litellm", "middlebox.clients.litellm_completion", "litellm"),
         LockedClient("anthropic-messages", "middlebox.clients.anthropic_messages", "anthropic"),
+        LockedClient("openai-agents", "middlebox.clients.openai_agents", "openai-agents"),
     )
 }
 

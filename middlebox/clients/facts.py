@@ -89,6 +89,14 @@ CLIENT_FACTS: dict[str, ClientFacts] = {
             "hang": "AsyncAnthropic(timeout=httpx.Timeout(30, read=10)) for a stall timeout",
         },
     ),
+    "openai-agents": ClientFacts(
+        "openai-agents", "python-env", "600 s read, 5 s connect (the openai SDK's)",
+        "2 (the openai SDK's), none once streaming; none of the runner's (retry unset)", "none",
+        {
+            "hang": "OpenAIResponsesModel(openai_client=AsyncOpenAI(timeout=openai.Timeout(30, "
+            "read=10))), or ModelSettings(timeout=...) for the whole call",
+        },
+    ),
     "httpx-sse": ClientFacts(
         "httpx-sse", "python", "5 s (httpx default, per read)", "none", "none",
         {

@@ -49,7 +49,7 @@ import openai
 from middlebox.clients.api_requests import meaning, responses_request
 from middlebox.clients.contract import ClientEnv, Handler, Recorder, RequestSpec, run_client
 from middlebox.clients.openai_sdk import _CountingOpenAI, _current
-from middlebox.core.dialects import Dialect, EndKind, TokenKind
+from middlebox.core.dialects import Dialect, EndKind, Meaning, TokenKind
 
 MAX_IDLE_RESUMES = 3
 MAX_RESTARTS = 3
@@ -80,10 +80,20 @@ def _error_message(payload: dict[str, Any]) -> str:
 def on_event(event: Any, rec: Recorder, cursor: Cursor) -> None:
     """Show one SDK event and keep the cursor; raise ResponseFailed on a failure."""
     payload = event.to_dict()
+    seen = record_event(payload, rec, cursor)
+    failed = payload.get("type") in ("error", "response.failed")
+    if seen is not None and seen.end is EndKind.ERROR and failed:
+        raise ResponseFailed(_error_message(payload))
+
+
+def record_event(payload: dict[str, Any], rec: Recorder, cursor: Cursor) -> Meaning | None:
+    """Show one Responses event (its JSON data) and keep the cursor: the answer's text,
+    reasoning apart, and how the answer ended as `finish_reason` with the response's
+    usage. Returns what it meant, or None for a replayed event (already shown)."""
     seen = meaning(str(payload.get("type", "")), payload, Dialect.RESPONSES)
     if seen.sequence is not None:
         if cursor.sequence is not None and seen.sequence <= cursor.sequence:
-            return  # replayed: already shown
+            return None  # replayed: already shown
         cursor.sequence = seen.sequence
     response = payload.get("response")
     if cursor.response_id is None and isinstance(response, dict) and response.get("id"):
@@ -93,12 +103,11 @@ def on_event(event: Any, rec: Recorder, cursor: Cursor) -> None:
         rec.finish_reason = seen.reason
         if isinstance(response, dict) and isinstance(response.get("usage"), dict):
             rec.usage = response["usage"]
-        if seen.end is EndKind.ERROR and payload.get("type") in ("error", "response.failed"):
-            raise ResponseFailed(_error_message(payload))
     if seen.token is TokenKind.ANSWER:
         rec.show(seen.text)
     elif seen.token is TokenKind.REASONING:
         rec.show_reasoning(seen.text)
+    return seen
 
 
 async def _read(stream: Any, rec: Recorder, cursor: Cursor) -> None:

@@ -54,7 +54,8 @@ def matrix_clients() -> list[str]:
 # environment alone or in pairs, as imports of tens of seconds on a loaded machine would
 # otherwise eat the client bound.
 BATCH_SIZE = {"python": 5, "node": 5, "chromium": 2, "python-env": 2}
-ALONE = {"litellm", "langchain-openai"}  # imports of 4-15 s here: never beside another
+# imports of 4-15 s here (the Agents SDK's 4-5 s): never beside another
+ALONE = {"litellm", "langchain-openai", "openai-agents"}
 
 
 def _runtime(name: str) -> str:

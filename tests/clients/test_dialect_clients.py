@@ -51,17 +51,16 @@ def proxy_for(
 
 
 def workload(
-    tmp_path: Path, model: str, max_tokens: int, stream: bool = True, abandon: int | None = None
+    tmp_path: Path, model: str, max_tokens: int, stream: bool = True, **user: Any
 ) -> dict[str, str]:
+    """One chat request; `user` adds the contract's request fields (`abandon_after_tokens`)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": f"{TAG} hello"}],
         "max_tokens": max_tokens,
         "stream": stream,
     }
-    request: dict[str, Any] = {"index": 0, "endpoint": "chat", "body": body}
-    if abandon is not None:
-        request["abandon_after_tokens"] = abandon
+    request = {"index": 0, "endpoint": "chat", "body": body, **user}
     (tmp_path / "workload.json").write_text(json.dumps({"requests": [request]}))
     return {
         "MIDDLEBOX_WORKLOAD": str(tmp_path / "workload.json"),
@@ -98,7 +97,8 @@ def run_openai(
     """The result entry, the emulator's ledger of one request and the client's score."""
     proxy = proxy_for(tmp_path, path, store, upstream)
     try:
-        request = workload(tmp_path, proxy.model, max_tokens, stream, abandon)
+        user = {} if abandon is None else {"abandon_after_tokens": abandon}
+        request = workload(tmp_path, proxy.model, max_tokens, stream, **user)
         environ = {"OPENAI_BASE_URL": proxy.base_url, **request}
         if resume:
             code = run_client("openai-responses-resume", openai_responses.resuming_session, environ)
@@ -131,16 +131,24 @@ def ended(proxy: BackgroundProxy, bound: float = 10.0) -> list[dict[str, Any]]:
 
 
 def run_process(
-    tmp_path: Path, client: str, path: str, max_tokens: int, stream: bool = True
+    tmp_path: Path,
+    client: str,
+    path: str,
+    max_tokens: int,
+    stream: bool = True,
+    upstream: str = UPSTREAM,
+    **user: Any,
 ) -> Any:
-    """A built-in client run as the matrix runs it, in its own process: the result entry,
-    the emulator's ledger of one request and the client's score."""
+    """A built-in client run as the matrix runs it, in its own process (with the runner's API
+    key in its environment): its result entry, the emulator's ledger and its score; its
+    stderr is left in `stderr.log`."""
     argv = BUILTIN_CLIENTS[client]  # builds its environment (or npm ci) on first use
-    proxy = proxy_for(tmp_path, path)
+    proxy = proxy_for(tmp_path, path, upstream=upstream)
     try:
-        env = {**os.environ, "OPENAI_BASE_URL": proxy.base_url}
-        env |= workload(tmp_path, proxy.model, max_tokens, stream)
+        env = {**os.environ, "OPENAI_BASE_URL": proxy.base_url, "OPENAI_API_KEY": "sk-test"}
+        env |= workload(tmp_path, proxy.model, max_tokens, stream, **user)
         done = subprocess.run(argv, env=env, timeout=CLIENT_BOUND, capture_output=True, text=True)
+        (tmp_path / "stderr.log").write_text(done.stderr)
         assert done.returncode == 0, done.stderr
         proxy.settle()
         ledger = proxy.ledger()
