@@ -976,6 +976,7 @@ def real_server_metrics(
     exchanges: Sequence[UpstreamExchange],
     samples: Sequence[Sample],
     client_left: Mapping[str, float],
+    to_client: Mapping[str, ResponseAnswer] | None = None,
 ) -> dict[str, Any]:
     """`server.*` of a real vLLM, which keeps no ledger, from two sources that each
     see what the other cannot. The journal's upstream leg has the exact time each
@@ -1015,6 +1016,9 @@ def real_server_metrics(
     vLLM streams no text for).
 
     `client_left` maps a request tag to when its client left (the result's `ended_at`).
+    `to_client` (`response_answers` of the client leg) says what of a background response
+    crossed the client leg: one left running never reached its client with what the proxy
+    read of it after a handoff held and then reset the connection, so that is its waste too.
     """
     ours = _generations(exchanges)
     out: dict[str, Any] = {
@@ -1056,6 +1060,10 @@ def real_server_metrics(
             read = sum(1 for t in generation.token_times if t <= cutoff)
             counted = max(counter_at(samples, cutoff) - base, read)
             wasted = max(tokens - round(counted), 0)
+            reached = (to_client or {}).get(exchange.response_id or "")
+            left_running = not generation.finished and generation.cancelled_at is None
+            if exchange.background and left_running and reached is not None:
+                wasted = max(wasted, tokens - reached.token_events)
         # an earlier background response still running for nobody counted in this window
         spill = int(min(max(unread - wasted, 0), running))
         running -= spill

@@ -69,6 +69,7 @@ from middlebox.run.score import (
     exchanges_of,
     expect_problems,
     real_server_metrics,
+    response_answers,
     score_client,
 )
 from middlebox.run.sessions import other_session_warning
@@ -604,7 +605,8 @@ def real_server_score(run: ClientRun, metrics: dict[str, Any]) -> dict[str, Any]
         if r.get("ended_at") and int(r["index"]) < len(run.tags)
     }
     exchanges = upstream_exchanges(run)
-    measured = real_server_metrics(exchanges, run.samples, left)
+    client_legs = [journal.leg("client") for _, journal in sorted(run.journal.journals.items())]
+    measured = real_server_metrics(exchanges, run.samples, left, response_answers(client_legs))
     bursts = metrics.get("client.bursts") or 0
     # only the tokens generated while the client was there can be in its bursts
     reached = max(measured["server.tokens_generated"] - measured["server.tokens_wasted"], 0)

@@ -328,6 +328,27 @@ def test_a_restart_leaves_the_first_background_response_running_for_nobody() -> 
     assert measured["server.aborted"] == 0
 
 
+def test_a_real_background_response_read_by_the_proxy_but_not_the_client_is_waste() -> None:
+    # a handoff held the connection: the proxy read all 40 tokens by 10.2, but only the
+    # first two deltas crossed the client leg before the reset, and the client restarted
+    held = leg("generation", 10.0, closed_at=10.25, token_times=reads(10.0, 40))
+    spans = [(10.0, 10.2, 200.0)]
+    to_client = response_answers([cut_at(CUT)])  # resp_1, two deltas sent
+    assert to_client["resp_1"].token_events == 2
+    measured = real_server_metrics([held], samples(spans, 10.4), {}, to_client)
+    assert measured["server.tokens_wasted"] == 40 - 2
+    assert measured["server.background_left_running"] == 1
+    # the same response whose every delta crossed the client leg and ended there wasted none
+    whole = response_answers([create(EVENTS)])
+    assert whole["resp_1"].finished
+    ended = leg("generation", 10.0, finished=True, token_times=reads(10.0, 40))
+    assert (
+        real_server_metrics([ended], samples(spans, 10.4), {}, whole)["server.tokens_wasted"] == 0
+    )
+    # without the client leg (no journal of it), the proxy's reads are what counts
+    assert real_server_metrics([held], samples(spans, 10.4), {})["server.tokens_wasted"] == 0
+
+
 def test_exchanges_say_which_request_resumed_or_cancelled_which_response() -> None:
     create_leg, resume_leg = cut_at(CUT), resume(CUT - 1, EVENTS[CUT:])
     cancel_leg = (b"POST /v1/responses/resp_1/cancel HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"")
