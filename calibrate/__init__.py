@@ -11,5 +11,7 @@ root for apt-get, real proxy binaries and a few minutes of wall time.
 
 Modules: `upstream` (the emulator, answering HTTP/1.0 requests as uvicorn does),
 `probe` (the measuring client), `proxies` (real proxy configs and processes),
-`compare` (metrics and tolerances, pure), `suite` (the run and its report).
+`compare` (metrics and tolerances, pure), `suite` (the run and its report), and
+`fingerprints` (`python -m calibrate.fingerprints`: `middlebox fingerprint --write --verify`
+through lighttpd, Varnish and Squid, which no preset models; docs/fingerprint.md).
 """

@@ -15,12 +15,15 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGES = {"nginx": "nginx", "haproxy": "haproxy", "apache2": "apache2", "caddy": "caddy"}
+# Proxies no preset models, fingerprinted by `python -m calibrate.fingerprints`
+# (docs/fingerprint.md, "More proxies"): binary -> Debian package.
+MORE_PACKAGES = {"lighttpd": "lighttpd", "varnishd": "varnish", "squid": "squid"}
 APACHE_MODULES = Path("/usr/lib/apache2/modules")
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
@@ -30,16 +33,18 @@ STOP_TIMEOUT = 5.0
 class Setup:
     """How one real proxy is configured for one measurement."""
 
-    software: str  # nginx, haproxy, apache2, caddy
-    buffering: bool = True  # nginx: proxy_buffering
+    software: str  # nginx, haproxy, apache2, caddy; lighttpd, varnishd, squid
+    # False: the proxy's streaming knob (nginx: proxy_buffering off; lighttpd:
+    # server.stream-response-body 2)
+    buffering: bool = True
     gzip: bool = False  # nginx: gzip on, gzip_types text/event-stream
     read_timeout: float | None = None  # the preset's idle timeout, if overridden
 
 
-def ensure_installed() -> list[str]:
-    """apt-get install the Debian packages of the proxies that are missing; return those
-    still missing (no root, no apt)."""
-    missing = [pkg for name, pkg in PACKAGES.items() if not binary(name)]
+def ensure_installed(packages: dict[str, str] = PACKAGES) -> list[str]:
+    """apt-get install the Debian packages of the proxies (binary -> package) that are
+    missing; return those still missing (no root, no apt)."""
+    missing = [pkg for name, pkg in packages.items() if not binary(name)]
     if missing and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         print(f"calibrate: apt-get install -y {' '.join(missing)}", flush=True)
@@ -47,7 +52,7 @@ def ensure_installed() -> list[str]:
         subprocess.run(
             ["apt-get", "install", "-y", "-q", *missing], env=env, check=False, timeout=600
         )
-    return [pkg for name, pkg in PACKAGES.items() if not binary(name)]
+    return [pkg for name, pkg in packages.items() if not binary(name)]
 
 
 def binary(name: str) -> str | None:
@@ -55,14 +60,18 @@ def binary(name: str) -> str | None:
 
 
 def version(software: str) -> str:
-    flag = {"nginx": ["-v"], "haproxy": ["-v"], "apache2": ["-v"], "caddy": ["version"]}
+    flag = {"nginx": ["-v"], "haproxy": ["-v"], "apache2": ["-v"], "caddy": ["version"],
+            "lighttpd": ["-v"], "varnishd": ["-V"], "squid": ["-v"]}  # fmt: skip
     path = binary(software) or software
     done = subprocess.run([path, *flag[software]], capture_output=True, text=True, timeout=10)
     lines = (done.stdout or done.stderr).strip().splitlines()
     line = lines[0].split(" - ")[0] if lines else ""
     # "nginx version: nginx/1.22.1", "HAProxy version 2.6.12-...", "Server version:
-    # Apache/2.4.x (Debian)", and Caddy's bare "v2.6.2".
+    # Apache/2.4.x (Debian)", Caddy's bare "v2.6.2", "lighttpd/1.4.69 (ssl) - a light...",
+    # "varnishd (varnish-7.1.1 revision ...)", "Squid Cache: Version 5.7".
     line = line.replace("Server version: ", "").replace("nginx version: ", "")
+    line = line.replace("Squid Cache: Version ", "Squid ").replace(" (ssl)", "")
+    line = line.replace("varnishd (varnish-", "Varnish ").split(" revision")[0]
     return line if software != "caddy" else f"Caddy {line}"
 
 
@@ -196,21 +205,118 @@ http://127.0.0.1:{port} {{
 """
 
 
+def lighttpd_config(setup: Setup, root: Path, port: int, upstream: int) -> str:
+    # Debian's lighttpd.conf (feature flags and parse options kept) with mod_proxy in
+    # place of the modules that serve files, and proxy.server with no options: no
+    # backend read-timeout, and server.stream-response-body 0 (lighttpd's default:
+    # the backend's response body is read whole before the client gets it) unless the
+    # setup streams (2: "stream response body to client; minimal buffering").
+    user = 'server.username = "www-data"\nserver.groupname = "www-data"'
+    stream = "" if setup.buffering else "server.stream-response-body = 2"
+    timeout = (
+        f', "read-timeout" => {max(1, round(setup.read_timeout))}'
+        if setup.read_timeout is not None
+        else ""
+    )
+    return f"""server.modules = ( "mod_proxy" )
+server.document-root = "{root}"
+server.upload-dirs = ( "{root}" )
+server.pid-file = "{root}/lighttpd.pid"
+{user if os.geteuid() == 0 else ""}
+server.bind = "127.0.0.1"
+server.port = {port}
+server.feature-flags += ("server.h2proto" => "enable")
+server.feature-flags += ("server.h2c" => "enable")
+server.feature-flags += ("server.graceful-shutdown-timeout" => 5)
+server.http-parseopts = (
+  "header-strict" => "enable", "host-strict" => "enable", "host-normalize" => "enable",
+  "url-normalize-unreserved" => "enable", "url-normalize-required" => "enable",
+  "url-ctrls-reject" => "enable", "url-path-2f-decode" => "enable",
+  "url-path-dotseg-remove" => "enable",
+)
+{stream}
+proxy.server = ( "" => ( ( "host" => "127.0.0.1", "port" => {upstream}{timeout} ) ) )
+"""
+
+
+def varnish_vcl(setup: Setup, root: Path, port: int, upstream: int) -> str:
+    # Debian's default.vcl: a backend and the builtin VCL (a POST is passed, never
+    # cached; a passed response streams, beresp.do_stream true). between_bytes_timeout
+    # and first_byte_timeout default to 60 s (varnishd's parameters).
+    timeout = (
+        f".between_bytes_timeout = {_seconds(setup.read_timeout)};"
+        if setup.read_timeout is not None
+        else ""
+    )
+    # One rule added for the measurement, not the path: the builtin VCL caches a GET's
+    # 200 for default_ttl (120 s), so a fingerprinter polling the probe's record of a
+    # request (GET .../probe/requests/ID) would read its first answer again and again;
+    # the record route is passed. The chat route is a POST, passed by the builtin VCL.
+    return f"""vcl 4.1;
+backend default {{
+    .host = "127.0.0.1";
+    .port = "{upstream}";
+    {timeout}
+}}
+sub vcl_recv {{
+    if (req.url ~ "/probe/requests") {{
+        return (pass);
+    }}
+}}
+"""
+
+
+def squid_config(setup: Setup, root: Path, port: int, upstream: int) -> str:
+    # A reverse proxy ("accelerator") with Debian's squid.conf access rules (localhost
+    # allowed, the rest denied) and its defaults otherwise: memory cache only,
+    # read_timeout 15 minutes; the setup's read timeout sets read_timeout.
+    timeout = (
+        f"read_timeout {max(1, round(setup.read_timeout))} seconds"
+        if setup.read_timeout is not None
+        else ""
+    )
+    user = "cache_effective_user proxy" if os.geteuid() == 0 else ""
+    return f"""http_port 127.0.0.1:{port} accel defaultsite=127.0.0.1:{upstream} no-vhost
+cache_peer 127.0.0.1 parent {upstream} 0 no-query originserver name=probe
+http_access allow localhost
+http_access deny all
+pid_filename {root}/squid.pid
+cache_log {root}/cache.log
+access_log none
+coredump_dir {root}
+{user}
+{timeout}
+"""
+
+
+CONFIGS: dict[str, tuple[str, Callable[[Setup, Path, int, int], str]]] = {
+    "nginx": ("nginx.conf", nginx_config),
+    "haproxy": ("haproxy.cfg", haproxy_config),
+    "apache2": ("apache2.conf", apache_config),
+    "caddy": ("Caddyfile", caddy_config),
+    "lighttpd": ("lighttpd.conf", lighttpd_config),
+    "varnishd": ("default.vcl", varnish_vcl),
+    "squid": ("squid.conf", squid_config),
+}
+
+
 def command(setup: Setup, root: Path, port: int, upstream: int) -> tuple[list[str], dict[str, str]]:
+    """Write the setup's config under `root`; the argv that runs the proxy in the
+    foreground with it, and its environment."""
     env = dict(os.environ)
     software = setup.software
+    if software not in CONFIGS:
+        raise ValueError(f"unknown proxy {software!r}")
+    name, render = CONFIGS[software]
+    config = root / name
+    config.write_text(render(setup, root, port, upstream))
+    program = binary(software) or software
     if software == "nginx":
-        config = root / "nginx.conf"
-        config.write_text(nginx_config(setup, root, port, upstream))
-        return [binary("nginx") or "nginx", "-p", str(root), "-e", str(root / "error.log"),
+        return [program, "-p", str(root), "-e", str(root / "error.log"),
                 "-c", str(config), "-g", "daemon off;"], env  # fmt: skip
     if software == "haproxy":
-        config = root / "haproxy.cfg"
-        config.write_text(haproxy_config(setup, root, port, upstream))
-        return [binary("haproxy") or "haproxy", "-db", "-f", str(config)], env
+        return [program, "-db", "-f", str(config)], env
     if software == "apache2":
-        config = root / "apache2.conf"
-        config.write_text(apache_config(setup, root, port, upstream))
         # Debian's apache2 reads these from /etc/apache2/envvars; set them here so the
         # binary runs outside apache2ctl.
         env.update(
@@ -221,14 +327,19 @@ def command(setup: Setup, root: Path, port: int, upstream: int) -> tuple[list[st
             APACHE_LOCK_DIR=str(root),
             APACHE_LOG_DIR=str(root),
         )
-        return [binary("apache2") or "apache2", "-f", str(config), "-DFOREGROUND"], env
+        return [program, "-f", str(config), "-DFOREGROUND"], env
     if software == "caddy":
-        config = root / "Caddyfile"
-        config.write_text(caddy_config(setup, root, port, upstream))
         env.update(HOME=str(root), XDG_DATA_HOME=str(root), XDG_CONFIG_HOME=str(root))
-        return [binary("caddy") or "caddy", "run", "--config", str(config),
-                "--adapter", "caddyfile"], env  # fmt: skip
-    raise ValueError(f"unknown proxy {software!r}")
+        return [program, "run", "--config", str(config), "--adapter", "caddyfile"], env
+    if software == "lighttpd":
+        return [program, "-D", "-f", str(config)], env
+    if software == "varnishd":
+        # Debian's varnish.service (a 256 MiB malloc storage), less the management port
+        # (-T none) and the jail's user (-j none: its vcache user cannot read a private
+        # temp dir); -n keeps the working directory under `root`.
+        return [program, "-F", "-j", "none", "-a", f"127.0.0.1:{port}", "-f", str(config),
+                "-n", str(root / "varnish"), "-T", "none", "-s", "malloc,256m"], env  # fmt: skip
+    return [program, "-N", "-f", str(config)], env  # squid
 
 
 @contextmanager
