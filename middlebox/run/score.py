@@ -119,6 +119,9 @@ METRICS: dict[str, str] = {
     "server.upstream_ttft_ms": "the upstream's own time to first token (list)",
     "server.ms_per_token": "a real upstream's decoding pace while the run's requests ran, "
     "from its token counter (--upstream only: wasted-token bounds are judged at it)",
+    "server.chunks_per_burst": "a real upstream's token chunks per burst at the proxy (the "
+    "10 ms rule on the upstream leg; --upstream only): what the path's delivery to the "
+    "client's socket (client.delivered_tokens_per_burst) is judged against",
     "server.tokens_per_burst": "the upstream's own lumps: its tokens per burst by the same "
     "10 ms rule (the emulator's token times; a real server's frames at the proxy): a client "
     "cannot see a stream smoother than this",

@@ -618,7 +618,14 @@ def real_server_score(run: ClientRun, metrics: dict[str, Any]) -> dict[str, Any]
     measured[SERVER_TOKENS_PER_BURST] = (
         measured["server.tokens_generated"] / arrived if arrived else 0.0
     )
+    chunks = sum(len(e.token_times) for e in exchanges)
+    measured[SERVER_CHUNKS_PER_BURST] = chunks / arrived if arrived else 0.0
     return measured
+
+
+SERVER_CHUNKS_PER_BURST = "server.chunks_per_burst"
+"""A real server's token chunks per burst on the upstream leg: the unit of the path's delivery
+to the client's socket (`client.delivered_tokens_per_burst` counts chunks, not tokens)."""
 
 
 SERVER_MS_PER_TOKEN = "server.ms_per_token"
@@ -661,7 +668,14 @@ def at_server_lumpiness(checks: list[Check], metrics: dict[str, Any]) -> list[Ch
     burst *relative to the server's* (`server.tokens_per_burst`, the same 10 ms rule on
     the upstream leg): `max: 2` allows twice the server's own lumps. The emulator's are
     1, so it is the same check there. A `min` bound (a hop that buffers) stays as
-    written: the server's lumps only add to the client's."""
+    written: the server's lumps only add to the client's.
+
+    A client that read in bigger lumps than the path delivered to its socket (the
+    journal's client leg: `client.delivered_tokens_per_burst`, in chunks, against the
+    server's chunks per burst) lumped them itself: its process shares the cores with a
+    real vLLM decoding on the CPU, which can hold it back for a whole answer (measured: a
+    client's first read 0.85 s after the path began writing, at 1.9 ms a token). That is
+    the test rig's, not a hop's, so the bound holds where the path's delivery meets it."""
     server = metrics.get(SERVER_TOKENS_PER_BURST)
     if not isinstance(server, int | float) or server <= 1:
         return checks
@@ -676,7 +690,22 @@ def at_server_lumpiness(checks: list[Check], metrics: dict[str, Any]) -> list[Ch
             f"judged against the server's own lumps: it sent {server:.2f} tokens per burst "
             f"to the proxy, so max {check.expected} = {bound:.2f} tokens per burst"
         )
-        judged.append(dataclasses.replace(check, passed=check.actual <= bound, note=note))
+        passed = check.actual <= bound
+        delivered = metrics.get(DELIVERED_TOKENS_PER_BURST)
+        chunks = metrics.get(SERVER_CHUNKS_PER_BURST)
+        if not passed and isinstance(delivered, int | float) and isinstance(chunks, int | float):
+            passed = delivered <= check.expected * max(chunks, 1.0)
+            note += (
+                f"; the path delivered {delivered:.2f} chunks per burst to the client's "
+                f"socket against the server's {chunks:.2f}, "
+                + (
+                    "within the bound: the client's own process read them later in bigger "
+                    "lumps (it shares the cores with the server under test), not a hop"
+                    if passed
+                    else "beyond the bound: a hop lumped them"
+                )
+            )
+        judged.append(dataclasses.replace(check, passed=passed, note=note))
     return judged
 
 

@@ -12,10 +12,11 @@ import pytest
 
 from middlebox.compose import load
 from middlebox.library import scenario_dir
-from middlebox.run.score import Check, evaluate_expect
+from middlebox.run.score import DELIVERED_TOKENS_PER_BURST, Check, evaluate_expect
 from middlebox.run.suite import (
     FRAME_MARGIN,
     REAL_BODY_EXTRA,
+    SERVER_CHUNKS_PER_BURST,
     SERVER_TOKENS_PER_BURST,
     arrivals,
     at_server_lumpiness,
@@ -119,6 +120,22 @@ def test_a_max_on_tokens_per_burst_is_judged_against_the_servers_own_lumps() -> 
         {**metrics, "client.tokens_per_burst": 6.3},
     )
     assert not over.passed
+    # a client that read in bigger lumps than the path delivered to its socket lumped them
+    # itself (its process starved by a CPU-bound vLLM): judged at the socket, with a note
+    lagging = {
+        **metrics, "client.tokens_per_burst": 161.0, DELIVERED_TOKENS_PER_BURST: 5.0,
+        SERVER_CHUNKS_PER_BURST: 3.0,
+    }  # fmt: skip
+    (late, _) = at_server_lumpiness(evaluate_expect(expect, "raw", lagging, ["raw"]), lagging)
+    assert late.passed and "the client's own process read them later" in late.note
+    # a path that delivered lumps beyond twice the server's chunks still fails, and says so
+    lumped = {**lagging, DELIVERED_TOKENS_PER_BURST: 6.5}
+    (hop, _) = at_server_lumpiness(evaluate_expect(expect, "raw", lumped, ["raw"]), lumped)
+    assert not hop.passed and "beyond the bound: a hop lumped them" in hop.note
+    # without the client leg's delivery (an HTTP/2 or content-coded leg) the client's view
+    unseen = {k: v for k, v in lagging.items() if k != DELIVERED_TOKENS_PER_BURST}
+    (blind, _) = at_server_lumpiness(evaluate_expect(expect, "raw", unseen, ["raw"]), unseen)
+    assert not blind.passed
     # a server that sent one token a burst (the emulator's shape): as written
     smooth = {**metrics, SERVER_TOKENS_PER_BURST: 1.0}
     assert at_server_lumpiness(written, smooth) == written
