@@ -33,7 +33,9 @@ of a stream is taken as the path's transit, so a hold is the delay beyond it.
 from __future__ import annotations
 
 import itertools
+import re
 import statistics
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +59,19 @@ HELD_SHARE = 0.2
 HOLD_A = ProbeShape(frames=48, size=256, period=0.02)
 HOLD_B = ProbeShape(frames=48, size=512, period=0.02)
 ACCEL = ProbeShape(frames=48, size=256, period=0.02, headers=(("X-Accel-Buffering", "no"),))
+# Compression: the 256-byte hold shape asked with `Accept-Encoding: gzip` (nginx's gzip
+# filter, like most, compresses only for a client that accepts it: ngx_http_gzip_ok).
+COMPRESS = HOLD_A
+ACCEPT_GZIP = (("Accept-Encoding", "gzip"),)
+# The SSE fields: frames with `id:` lines, a `retry:` field after the head, and a pause with
+# `: keep-alive` comments (three of them) between frames 2 and 3; asked with a
+# `Last-Event-ID` request header, as a reconnecting EventSource sends it (WHATWG HTML,
+# server-sent events).
+SSE_FIELDS = ProbeShape(
+    frames=4, size=256, period=0.02, pause_after=2, pause=0.35, heartbeat=0.1, retry=2.5,
+    event_ids=True,
+)  # fmt: skip
+LAST_EVENT_ID = "probe-7"
 
 
 @dataclass(frozen=True)
@@ -324,6 +339,123 @@ def accel_honoured(plain: Mapping[str, Any], with_knob: Mapping[str, Any]) -> bo
     return bool(with_knob["release"] == "none")
 
 
+# -- compression -------------------------------------------------------------------------------
+
+# Content codings this module decodes (RFC 9110 §8.4.1): zlib's window bits for each.
+_CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def coding(response: Response) -> str | None:
+    """The response's content coding (lower case), None for identity."""
+    found = (response.header("content-encoding") or "").strip().lower()
+    return None if found in ("", "identity") else found
+
+
+def decoded(response: Response) -> Response | None:
+    """`response` with its body decoded read by read (`body_at` in decoded bytes: what a
+    client could parse by the end of each read); itself when not encoded, None for a
+    coding this module cannot decode (br, zstd) or a body that is not that coding."""
+    name = coding(response)
+    if name is None:
+        return response
+    if name not in _CODINGS:
+        return None
+    inflate = zlib.decompressobj(_CODINGS[name])
+    out = Response(response.status, response.version, response.headers, response.head_at,
+                   response.framing, response.chunks, complete=response.complete)  # fmt: skip
+    before = 0
+    try:
+        for at, received in response.body_at:
+            out.body += inflate.decompress(bytes(response.body[before:received]))
+            before = received
+            out.body_at.append((at, len(out.body)))
+    except zlib.error:
+        return None
+    return out
+
+
+def compression(
+    unasked: Response, asked: Response, held: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Whether the path compresses the event stream: `unasked` is a response to a request
+    without Accept-Encoding, `asked` one to a request with `Accept-Encoding: gzip`, `held`
+    the hold measured on `asked`'s decoded body (None when it could not be decoded).
+    `flush`: `per-frame` when every frame was decodable as it was written (the hop flushes
+    its compressor per upstream read: nginx under `proxy_buffering off`), `held` when
+    frames waited (the compressor's buffer, or a hold beside it), `unknown` otherwise."""
+    found: dict[str, Any] = {"asked": coding(asked), "unasked": coding(unasked)}
+    found["compresses"] = found["asked"] is not None or found["unasked"] is not None
+    if found["asked"] is None:
+        return found
+    if held is None or held["release"] == "incomplete":
+        found["flush"] = "unknown"
+        return found
+    found["flush"] = "per-frame" if held["release"] == "none" else "held"
+    found["release"] = held["release"]
+    found["bursts"] = len(held["bursts"])
+    found["first_frame_wait"] = held["first_frame_wait"]
+    found["max_wait"] = held["max_wait"]
+    return found
+
+
+# -- SSE fields: heartbeats, retry, id, Last-Event-ID -------------------------------------------
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def _field_values(body: bytes, name: bytes) -> list[str]:
+    """The values of every `name:` line of an event stream (one leading space dropped, as
+    the WHATWG parser drops it)."""
+    found = []
+    for line in _LINE_END.split(body):
+        if line.startswith(name + b":"):
+            value = line[len(name) + 1 :]
+            found.append(value[1:] if value.startswith(b" ") else value)
+    return [value.decode("latin-1") for value in found]
+
+
+def _verdict(sent: Sequence[str], arrived: Sequence[str]) -> str:
+    if list(sent) == list(arrived):
+        return "passed"
+    return "removed" if not arrived else "changed"
+
+
+def sse_fields(
+    plan: Plan, record: Mapping[str, Any], response: Response, last_event_id: str
+) -> dict[str, Any]:
+    """What the path did to the SSE fields of `plan` (heartbeat comments, `retry:` and `id:`
+    lines) and to the `Last-Event-ID` request header sent as `last_event_id`, each
+    `passed`, `removed` or `changed` (`eaten` or `some` for heartbeats), with what was sent
+    and what arrived; `body` None when the response could not be decoded."""
+    body = decoded(response)
+    sent_body = b"".join(_payload(w.data, plan.framing == "chunked") for w in plan.writes[1:])
+    arrived_ids = [v for n, v in record["request"]["headers"] if n.lower() == "last-event-id"]
+    header = {
+        "sent": last_event_id,
+        "arrived": arrived_ids[0] if arrived_ids else None,
+        "verdict": _verdict([last_event_id], arrived_ids),
+    }
+    if body is None:
+        return {"decoded": False, "last_event_id": header}
+    sent_beats = sum(1 for line in _LINE_END.split(sent_body) if line.startswith(b":"))
+    beats = sum(1 for line in _LINE_END.split(bytes(body.body)) if line.startswith(b":"))
+    found: dict[str, Any] = {
+        "decoded": True,
+        "heartbeats": {
+            "sent": sent_beats,
+            "arrived": beats,
+            "verdict": "passed" if beats >= sent_beats else "eaten" if beats == 0 else "some",
+        },
+        "last_event_id": header,
+    }
+    for name in ("retry", "id"):
+        sent = _field_values(sent_body, name.encode())
+        arrived = _field_values(bytes(body.body), name.encode())
+        found[name] = {"sent": sent, "arrived": arrived, "verdict": _verdict(sent, arrived)}
+    found["complete"] = b"data: [DONE]" in body.body
+    return found
+
+
 # -- headers and framing ----------------------------------------------------------------------
 
 
@@ -446,6 +578,47 @@ def _size(value: float) -> str:
     return f"{value / 1024:.1f} KiB" if value >= 1024 else f"{value:.0f} bytes"
 
 
+def _compression_line(found: Mapping[str, Any]) -> str:
+    if not found["compresses"]:
+        return "It does not compress the event stream (asked with Accept-Encoding: gzip)."
+    unasked = (
+        f" It compresses without being asked too ({found['unasked']})." if found["unasked"] else ""
+    )
+    if found["asked"] is None:
+        return (
+            f"It compresses the event stream ({found['unasked']}) only for a client that does "
+            f"not send Accept-Encoding: gzip."
+        )
+    flush = found.get("flush", "unknown")
+    if flush == "per-frame":
+        said = "every frame is decodable as it is written (flushed per frame)"
+    elif flush == "held":
+        said = (
+            f"the compressed bytes are held (the first frame {found['first_frame_wait']:.2f} s "
+            f"late, {found['bursts']} burst{'s' if found['bursts'] != 1 else ''})"
+        )
+    else:
+        said = "its flush could not be measured (the body did not decode whole)"
+    return f"It compresses the event stream with {found['asked']} when asked: {said}.{unasked}"
+
+
+def _sse_line(found: Mapping[str, Any]) -> str:
+    header = found["last_event_id"]
+    said = [f"Last-Event-ID {header['verdict']}"]
+    if found["decoded"]:
+        beats = found["heartbeats"]
+        said.insert(0, f"heartbeats {beats['verdict']} ({beats['arrived']} of {beats['sent']})")
+        for name in ("retry", "id"):
+            item = found[name]
+            shown = (
+                f" ({', '.join(item['arrived'][:3]) or '-'})"
+                if item["verdict"] == "changed"
+                else ""
+            )
+            said.insert(-1, f"{name}: lines {item['verdict']}{shown}")
+    return f"SSE fields: {'; '.join(said)}."
+
+
 def summary(document: Mapping[str, Any]) -> list[str]:
     """The fingerprint in sentences, one measure a line."""
     lines = [f"Path {document['url']}:"]
@@ -497,18 +670,26 @@ def summary(document: Mapping[str, Any]) -> list[str]:
         said += [f"~{n}: {a} -> {b}" for n, a, b in changes["changed"]]
         name = side.replace("_", " ").capitalize()
         lines.append(f"{name}: {'; '.join(said) if said else 'unchanged'}.")
-    gone = measures.get("leave")
-    if gone is not None:
+    for key, who in (("leave", "leaves"), ("leave_rst", "resets its connection")):
+        gone = measures.get(key)
+        if gone is None:
+            continue
         if gone["learned"]:
             lines.append(
-                f"A client that leaves is noticed by the upstream {gone['after']:.2f} s later "
+                f"A client that {who} is noticed by the upstream {gone['after']:.2f} s later "
                 f"({gone['how']}), {gone['frames_after_close']} frames written after."
             )
         else:
             lines.append(
-                f"A client that leaves is not noticed by the upstream within "
+                f"A client that {who} is not noticed by the upstream within "
                 f"{gone['at_least']:.1f} s: it generates for nobody."
             )
+    squeezed = measures.get("compression")
+    if squeezed is not None:
+        lines.append(_compression_line(squeezed))
+    fields = measures.get("sse_fields")
+    if fields is not None:
+        lines.append(_sse_line(fields))
     silent = measures.get("idle")
     if silent is not None:
         if silent["cut"]:

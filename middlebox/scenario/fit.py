@@ -38,6 +38,7 @@ fingerprint with each preset through the same rows.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ TOLERANCES: dict[str, tuple[float, float, str]] = {
     "idle_timeout": (0.05, 0.20, "s"),
     "leave_after": (0.05, 0.25, "s"),
     "leave_frames": (3, 0.25, ""),
+    "rst_after": (0.05, 0.25, "s"),
+    "rst_frames": (3, 0.25, ""),
 }
 CALIBRATE_NAMES = {
     "hold_bytes": "median_burst",
@@ -67,6 +70,8 @@ CALIBRATE_NAMES = {
     "idle_timeout": "first_byte",
     "leave_after": "abandon_latency",
     "leave_frames": "abandon_tokens",
+    "rst_after": "abandon_latency",
+    "rst_frames": "abandon_tokens",
 }
 # Header fields that follow the framing (RFC 9112 §6, §9.6), fitted by http10_upstream or
 # the proxy's own relay, not by a header fault.
@@ -76,7 +81,7 @@ FRAMING_FIELDS = frozenset({"connection", "content-length", "transfer-encoding",
 LEAVE_PROMPT = 0.05
 LEAVE_FRAMES = 2
 # The fitted fields that are durations (a scenario writes them with a unit).
-DURATIONS = frozenset({"timeout", "window", "cork"})
+DURATIONS = frozenset({"timeout", "window", "cork", "delay"})
 # What a path without a read timeout reads as: every silence passes.
 NO_TIMEOUT = "at least inf"
 # A hold whose bytes no frame of the probe fills: the timer releases it, not the size.
@@ -267,6 +272,104 @@ def _fit_leave(gone: Mapping[str, Any], out: Fitted) -> None:
     )
 
 
+def _fit_compression(found: Mapping[str, Any], out: Fitted) -> None:
+    if not found["compresses"]:
+        return
+    asked, unasked = found["asked"], found["unasked"]
+    if asked != "gzip" or (unasked is not None and unasked != "gzip"):
+        out.not_fitted.append(
+            f"compression: the path encodes the stream as {asked or unasked} (asked with "
+            f"Accept-Encoding: gzip: {asked or 'identity'}; not asked: {unasked or 'identity'})"
+            "; gzip_encoding writes gzip only, for a client that accepts it or for any"
+        )
+        return
+    config: dict[str, Any] = {"flush": "sync" if found.get("flush") == "per-frame" else "none"}
+    if unasked is not None:
+        config["require_accept_encoding"] = False
+    if found.get("flush") == "unknown":
+        out.not_fitted.append(
+            "compression: the gzip body did not decode whole, so its flush is unknown; "
+            "gzip_encoding fitted holding it (flush: none)"
+        )
+    how = "every frame flushed" if config["flush"] == "sync" else "the compressed bytes held"
+    asks = "" if unasked is None else ", even for a client that does not ask"
+    out.add("gzip_encoding", config, f"compression: gzip{asks}, {how}")
+
+
+def _fit_sse(found: Mapping[str, Any], out: Fitted) -> None:
+    header = found["last_event_id"]
+    if found["decoded"]:
+        beats = found["heartbeats"]
+        if beats["verdict"] != "passed":
+            out.not_fitted.append(
+                f"sse_fields: {beats['arrived']} of {beats['sent']} `: keep-alive` comments "
+                "arrived; no fault drops SSE comments"
+            )
+        retry = found["retry"]
+        values = set(retry["arrived"])
+        if retry["verdict"] == "removed":
+            out.add("sse_retry", {"mode": "strip"}, "sse_fields: retry: lines removed")
+        elif retry["verdict"] == "changed" and len(values) == 1 and values.pop().isdigit():
+            delay = int(retry["arrived"][0]) / 1000
+            said = f"sse_fields: retry: {retry['sent'][0]} arrived as {retry['arrived'][0]}"
+            out.add("sse_retry", {"mode": "change", "delay": delay}, said)
+        elif retry["verdict"] == "changed":
+            out.not_fitted.append(
+                f"sse_fields: retry: lines {retry['sent']} arrived as {retry['arrived']}; "
+                "sse_retry sets one value in one line"
+            )
+        ids = found["id"]
+        numbers = [int(v) for v in ids["arrived"] if v.isdigit()]
+        steps = len(numbers) == len(ids["arrived"]) and all(
+            b - a == 1 for a, b in itertools.pairwise(numbers)
+        )
+        if ids["verdict"] == "removed":
+            out.add("sse_ids", {"mode": "strip"}, "sse_fields: id: lines removed")
+        elif ids["verdict"] == "changed" and numbers and steps:
+            out.add("sse_ids", {"mode": "renumber", "start": numbers[0]},
+                    f"sse_fields: id: lines renumbered from {numbers[0]}")  # fmt: skip
+        elif ids["verdict"] == "changed":
+            out.not_fitted.append(
+                f"sse_fields: id: lines {ids['sent']} arrived as {ids['arrived']}; sse_ids "
+                "numbers them in steps of one"
+            )
+    if header["verdict"] == "removed":
+        out.add("strip_header", {"headers": ["Last-Event-ID"], "direction": "request"},
+                "sse_fields: the Last-Event-ID request header removed")  # fmt: skip
+    elif header["verdict"] == "changed":
+        said = f"sse_fields: Last-Event-ID {header['sent']} arrived as {header['arrived']}"
+        config = {"direction": "request", "headers": {"Last-Event-ID": header["arrived"]}}
+        out.add("set_header", config, said)
+
+
+def _fit_reset(reset: Mapping[str, Any], fin: Mapping[str, Any] | None, out: Fitted) -> None:
+    """A client's RST: fitted from it alone when the FIN was not measured; said when it
+    disagrees with what the fault fitted for the FIN does with a reset
+    (ignore_client_close fails the next write after one, or ignores it with `never`)."""
+    if fin is None:
+        _fit_leave(reset, out)
+        return
+    fin_prompt = fin["learned"] and fin["after"] <= LEAVE_PROMPT
+    fin_prompt = fin_prompt and fin["frames_after_close"] < LEAVE_FRAMES
+    rst_prompt = reset["learned"] and reset["after"] <= LEAVE_PROMPT
+    rst_prompt = rst_prompt and reset["frames_after_close"] < LEAVE_FRAMES
+    if fin_prompt and not rst_prompt:
+        said = (
+            f"{reset['after']:.3f} s later, {reset['frames_after_close']} frames written after"
+            if reset["learned"]
+            else f"not within {reset['at_least']:.1f} s"
+        )
+        out.not_fitted.append(
+            f"leave_rst: a client's FIN reaches the upstream at once but its reset {said}; "
+            "no fault passes a FIN and holds a reset"
+        )
+    elif not fin["learned"] and reset["learned"]:
+        out.not_fitted.append(
+            f"leave_rst: a client's FIN never reaches the upstream but its reset does, "
+            f"{reset['after']:.3f} s later; ignore_client_close until: never ignores both"
+        )
+
+
 def fit(measures: Mapping[str, Any]) -> Fitted:
     """The path of faults that behaves like the measured one, client side first (as a
     proxy stacks them: the hop's response header changes, its framing, its buffer, then
@@ -279,10 +382,16 @@ def fit(measures: Mapping[str, Any]) -> Fitted:
         _header_faults(measures["response_headers"], "response", out)
     if measures.get("request_headers"):
         _header_faults(measures["request_headers"], "request", out)
+    if measures.get("compression"):
+        _fit_compression(measures["compression"], out)
+    if measures.get("sse_fields"):
+        _fit_sse(measures["sse_fields"], out)
     if framing:
         _fit_framing(framing, held_by, out)
     if measures.get("leave"):
         _fit_leave(measures["leave"], out)
+    if measures.get("leave_rst"):
+        _fit_reset(measures["leave_rst"], measures.get("leave"), out)
     if held:
         _fit_hold(held, framing, out)
     if measures.get("idle"):
@@ -354,13 +463,33 @@ def values(measures: Mapping[str, Any]) -> dict[str, Any]:
             found["idle_end"] = idle["client_saw"]
         else:
             found["idle_timeout"] = f"at least {idle['at_least']}"
-    gone = measures.get("leave")
-    if gone:
-        found["leave_learned"] = gone["learned"]
-        if gone["learned"]:
-            found["leave_after"] = gone["after"]
-            found["leave_frames"] = gone["frames_after_close"]
+    for key, prefix in (("leave", "leave"), ("leave_rst", "rst")):
+        gone = measures.get(key)
+        if gone:
+            found[f"{prefix}_learned"] = gone["learned"]
+            if gone["learned"]:
+                found[f"{prefix}_after"] = gone["after"]
+                found[f"{prefix}_frames"] = gone["frames_after_close"]
+    squeezed = measures.get("compression")
+    if squeezed:
+        found["compression"] = compression_value(squeezed)
+        found["compresses_unasked"] = squeezed["unasked"] is not None
+    fields = measures.get("sse_fields")
+    if fields:
+        if fields["decoded"]:
+            found["heartbeats"] = fields["heartbeats"]["verdict"]
+            found["retry_lines"] = fields["retry"]["verdict"]
+            found["id_lines"] = fields["id"]["verdict"]
+        found["last_event_id"] = fields["last_event_id"]["verdict"]
     return found
+
+
+def compression_value(found: Mapping[str, Any]) -> str:
+    """The compression measure as one comparable value: `none`, or the coding and how its
+    bytes flow (`gzip, per-frame`, `gzip, held`)."""
+    if found["asked"] is None:
+        return "none"
+    return f"{found['asked']}, {found.get('flush', 'unknown')}"
 
 
 @dataclass(frozen=True)
@@ -463,11 +592,13 @@ def _bytes(value: Any) -> int:
 def expected(text: str) -> dict[str, Any]:
     """What a fingerprint of the path in `text` (a preset's YAML) says, on the measures
     the fitter maps: the hold, X-Accel-Buffering, the upstream's HTTP version, the read
-    timeout and whether a leave is learned. The hold shapes' answers bound a buffer: one
-    larger than both is a hold to the end. `gzip_encoding` changes nothing here: it
-    compresses only for a client that sends `Accept-Encoding: gzip`, which the
-    fingerprint's requests do not (compression is not measured yet), so nginx-gzip reads
-    as nginx-default, as the real nginx with `gzip on` does."""
+    timeout, whether a leave (FIN or RST) is learned, compression and the SSE fields. The
+    hold shapes' answers bound a buffer: one larger than both is a hold to the end.
+    `gzip_encoding` compresses only for a client that sends `Accept-Encoding: gzip`, which
+    only the compression measure's request does, so nginx-gzip differs from nginx-default
+    there alone, as the real nginx with `gzip on` does. SSE fields no fault touches are
+    expected to pass; `Last-Event-ID` is left out (a preset's header faults are not read
+    here)."""
     found: dict[str, Any] = {"hold_by": "nothing", "upstream_version": "HTTP/1.1"}
     answers = HOLD_B.frames * (HOLD_B.size or 0)
     entries = _entries(text)
@@ -490,7 +621,23 @@ def expected(text: str) -> dict[str, Any]:
             found["idle_timeout"] = _seconds(config.get("timeout", 60))
         elif fault == "ignore_client_close":
             found["leave_learned"] = config.get("until", "write_fails") != "never"
-    found.setdefault("leave_learned", True)
+            found["rst_learned"] = found["leave_learned"]
+        elif fault == "gzip_encoding":
+            flush = "per-frame" if config.get("flush", "none") == "sync" else "held"
+            found["compression"] = f"gzip, {flush}"
+            found["compresses_unasked"] = not config.get("require_accept_encoding", True)
+        elif fault == "sse_retry":
+            found["retry_lines"] = {"strip": "removed", "change": "changed"}.get(
+                config.get("mode", "set"), "changed"
+            )
+        elif fault == "sse_ids":
+            found["id_lines"] = {"strip": "removed"}.get(config.get("mode", "add"), "changed")
+    if found.get("compression") == "gzip, per-frame" and found["hold_by"] != "nothing":
+        found["compression"] = "gzip, held"  # a hold beside the compressor holds its frames
+    for name, value in (("leave_learned", True), ("rst_learned", True), ("compression", "none"),
+                        ("compresses_unasked", False), ("heartbeats", "passed"),
+                        ("retry_lines", "passed"), ("id_lines", "passed")):  # fmt: skip
+        found.setdefault(name, value)
     found.setdefault("idle_timeout", NO_TIMEOUT)  # no read timeout: any silence passes
     if found["hold_by"] in ("nothing",):
         found.pop("x_accel_buffering_honoured", None)
