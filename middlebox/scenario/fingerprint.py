@@ -551,22 +551,103 @@ def idle(record: Mapping[str, Any], response: Response, pause: float) -> dict[st
     left = record.get("client_left")
     frames = record["writes"]["frames"]
     cut = left is not None and left["frames_written"] < 2
-    done = b"data: [DONE]" in response.body
-    saw = (
-        "complete"
-        if response.complete and done
-        else "complete-without-done"
-        if response.complete
-        else "truncated"
-    )
-    if response.status not in (None, 200):
-        saw = f"status {response.status}"
+    saw = _client_saw(response)
     if not cut or left is None or not frames:
         return {"cut": False, "at_least": round(pause, 3), "client_saw": saw}
     return {
         "cut": True,
         "timeout": round(left["at"] - frames[0], 3),
+        "cut_at": left["at"],
         "how": left["how"],
+        "client_saw": saw,
+    }
+
+
+def _client_saw(response: Response) -> str:
+    """How the client's response ended: `truncated`, `complete-without-done`, `complete`,
+    or `status N` for an answer other than the probe's 200."""
+    if response.status not in (None, 200):
+        return f"status {response.status}"
+    done = b"data: [DONE]" in response.body
+    if response.complete:
+        return "complete" if done else "complete-without-done"
+    return "truncated"
+
+
+# -- an idle timeout before the head -----------------------------------------------------------
+
+
+def head_idle_shape(pause: float) -> ProbeShape:
+    """The head `pause` seconds after the request (a long prefill), then two frames: a
+    hop's timeout for the response head shorter than `pause` ends the exchange first."""
+    return ProbeShape(frames=2, size=256, period=0.02, head_delay=pause)
+
+
+def head_idle(
+    record: Mapping[str, Any], response: Response, ended: str, ended_at: float | None,
+    pause: float,
+) -> dict[str, Any]:  # fmt: skip
+    """A hop's timeout before the response head: `timeout` is when the client's answer
+    came (the head of an error page) or its connection ended (`ended`: `rst` or `fin`),
+    seconds after its request, on its own clock; `uncertainty` how far that is from when
+    the hop closed the upstream connection (the record's `client_left.at`, on the probe's
+    clock), when it did. `end`: `status N`, `reset` or `close` (a close without an
+    answer). "at least" the pause when the probe's head and frames came through."""
+    left = record.get("client_left")
+    if response.status == 200:
+        return {"cut": False, "at_least": round(pause, 3), "client_saw": _client_saw(response)}
+    if response.status is not None and response.head_at is not None:
+        at, end = response.head_at, f"status {response.status}"
+    elif ended_at is not None:
+        at, end = ended_at, "reset" if ended == "rst" else "close"
+    else:  # nothing came and the connection stayed open past the client's limit
+        return {"cut": False, "at_least": round(pause, 3), "client_saw": "nothing"}
+    found: dict[str, Any] = {"cut": True, "timeout": round(at, 3), "end": end}
+    if left is not None:
+        found["upstream_closed_at"] = left["at"]
+        found["uncertainty"] = round(abs(at - left["at"]), 3)
+    else:
+        found["uncertainty"] = None
+    return found
+
+
+# -- a hard duration cap ----------------------------------------------------------------------
+
+CAP_PERIOD = 0.1  # seconds between the cap shape's frames: far below any read timeout
+
+
+def cap_shape(length: float) -> ProbeShape:
+    """A steady stream of `length` seconds, a frame every CAP_PERIOD: a hop that cuts a
+    busy stream at a time (not a silence) cuts it."""
+    return ProbeShape(frames=max(round(length / CAP_PERIOD), 1), size=256, period=CAP_PERIOD)
+
+
+def duration_cap(
+    record: Mapping[str, Any], response: Response, ended: str, ended_at: float | None,
+    length: float,
+) -> dict[str, Any]:  # fmt: skip
+    """A hop's cap on a whole response: when it ended the steady stream, on the probe's
+    clock (the record's `client_left.at`, seconds after the request), ± the frame period
+    (the stream is busy: the cut lands between two writes); the client's clock when the
+    upstream was never told. "at least" the stream's length when it came whole.
+    `client_saw` as `idle` says it, or `reset` (`ended`: the path reset the connection)."""
+    saw = _client_saw(response)
+    if saw == "complete":
+        return {"cut": False, "at_least": round(length, 3), "client_saw": saw}
+    if saw == "truncated" and ended == "rst":
+        saw = "reset"
+    left = record.get("client_left")
+    if left is not None:
+        at, frames = left["at"], left["frames_written"]
+    elif ended_at is not None:
+        at, frames = ended_at, record["frames_written"]
+    else:
+        return {"cut": False, "at_least": round(length, 3), "client_saw": saw}
+    return {
+        "cut": True,
+        "limit": round(at, 3),
+        "uncertainty": CAP_PERIOD,
+        "frames_before": frames,
         "client_saw": saw,
     }
 
@@ -690,6 +771,32 @@ def summary(document: Mapping[str, Any]) -> list[str]:
     fields = measures.get("sse_fields")
     if fields is not None:
         lines.append(_sse_line(fields))
+    head = measures.get("head_idle")
+    if head is not None:
+        if head["cut"]:
+            near = f" ± {head['uncertainty']:.2f} s" if head.get("uncertainty") is not None else ""
+            lines.append(
+                f"It ends a request whose head has not come after {head['timeout']:.2f} s"
+                f"{near} (its timeout before the head): the client gets {head['end']}."
+            )
+        else:
+            lines.append(
+                f"Its timeout before the head is at least {head['at_least']:.1f} s (a head "
+                f"that late passed)."
+            )
+    cap = measures.get("duration_cap")
+    if cap is not None:
+        if cap["cut"]:
+            lines.append(
+                f"It cuts a busy stream {cap['limit']:.2f} s (± {cap['uncertainty']:.2f} s) "
+                f"after the request, whatever flows (a duration cap; the client saw a "
+                f"{cap['client_saw']} response)."
+            )
+        else:
+            lines.append(
+                f"It caps a response's duration at no less than {cap['at_least']:.1f} s (a "
+                f"steady stream that long passed)."
+            )
     silent = measures.get("idle")
     if silent is not None:
         if silent["cut"]:

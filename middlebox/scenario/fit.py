@@ -61,6 +61,8 @@ TOLERANCES: dict[str, tuple[float, float, str]] = {
     "leave_after": (0.05, 0.25, "s"),
     "leave_frames": (3, 0.25, ""),
     "rst_after": (0.05, 0.25, "s"),
+    "head_timeout": (0.05, 0.20, "s"),
+    "duration_cap": (0.05, 0.20, "s"),
     "rst_frames": (3, 0.25, ""),
 }
 CALIBRATE_NAMES = {
@@ -71,6 +73,8 @@ CALIBRATE_NAMES = {
     "leave_after": "abandon_latency",
     "leave_frames": "abandon_tokens",
     "rst_after": "abandon_latency",
+    "head_timeout": "first_byte",
+    "duration_cap": "first_byte",
     "rst_frames": "abandon_tokens",
 }
 # Header fields that follow the framing (RFC 9112 §6, §9.6), fitted by http10_upstream or
@@ -81,7 +85,11 @@ FRAMING_FIELDS = frozenset({"connection", "content-length", "transfer-encoding",
 LEAVE_PROMPT = 0.05
 LEAVE_FRAMES = 2
 # The fitted fields that are durations (a scenario writes them with a unit).
-DURATIONS = frozenset({"timeout", "window", "cork", "delay"})
+DURATIONS = frozenset({"timeout", "window", "cork", "delay", "limit"})
+# How the client saw an end, as the `before_headers` (a status page, a reset) and `end`
+# (a cut stream) of idle_reaper and max_duration write it.
+BEFORE_HEADERS = {"status 504": "504", "status 502": "502", "reset": "reset"}
+CAP_ENDS = {"truncated": "truncated_chunked", "complete-without-done": "fin", "reset": "rst"}
 # What a path without a read timeout reads as: every silence passes.
 NO_TIMEOUT = "at least inf"
 # A hold whose bytes no frame of the probe fills: the timer releases it, not the size.
@@ -218,6 +226,82 @@ def _header_faults(
             {"direction": direction, "headers": setting},
             f"{side}: added or changed {', '.join(setting)} (the values measured once: a "
             "hop that writes them per request, a Date or an id, writes other values)",
+        )
+
+
+def _fit_cap(cap: Mapping[str, Any], head: Mapping[str, Any] | None, out: Fitted) -> None:
+    """max_duration for a busy stream cut at a time; the wait for the head is cut by it
+    too when the head's timeout is the cap's (its answer is then the cap's)."""
+    if not cap["cut"]:
+        return
+    config: dict[str, Any] = {"limit": cap["limit"]}
+    end = CAP_ENDS.get(cap["client_saw"])
+    if end is None:
+        out.not_fitted.append(
+            f"duration_cap: the client saw a {cap['client_saw']} answer when the stream was "
+            "cut; max_duration fitted ending it as a truncated stream"
+        )
+    elif end != "truncated_chunked":
+        config["end"] = end
+    if head is not None and head["cut"] and _within("duration_cap", cap["limit"], head["timeout"]):
+        before = BEFORE_HEADERS.get(head["end"])
+        if before is None:
+            out.not_fitted.append(
+                f"head_idle: the cap ended a request without a head with {head['end']}; "
+                "max_duration answers 504, 502 or a reset"
+            )
+        elif before != "504":
+            config["before_headers"] = before
+    out.add(
+        "max_duration",
+        config,
+        f"duration_cap: a steady stream cut {cap['limit']:.2f} ± {cap['uncertainty']:.2f} s "
+        f"after the request, the client saw a {cap['client_saw']} answer",
+    )
+
+
+def _by_cap(cap: Mapping[str, Any] | None, at: float) -> bool:
+    """Whether an end `at` seconds after the request is the duration cap's."""
+    return bool(cap and cap["cut"] and _within("duration_cap", cap["limit"], at))
+
+
+def _fit_head(head: Mapping[str, Any], idle: Mapping[str, Any] | None, out: Fitted) -> None:
+    """The timeout before the head, on the idle_reaper fitted for the silence after it (one
+    timeout for both, as nginx's proxy_read_timeout), or said when they differ."""
+    reaper = out.config("idle_reaper")
+    if not head["cut"]:
+        if reaper is not None and head["at_least"] > reaper["timeout"] * 1.2 + 0.05:
+            out.not_fitted.append(
+                f"head_idle: a head {head['at_least']:.1f} s late passed, but a silence after "
+                f"the head was cut at {reaper['timeout']:.2f} s; idle_reaper times both the same"
+            )
+        return
+    before = BEFORE_HEADERS.get(head["end"])
+    if before is None:
+        out.not_fitted.append(
+            f"head_idle: a request without a head ended with {head['end']} after "
+            f"{head['timeout']:.2f} s; idle_reaper answers 504, 502 or a reset"
+        )
+    if reaper is None:
+        if idle is not None and not idle["cut"] and idle["at_least"] >= head["timeout"]:
+            out.not_fitted.append(
+                f"head_idle: a request without a head ended after {head['timeout']:.2f} s, "
+                f"but a silence of {idle['at_least']:.1f} s after the head passed; no fault "
+                "times out only before the head"
+            )
+            return
+        config: dict[str, Any] = {"timeout": head["timeout"]}
+        if before not in (None, "504"):
+            config["before_headers"] = before
+        out.add("idle_reaper", config,
+                f"head_idle: no head after {head['timeout']:.2f} s: {head['end']}")  # fmt: skip
+        return
+    if before not in (None, "504"):
+        reaper["before_headers"] = before
+    if not _within("head_timeout", head["timeout"], reaper["timeout"]):
+        out.not_fitted.append(
+            f"head_idle: the timeout before the head is {head['timeout']:.2f} s, after it "
+            f"{reaper['timeout']:.2f} s; idle_reaper has one timeout for both (fitted: after)"
         )
 
 
@@ -394,8 +478,13 @@ def fit(measures: Mapping[str, Any]) -> Fitted:
         _fit_reset(measures["leave_rst"], measures.get("leave"), out)
     if held:
         _fit_hold(held, framing, out)
-    if measures.get("idle"):
-        _fit_idle(measures["idle"], out)
+    cap, head, idle = (measures.get(key) for key in ("duration_cap", "head_idle", "idle"))
+    if idle and not (idle["cut"] and _by_cap(cap, idle.get("cut_at", -1.0))):
+        _fit_idle(idle, out)
+    if head and not (head["cut"] and _by_cap(cap, head["timeout"])):
+        _fit_head(head, idle, out)
+    if cap:
+        _fit_cap(cap, head, out)
     return out
 
 
@@ -456,13 +545,20 @@ def values(measures: Mapping[str, Any]) -> dict[str, Any]:
             found[side] = sorted(
                 n.lower() for n in names if n[1:].lower() not in FRAMING_FIELDS | {"host"}
             )
-    idle = measures.get("idle")
-    if idle:
-        if idle["cut"]:
-            found["idle_timeout"] = idle["timeout"]
-            found["idle_end"] = idle["client_saw"]
+    # (measure, its row, the ending's row, the time's field, the ending's field)
+    timed = (
+        ("head_idle", "head_timeout", "head_end", "timeout", "end"),
+        ("duration_cap", "duration_cap", "cap_end", "limit", "client_saw"),
+        ("idle", "idle_timeout", "idle_end", "timeout", "client_saw"),
+    )
+    for key, row, end_row, at, end in timed:
+        cut = measures.get(key)
+        if not cut:
+            continue
+        if cut["cut"]:
+            found[row], found[end_row] = cut[at], cut[end]
         else:
-            found["idle_timeout"] = f"at least {idle['at_least']}"
+            found[row] = f"at least {cut['at_least']}"
     for key, prefix in (("leave", "leave"), ("leave_rst", "rst")):
         gone = measures.get(key)
         if gone:
@@ -619,6 +715,12 @@ def expected(text: str) -> dict[str, Any]:
             found["upstream_version"] = "HTTP/1.0"
         elif fault == "idle_reaper":
             found["idle_timeout"] = _seconds(config.get("timeout", 60))
+            found["head_timeout"] = found["idle_timeout"]
+            before = str(config.get("before_headers", "504"))
+            found["head_end"] = "reset" if before == "reset" else f"status {before}"
+        elif fault == "max_duration":
+            found["duration_cap"] = _seconds(config.get("limit", 30))
+            found["cap_before"] = str(config.get("before_headers", "504"))
         elif fault == "ignore_client_close":
             found["leave_learned"] = config.get("until", "write_fails") != "never"
             found["rst_learned"] = found["leave_learned"]
@@ -632,9 +734,16 @@ def expected(text: str) -> dict[str, Any]:
             )
         elif fault == "sse_ids":
             found["id_lines"] = {"strip": "removed"}.get(config.get("mode", "add"), "changed")
+    cap, head = found.get("duration_cap"), found.get("head_timeout")
+    if cap is not None and (head is None or cap < head):
+        found["head_timeout"] = cap  # the cap ends a wait for the head too
+        before = found["cap_before"]
+        found["head_end"] = "reset" if before == "reset" else f"status {before}"
+    found.pop("cap_before", None)
     if found.get("compression") == "gzip, per-frame" and found["hold_by"] != "nothing":
         found["compression"] = "gzip, held"  # a hold beside the compressor holds its frames
-    for name, value in (("leave_learned", True), ("rst_learned", True), ("compression", "none"),
+    for name, value in (("head_timeout", NO_TIMEOUT), ("duration_cap", NO_TIMEOUT),
+                        ("leave_learned", True), ("rst_learned", True), ("compression", "none"),
                         ("compresses_unasked", False), ("heartbeats", "passed"),
                         ("retry_lines", "passed"), ("id_lines", "passed")):  # fmt: skip
         found.setdefault(name, value)

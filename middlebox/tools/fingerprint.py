@@ -150,6 +150,10 @@ class Exchange:
     response: Response
     sent_wall: float
     closed_wall: float | None  # when the client closed early (a leave), else None
+    # how the path ended the connection: `fin`, `rst`, or `open` (the client stopped
+    # first), and when (seconds after the request was sent)
+    ended: str = "open"
+    ended_at: float | None = None
 
 
 def _sent_headers(request: bytes) -> list[list[str]]:
@@ -157,9 +161,11 @@ def _sent_headers(request: bytes) -> list[list[str]]:
     return [[n.strip(), v.strip()] for n, _, v in (line.partition(":") for line in head)]
 
 
-def _receive(sock: socket.socket, deadline: float) -> bytes | None:
-    """The next bytes; b"" when the peer closed or reset (the response ends there), None
-    when `deadline` (monotonic) passed first."""
+def _receive(
+    sock: socket.socket, deadline: float, resets: list[bool] | None = None
+) -> bytes | None:
+    """The next bytes; b"" when the peer closed or reset (the response ends there; a
+    reset is noted in `resets`), None when `deadline` (monotonic) passed first."""
     left = deadline - time.monotonic()
     if left <= 0:
         return None
@@ -168,7 +174,9 @@ def _receive(sock: socket.socket, deadline: float) -> bytes | None:
         return sock.recv(READ_SIZE)
     except TimeoutError:
         return None
-    except OSError:
+    except OSError as error:
+        if resets is not None:
+            resets.append(isinstance(error, ConnectionResetError))
         return b""
 
 
@@ -197,9 +205,12 @@ def exchange(
         sock.sendall(request)
         deadline = start + (limit / 10 if leave_after is not None else limit)
         ended = False
-        while (data := _receive(sock, deadline)) is not None:
+        resets: list[bool] = []
+        ended_at: float | None = None
+        while (data := _receive(sock, deadline, resets)) is not None:
             if not data:
                 ended = True
+                ended_at = round(time.monotonic() - start, 6)
                 break
             read = Read(round(time.monotonic() - start, 6), data)
             reads.append(read)
@@ -213,7 +224,8 @@ def exchange(
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             closed = time.time()
     response = decoder.eof() if ended else decoder.response
-    return Exchange(shape, _sent_headers(request), reads, response, wall, closed)
+    how = ("rst" if any(resets) else "fin") if ended else "open"
+    return Exchange(shape, _sent_headers(request), reads, response, wall, closed, how, ended_at)
 
 
 def _get_json(target: Target, path: str, limit: float) -> tuple[int | None, Any]:
@@ -315,6 +327,7 @@ class Session:
         leave_after: int | None = None,
         reset: bool = False,
         headers: tuple[tuple[str, str], ...] = (),
+        check: bool = True,
     ) -> tuple[Exchange, dict[str, Any], Plan]:
         self.serial += 1
         ident = f"{self.run}-{self.serial}"
@@ -331,7 +344,7 @@ class Session:
                 f"{self.target.url}: the connection failed while measuring {what} ({reason}): "
                 f"run again; if it repeats, the path refuses the probe's requests"
             ) from None
-        if leave_after is None:
+        if leave_after is None and check:
             _check_answer(self.target, done.response)
         record = settled_record(
             self.target, ident, limit=LEAVE_WAIT if leave_after else RECORD_WAIT,
@@ -401,6 +414,23 @@ def measure(target: Target, budget: float, progress: Callable[[str], None]) -> d
         else:
             kind = "reset" if reset else "leave"
             session.not_measured.append(f"a client's {kind} (the budget ran out)")
+    # the three long measures share what is left, each reported "at least" its length when
+    # nothing ends it; one that ends early leaves its time to the next
+    long_measures = (
+        ("head_idle", 3, measures.head_idle_shape, measures.head_idle,
+         "the timeout before the head"),
+        ("duration_cap", 2, measures.cap_shape, measures.duration_cap, "a duration cap"),
+    )  # fmt: skip
+    for key, share, shape_of, read, what in long_measures:
+        length = min((session.left() - share * IDLE_SLACK) / share, probe_shape.MAX_WAIT)
+        if length < IDLE_MIN:
+            session.not_measured.append(f"{what} (the budget ran out)")
+            continue
+        shape = shape_of(round(length, 1))
+        done, record, _ = session.send(shape, f"{what} (a {length:.0f} s wait)", check=False)
+        # the head's delay for the wait before the head, the stream's length for the cap
+        waited = shape.head_delay or shape.duration
+        found[key] = read(record, done.response, done.ended, done.ended_at, waited)
     # the silence takes what the budget has left: a longer timeout is "at least" that
     pause = min(session.left() - IDLE_SLACK, probe_shape.MAX_WAIT)
     if pause >= IDLE_MIN:

@@ -62,3 +62,42 @@ def test_a_hop_that_drains_the_upstream_hears_neither_a_fin_nor_a_reset(tmp_path
     assert measures["compression"]["compresses"] is False, said
     assert "A client that resets its connection is not noticed by the upstream within 5.0 s" in said
     assert fit.fit(measures).config("ignore_client_close") == {"until": "never"}
+
+
+REAPER = '  - idle_reaper: {timeout: 1s, before_headers: "502"}\n'
+CAP = "  - max_duration: {limit: 2500ms}\n"
+
+
+def test_a_read_timeout_before_the_head_is_timed_with_its_page_and_no_cap(tmp_path: Path) -> None:
+    with (
+        ProbeUpstream("127.0.0.1", 0) as probe,
+        middlebox_proxy(tmp_path, probe.port, REAPER, "reaper") as port,
+    ):
+        found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=22)
+    measures, said = found["measures"], "\n".join(found["summary"])
+    head = measures["head_idle"]
+    assert head["cut"] is True and abs(head["timeout"] - 1.0) <= 0.1, said
+    assert head["end"] == "status 502", said
+    assert measures["duration_cap"]["cut"] is False, said
+    assert measures["duration_cap"]["at_least"] >= 2.0, said
+    fitted = fit.fit(measures)
+    reaper = fitted.config("idle_reaper")
+    assert reaper is not None and reaper["before_headers"] == "502", fitted
+    assert fitted.config("max_duration") is None
+    assert not [line for line in fitted.not_fitted if line.startswith("head_idle")], fitted
+
+
+def test_a_duration_cap_is_found_and_explains_the_other_cuts(tmp_path: Path) -> None:
+    with (
+        ProbeUpstream("127.0.0.1", 0) as probe,
+        middlebox_proxy(tmp_path, probe.port, CAP, "cap") as port,
+    ):
+        found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=22)
+    measures, said = found["measures"], "\n".join(found["summary"])
+    cap = measures["duration_cap"]
+    assert cap["cut"] is True and abs(cap["limit"] - 2.5) <= cap["uncertainty"], said
+    assert cap["client_saw"] == "truncated", said
+    assert "a duration cap" in said
+    fitted = fit.fit(measures)
+    assert fitted.config("max_duration") == {"limit": cap["limit"]}, fitted
+    assert fitted.config("idle_reaper") is None, fitted

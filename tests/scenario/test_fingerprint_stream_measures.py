@@ -1,5 +1,6 @@
 """The fingerprinter's stream measures on the virtual clock: compression and its flush, the
-SSE fields (heartbeats, `retry:`, `id:`, `Last-Event-ID`) and a client's reset. A probe
+SSE fields (heartbeats, `retry:`, `id:`, `Last-Event-ID`), a client's reset, the timeout
+before the response head and a duration cap. A probe
 shape's plan (`probe_shape.timeline`) is replayed through a path of faults
 (`faults.testing.replay`), the client's side decoded and measured; each verdict has a path
 where it must appear and one where it must not, and the fitter gives the fault back (or
@@ -11,7 +12,9 @@ import gzip
 from typing import Any
 
 from faults.gzip_encoding import GzipEncoding
+from faults.idle_reaper import IdleReaper
 from faults.ignore_client_close import IgnoreClientClose
+from faults.max_duration import MaxDuration
 from faults.presets import PRESETS
 from faults.proxy_buffering import ProxyBuffering
 from faults.sse_ids import SseIds
@@ -53,6 +56,12 @@ def arrived_headers(out: list[tuple[float, Item]]) -> list[list[str]]:
     sent = b"".join(i.data for _, i in out if isinstance(i, Chunk) and i.direction is UP)
     lines = sent.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
     return [[n.strip(), v.strip()] for n, _, v in (line.partition(":") for line in lines)]
+
+
+def first_end(out: list[tuple[float, Item]], direction: Any) -> tuple[float, Item] | None:
+    """The first end (a FIN or an RST) going `direction` in the replay's output."""
+    ends = [(at, item) for at, item in out if isinstance(item, Eof | Reset)]
+    return next(((at, item) for at, item in ends if item.direction is direction), None)
 
 
 # -- compression --------------------------------------------------------------------------------
@@ -228,8 +237,8 @@ def reset_of(path: list[Fault], how: type[Eof] | type[Reset] = Reset) -> dict[st
     """The leave measure of a client that ends with `how` (a Reset, or an Eof: a FIN)
     through `path`: the upstream learns when the path's end of it reaches the probe."""
     plan, out = played(LEAVE, path, extra=((CLOSE_AT, how(UP)),))
-    learned = next((at for at, item in out
-                    if isinstance(item, Eof | Reset) and item.direction is UP), None)  # fmt: skip
+    end = first_end(out, UP)
+    learned = None if end is None else end[0]
     frames = [write.at for write in plan.writes if write.kind == "frame"]
     record: dict[str, Any] = {"writes": {"frames": frames}, "client_left": None,
                               "frames_written": len(frames)}  # fmt: skip
@@ -296,3 +305,125 @@ def test_compression_and_sse_rows_agree_with_a_preset_that_passes_them() -> None
 def test_gzip_flushed_per_read_behind_a_buffer_is_held() -> None:
     found = compression_of(lambda: [ProxyBuffering(), GzipEncoding(flush="sync")])
     assert found["flush"] == "held" and found["release"] == "periodic"
+
+
+# -- the timeout before the head, and a duration cap ---------------------------------------------
+
+
+def cut_of(shape: ProbeShape, path: list[Fault]) -> tuple[dict[str, Any], fp.Response, str, Any]:
+    """The record, the client's response, how the path ended the client's connection
+    (`fin`, `rst`, `open`) and when, for `shape` played through `path`: the probe learns
+    of the path's close (or reset) of the upstream connection when it reaches it."""
+    plan, out = played(shape, path)
+    frames = [write.at for write in plan.writes if write.kind == "frame"]
+    up_end, down_end = first_end(out, UP), first_end(out, DOWN)
+    written = [at for at in frames if up_end is None or at <= up_end[0]]
+    record: dict[str, Any] = {"writes": {"frames": written}, "client_left": None,
+                              "frames_written": len(written)}  # fmt: skip
+    if up_end is not None:
+        how = "rst" if isinstance(up_end[1], Reset) else "fin"
+        record["client_left"] = {"how": how, "at": up_end[0], "frames_written": len(written)}
+    ended = "open" if down_end is None else "rst" if isinstance(down_end[1], Reset) else "fin"
+    return record, client_side(out), ended, None if down_end is None else down_end[0]
+
+
+def head_of(path: list[Fault], pause: float = 30.0) -> dict[str, Any]:
+    shape = fp.head_idle_shape(pause)
+    record, response, ended, ended_at = cut_of(shape, path)
+    return fp.head_idle(record, response, ended, ended_at, shape.head_delay)
+
+
+def cap_of(path: list[Fault], length: float = 20.0) -> dict[str, Any]:
+    shape = fp.cap_shape(length)
+    record, response, ended, ended_at = cut_of(shape, path)
+    return fp.duration_cap(record, response, ended, ended_at, shape.duration)
+
+
+def test_a_read_timeout_before_the_head_gives_its_time_and_its_status_page() -> None:
+    found = head_of([IdleReaper(timeout=2.5, before_headers="502")])
+    assert (found["cut"], found["timeout"], found["end"]) == (True, 2.5, "status 502")
+    assert found["uncertainty"] == 0.0
+    fitted = fit.fit({"head_idle": found})
+    assert fitted.path == [{"idle_reaper": {"timeout": 2.5, "before_headers": "502"}}]
+    compose.load_text(fit.scenario_text(fitted, name="head", url="u"))
+
+
+def test_a_reset_before_the_head_is_told_from_a_page() -> None:
+    found = head_of([IdleReaper(timeout=1.0, before_headers="reset")])
+    assert (found["timeout"], found["end"]) == (1.0, "reset")
+
+
+def test_a_bare_path_waits_for_a_late_head_and_says_at_least() -> None:
+    found = head_of([])
+    assert found == {"cut": False, "at_least": 30.0, "client_saw": "complete"}
+    assert fp.summary({"url": "u", "measures": {"head_idle": found}})[1] == (
+        "Its timeout before the head is at least 30.0 s (a head that late passed)."
+    )
+    assert fit.fit({"head_idle": found}).path == []
+
+
+def test_one_read_timeout_before_and_after_the_head_is_one_idle_reaper() -> None:
+    path = lambda: [IdleReaper(timeout=3.0, before_headers="502")]  # noqa: E731
+    measures = {"head_idle": head_of(path()), "idle": idle_after(path())}
+    fitted = fit.fit(measures)
+    assert fitted.path == [
+        {"idle_reaper": {"timeout": 3.0, "after_headers": "close", "before_headers": "502"}}
+    ]
+    assert fitted.not_fitted == []
+
+
+def test_timeouts_that_differ_before_and_after_the_head_are_said() -> None:
+    measures = {"head_idle": head_of([IdleReaper(timeout=5.0)]),
+                "idle": idle_after([IdleReaper(timeout=1.0)])}  # fmt: skip
+    assert fit.fit(measures).not_fitted == [
+        "head_idle: the timeout before the head is 5.00 s, after it 1.00 s; idle_reaper has "
+        "one timeout for both (fitted: after)"
+    ]
+
+
+def idle_after(path: list[Fault], silence: float = 30.0) -> dict[str, Any]:
+    shape = fp.idle_shape(silence)
+    record, response, _, _ = cut_of(shape, path)
+    return fp.idle(record, response, shape.pause)
+
+
+def test_a_duration_cap_cuts_a_busy_stream_at_its_limit() -> None:
+    found = cap_of([MaxDuration(limit=4.0)])
+    assert found["cut"] is True and abs(found["limit"] - 4.0) <= found["uncertainty"]
+    assert found["client_saw"] == "truncated" and 38 <= found["frames_before"] <= 40
+    # a read timeout longer than the frame period never fires on the busy stream
+    assert cap_of([IdleReaper(timeout=1.0)])["cut"] is False
+
+
+def test_a_bare_path_has_no_cap_within_the_stream() -> None:
+    found = cap_of([])
+    assert found == {"cut": False, "at_least": 20.0, "client_saw": "complete"}
+    assert fit.fit({"duration_cap": found}).path == []
+
+
+def test_a_cap_is_fitted_as_max_duration_and_explains_the_silences_it_cut() -> None:
+    path = lambda: [MaxDuration(limit=4.0, end="rst", before_headers="502")]  # noqa: E731
+    measures = {"duration_cap": cap_of(path()), "head_idle": head_of(path()),
+                "idle": idle_after(path())}  # fmt: skip
+    assert measures["duration_cap"]["client_saw"] == "reset"
+    assert measures["head_idle"]["end"] == "status 502"
+    assert measures["idle"]["cut"] is True  # the cap, not a read timeout, cut the silence
+    fitted = fit.fit(measures)
+    assert fitted.path == [
+        {"max_duration": {"limit": measures["duration_cap"]["limit"], "end": "rst",
+                          "before_headers": "502"}}
+    ]  # fmt: skip
+    assert fitted.not_fitted == []
+    compose.load_text(fit.scenario_text(fitted, name="cap", url="u"))
+    line = fp.summary({"url": "u", "measures": {"duration_cap": measures["duration_cap"]}})[1]
+    assert line.startswith("It cuts a busy stream 4.0") and "a duration cap" in line
+
+
+def test_the_cap_and_the_head_timeout_rows_agree_with_presets_that_have_none() -> None:
+    measures = {"duration_cap": cap_of([]), "head_idle": head_of([])}
+    rows = fit.agreement(fit.values(measures), fit.expected(PRESETS["passthrough"]))
+    assert [(row.measure, row.ok) for row in rows] == [
+        ("head_timeout", True), ("duration_cap", True),
+    ]  # fmt: skip
+    capped = {"duration_cap": cap_of([MaxDuration(limit=4.0)])}
+    assert not fit.agreement(fit.values(capped), fit.expected(PRESETS["passthrough"]))[0].ok
