@@ -614,6 +614,8 @@ def head_idle(
 # -- a hard duration cap ----------------------------------------------------------------------
 
 CAP_PERIOD = 0.1  # seconds between the cap shape's frames: far below any read timeout
+# A cut after a gap in the probe's writes longer than this many periods is not read as a cap
+CAP_QUIET = 3
 
 
 def cap_shape(length: float) -> ProbeShape:
@@ -629,7 +631,9 @@ def duration_cap(
     """A hop's cap on a whole response: when it ended the steady stream, on the probe's
     clock (the record's `client_left.at`, seconds after the request), ± the frame period
     (the stream is busy: the cut lands between two writes); the client's clock when the
-    upstream was never told. "at least" the stream's length when it came whole.
+    upstream was never told. "at least" the stream's length when it came whole, or the
+    cut's time when the probe's writes had stalled for CAP_QUIET periods before it (a read
+    timeout's cut then, on a loaded machine: nginx's lazy timer fires up to 300 ms early).
     `client_saw` as `idle` says it, or `reset` (`ended`: the path reset the connection)."""
     saw = _client_saw(response)
     if saw == "complete":
@@ -643,6 +647,13 @@ def duration_cap(
         at, frames = ended_at, record["frames_written"]
     else:
         return {"cut": False, "at_least": round(length, 3), "client_saw": saw}
+    written = [when for when in record["writes"]["frames"] if when <= at]
+    quiet = at - (written[-1] if written else 0.0)
+    if quiet > CAP_QUIET * CAP_PERIOD:
+        # the probe's own writes stalled (a loaded machine) before the cut: a read timeout
+        # may have fired in the gap, so this cut says only that no cap fired before it
+        return {"cut": False, "at_least": round(at, 3), "client_saw": saw,
+                "quiet_before_cut": round(quiet, 3)}  # fmt: skip
     return {
         "cut": True,
         "limit": round(at, 3),

@@ -427,3 +427,16 @@ def test_the_cap_and_the_head_timeout_rows_agree_with_presets_that_have_none() -
     ]  # fmt: skip
     capped = {"duration_cap": cap_of([MaxDuration(limit=4.0)])}
     assert not fit.agreement(fit.values(capped), fit.expected(PRESETS["passthrough"]))[0].ok
+
+
+def test_a_cut_after_the_probe_stalled_is_not_read_as_a_cap() -> None:
+    # the probe's writes (a loaded machine) stopped at 2.0 s; a read timeout cut at 2.8 s
+    writes = [round(0.1 * (k + 1), 3) for k in range(20)]
+    record = {"writes": {"frames": writes}, "frames_written": 20,
+              "client_left": {"how": "fin", "at": 2.8, "frames_written": 20}}  # fmt: skip
+    cut = fp.decode([fp.Read(0.1, b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")])
+    found = fp.duration_cap(record, cut, "fin", 2.8, 20.0)
+    assert found == {"cut": False, "at_least": 2.8, "client_saw": "truncated",
+                     "quiet_before_cut": 0.8}  # fmt: skip
+    record["client_left"]["at"] = 2.05  # cut while the stream was busy: a cap
+    assert fp.duration_cap(record, cut, "fin", 2.05, 20.0)["cut"] is True
