@@ -19,11 +19,27 @@ a real path:
   response (the probe's head vs the client's).
 - `framing`: the HTTP version and framing toward the upstream, and toward the client
   (re-chunked when the client's chunks are not the probe's writes).
-- `leave`: how long after the client closed the upstream learned, and the frames it
-  wrote in between.
+- `leave`: how long after the client closed (a FIN, or an RST: `leave_rst`) the upstream
+  learned, and the frames it wrote in between.
+- `compression`: whether the path encodes the event stream for a client that sends
+  `Accept-Encoding: gzip` (and for one that does not), and whether the compressed bytes
+  flow per frame or are held: the hold measured on the body decoded read by read
+  (`decoded`), so a frame counts as arrived when the client could decompress it.
+- `sse_fields`: the `: keep-alive` comments, `retry:` and `id:` lines the probe wrote
+  against those that arrived, and the `Last-Event-ID` request header sent against the
+  record's: passed, removed (eaten) or changed.
+- `head_idle`: a hop's timeout before the response head (the probe holds its head for as
+  long as the budget allows): when the client got an answer (a status page) or lost the
+  connection (a reset, a close), and how.
+- `duration_cap`: a steady stream (a frame every 100 ms) cut at a time, whatever flows:
+  the record says when the hop closed the upstream connection.
 - `idle`: a hop's read timeout after the head, from one silence as long as the budget
   allows: the record says when the hop closed the upstream connection, on the probe's
   clock, after the last frame before the silence ("at least N s" when it never did).
+
+The timeouts are read from one wait each, not found by bisection: the record (or the
+client's clock) times the cut itself, to the millisecond, so one wait as long as the
+budget allows says as much as a bisection within it, in one request.
 
 The client's and the probe's clocks are not compared directly (the probe may run on
 another machine): a frame's delay is its arrival minus its write, and the smallest delay

@@ -20,6 +20,16 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
   `[DONE]`, `reset` when the upstream saw a reset);
 - a client's leave the upstream learns late or never: `ignore_client_close`
   (`until: write_fails`, with a `cork` for a late first write; `until: never`);
+- compression asked for: `gzip_encoding` (`flush: sync` when every frame was decodable
+  as written, `none` when held; `require_accept_encoding: false` when it compresses
+  unasked);
+- SSE fields: `sse_retry` (`strip`, or `change` to the value that arrived), `sse_ids`
+  (`strip`, or `renumber` from the first id that arrived), and a `Last-Event-ID` removed or
+  changed as a request header fault;
+- a timeout before the head: the `before_headers` of the idle_reaper fitted for the
+  silence after it (504, 502, reset), or an idle_reaper of its own;
+- a duration cap: `max_duration` with that `limit` and end; a silence or a wait for the
+  head cut at the cap's time is the cap's, not a read timeout's;
 - response headers added, changed or removed: `set_header` / `strip_header` on the
   response; request headers the same way on the request, except `Host` (a hop rewrites it
   to its upstream's address, which is not the scenario's) and the framing fields
@@ -29,7 +39,8 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
 What no fault expresses is a line that names the measurement showing it (`not_fitted`),
 never dropped: an irregular hold, a whole answer sent with `Content-Length`, a chunked body
 re-chunked without a hold or an HTTP/1.0 leg, a read timeout longer than the silence the
-budget allowed.
+budget allowed, heartbeats eaten, a coding other than gzip, a client's reset passed
+otherwise than its FIN, timeouts that differ before and after the head.
 
 `expected(path)` goes the other way for a preset: what the fingerprint of a path of
 faults should say on the measures the mapping covers, so `closest_preset` compares a

@@ -12,9 +12,17 @@ middlebox/scenario/fingerprint.py:
   `X-Accel-Buffering: no` tells whether the hold obeys it;
 - framing and headers: the first request's record (version, framing, headers as they
   arrived) against what was sent, and the client's response head against the probe's;
-- leave: a client that closes after a few frames; the record says when the probe learned;
-- idle: two frames, then a silence as long as the budget has left; the record says when a
-  hop's read timeout closed the upstream connection ("at least" the silence otherwise).
+- compression: the 256-byte hold shape asked with `Accept-Encoding: gzip`; its hold on the
+  decoded body says whether the compressed bytes flow per frame or are held;
+- SSE fields: a short stream with `id:` lines, a `retry:` field and `: keep-alive`
+  comments during a pause, asked with a `Last-Event-ID` header;
+- leave: a client that closes after a few frames, with a FIN and then with an RST
+  (SO_LINGER 0); the record says when the probe learned;
+- the three long waits share what the budget has left (one that ends early leaves its
+  time to the next): the head held back (a timeout before the head, and how it ends), a
+  steady stream (a duration cap), and two frames then a silence (the read timeout after
+  the head); the record says when a hop closed the upstream connection ("at least" the
+  wait otherwise).
 
 `--direct URL` runs the same measures against the probe without the path, as a baseline.
 Every wait is bounded by the budget; a measure that does not fit is named as not measured.
