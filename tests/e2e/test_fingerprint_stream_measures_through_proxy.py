@@ -1,8 +1,10 @@
 """`middlebox fingerprint`'s stream measures through a real `middlebox proxy` process in front
 of a real probe upstream, each with the fault that produces it: gzip flushed per read (and
 Last-Event-ID and `retry:` lines removed) must be measured so and fitted back to the same
-faults; a hop that drains the upstream must be found deaf to a client's FIN and to its
-reset. The bare path (tests/e2e/test_fingerprint_through_proxy.py) must show none of it.
+faults, and no timeout before the head, no cap and no read timeout; a hop that drains the
+upstream must be found deaf to a client's FIN and to its reset; a read timeout must be
+timed before the head with its status page, and a duration cap found as the one cut.
+The bare path (tests/e2e/test_fingerprint_through_proxy.py) must show none of it.
 Bounded: each run has a budget, every socket a timeout; loopback only."""
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ def test_gzip_and_the_sse_fields_are_measured_and_fitted_back(tmp_path: Path) ->
         ProbeUpstream("127.0.0.1", 0) as probe,
         middlebox_proxy(tmp_path, probe.port, SSE_AND_GZIP, "sse") as port,
     ):
-        found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=14)
+        # the budget leaves the long waits their share: none of these faults cuts them
+        found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=24)
     measures, said = found["measures"], "\n".join(found["summary"])
+    for wait in ("head_idle", "duration_cap", "idle"):
+        assert measures[wait]["cut"] is False and measures[wait]["at_least"] >= 2.0, said
     squeezed = measures["compression"]
     assert (squeezed["asked"], squeezed["unasked"], squeezed["flush"]) == (
         "gzip", None, "per-frame",
