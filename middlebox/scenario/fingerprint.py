@@ -19,11 +19,27 @@ a real path:
   response (the probe's head vs the client's).
 - `framing`: the HTTP version and framing toward the upstream, and toward the client
   (re-chunked when the client's chunks are not the probe's writes).
-- `leave`: how long after the client closed the upstream learned, and the frames it
-  wrote in between.
+- `leave`: how long after the client closed (a FIN, or an RST: `leave_rst`) the upstream
+  learned, and the frames it wrote in between.
+- `compression`: whether the path encodes the event stream for a client that sends
+  `Accept-Encoding: gzip` (and for one that does not), and whether the compressed bytes
+  flow per frame or are held: the hold measured on the body decoded read by read
+  (`decoded`), so a frame counts as arrived when the client could decompress it.
+- `sse_fields`: the `: keep-alive` comments, `retry:` and `id:` lines the probe wrote
+  against those that arrived, and the `Last-Event-ID` request header sent against the
+  record's: passed, removed (eaten) or changed.
+- `head_idle`: a hop's timeout before the response head (the probe holds its head for as
+  long as the budget allows): when the client got an answer (a status page) or lost the
+  connection (a reset, a close), and how.
+- `duration_cap`: a steady stream (a frame every 100 ms) cut at a time, whatever flows:
+  the record says when the hop closed the upstream connection.
 - `idle`: a hop's read timeout after the head, from one silence as long as the budget
   allows: the record says when the hop closed the upstream connection, on the probe's
   clock, after the last frame before the silence ("at least N s" when it never did).
+
+The timeouts are read from one wait each, not found by bisection: the record (or the
+client's clock) times the cut itself, to the millisecond, so one wait as long as the
+budget allows says as much as a bisection within it, in one request.
 
 The client's and the probe's clocks are not compared directly (the probe may run on
 another machine): a frame's delay is its arrival minus its write, and the smallest delay
@@ -33,7 +49,9 @@ of a stream is taken as the path's transit, so a hold is the delay beyond it.
 from __future__ import annotations
 
 import itertools
+import re
 import statistics
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +75,19 @@ HELD_SHARE = 0.2
 HOLD_A = ProbeShape(frames=48, size=256, period=0.02)
 HOLD_B = ProbeShape(frames=48, size=512, period=0.02)
 ACCEL = ProbeShape(frames=48, size=256, period=0.02, headers=(("X-Accel-Buffering", "no"),))
+# Compression: the 256-byte hold shape asked with `Accept-Encoding: gzip` (nginx's gzip
+# filter, like most, compresses only for a client that accepts it: ngx_http_gzip_ok).
+COMPRESS = HOLD_A
+ACCEPT_GZIP = (("Accept-Encoding", "gzip"),)
+# The SSE fields: frames with `id:` lines, a `retry:` field after the head, and a pause with
+# `: keep-alive` comments (three of them) between frames 2 and 3; asked with a
+# `Last-Event-ID` request header, as a reconnecting EventSource sends it (WHATWG HTML,
+# server-sent events).
+SSE_FIELDS = ProbeShape(
+    frames=4, size=256, period=0.02, pause_after=2, pause=0.35, heartbeat=0.1, retry=2.5,
+    event_ids=True,
+)  # fmt: skip
+LAST_EVENT_ID = "probe-7"
 
 
 @dataclass(frozen=True)
@@ -324,6 +355,123 @@ def accel_honoured(plain: Mapping[str, Any], with_knob: Mapping[str, Any]) -> bo
     return bool(with_knob["release"] == "none")
 
 
+# -- compression -------------------------------------------------------------------------------
+
+# Content codings this module decodes (RFC 9110 §8.4.1): zlib's window bits for each.
+_CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def coding(response: Response) -> str | None:
+    """The response's content coding (lower case), None for identity."""
+    found = (response.header("content-encoding") or "").strip().lower()
+    return None if found in ("", "identity") else found
+
+
+def decoded(response: Response) -> Response | None:
+    """`response` with its body decoded read by read (`body_at` in decoded bytes: what a
+    client could parse by the end of each read); itself when not encoded, None for a
+    coding this module cannot decode (br, zstd) or a body that is not that coding."""
+    name = coding(response)
+    if name is None:
+        return response
+    if name not in _CODINGS:
+        return None
+    inflate = zlib.decompressobj(_CODINGS[name])
+    out = Response(response.status, response.version, response.headers, response.head_at,
+                   response.framing, response.chunks, complete=response.complete)  # fmt: skip
+    before = 0
+    try:
+        for at, received in response.body_at:
+            out.body += inflate.decompress(bytes(response.body[before:received]))
+            before = received
+            out.body_at.append((at, len(out.body)))
+    except zlib.error:
+        return None
+    return out
+
+
+def compression(
+    unasked: Response, asked: Response, held: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Whether the path compresses the event stream: `unasked` is a response to a request
+    without Accept-Encoding, `asked` one to a request with `Accept-Encoding: gzip`, `held`
+    the hold measured on `asked`'s decoded body (None when it could not be decoded).
+    `flush`: `per-frame` when every frame was decodable as it was written (the hop flushes
+    its compressor per upstream read: nginx under `proxy_buffering off`), `held` when
+    frames waited (the compressor's buffer, or a hold beside it), `unknown` otherwise."""
+    found: dict[str, Any] = {"asked": coding(asked), "unasked": coding(unasked)}
+    found["compresses"] = found["asked"] is not None or found["unasked"] is not None
+    if found["asked"] is None:
+        return found
+    if held is None or held["release"] == "incomplete":
+        found["flush"] = "unknown"
+        return found
+    found["flush"] = "per-frame" if held["release"] == "none" else "held"
+    found["release"] = held["release"]
+    found["bursts"] = len(held["bursts"])
+    found["first_frame_wait"] = held["first_frame_wait"]
+    found["max_wait"] = held["max_wait"]
+    return found
+
+
+# -- SSE fields: heartbeats, retry, id, Last-Event-ID -------------------------------------------
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def _field_values(body: bytes, name: bytes) -> list[str]:
+    """The values of every `name:` line of an event stream (one leading space dropped, as
+    the WHATWG parser drops it)."""
+    found = []
+    for line in _LINE_END.split(body):
+        if line.startswith(name + b":"):
+            value = line[len(name) + 1 :]
+            found.append(value[1:] if value.startswith(b" ") else value)
+    return [value.decode("latin-1") for value in found]
+
+
+def _verdict(sent: Sequence[str], arrived: Sequence[str]) -> str:
+    if list(sent) == list(arrived):
+        return "passed"
+    return "removed" if not arrived else "changed"
+
+
+def sse_fields(
+    plan: Plan, record: Mapping[str, Any], response: Response, last_event_id: str
+) -> dict[str, Any]:
+    """What the path did to the SSE fields of `plan` (heartbeat comments, `retry:` and `id:`
+    lines) and to the `Last-Event-ID` request header sent as `last_event_id`, each
+    `passed`, `removed` or `changed` (`eaten` or `some` for heartbeats), with what was sent
+    and what arrived; `body` None when the response could not be decoded."""
+    body = decoded(response)
+    sent_body = b"".join(_payload(w.data, plan.framing == "chunked") for w in plan.writes[1:])
+    arrived_ids = [v for n, v in record["request"]["headers"] if n.lower() == "last-event-id"]
+    header = {
+        "sent": last_event_id,
+        "arrived": arrived_ids[0] if arrived_ids else None,
+        "verdict": _verdict([last_event_id], arrived_ids),
+    }
+    if body is None:
+        return {"decoded": False, "last_event_id": header}
+    sent_beats = sum(1 for line in _LINE_END.split(sent_body) if line.startswith(b":"))
+    beats = sum(1 for line in _LINE_END.split(bytes(body.body)) if line.startswith(b":"))
+    found: dict[str, Any] = {
+        "decoded": True,
+        "heartbeats": {
+            "sent": sent_beats,
+            "arrived": beats,
+            "verdict": "passed" if beats >= sent_beats else "eaten" if beats == 0 else "some",
+        },
+        "last_event_id": header,
+    }
+    for name in ("retry", "id"):
+        sent = _field_values(sent_body, name.encode())
+        arrived = _field_values(bytes(body.body), name.encode())
+        found[name] = {"sent": sent, "arrived": arrived, "verdict": _verdict(sent, arrived)}
+    found["complete"] = b"data: [DONE]" in body.body
+    return found
+
+
 # -- headers and framing ----------------------------------------------------------------------
 
 
@@ -419,22 +567,114 @@ def idle(record: Mapping[str, Any], response: Response, pause: float) -> dict[st
     left = record.get("client_left")
     frames = record["writes"]["frames"]
     cut = left is not None and left["frames_written"] < 2
-    done = b"data: [DONE]" in response.body
-    saw = (
-        "complete"
-        if response.complete and done
-        else "complete-without-done"
-        if response.complete
-        else "truncated"
-    )
-    if response.status not in (None, 200):
-        saw = f"status {response.status}"
+    saw = _client_saw(response)
     if not cut or left is None or not frames:
         return {"cut": False, "at_least": round(pause, 3), "client_saw": saw}
     return {
         "cut": True,
         "timeout": round(left["at"] - frames[0], 3),
+        "cut_at": left["at"],
         "how": left["how"],
+        "client_saw": saw,
+    }
+
+
+def _client_saw(response: Response) -> str:
+    """How the client's response ended: `truncated`, `complete-without-done`, `complete`,
+    or `status N` for an answer other than the probe's 200."""
+    if response.status not in (None, 200):
+        return f"status {response.status}"
+    done = b"data: [DONE]" in response.body
+    if response.complete:
+        return "complete" if done else "complete-without-done"
+    return "truncated"
+
+
+# -- an idle timeout before the head -----------------------------------------------------------
+
+
+def head_idle_shape(pause: float) -> ProbeShape:
+    """The head `pause` seconds after the request (a long prefill), then two frames: a
+    hop's timeout for the response head shorter than `pause` ends the exchange first."""
+    return ProbeShape(frames=2, size=256, period=0.02, head_delay=pause)
+
+
+def head_idle(
+    record: Mapping[str, Any], response: Response, ended: str, ended_at: float | None,
+    pause: float,
+) -> dict[str, Any]:  # fmt: skip
+    """A hop's timeout before the response head: `timeout` is when the client's answer
+    came (the head of an error page) or its connection ended (`ended`: `rst` or `fin`),
+    seconds after its request, on its own clock; `uncertainty` how far that is from when
+    the hop closed the upstream connection (the record's `client_left.at`, on the probe's
+    clock), when it did. `end`: `status N`, `reset` or `close` (a close without an
+    answer). "at least" the pause when the probe's head and frames came through."""
+    left = record.get("client_left")
+    if response.status == 200:
+        return {"cut": False, "at_least": round(pause, 3), "client_saw": _client_saw(response)}
+    if response.status is not None and response.head_at is not None:
+        at, end = response.head_at, f"status {response.status}"
+    elif ended_at is not None:
+        at, end = ended_at, "reset" if ended == "rst" else "close"
+    else:  # nothing came and the connection stayed open past the client's limit
+        return {"cut": False, "at_least": round(pause, 3), "client_saw": "nothing"}
+    found: dict[str, Any] = {"cut": True, "timeout": round(at, 3), "end": end}
+    if left is not None:
+        found["upstream_closed_at"] = left["at"]
+        found["uncertainty"] = round(abs(at - left["at"]), 3)
+    else:
+        found["uncertainty"] = None
+    return found
+
+
+# -- a hard duration cap ----------------------------------------------------------------------
+
+CAP_PERIOD = 0.1  # seconds between the cap shape's frames: far below any read timeout
+# A cut after a gap in the probe's writes longer than this many periods is not read as a cap
+CAP_QUIET = 3
+
+
+def cap_shape(length: float) -> ProbeShape:
+    """A steady stream of `length` seconds, a frame every CAP_PERIOD: a hop that cuts a
+    busy stream at a time (not a silence) cuts it."""
+    return ProbeShape(frames=max(round(length / CAP_PERIOD), 1), size=256, period=CAP_PERIOD)
+
+
+def duration_cap(
+    record: Mapping[str, Any], response: Response, ended: str, ended_at: float | None,
+    length: float,
+) -> dict[str, Any]:  # fmt: skip
+    """A hop's cap on a whole response: when it ended the steady stream, on the probe's
+    clock (the record's `client_left.at`, seconds after the request), ± the frame period
+    (the stream is busy: the cut lands between two writes); the client's clock when the
+    upstream was never told. "at least" the stream's length when it came whole, or the
+    cut's time when the probe's writes had stalled for CAP_QUIET periods before it (a read
+    timeout's cut then, on a loaded machine: nginx's lazy timer fires up to 300 ms early).
+    `client_saw` as `idle` says it, or `reset` (`ended`: the path reset the connection)."""
+    saw = _client_saw(response)
+    if saw == "complete":
+        return {"cut": False, "at_least": round(length, 3), "client_saw": saw}
+    if saw == "truncated" and ended == "rst":
+        saw = "reset"
+    left = record.get("client_left")
+    if left is not None:
+        at, frames = left["at"], left["frames_written"]
+    elif ended_at is not None:
+        at, frames = ended_at, record["frames_written"]
+    else:
+        return {"cut": False, "at_least": round(length, 3), "client_saw": saw}
+    written = [when for when in record["writes"]["frames"] if when <= at]
+    quiet = at - (written[-1] if written else 0.0)
+    if quiet > CAP_QUIET * CAP_PERIOD:
+        # the probe's own writes stalled (a loaded machine) before the cut: a read timeout
+        # may have fired in the gap, so this cut says only that no cap fired before it
+        return {"cut": False, "at_least": round(at, 3), "client_saw": saw,
+                "quiet_before_cut": round(quiet, 3)}  # fmt: skip
+    return {
+        "cut": True,
+        "limit": round(at, 3),
+        "uncertainty": CAP_PERIOD,
+        "frames_before": frames,
         "client_saw": saw,
     }
 
@@ -444,6 +684,47 @@ def idle(record: Mapping[str, Any], response: Response, pause: float) -> dict[st
 
 def _size(value: float) -> str:
     return f"{value / 1024:.1f} KiB" if value >= 1024 else f"{value:.0f} bytes"
+
+
+def _compression_line(found: Mapping[str, Any]) -> str:
+    if not found["compresses"]:
+        return "It does not compress the event stream (asked with Accept-Encoding: gzip)."
+    unasked = (
+        f" It compresses without being asked too ({found['unasked']})." if found["unasked"] else ""
+    )
+    if found["asked"] is None:
+        return (
+            f"It compresses the event stream ({found['unasked']}) only for a client that does "
+            f"not send Accept-Encoding: gzip."
+        )
+    flush = found.get("flush", "unknown")
+    if flush == "per-frame":
+        said = "every frame is decodable as it is written (flushed per frame)"
+    elif flush == "held":
+        said = (
+            f"the compressed bytes are held (the first frame {found['first_frame_wait']:.2f} s "
+            f"late, {found['bursts']} burst{'s' if found['bursts'] != 1 else ''})"
+        )
+    else:
+        said = "its flush could not be measured (the body did not decode whole)"
+    return f"It compresses the event stream with {found['asked']} when asked: {said}.{unasked}"
+
+
+def _sse_line(found: Mapping[str, Any]) -> str:
+    header = found["last_event_id"]
+    said = [f"Last-Event-ID {header['verdict']}"]
+    if found["decoded"]:
+        beats = found["heartbeats"]
+        said.insert(0, f"heartbeats {beats['verdict']} ({beats['arrived']} of {beats['sent']})")
+        for name in ("retry", "id"):
+            item = found[name]
+            shown = (
+                f" ({', '.join(item['arrived'][:3]) or '-'})"
+                if item["verdict"] == "changed"
+                else ""
+            )
+            said.insert(-1, f"{name}: lines {item['verdict']}{shown}")
+    return f"SSE fields: {'; '.join(said)}."
 
 
 def summary(document: Mapping[str, Any]) -> list[str]:
@@ -497,17 +778,51 @@ def summary(document: Mapping[str, Any]) -> list[str]:
         said += [f"~{n}: {a} -> {b}" for n, a, b in changes["changed"]]
         name = side.replace("_", " ").capitalize()
         lines.append(f"{name}: {'; '.join(said) if said else 'unchanged'}.")
-    gone = measures.get("leave")
-    if gone is not None:
+    for key, who in (("leave", "leaves"), ("leave_rst", "resets its connection")):
+        gone = measures.get(key)
+        if gone is None:
+            continue
         if gone["learned"]:
             lines.append(
-                f"A client that leaves is noticed by the upstream {gone['after']:.2f} s later "
+                f"A client that {who} is noticed by the upstream {gone['after']:.2f} s later "
                 f"({gone['how']}), {gone['frames_after_close']} frames written after."
             )
         else:
             lines.append(
-                f"A client that leaves is not noticed by the upstream within "
+                f"A client that {who} is not noticed by the upstream within "
                 f"{gone['at_least']:.1f} s: it generates for nobody."
+            )
+    squeezed = measures.get("compression")
+    if squeezed is not None:
+        lines.append(_compression_line(squeezed))
+    fields = measures.get("sse_fields")
+    if fields is not None:
+        lines.append(_sse_line(fields))
+    head = measures.get("head_idle")
+    if head is not None:
+        if head["cut"]:
+            near = f" ± {head['uncertainty']:.2f} s" if head.get("uncertainty") is not None else ""
+            lines.append(
+                f"It ends a request whose head has not come after {head['timeout']:.2f} s"
+                f"{near} (its timeout before the head): the client gets {head['end']}."
+            )
+        else:
+            lines.append(
+                f"Its timeout before the head is at least {head['at_least']:.1f} s (a head "
+                f"that late passed)."
+            )
+    cap = measures.get("duration_cap")
+    if cap is not None:
+        if cap["cut"]:
+            lines.append(
+                f"It cuts a busy stream {cap['limit']:.2f} s (± {cap['uncertainty']:.2f} s) "
+                f"after the request, whatever flows (a duration cap; the client saw a "
+                f"{cap['client_saw']} response)."
+            )
+        else:
+            lines.append(
+                f"It caps a response's duration at no less than {cap['at_least']:.1f} s (a "
+                f"steady stream that long passed)."
             )
     silent = measures.get("idle")
     if silent is not None:

@@ -20,6 +20,16 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
   `[DONE]`, `reset` when the upstream saw a reset);
 - a client's leave the upstream learns late or never: `ignore_client_close`
   (`until: write_fails`, with a `cork` for a late first write; `until: never`);
+- compression asked for: `gzip_encoding` (`flush: sync` when every frame was decodable
+  as written, `none` when held; `require_accept_encoding: false` when it compresses
+  unasked);
+- SSE fields: `sse_retry` (`strip`, or `change` to the value that arrived), `sse_ids`
+  (`strip`, or `renumber` from the first id that arrived), and a `Last-Event-ID` removed or
+  changed as a request header fault;
+- a timeout before the head: the `before_headers` of the idle_reaper fitted for the
+  silence after it (504, 502, reset), or an idle_reaper of its own;
+- a duration cap: `max_duration` with that `limit` and end; a silence or a wait for the
+  head cut at the cap's time is the cap's, not a read timeout's;
 - response headers added, changed or removed: `set_header` / `strip_header` on the
   response; request headers the same way on the request, except `Host` (a hop rewrites it
   to its upstream's address, which is not the scenario's) and the framing fields
@@ -29,7 +39,8 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
 What no fault expresses is a line that names the measurement showing it (`not_fitted`),
 never dropped: an irregular hold, a whole answer sent with `Content-Length`, a chunked body
 re-chunked without a hold or an HTTP/1.0 leg, a read timeout longer than the silence the
-budget allowed.
+budget allowed, heartbeats eaten, a coding other than gzip, a client's reset passed
+otherwise than its FIN, timeouts that differ before and after the head.
 
 `expected(path)` goes the other way for a preset: what the fingerprint of a path of
 faults should say on the measures the mapping covers, so `closest_preset` compares a
@@ -38,6 +49,7 @@ fingerprint with each preset through the same rows.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +71,10 @@ TOLERANCES: dict[str, tuple[float, float, str]] = {
     "idle_timeout": (0.05, 0.20, "s"),
     "leave_after": (0.05, 0.25, "s"),
     "leave_frames": (3, 0.25, ""),
+    "rst_after": (0.05, 0.25, "s"),
+    "head_timeout": (0.05, 0.20, "s"),
+    "duration_cap": (0.05, 0.20, "s"),
+    "rst_frames": (3, 0.25, ""),
 }
 CALIBRATE_NAMES = {
     "hold_bytes": "median_burst",
@@ -67,6 +83,10 @@ CALIBRATE_NAMES = {
     "idle_timeout": "first_byte",
     "leave_after": "abandon_latency",
     "leave_frames": "abandon_tokens",
+    "rst_after": "abandon_latency",
+    "head_timeout": "first_byte",
+    "duration_cap": "first_byte",
+    "rst_frames": "abandon_tokens",
 }
 # Header fields that follow the framing (RFC 9112 §6, §9.6), fitted by http10_upstream or
 # the proxy's own relay, not by a header fault.
@@ -76,7 +96,11 @@ FRAMING_FIELDS = frozenset({"connection", "content-length", "transfer-encoding",
 LEAVE_PROMPT = 0.05
 LEAVE_FRAMES = 2
 # The fitted fields that are durations (a scenario writes them with a unit).
-DURATIONS = frozenset({"timeout", "window", "cork"})
+DURATIONS = frozenset({"timeout", "window", "cork", "delay", "limit"})
+# How the client saw an end, as the `before_headers` (a status page, a reset) and `end`
+# (a cut stream) of idle_reaper and max_duration write it.
+BEFORE_HEADERS = {"status 504": "504", "status 502": "502", "reset": "reset"}
+CAP_ENDS = {"truncated": "truncated_chunked", "complete-without-done": "fin", "reset": "rst"}
 # What a path without a read timeout reads as: every silence passes.
 NO_TIMEOUT = "at least inf"
 # A hold whose bytes no frame of the probe fills: the timer releases it, not the size.
@@ -216,6 +240,82 @@ def _header_faults(
         )
 
 
+def _fit_cap(cap: Mapping[str, Any], head: Mapping[str, Any] | None, out: Fitted) -> None:
+    """max_duration for a busy stream cut at a time; the wait for the head is cut by it
+    too when the head's timeout is the cap's (its answer is then the cap's)."""
+    if not cap["cut"]:
+        return
+    config: dict[str, Any] = {"limit": cap["limit"]}
+    end = CAP_ENDS.get(cap["client_saw"])
+    if end is None:
+        out.not_fitted.append(
+            f"duration_cap: the client saw a {cap['client_saw']} answer when the stream was "
+            "cut; max_duration fitted ending it as a truncated stream"
+        )
+    elif end != "truncated_chunked":
+        config["end"] = end
+    if head is not None and head["cut"] and _within("duration_cap", cap["limit"], head["timeout"]):
+        before = BEFORE_HEADERS.get(head["end"])
+        if before is None:
+            out.not_fitted.append(
+                f"head_idle: the cap ended a request without a head with {head['end']}; "
+                "max_duration answers 504, 502 or a reset"
+            )
+        elif before != "504":
+            config["before_headers"] = before
+    out.add(
+        "max_duration",
+        config,
+        f"duration_cap: a steady stream cut {cap['limit']:.2f} ± {cap['uncertainty']:.2f} s "
+        f"after the request, the client saw a {cap['client_saw']} answer",
+    )
+
+
+def _by_cap(cap: Mapping[str, Any] | None, at: float) -> bool:
+    """Whether an end `at` seconds after the request is the duration cap's."""
+    return bool(cap and cap["cut"] and _within("duration_cap", cap["limit"], at))
+
+
+def _fit_head(head: Mapping[str, Any], idle: Mapping[str, Any] | None, out: Fitted) -> None:
+    """The timeout before the head, on the idle_reaper fitted for the silence after it (one
+    timeout for both, as nginx's proxy_read_timeout), or said when they differ."""
+    reaper = out.config("idle_reaper")
+    if not head["cut"]:
+        if reaper is not None and head["at_least"] > reaper["timeout"] * 1.2 + 0.05:
+            out.not_fitted.append(
+                f"head_idle: a head {head['at_least']:.1f} s late passed, but a silence after "
+                f"the head was cut at {reaper['timeout']:.2f} s; idle_reaper times both the same"
+            )
+        return
+    before = BEFORE_HEADERS.get(head["end"])
+    if before is None:
+        out.not_fitted.append(
+            f"head_idle: a request without a head ended with {head['end']} after "
+            f"{head['timeout']:.2f} s; idle_reaper answers 504, 502 or a reset"
+        )
+    if reaper is None:
+        if idle is not None and not idle["cut"] and idle["at_least"] >= head["timeout"]:
+            out.not_fitted.append(
+                f"head_idle: a request without a head ended after {head['timeout']:.2f} s, "
+                f"but a silence of {idle['at_least']:.1f} s after the head passed; no fault "
+                "times out only before the head"
+            )
+            return
+        config: dict[str, Any] = {"timeout": head["timeout"]}
+        if before not in (None, "504"):
+            config["before_headers"] = before
+        out.add("idle_reaper", config,
+                f"head_idle: no head after {head['timeout']:.2f} s: {head['end']}")  # fmt: skip
+        return
+    if before not in (None, "504"):
+        reaper["before_headers"] = before
+    if not _within("head_timeout", head["timeout"], reaper["timeout"]):
+        out.not_fitted.append(
+            f"head_idle: the timeout before the head is {head['timeout']:.2f} s, after it "
+            f"{reaper['timeout']:.2f} s; idle_reaper has one timeout for both (fitted: after)"
+        )
+
+
 def _fit_idle(idle: Mapping[str, Any], out: Fitted) -> None:
     if not idle["cut"]:
         out.not_fitted.append(
@@ -267,6 +367,104 @@ def _fit_leave(gone: Mapping[str, Any], out: Fitted) -> None:
     )
 
 
+def _fit_compression(found: Mapping[str, Any], out: Fitted) -> None:
+    if not found["compresses"]:
+        return
+    asked, unasked = found["asked"], found["unasked"]
+    if asked != "gzip" or (unasked is not None and unasked != "gzip"):
+        out.not_fitted.append(
+            f"compression: the path encodes the stream as {asked or unasked} (asked with "
+            f"Accept-Encoding: gzip: {asked or 'identity'}; not asked: {unasked or 'identity'})"
+            "; gzip_encoding writes gzip only, for a client that accepts it or for any"
+        )
+        return
+    config: dict[str, Any] = {"flush": "sync" if found.get("flush") == "per-frame" else "none"}
+    if unasked is not None:
+        config["require_accept_encoding"] = False
+    if found.get("flush") == "unknown":
+        out.not_fitted.append(
+            "compression: the gzip body did not decode whole, so its flush is unknown; "
+            "gzip_encoding fitted holding it (flush: none)"
+        )
+    how = "every frame flushed" if config["flush"] == "sync" else "the compressed bytes held"
+    asks = "" if unasked is None else ", even for a client that does not ask"
+    out.add("gzip_encoding", config, f"compression: gzip{asks}, {how}")
+
+
+def _fit_sse(found: Mapping[str, Any], out: Fitted) -> None:
+    header = found["last_event_id"]
+    if found["decoded"]:
+        beats = found["heartbeats"]
+        if beats["verdict"] != "passed":
+            out.not_fitted.append(
+                f"sse_fields: {beats['arrived']} of {beats['sent']} `: keep-alive` comments "
+                "arrived; no fault drops SSE comments"
+            )
+        retry = found["retry"]
+        values = set(retry["arrived"])
+        if retry["verdict"] == "removed":
+            out.add("sse_retry", {"mode": "strip"}, "sse_fields: retry: lines removed")
+        elif retry["verdict"] == "changed" and len(values) == 1 and values.pop().isdigit():
+            delay = int(retry["arrived"][0]) / 1000
+            said = f"sse_fields: retry: {retry['sent'][0]} arrived as {retry['arrived'][0]}"
+            out.add("sse_retry", {"mode": "change", "delay": delay}, said)
+        elif retry["verdict"] == "changed":
+            out.not_fitted.append(
+                f"sse_fields: retry: lines {retry['sent']} arrived as {retry['arrived']}; "
+                "sse_retry sets one value in one line"
+            )
+        ids = found["id"]
+        numbers = [int(v) for v in ids["arrived"] if v.isdigit()]
+        steps = len(numbers) == len(ids["arrived"]) and all(
+            b - a == 1 for a, b in itertools.pairwise(numbers)
+        )
+        if ids["verdict"] == "removed":
+            out.add("sse_ids", {"mode": "strip"}, "sse_fields: id: lines removed")
+        elif ids["verdict"] == "changed" and numbers and steps:
+            out.add("sse_ids", {"mode": "renumber", "start": numbers[0]},
+                    f"sse_fields: id: lines renumbered from {numbers[0]}")  # fmt: skip
+        elif ids["verdict"] == "changed":
+            out.not_fitted.append(
+                f"sse_fields: id: lines {ids['sent']} arrived as {ids['arrived']}; sse_ids "
+                "numbers them in steps of one"
+            )
+    if header["verdict"] == "removed":
+        out.add("strip_header", {"headers": ["Last-Event-ID"], "direction": "request"},
+                "sse_fields: the Last-Event-ID request header removed")  # fmt: skip
+    elif header["verdict"] == "changed":
+        said = f"sse_fields: Last-Event-ID {header['sent']} arrived as {header['arrived']}"
+        config = {"direction": "request", "headers": {"Last-Event-ID": header["arrived"]}}
+        out.add("set_header", config, said)
+
+
+def _fit_reset(reset: Mapping[str, Any], fin: Mapping[str, Any] | None, out: Fitted) -> None:
+    """A client's RST: fitted from it alone when the FIN was not measured; said when it
+    disagrees with what the fault fitted for the FIN does with a reset
+    (ignore_client_close fails the next write after one, or ignores it with `never`)."""
+    if fin is None:
+        _fit_leave(reset, out)
+        return
+    fin_prompt = fin["learned"] and fin["after"] <= LEAVE_PROMPT
+    fin_prompt = fin_prompt and fin["frames_after_close"] < LEAVE_FRAMES
+    rst_prompt = reset["learned"] and reset["after"] <= LEAVE_PROMPT
+    rst_prompt = rst_prompt and reset["frames_after_close"] < LEAVE_FRAMES
+    if fin_prompt and not rst_prompt:
+        said = (
+            f"{reset['after']:.3f} s later, {reset['frames_after_close']} frames written after"
+            if reset["learned"]
+            else f"not within {reset['at_least']:.1f} s"
+        )
+        out.not_fitted.append(
+            f"leave_rst: a client's FIN reaches the upstream at once but its reset {said}; "
+            "no fault passes a FIN and holds a reset"
+        )
+    elif not fin["learned"] and reset["learned"]:
+        out.not_fitted.append(
+            f"leave_rst: a client's FIN never reaches the upstream but its reset does, "
+            f"{reset['after']:.3f} s later; ignore_client_close until: never ignores both"
+        )
+
+
 def fit(measures: Mapping[str, Any]) -> Fitted:
     """The path of faults that behaves like the measured one, client side first (as a
     proxy stacks them: the hop's response header changes, its framing, its buffer, then
@@ -279,14 +477,25 @@ def fit(measures: Mapping[str, Any]) -> Fitted:
         _header_faults(measures["response_headers"], "response", out)
     if measures.get("request_headers"):
         _header_faults(measures["request_headers"], "request", out)
+    if measures.get("compression"):
+        _fit_compression(measures["compression"], out)
+    if measures.get("sse_fields"):
+        _fit_sse(measures["sse_fields"], out)
     if framing:
         _fit_framing(framing, held_by, out)
     if measures.get("leave"):
         _fit_leave(measures["leave"], out)
+    if measures.get("leave_rst"):
+        _fit_reset(measures["leave_rst"], measures.get("leave"), out)
     if held:
         _fit_hold(held, framing, out)
-    if measures.get("idle"):
-        _fit_idle(measures["idle"], out)
+    cap, head, idle = (measures.get(key) for key in ("duration_cap", "head_idle", "idle"))
+    if idle and not (idle["cut"] and _by_cap(cap, idle.get("cut_at", -1.0))):
+        _fit_idle(idle, out)
+    if head and not (head["cut"] and _by_cap(cap, head["timeout"])):
+        _fit_head(head, idle, out)
+    if cap:
+        _fit_cap(cap, head, out)
     return out
 
 
@@ -347,20 +556,47 @@ def values(measures: Mapping[str, Any]) -> dict[str, Any]:
             found[side] = sorted(
                 n.lower() for n in names if n[1:].lower() not in FRAMING_FIELDS | {"host"}
             )
-    idle = measures.get("idle")
-    if idle:
-        if idle["cut"]:
-            found["idle_timeout"] = idle["timeout"]
-            found["idle_end"] = idle["client_saw"]
+    # (measure, its row, the ending's row, the time's field, the ending's field)
+    timed = (
+        ("head_idle", "head_timeout", "head_end", "timeout", "end"),
+        ("duration_cap", "duration_cap", "cap_end", "limit", "client_saw"),
+        ("idle", "idle_timeout", "idle_end", "timeout", "client_saw"),
+    )
+    for key, row, end_row, at, end in timed:
+        cut = measures.get(key)
+        if not cut:
+            continue
+        if cut["cut"]:
+            found[row], found[end_row] = cut[at], cut[end]
         else:
-            found["idle_timeout"] = f"at least {idle['at_least']}"
-    gone = measures.get("leave")
-    if gone:
-        found["leave_learned"] = gone["learned"]
-        if gone["learned"]:
-            found["leave_after"] = gone["after"]
-            found["leave_frames"] = gone["frames_after_close"]
+            found[row] = f"at least {cut['at_least']}"
+    for key, prefix in (("leave", "leave"), ("leave_rst", "rst")):
+        gone = measures.get(key)
+        if gone:
+            found[f"{prefix}_learned"] = gone["learned"]
+            if gone["learned"]:
+                found[f"{prefix}_after"] = gone["after"]
+                found[f"{prefix}_frames"] = gone["frames_after_close"]
+    squeezed = measures.get("compression")
+    if squeezed:
+        found["compression"] = compression_value(squeezed)
+        found["compresses_unasked"] = squeezed["unasked"] is not None
+    fields = measures.get("sse_fields")
+    if fields:
+        if fields["decoded"]:
+            found["heartbeats"] = fields["heartbeats"]["verdict"]
+            found["retry_lines"] = fields["retry"]["verdict"]
+            found["id_lines"] = fields["id"]["verdict"]
+        found["last_event_id"] = fields["last_event_id"]["verdict"]
     return found
+
+
+def compression_value(found: Mapping[str, Any]) -> str:
+    """The compression measure as one comparable value: `none`, or the coding and how its
+    bytes flow (`gzip, per-frame`, `gzip, held`)."""
+    if found["asked"] is None:
+        return "none"
+    return f"{found['asked']}, {found.get('flush', 'unknown')}"
 
 
 @dataclass(frozen=True)
@@ -463,11 +699,13 @@ def _bytes(value: Any) -> int:
 def expected(text: str) -> dict[str, Any]:
     """What a fingerprint of the path in `text` (a preset's YAML) says, on the measures
     the fitter maps: the hold, X-Accel-Buffering, the upstream's HTTP version, the read
-    timeout and whether a leave is learned. The hold shapes' answers bound a buffer: one
-    larger than both is a hold to the end. `gzip_encoding` changes nothing here: it
-    compresses only for a client that sends `Accept-Encoding: gzip`, which the
-    fingerprint's requests do not (compression is not measured yet), so nginx-gzip reads
-    as nginx-default, as the real nginx with `gzip on` does."""
+    timeout, whether a leave (FIN or RST) is learned, compression and the SSE fields. The
+    hold shapes' answers bound a buffer: one larger than both is a hold to the end.
+    `gzip_encoding` compresses only for a client that sends `Accept-Encoding: gzip`, which
+    only the compression measure's request does, so nginx-gzip differs from nginx-default
+    there alone, as the real nginx with `gzip on` does. SSE fields no fault touches are
+    expected to pass; `Last-Event-ID` is left out (a preset's header faults are not read
+    here)."""
     found: dict[str, Any] = {"hold_by": "nothing", "upstream_version": "HTTP/1.1"}
     answers = HOLD_B.frames * (HOLD_B.size or 0)
     entries = _entries(text)
@@ -488,9 +726,38 @@ def expected(text: str) -> dict[str, Any]:
             found["upstream_version"] = "HTTP/1.0"
         elif fault == "idle_reaper":
             found["idle_timeout"] = _seconds(config.get("timeout", 60))
+            found["head_timeout"] = found["idle_timeout"]
+            before = str(config.get("before_headers", "504"))
+            found["head_end"] = "reset" if before == "reset" else f"status {before}"
+        elif fault == "max_duration":
+            found["duration_cap"] = _seconds(config.get("limit", 30))
+            found["cap_before"] = str(config.get("before_headers", "504"))
         elif fault == "ignore_client_close":
             found["leave_learned"] = config.get("until", "write_fails") != "never"
-    found.setdefault("leave_learned", True)
+            found["rst_learned"] = found["leave_learned"]
+        elif fault == "gzip_encoding":
+            flush = "per-frame" if config.get("flush", "none") == "sync" else "held"
+            found["compression"] = f"gzip, {flush}"
+            found["compresses_unasked"] = not config.get("require_accept_encoding", True)
+        elif fault == "sse_retry":
+            found["retry_lines"] = {"strip": "removed", "change": "changed"}.get(
+                config.get("mode", "set"), "changed"
+            )
+        elif fault == "sse_ids":
+            found["id_lines"] = {"strip": "removed"}.get(config.get("mode", "add"), "changed")
+    cap, head = found.get("duration_cap"), found.get("head_timeout")
+    if cap is not None and (head is None or cap < head):
+        found["head_timeout"] = cap  # the cap ends a wait for the head too
+        before = found["cap_before"]
+        found["head_end"] = "reset" if before == "reset" else f"status {before}"
+    found.pop("cap_before", None)
+    if found.get("compression") == "gzip, per-frame" and found["hold_by"] != "nothing":
+        found["compression"] = "gzip, held"  # a hold beside the compressor holds its frames
+    for name, value in (("head_timeout", NO_TIMEOUT), ("duration_cap", NO_TIMEOUT),
+                        ("leave_learned", True), ("rst_learned", True), ("compression", "none"),
+                        ("compresses_unasked", False), ("heartbeats", "passed"),
+                        ("retry_lines", "passed"), ("id_lines", "passed")):  # fmt: skip
+        found.setdefault(name, value)
     found.setdefault("idle_timeout", NO_TIMEOUT)  # no read timeout: any silence passes
     if found["hold_by"] in ("nothing",):
         found.pop("x_accel_buffering_honoured", None)

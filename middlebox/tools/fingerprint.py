@@ -12,9 +12,17 @@ middlebox/scenario/fingerprint.py:
   `X-Accel-Buffering: no` tells whether the hold obeys it;
 - framing and headers: the first request's record (version, framing, headers as they
   arrived) against what was sent, and the client's response head against the probe's;
-- leave: a client that closes after a few frames; the record says when the probe learned;
-- idle: two frames, then a silence as long as the budget has left; the record says when a
-  hop's read timeout closed the upstream connection ("at least" the silence otherwise).
+- compression: the 256-byte hold shape asked with `Accept-Encoding: gzip`; its hold on the
+  decoded body says whether the compressed bytes flow per frame or are held;
+- SSE fields: a short stream with `id:` lines, a `retry:` field and `: keep-alive`
+  comments during a pause, asked with a `Last-Event-ID` header;
+- leave: a client that closes after a few frames, with a FIN and then with an RST
+  (SO_LINGER 0); the record says when the probe learned;
+- the three long waits share what the budget has left (one that ends early leaves its
+  time to the next): the head held back (a timeout before the head, and how it ends), a
+  steady stream (a duration cap), and two frames then a silence (the read timeout after
+  the head); the record says when a hop closed the upstream connection ("at least" the
+  wait otherwise).
 
 `--direct URL` runs the same measures against the probe without the path, as a baseline.
 Every wait is bounded by the budget; a measure that does not fit is named as not measured.
@@ -30,6 +38,7 @@ import os
 import re
 import socket
 import ssl
+import struct
 import sys
 import time
 import uuid
@@ -44,7 +53,17 @@ from middlebox.run.processes import UpstreamProcess, UpstreamStartError
 from middlebox.scenario import fingerprint as measures
 from middlebox.scenario import fit, probe_shape
 from middlebox.scenario.convert import ScenarioError
-from middlebox.scenario.fingerprint import ACCEL, HOLD_A, HOLD_B, Read, Response
+from middlebox.scenario.fingerprint import (
+    ACCEL,
+    ACCEPT_GZIP,
+    COMPRESS,
+    HOLD_A,
+    HOLD_B,
+    LAST_EVENT_ID,
+    SSE_FIELDS,
+    Read,
+    Response,
+)
 from middlebox.scenario.probe_shape import Plan, ProbeShape
 
 READ_SIZE = 65536
@@ -56,6 +75,9 @@ IDLE_SLACK = 3.0  # seconds of the budget kept for the silence's record and a sl
 
 LEAVE = ProbeShape(frames=250, size=256, period=0.02)
 CHECK = ProbeShape(frames=3, size=256, period=0.01)
+# The hold of a body that could not be decoded (a coding this side cannot read).
+UNDECODED: dict[str, Any] = {"release": "incomplete", "bursts": [], "first_frame_wait": None,
+                             "max_wait": None, "complete": False}  # fmt: skip
 
 
 class FingerprintError(Exception):
@@ -136,6 +158,10 @@ class Exchange:
     response: Response
     sent_wall: float
     closed_wall: float | None  # when the client closed early (a leave), else None
+    # how the path ended the connection: `fin`, `rst`, or `open` (the client stopped
+    # first), and when (seconds after the request was sent)
+    ended: str = "open"
+    ended_at: float | None = None
 
 
 def _sent_headers(request: bytes) -> list[list[str]]:
@@ -143,9 +169,11 @@ def _sent_headers(request: bytes) -> list[list[str]]:
     return [[n.strip(), v.strip()] for n, _, v in (line.partition(":") for line in head)]
 
 
-def _receive(sock: socket.socket, deadline: float) -> bytes | None:
-    """The next bytes; b"" when the peer closed or reset (the response ends there), None
-    when `deadline` (monotonic) passed first."""
+def _receive(
+    sock: socket.socket, deadline: float, resets: list[bool] | None = None
+) -> bytes | None:
+    """The next bytes; b"" when the peer closed or reset (the response ends there; a
+    reset is noted in `resets`), None when `deadline` (monotonic) passed first."""
     left = deadline - time.monotonic()
     if left <= 0:
         return None
@@ -154,17 +182,28 @@ def _receive(sock: socket.socket, deadline: float) -> bytes | None:
         return sock.recv(READ_SIZE)
     except TimeoutError:
         return None
-    except OSError:
+    except OSError as error:
+        if resets is not None:
+            resets.append(isinstance(error, ConnectionResetError))
         return b""
 
 
 def exchange(
-    target: Target, shape: ProbeShape, *, limit: float, leave_after: int | None = None
+    target: Target,
+    shape: ProbeShape,
+    *,
+    limit: float,
+    leave_after: int | None = None,
+    reset: bool = False,
+    headers: tuple[tuple[str, str], ...] = (),
 ) -> Exchange:
-    """Send `shape` and read to the end (or `limit` seconds); `leave_after`: close once
-    that many frames' bytes of body arrived, or at a tenth of `limit`, as a user who
-    stops reading."""
-    request = probe_shape.request_for(shape, host=target.host_header, path=target.chat)
+    """Send `shape` (with the request `headers`) and read to the end (or `limit` seconds);
+    `leave_after`: close once that many frames' bytes of body arrived, or at a tenth of
+    `limit`, as a user who stops reading; `reset`: that close is an RST (SO_LINGER 0, as a
+    killed process with unread data closes, RFC 2525 §2.17), not a FIN."""
+    request = probe_shape.request_for(
+        shape, host=target.host_header, path=target.chat, extra_headers=headers
+    )
     reads: list[Read] = []
     decoder = measures.Decoder()
     closed: float | None = None
@@ -174,9 +213,12 @@ def exchange(
         sock.sendall(request)
         deadline = start + (limit / 10 if leave_after is not None else limit)
         ended = False
-        while (data := _receive(sock, deadline)) is not None:
+        resets: list[bool] = []
+        ended_at: float | None = None
+        while (data := _receive(sock, deadline, resets)) is not None:
             if not data:
                 ended = True
+                ended_at = round(time.monotonic() - start, 6)
                 break
             read = Read(round(time.monotonic() - start, 6), data)
             reads.append(read)
@@ -186,9 +228,12 @@ def exchange(
             if leave_after is not None and response.body.count(b"data: ") >= leave_after:
                 break
         if leave_after is not None and not ended:
+            if reset:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             closed = time.time()
     response = decoder.eof() if ended else decoder.response
-    return Exchange(shape, _sent_headers(request), reads, response, wall, closed)
+    how = ("rst" if any(resets) else "fin") if ended else "open"
+    return Exchange(shape, _sent_headers(request), reads, response, wall, closed, how, ended_at)
 
 
 def _get_json(target: Target, path: str, limit: float) -> tuple[int | None, Any]:
@@ -283,7 +328,14 @@ class Session:
         return False
 
     def send(
-        self, shape: ProbeShape, what: str, *, leave_after: int | None = None
+        self,
+        shape: ProbeShape,
+        what: str,
+        *,
+        leave_after: int | None = None,
+        reset: bool = False,
+        headers: tuple[tuple[str, str], ...] = (),
+        check: bool = True,
     ) -> tuple[Exchange, dict[str, Any], Plan]:
         self.serial += 1
         ident = f"{self.run}-{self.serial}"
@@ -292,14 +344,15 @@ class Session:
         # a slow path's share: three times a short shape, a few seconds past a long one
         limit = max(min(shape.duration * 3 + 2.0, shape.duration + 5.0), 3.0)
         try:
-            done = exchange(self.target, shape, limit=limit, leave_after=leave_after)
+            done = exchange(self.target, shape, limit=limit, leave_after=leave_after,
+                            reset=reset, headers=headers)  # fmt: skip
         except OSError as error:  # a reset or a refusal once measuring began
             reason = error.strerror or type(error).__name__
             raise FingerprintError(
                 f"{self.target.url}: the connection failed while measuring {what} ({reason}): "
                 f"run again; if it repeats, the path refuses the probe's requests"
             ) from None
-        if leave_after is None:
+        if leave_after is None and check:
             _check_answer(self.target, done.response)
         record = settled_record(
             self.target, ident, limit=LEAVE_WAIT if leave_after else RECORD_WAIT,
@@ -308,9 +361,24 @@ class Session:
         return done, record, _plan(shape, record)
 
 
-def _hold(session: Session, shape: ProbeShape, what: str) -> dict[str, Any]:
-    done, record, plan = session.send(shape, what)
-    return measures.hold(plan, record["writes"]["frames"], done.response, period=shape.period)
+def _hold(
+    session: Session, shape: ProbeShape, what: str, headers: tuple[tuple[str, str], ...] = ()
+) -> tuple[dict[str, Any] | None, Response]:
+    """The hold of `shape` (on the decoded body when the path compressed it; None when it
+    cannot be decoded) and the response."""
+    done, record, plan = session.send(shape, what, headers=headers)
+    body = measures.decoded(done.response)
+    if body is None:
+        return None, done.response
+    frames = record["writes"]["frames"]
+    return measures.hold(plan, frames, body, period=shape.period), done.response
+
+
+def _leave(session: Session, *, reset: bool) -> dict[str, Any]:
+    what = "a client's reset" if reset else "a client's leave"
+    gone, record, _ = session.send(LEAVE, what, leave_after=LEAVE_AFTER_FRAMES, reset=reset)
+    closed = gone.closed_wall if gone.closed_wall is not None else time.time()
+    return measures.leave(record, closed - record["received_at"], LEAVE_WAIT)
 
 
 def measure(target: Target, budget: float, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -327,23 +395,50 @@ def measure(target: Target, budget: float, progress: Callable[[str], None]) -> d
         measures.planned_headers(plan), [list(f) for f in check.response.headers]
     )
     if session.fits("hold", HOLD_A, HOLD_B):
-        first = _hold(session, HOLD_A, "hold, 256-byte frames")
-        second = _hold(session, HOLD_B, "hold, 512-byte frames")
+        first = _hold(session, HOLD_A, "hold, 256-byte frames")[0] or UNDECODED
+        second = _hold(session, HOLD_B, "hold, 512-byte frames")[0] or UNDECODED
         held: dict[str, Any] = {
             "release": measures.release(first, second), "shapes": [first, second]
         }  # fmt: skip
         held_once = first["release"] not in ("none", "incomplete")
         if held_once and session.fits("X-Accel-Buffering: no", ACCEL):
-            knob = _hold(session, ACCEL, "X-Accel-Buffering: no")
+            knob = _hold(session, ACCEL, "X-Accel-Buffering: no")[0] or UNDECODED
             held["x_accel_buffering_honoured"] = measures.accel_honoured(first, knob)
             held["shapes"].append(knob)
         found["hold"] = held
-    if session.left() >= LEAVE_WAIT + 3.0:
-        gone, record, _ = session.send(LEAVE, "a client's leave", leave_after=LEAVE_AFTER_FRAMES)
-        closed = gone.closed_wall if gone.closed_wall is not None else time.time()
-        found["leave"] = measures.leave(record, closed - record["received_at"], LEAVE_WAIT)
-    else:
-        session.not_measured.append("a client's leave (the budget ran out)")
+    if session.fits("compression", COMPRESS):
+        squeezed, asked = _hold(session, COMPRESS, "compression (Accept-Encoding: gzip)",
+                                ACCEPT_GZIP)  # fmt: skip
+        found["compression"] = measures.compression(check.response, asked, squeezed)
+    if session.fits("the SSE fields", SSE_FIELDS):
+        sse, record, plan = session.send(
+            SSE_FIELDS, "heartbeats, retry:, id: and Last-Event-ID",
+            headers=(("Last-Event-ID", LAST_EVENT_ID),),
+        )  # fmt: skip
+        found["sse_fields"] = measures.sse_fields(plan, record, sse.response, LAST_EVENT_ID)
+    for reset, key in ((False, "leave"), (True, "leave_rst")):
+        if session.left() >= LEAVE_WAIT + 3.0:
+            found[key] = _leave(session, reset=reset)
+        else:
+            kind = "reset" if reset else "leave"
+            session.not_measured.append(f"a client's {kind} (the budget ran out)")
+    # the three long measures share what is left, each reported "at least" its length when
+    # nothing ends it; one that ends early leaves its time to the next
+    long_measures = (
+        ("head_idle", 3, measures.head_idle_shape, measures.head_idle,
+         "the timeout before the head"),
+        ("duration_cap", 2, measures.cap_shape, measures.duration_cap, "a duration cap"),
+    )  # fmt: skip
+    for key, share, shape_of, read, what in long_measures:
+        length = min((session.left() - share * IDLE_SLACK) / share, probe_shape.MAX_WAIT)
+        if length < IDLE_MIN:
+            session.not_measured.append(f"{what} (the budget ran out)")
+            continue
+        shape = shape_of(round(length, 1))
+        done, record, _ = session.send(shape, f"{what} (a {length:.0f} s wait)", check=False)
+        # the head's delay for the wait before the head, the stream's length for the cap
+        waited = shape.head_delay or shape.duration
+        found[key] = read(record, done.response, done.ended, done.ended_at, waited)
     # the silence takes what the budget has left: a longer timeout is "at least" that
     pause = min(session.left() - IDLE_SLACK, probe_shape.MAX_WAIT)
     if pause >= IDLE_MIN:

@@ -4,7 +4,9 @@ upstream. With the default `proxy_buffering on` it must find the 4 KiB buffer
 (`proxy_buffers 8 4k`) within its stated tolerance, that nginx honours `X-Accel-Buffering:
 no`, the HTTP/1.0 upstream leg (`proxy_http_version 1.0`) re-chunked toward the client and
 the `Host` it rewrites, and no read timeout within the budget (its 60 s); with
-`proxy_buffering off` and `proxy_read_timeout 1s` no hold and a timeout of ~1 s. The scenario
+`proxy_buffering off` and `proxy_read_timeout 1s` no hold and a timeout of ~1 s, after the
+head and before it (a 504); with `gzip on`, the stream compressed for a client that asks,
+held to its end under buffering (named nginx-gzip) and flushed per frame without it. The scenario
 fitted to nginx's defaults, played back through `middlebox proxy` (`--verify`), must agree on
 at least as many measures as the preset nginx-default played back the same way, and the
 preset must be named as the closest. Skipped where nginx is not installed, never under
@@ -51,8 +53,13 @@ def test_nginx_with_proxy_buffering_off_holds_nothing_and_its_read_timeout_is_fo
         ProbeUpstream("127.0.0.1", 0) as probe,
         running(setup, probe.port, tmp_path / "nginx") as port,
     ):
-        found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=BUDGET)
+        # the budget leaves a wait for the head: proxy_read_timeout times that wait too
+        found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=24)
     assert found["measures"]["hold"]["release"] == {"held": False, "by": "nothing"}
+    head = found["measures"]["head_idle"]
+    assert head["cut"] is True and 0.65 <= head["timeout"] <= 1.1
+    assert head["end"] == "status 504"
+    assert found["measures"]["duration_cap"]["cut"] is False
     assert "x_accel_buffering_honoured" not in found["measures"]["hold"]
     idle = found["measures"]["idle"]
     # nginx's lazy timers (NGX_TIMER_LAZY_DELAY, 300 ms) fire up to 300 ms early
@@ -73,8 +80,8 @@ def test_the_scenario_fitted_to_nginx_agrees_at_least_as_well_as_its_preset(
     ):
         found = fingerprint(f"http://127.0.0.1:{port}/v1", budget=BUDGET)
     said = "\n".join(found["summary"])
-    # with gzip on nginx compresses only for a client that asks, and the probe's do not
-    assert found["closest_preset"]["names"] == ["nginx-default", "nginx-gzip"], said
+    # nginx without `gzip on` leaves the answer to Accept-Encoding: gzip uncompressed
+    assert found["closest_preset"]["names"] == ["nginx-default"], said
     assert found["closest_preset"]["agrees"] is True, said
     fitted = write_scenario(found, tmp_path / "path.yaml")
     assert fitted.config("proxy_buffering") is not None and fitted.config("http10_upstream") == {}
@@ -85,3 +92,23 @@ def test_the_scenario_fitted_to_nginx_agrees_at_least_as_well_as_its_preset(
     table = "\n".join(f"{row.measure}: {row.path} / {row.model} {row.ok}" for row in mine)
     assert sum(row.ok for row in mine) >= sum(row.ok for row in theirs), table
     assert {row.measure for row in mine if not row.ok} == set(), table
+
+
+def test_nginx_gzip_holds_the_compressed_stream_unless_buffering_is_off(tmp_path: Path) -> None:
+    # ngx_http_gzip_filter_module sync-flushes only data flagged for flush, which
+    # proxy_buffering off sets on every upstream read and buffering does not
+    found = {}
+    for buffering in (True, False):
+        setup = Setup("nginx", buffering=buffering, gzip=True)
+        with (
+            ProbeUpstream("127.0.0.1", 0) as probe,
+            running(setup, probe.port, tmp_path / f"nginx-{buffering}") as port,
+        ):
+            found[buffering] = fingerprint(f"http://127.0.0.1:{port}/v1", budget=BUDGET)
+    held, flushed = found[True]["measures"], found[False]["measures"]
+    said = "\n".join(found[True]["summary"])
+    assert (held["compression"]["asked"], held["compression"]["flush"]) == ("gzip", "held"), said
+    assert held["compression"]["release"] == "end" and held["compression"]["unasked"] is None
+    assert found[True]["closest_preset"]["names"] == ["nginx-gzip"], said
+    assert found[True]["closest_preset"]["agrees"] is True, said
+    assert flushed["compression"]["flush"] == "per-frame", "\n".join(found[False]["summary"])

@@ -63,6 +63,12 @@ def test_a_bare_path_shows_no_hold_no_header_change_and_no_timeout(tmp_path: Pat
     assert measures["framing"]["rechunked"] is False
     assert measures["idle"]["cut"] is False and measures["idle"]["at_least"] >= 2.0, said
     assert measures["idle"]["client_saw"] == "complete"
+    assert measures["compression"]["compresses"] is False, said
+    fields = measures["sse_fields"]
+    verdicts = [fields[name]["verdict"] for name in ("heartbeats", "retry", "id", "last_event_id")]
+    assert verdicts == ["passed"] * 4, said
+    assert measures["leave_rst"]["learned"] is True, said
+    assert measures["leave_rst"]["after"] <= 0.05, said
 
 
 def test_the_command_prints_both_summaries_and_writes_the_json(tmp_path: Path) -> None:
@@ -125,7 +131,7 @@ def test_write_then_verify_agrees_on_every_measure(tmp_path: Path) -> None:
         )  # fmt: skip
     assert done.returncode == 0, done.stderr
     said = done.stdout
-    assert "No preset agrees; the nearest, nginx-default and nginx-gzip" in said, said
+    assert "No preset agrees; the nearest, nginx-default, differs on" in said, said
     written = scenario.read_text()
     assert "  - proxy_buffering: {buffer_size: 6" in written and "idle_reaper:" in written
     assert "  - http10_upstream: {}" in written and "X-Served-By: edge-1" in written

@@ -207,7 +207,7 @@ def test_a_hop_that_closes_the_upstream_during_the_silence_gives_its_read_timeou
     left = {"how": "fin", "at": 1.02, "frames_written": 1}
     cut = fp.decode([fp.Read(1.0, b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")])
     assert fp.idle(silent_record(left), cut, pause=30.0) == {
-        "cut": True, "timeout": 1.0, "how": "fin", "client_saw": "truncated",
+        "cut": True, "timeout": 1.0, "cut_at": 1.02, "how": "fin", "client_saw": "truncated",
     }  # fmt: skip
 
 
