@@ -174,8 +174,10 @@ def fingerprint(
 ) -> None:
     """Measure what the path in front of `middlebox probe-upstream` does to a token stream:
     how much it holds and what releases it, the HTTP version and framing each way, the
-    headers it changes, whether it honours X-Accel-Buffering: no, and how long until the
-    upstream learns that a client left (docs/fingerprint.md).
+    headers it changes, whether it honours X-Accel-Buffering: no, compression and its
+    flush, SSE comments, `retry:`, `id:` and Last-Event-ID passed or changed, how long until
+    the upstream learns that a client left (FIN or RST), the timeouts before and after the
+    head, and a duration cap (docs/fingerprint.md).
 
     \b
     Example:

@@ -8,7 +8,9 @@ presets   `- preset: NAME` (and its `set:`) expanded in a path
 schema    the JSON Schema of the format, generated from the registry
 workload  the clients' `workload:` block
 probe_shape  the probe upstream's stream shapes: knobs, frames and the plan of writes
-fingerprint  what a path did to probe shapes: hold, framing, headers, a client's leave
+fingerprint  what a path did to probe shapes: hold, framing, headers, compression, SSE fields,
+             a client's leave, timeouts, a duration cap
+fit       the scenario whose faults do what a fingerprint measured; the closest preset
 
 Rule: pure (core + pyyaml); never imports faults (the registry is passed in by the
 composition root), the shell, or anything that runs.
