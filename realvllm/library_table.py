@@ -1,7 +1,8 @@
 """The whole-library table of docs/real-vllm.md from a `middlebox run --upstream URL
 --report DIR` run: `python -m realvllm.library_table DIR/report.json` (stdlib only).
 
-One row a scenario, one column a client: `met` or `**not met**` with the request
+One row a scenario, one column a client (the default clients, then each other client the
+run scored): `met` or `**not met**` with the request
 verdicts, `abN`/`wN` (server.aborted, server.tokens_wasted) where the scenario abandons,
 `N takes` where a failed take was taken again (middlebox.run.takes),
 and each failed check as the scorer said it (notes on how a bound was judged included);
@@ -49,11 +50,19 @@ def _problems_for(scenario: dict[str, Any], client: str) -> list[str]:
     ]
 
 
+def columns(report: dict[str, Any]) -> list[str]:
+    """CLIENTS, then every other client the run scored (a scenario's own, such as the
+    Responses and Messages clients), in the order they first appear: no run is left out."""
+    seen = [r["client"] for s in report["scenarios"] for r in s.get("results") or ()]
+    return [*CLIENTS, *(c for c in dict.fromkeys(seen) if c not in CLIENTS)]
+
+
 def rows(report: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
     counts = {"met": 0, "not met": 0, "needs the emulator": 0, "needs a larger context": 0}
+    clients = columns(report)
     lines = [
-        "| scenario | " + " | ".join(CLIENTS) + " | server ms/token, tokens/frame, max_tokens |",
-        "|---" * (len(CLIENTS) + 2) + "|",
+        "| scenario | " + " | ".join(clients) + " | server ms/token, tokens/frame, max_tokens |",
+        "|---" * (len(clients) + 2) + "|",
     ]
     for scenario in report["scenarios"]:
         name = scenario["name"]
@@ -72,7 +81,7 @@ def rows(report: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
             r["metrics"].get("client.abandoned") for r in results.values() if r.get("metrics")
         )
         cells = []
-        for client in CLIENTS:
+        for client in clients:
             result = results.get(client)
             if result is None:
                 cells.append("")

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from realvllm.library_table import main, rows
+from realvllm.library_table import CLIENTS, main, rows
 
 
 def result(client: str, passed: bool, verdicts: list[str], **metrics: Any) -> dict[str, Any]:
@@ -74,3 +74,24 @@ def test_the_command_prints_the_table_and_the_counts(tmp_path: Path, capsys: Any
         "2/4 scenario-client runs met their expectations; 2 not met; 1 scenarios need the "
         "emulator; 1 need a larger context"
     )
+
+
+def test_a_client_of_a_scenarios_own_gets_a_column_after_the_defaults() -> None:
+    # the Responses handoff scored its resuming client only: its run is counted, in a column
+    # of its own after the default ones, and a default client that ran nowhere still has one
+    handoff = {
+        "name": "responses-background-handoff", "needs_emulator": None, "problems": [],
+        "paced": {}, "results": [{
+            "client": "openai-responses-resume", "passed": True, "checks": [],
+            "verdicts": {"requests": ["complete"]}, "metrics": {},
+        }],
+    }  # fmt: skip
+    lines, counts = rows({"scenarios": [*REPORT["scenarios"], handoff]})
+    header = lines[0].split(" | ")
+    assert header[-2:] == ["openai-responses-resume", "server ms/token, tokens/frame, max_tokens |"]
+    assert "tools-naive" in header  # the defaults stay, run or not
+    assert lines[-1].startswith("| responses-background-handoff |")
+    assert lines[-1].split(" | ")[-2] == "met (complete)"
+    assert counts["met"] == 3  # the two of REPORT and this one
+    # a report with the default clients alone has their columns alone
+    assert rows(REPORT)[0][0].count(" | ") == len(CLIENTS) + 1
