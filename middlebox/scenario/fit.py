@@ -244,6 +244,12 @@ def _fit_idle(idle: Mapping[str, Any], out: Fitted) -> None:
     )
 
 
+def prompt_leave(gone: Mapping[str, Any]) -> bool:
+    """Whether a learned leave is a hop's watching the client (learned within
+    LEAVE_PROMPT, fewer than LEAVE_FRAMES frames after), not a failed write's."""
+    return bool(gone["after"] <= LEAVE_PROMPT and gone["frames_after_close"] < LEAVE_FRAMES)
+
+
 def _fit_leave(gone: Mapping[str, Any], out: Fitted) -> None:
     if not gone["learned"]:
         out.add(
@@ -254,7 +260,7 @@ def _fit_leave(gone: Mapping[str, Any], out: Fitted) -> None:
         )
         return
     late = gone["after"] > LEAVE_PROMPT
-    if not late and gone["frames_after_close"] < LEAVE_FRAMES:
+    if prompt_leave(gone):
         return
     config: dict[str, Any] = {"until": "write_fails"}
     if late:
@@ -269,8 +275,13 @@ def _fit_leave(gone: Mapping[str, Any], out: Fitted) -> None:
 
 def fit(measures: Mapping[str, Any]) -> Fitted:
     """The path of faults that behaves like the measured one, client side first (as a
-    proxy stacks them: the hop's response header changes, its framing, its buffer, then
-    its read timeout, which counts upstream reads), and what no fault expresses."""
+    proxy stacks them: the hop's response header changes, its framing, its buffer, its
+    leave, then its read timeout, which counts upstream reads), and what no fault
+    expresses. The leave sits upstream of the hold, as in haproxy-default: its `cork` is
+    the whole delay measured from the probe's first write after the client's close, so
+    the fault must see the probe's writes; client side of a timer's hold it would see
+    only the hold's releases, and learn a release or two later (a 0.23 s leave behind a
+    0.22 s timer plays back as 0.48 s there)."""
     out = Fitted()
     held = measures.get("hold")
     framing = measures.get("framing")
@@ -281,10 +292,10 @@ def fit(measures: Mapping[str, Any]) -> Fitted:
         _header_faults(measures["request_headers"], "request", out)
     if framing:
         _fit_framing(framing, held_by, out)
-    if measures.get("leave"):
-        _fit_leave(measures["leave"], out)
     if held:
         _fit_hold(held, framing, out)
+    if measures.get("leave"):
+        _fit_leave(measures["leave"], out)
     if measures.get("idle"):
         _fit_idle(measures["idle"], out)
     return out
@@ -360,6 +371,10 @@ def values(measures: Mapping[str, Any]) -> dict[str, Any]:
         if gone["learned"]:
             found["leave_after"] = gone["after"]
             found["leave_frames"] = gone["frames_after_close"]
+            # what the fit reads as watched or not (`ignore_client_close` or none): a hop
+            # that learns at a failed write (Apache: the second after the FIN, 20-40 ms at
+            # the probe's 20 ms frames) is within leave_after's 50 ms of one that watches
+            found["leave_prompt"] = prompt_leave(gone)
     return found
 
 
@@ -463,11 +478,12 @@ def _bytes(value: Any) -> int:
 def expected(text: str) -> dict[str, Any]:
     """What a fingerprint of the path in `text` (a preset's YAML) says, on the measures
     the fitter maps: the hold, X-Accel-Buffering, the upstream's HTTP version, the read
-    timeout and whether a leave is learned. The hold shapes' answers bound a buffer: one
-    larger than both is a hold to the end. `gzip_encoding` changes nothing here: it
-    compresses only for a client that sends `Accept-Encoding: gzip`, which the
-    fingerprint's requests do not (compression is not measured yet), so nginx-gzip reads
-    as nginx-default, as the real nginx with `gzip on` does."""
+    timeout, whether a leave is learned and whether at once (no `ignore_client_close`).
+    The hold shapes' answers bound a buffer: one larger than both is a hold to the end.
+    `gzip_encoding` changes nothing here: it compresses only for a client that sends
+    `Accept-Encoding: gzip`, which the fingerprint's requests do not (compression is not
+    measured yet), so nginx-gzip reads as nginx-default, as the real nginx with `gzip on`
+    does."""
     found: dict[str, Any] = {"hold_by": "nothing", "upstream_version": "HTTP/1.1"}
     answers = HOLD_B.frames * (HOLD_B.size or 0)
     entries = _entries(text)
@@ -490,7 +506,12 @@ def expected(text: str) -> dict[str, Any]:
             found["idle_timeout"] = _seconds(config.get("timeout", 60))
         elif fault == "ignore_client_close":
             found["leave_learned"] = config.get("until", "write_fails") != "never"
+            if found["leave_learned"]:
+                found["leave_prompt"] = False  # learned at a failed write, not watched
     found.setdefault("leave_learned", True)
+    found.setdefault("leave_prompt", True)  # a hop without the fault watches the client
+    if not found["leave_learned"]:
+        found.pop("leave_prompt")
     found.setdefault("idle_timeout", NO_TIMEOUT)  # no read timeout: any silence passes
     if found["hold_by"] in ("nothing",):
         found.pop("x_accel_buffering_honoured", None)
