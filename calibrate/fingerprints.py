@@ -12,7 +12,7 @@ and the closest preset named end the run (and the table printed last). Everythin
 command prints is printed here under the run's name; `--out` keeps each run's scenario
 (`NAME.yaml`), a preset's (`NAME.preset.yaml`) and the fingerprint document (`NAME.json`,
 the preset's agreement under `preset_verify`). Never part of the test suite (apt-get needs
-root; the twelve runs take about 10 minutes).
+root; the twelve runs take about 8 minutes).
 """
 
 from __future__ import annotations
