@@ -344,6 +344,12 @@ def _fit_idle(idle: Mapping[str, Any], out: Fitted) -> None:
     )
 
 
+def prompt_leave(gone: Mapping[str, Any]) -> bool:
+    """Whether a learned leave is a hop's watching the client (learned within
+    LEAVE_PROMPT, fewer than LEAVE_FRAMES frames after), not a failed write's."""
+    return bool(gone["after"] <= LEAVE_PROMPT and gone["frames_after_close"] < LEAVE_FRAMES)
+
+
 def _fit_leave(gone: Mapping[str, Any], out: Fitted) -> None:
     if not gone["learned"]:
         out.add(
@@ -354,7 +360,7 @@ def _fit_leave(gone: Mapping[str, Any], out: Fitted) -> None:
         )
         return
     late = gone["after"] > LEAVE_PROMPT
-    if not late and gone["frames_after_close"] < LEAVE_FRAMES:
+    if prompt_leave(gone):
         return
     config: dict[str, Any] = {"until": "write_fails"}
     if late:
@@ -467,8 +473,13 @@ def _fit_reset(reset: Mapping[str, Any], fin: Mapping[str, Any] | None, out: Fit
 
 def fit(measures: Mapping[str, Any]) -> Fitted:
     """The path of faults that behaves like the measured one, client side first (as a
-    proxy stacks them: the hop's response header changes, its framing, its buffer, then
-    its read timeout, which counts upstream reads), and what no fault expresses."""
+    proxy stacks them: the hop's response header changes, its framing, its buffer, its
+    leave, then its read timeout, which counts upstream reads), and what no fault
+    expresses. The leave sits upstream of the hold, as in haproxy-default: its `cork` is
+    the whole delay measured from the probe's first write after the client's close, so
+    the fault must see the probe's writes; client side of a timer's hold it would see
+    only the hold's releases, and learn a release or two later (a 0.23 s leave behind a
+    0.22 s timer plays back as 0.48 s there)."""
     out = Fitted()
     held = measures.get("hold")
     framing = measures.get("framing")
@@ -483,12 +494,12 @@ def fit(measures: Mapping[str, Any]) -> Fitted:
         _fit_sse(measures["sse_fields"], out)
     if framing:
         _fit_framing(framing, held_by, out)
+    if held:
+        _fit_hold(held, framing, out)
     if measures.get("leave"):
         _fit_leave(measures["leave"], out)
     if measures.get("leave_rst"):
         _fit_reset(measures["leave_rst"], measures.get("leave"), out)
-    if held:
-        _fit_hold(held, framing, out)
     cap, head, idle = (measures.get(key) for key in ("duration_cap", "head_idle", "idle"))
     if idle and not (idle["cut"] and _by_cap(cap, idle.get("cut_at", -1.0))):
         _fit_idle(idle, out)
@@ -577,6 +588,12 @@ def values(measures: Mapping[str, Any]) -> dict[str, Any]:
             if gone["learned"]:
                 found[f"{prefix}_after"] = gone["after"]
                 found[f"{prefix}_frames"] = gone["frames_after_close"]
+            if gone["learned"] and key == "leave":
+                # what the fit reads as watched or not (`ignore_client_close` or none): a hop
+                # that learns at a failed write (Apache: the second after the FIN, 20-40 ms
+                # at the probe's 20 ms frames) is within leave_after's 50 ms of one that
+                # watches
+                found["leave_prompt"] = prompt_leave(gone)
     squeezed = measures.get("compression")
     if squeezed:
         found["compression"] = compression_value(squeezed)
@@ -699,7 +716,8 @@ def _bytes(value: Any) -> int:
 def expected(text: str) -> dict[str, Any]:
     """What a fingerprint of the path in `text` (a preset's YAML) says, on the measures
     the fitter maps: the hold, X-Accel-Buffering, the upstream's HTTP version, the read
-    timeout, whether a leave (FIN or RST) is learned, compression and the SSE fields. The
+    timeout, whether a leave (FIN or RST) is learned and whether at once (no
+    `ignore_client_close`), compression and the SSE fields. The
     hold shapes' answers bound a buffer: one larger than both is a hold to the end.
     `gzip_encoding` compresses only for a client that sends `Accept-Encoding: gzip`, which
     only the compression measure's request does, so nginx-gzip differs from nginx-default
@@ -735,6 +753,8 @@ def expected(text: str) -> dict[str, Any]:
         elif fault == "ignore_client_close":
             found["leave_learned"] = config.get("until", "write_fails") != "never"
             found["rst_learned"] = found["leave_learned"]
+            if found["leave_learned"]:
+                found["leave_prompt"] = False  # learned at a failed write, not watched
         elif fault == "gzip_encoding":
             flush = "per-frame" if config.get("flush", "none") == "sync" else "held"
             found["compression"] = f"gzip, {flush}"
@@ -758,6 +778,9 @@ def expected(text: str) -> dict[str, Any]:
                         ("compresses_unasked", False), ("heartbeats", "passed"),
                         ("retry_lines", "passed"), ("id_lines", "passed")):  # fmt: skip
         found.setdefault(name, value)
+    found.setdefault("leave_prompt", True)  # a hop without the fault watches the client
+    if not found["leave_learned"]:
+        found.pop("leave_prompt")
     found.setdefault("idle_timeout", NO_TIMEOUT)  # no read timeout: any silence passes
     if found["hold_by"] in ("nothing",):
         found.pop("x_accel_buffering_honoured", None)

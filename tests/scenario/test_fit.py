@@ -311,3 +311,65 @@ def test_a_timer_that_x_accel_buffering_turns_off_is_said_and_one_that_stays_is_
         "header, so the fitted path holds those answers too"
     ]
     assert fit.fit({"hold": timer_hold(False)}).not_fitted == []
+
+
+# Apache learns of a client's FIN when the second write after it fails: 20-40 ms and 2-3
+# frames at the probe's 20 ms frames, within leave_after's 50 ms of a hop that watches
+WRITE_FAILED = {"learned": True, "how": "fin", "after": 0.031, "frames_after_close": 2}
+WATCHED = {"learned": True, "how": "fin", "after": 0.001, "frames_after_close": 0}
+
+
+def test_a_leave_learned_at_a_failed_write_names_apache_and_a_watched_one_does_not() -> None:
+    bare = fingerprint(list) | {"framing": framing_measure()}
+    late = fit.closest_preset(bare | {"leave": WRITE_FAILED}, PRESETS)
+    assert late.names == ("apache-default",) and late.agrees, late
+    assert ("leave_prompt", False, False) in [(r.measure, r.path, r.model) for r in late.rows]
+    watched = fit.closest_preset(bare | {"leave": WATCHED}, PRESETS)
+    assert "apache-default" not in watched.names and watched.agrees, watched
+    assert {"passthrough", "caddy-default"} <= set(watched.names)
+
+
+def test_a_preset_reads_as_watching_the_client_unless_it_ignores_a_close() -> None:
+    prompt = {name: fit.expected(text).get("leave_prompt") for name, text in PRESETS.items()}
+    assert prompt == {
+        "passthrough": True, "nginx-default": True, "nginx-streaming": True, "nginx-gzip": True,
+        "haproxy-default": False, "apache-default": False, "caddy-default": True,
+    }  # fmt: skip
+    never = fit.expected("- ignore_client_close: {until: never}")
+    assert never["leave_learned"] is False and "leave_prompt" not in never
+    gone = fit.values({"leave": {"learned": False, "at_least": 5.0, "frames_after_close": 9}})
+    assert "leave_prompt" not in gone
+    assert fit.values({"leave": WRITE_FAILED})["leave_prompt"] is False
+    assert fit.values({"leave": WATCHED})["leave_prompt"] is True
+
+
+def leave_after_of(path: list[Fault], closed_at: float = 0.31) -> float:
+    """Seconds from a client's FIN at `closed_at` (after the first of a timer's releases)
+    to the path's close or reset of the upstream connection, on the probe's 20 ms frames."""
+    shape = ProbeShape(frames=250, size=256, period=0.02)
+    plan = probe_shape.plan(shape, http10=False, ident="t", model="middlebox-probe")
+    items = [*probe_shape.timeline(plan, REQUEST), (closed_at, Eof(UP))]
+    out = replay(Pipeline(path), sorted(items, key=lambda item: item[0]))
+    return next(at for at, item in out if isinstance(item, Eof | Reset) and item.direction is UP
+                and at >= closed_at) - closed_at  # fmt: skip
+
+
+def test_a_late_leave_sits_upstream_of_a_timer_hold_and_plays_back_as_measured() -> None:
+    # HAProxy: a 0.22 s timer's hold and a leave learned 0.233 s later, 12 frames after
+    measures = fingerprint(lambda: [Coalescer(window=0.22, size=1_000_000)])
+    measures["leave"] = {"learned": True, "how": "rst", "after": 0.233, "frames_after_close": 12}
+    fitted = fit.fit(measures)
+    assert [next(iter(entry)) for entry in fitted.path] == ["coalescer", "ignore_client_close"]
+    faults = compose.load_text(fit.scenario_text(fitted, name="haproxy", url="u")).build_faults()
+    played = leave_after_of(faults)
+    assert fit.agreement({"leave_after": 0.233}, {"leave_after": played})[0].ok, played
+    # client side of the hold the fault sees only its releases: a release or two late
+    corked = fitted.config("ignore_client_close")
+    assert corked is not None
+    swapped = compose.load_text(
+        "name: s\npath:\n"
+        f"  - ignore_client_close: {{until: write_fails, cork: {corked['cork']}s}}\n"
+        "  - coalescer: {direction: downstream, window: 220ms, size: 1048576}\n"
+    ).build_faults()
+    late = leave_after_of(swapped)
+    assert not fit.agreement({"leave_after": 0.233}, {"leave_after": late})[0].ok, late
