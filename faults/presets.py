@@ -69,9 +69,10 @@ PRESETS: dict[str, str] = {
     "passthrough": "[]",
     "nginx-default": _NGINX_HIDE + _NGINX_BUFFERING + _NGINX_READ_TIMEOUT,
     # `proxy_buffering off`: ngx_http_upstream_process_non_buffered_request writes each
-    # upstream read to the client at once. The upstream leg is still HTTP/1.0 and
-    # proxy_read_timeout still applies.
-    "nginx-streaming": _NGINX_HIDE + _NGINX_READ_TIMEOUT,
+    # upstream read to the client at once. The upstream leg is still HTTP/1.0
+    # (proxy_http_version's default, which the fingerprint of a real nginx with buffering
+    # off measures) and proxy_read_timeout still applies.
+    "nginx-streaming": _NGINX_HIDE + _NGINX_HTTP10 + _NGINX_READ_TIMEOUT,
     # nginx-default plus `gzip on; gzip_types text/event-stream;` (ngx_http_gzip_module:
     # gzip_buffers 32 4k, gzip_comp_level 1). Under buffering no flush flag reaches the
     # gzip filter, so zlib holds the whole stream: one burst at the end.

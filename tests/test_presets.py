@@ -68,7 +68,7 @@ def test_the_presets_expand_to_the_faults_docs_calibration_names() -> None:
     assert expanded == {
         "passthrough": [],
         "nginx-default": ["strip_header", "http10_upstream", "proxy_buffering", "idle_reaper"],
-        "nginx-streaming": ["strip_header", "idle_reaper"],
+        "nginx-streaming": ["strip_header", "http10_upstream", "idle_reaper"],
         "nginx-gzip": [
             "strip_header",
             "gzip_encoding",

@@ -807,7 +807,8 @@ class Closest:
             return f"Closest preset: {said}{tie}, agreeing on all {len(self.rows)} measures."
         wrong = [row.measure for row in self.rows if not row.ok]
         if len(self.names) > 2:
-            return f"No preset agrees: each differs on at least {len(wrong)} measures."
+            plural = "" if len(wrong) == 1 else "s"
+            return f"No preset agrees: each differs on at least {len(wrong)} measure{plural}."
         return f"No preset agrees; the nearest, {said}{tie}, differs on {', '.join(wrong)}."
 
 
