@@ -233,13 +233,15 @@ class ProbeUpstream:
             return _answer(connection, 200, models, keep)
         if head.method == "GET" and "/probe/requests" in path:
             ident = path.rsplit("/probe/requests", 1)[1].strip("/")
+            # a record changes while its stream runs: a caching hop on the path (Varnish
+            # keeps a GET's 200 for 120 s by default) must not answer it from a stale copy
             if not ident:
-                return _answer(connection, 200, {"ids": self.records()}, keep)
+                return _answer(connection, 200, {"ids": self.records()}, keep, no_store=True)
             found = self.record(ident)
             if found is None:
                 missing = _error(f"no record of request {ident!r}")
-                return _answer(connection, 404, missing, keep)
-            return _answer(connection, 200, found, keep)
+                return _answer(connection, 404, missing, keep, no_store=True)
+            return _answer(connection, 200, found, keep, no_store=True)
         if head.method == "POST" and path.endswith(("/v1/chat/completions", "/v1/completions")):
             return self._stream(connection, request, chat=path.endswith("/chat/completions"))
         return _answer(connection, 404, _error(f"no route for {head.method} {path}"), keep)
@@ -503,16 +505,24 @@ def _error(message: str) -> dict[str, Any]:
 
 
 def _answer(
-    connection: _Connection, status: int, payload: object, keep_alive: bool = False
+    connection: _Connection,
+    status: int,
+    payload: object,
+    keep_alive: bool = False,
+    *,
+    no_store: bool = False,
 ) -> bool:
     """A whole JSON answer (Content-Length); True when the connection stays open, else
-    it is closed with a FIN (its unread bytes read first, bounded)."""
+    it is closed with a FIN (its unread bytes read first, bounded). `no_store` adds
+    `Cache-Control: no-store` (RFC 9111 §5.2.2.5: no cache may keep it)."""
     reasons = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Content Too Large",
                503: "Service Unavailable"}  # fmt: skip
     data = b"" if payload is None else json.dumps(payload).encode() + b"\n"
     head = [f"HTTP/1.1 {status} {reasons[status]}", f"content-length: {len(data)}"]
     if payload is not None:
         head.append("content-type: application/json")
+    if no_store:
+        head.append("cache-control: no-store")
     if not keep_alive:
         head.append("connection: close")
     try:

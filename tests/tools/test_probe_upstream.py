@@ -273,6 +273,24 @@ def test_models_health_and_records_answer_under_any_route_prefix(probe: ProbeUps
     assert get(probe.port, "/v2/other")[0] == 404
 
 
+def test_records_tell_a_caching_hop_not_to_keep_them_and_the_rest_does_not(
+    probe: ProbeUpstream,
+) -> None:
+    exchange(probe.port, request("frames=1;size=40;format=text;id=cached"))
+    settled(probe, "cached")
+
+    def head_of(path: str) -> bytes:
+        answer = exchange(
+            probe.port, f"GET {path} HTTP/1.1\r\nHost: p\r\nConnection: close\r\n\r\n".encode()
+        )
+        return answer.partition(b"\r\n\r\n")[0].lower()
+
+    for path in ("/probe/requests/cached", "/probe/requests", "/probe/requests/nope"):
+        assert b"\r\ncache-control: no-store" in head_of(path), path
+    for path in ("/v1/models", "/health"):
+        assert b"cache-control" not in head_of(path), path
+
+
 def test_a_request_without_knobs_gets_the_default_stream_and_an_id(probe: ProbeUpstream) -> None:
     received = exchange(probe.port, request())
     body = received.partition(b"\r\n\r\n")[2]
