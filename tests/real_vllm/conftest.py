@@ -9,6 +9,7 @@ installed, and says why.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +115,20 @@ class Emulator:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+
+
+def run_library_scenarios(
+    middlebox_bin: str, url: str, names: list[str], folder: Path, timeout: float
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """`middlebox run NAMES --upstream URL` as a user runs it: the process and report.json's
+    scenarios by name."""
+    from middlebox.library import scenario_dir
+
+    report = folder / "report"
+    paths = [str(scenario_dir() / f"{name}.yaml") for name in names]
+    done = subprocess.run(
+        [middlebox_bin, "run", *paths, "--upstream", url, "--report", str(report)],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )  # fmt: skip
+    document = json.loads((report / "report.json").read_text())
+    return done, {s["name"]: s for s in document["scenarios"]}

@@ -12,14 +12,11 @@ generated for nobody.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from middlebox.library import scenario_dir
 from realvllm.serve import Server
-from tests.real_vllm.conftest import ROOT
+from tests.real_vllm.conftest import run_library_scenarios
 
 SCENARIOS = ["responses-background-handoff", "responses-background-restart"]
 RUN_TIMEOUT = 170  # seconds: two scenarios, up to three takes each
@@ -38,14 +35,9 @@ def _unmet(scenarios: dict[str, Any]) -> list[str]:
 def test_the_background_handoff_resumed_and_restarted_against_the_real_server(
     vllm_server: Server, middlebox_bin: str, tmp_path: Path
 ) -> None:
-    report = tmp_path / "report"
-    paths = [str(scenario_dir() / f"{name}.yaml") for name in SCENARIOS]
-    done = subprocess.run(
-        [middlebox_bin, "run", *paths, "--upstream", vllm_server.url, "--report", str(report)],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=ROOT,
-    )  # fmt: skip
-    document = json.loads((report / "report.json").read_text())
-    scenarios = {s["name"]: s for s in document["scenarios"]}
+    done, scenarios = run_library_scenarios(
+        middlebox_bin, vllm_server.url, SCENARIOS, tmp_path, RUN_TIMEOUT
+    )
     assert not _unmet(scenarios), "\n".join(_unmet(scenarios)) + "\n" + done.stdout[-3000:]
 
     (resumed,) = scenarios["responses-background-handoff"]["results"]

@@ -11,13 +11,10 @@ vllm-engine-error (emulator-only: an in-band error after N tokens).
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
-from middlebox.library import scenario_dir
 from realvllm.serve import Server
-from tests.real_vllm.conftest import ROOT
+from tests.real_vllm.conftest import run_library_scenarios
 
 # abandon-through-nginx-default is not in this slice yet: behind the buffering preset the
 # real-server scorer sometimes reports server.aborted 0 for a client that left (seen once in
@@ -33,14 +30,9 @@ RUN_TIMEOUT = 170  # seconds; the brief: under ~3 minutes on 2 shared cores
 def test_library_scenarios_with_upstream_meet_their_expectations(
     vllm_server: Server, middlebox_bin: str, tmp_path: Path
 ) -> None:
-    report = tmp_path / "report"
-    paths = [str(scenario_dir() / f"{name}.yaml") for name in SCENARIOS]
-    done = subprocess.run(
-        [middlebox_bin, "run", *paths, "--upstream", vllm_server.url, "--report", str(report)],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=ROOT,
-    )  # fmt: skip
-    document = json.loads((report / "report.json").read_text())
-    scenarios = {s["name"]: s for s in document["scenarios"]}
+    done, scenarios = run_library_scenarios(
+        middlebox_bin, vllm_server.url, SCENARIOS, tmp_path, RUN_TIMEOUT
+    )
     # `server.tokens_wasted: {max: 3}` is written for the emulator's pace (3 tokens at the
     # scenario's 15 ms ITL, 45 ms of decoding); the tiny real model decodes a token in
     # 1-5 ms, so the scorer judges that bound in decoding time (suite.in_decoding_time).
