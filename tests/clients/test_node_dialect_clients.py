@@ -114,7 +114,7 @@ def test_a_stream_cut_with_fin_is_silent_for_all_but_the_anthropic_sdk(
 
 
 RST_ERRORS = {
-    "node-openai-responses": "TypeError: terminated (SocketError: other side closed)",
+    "node-openai-responses": "TypeError: terminated",
     "node-ai-sdk-responses": "APICallError: Failed to process successful response",
     "node-anthropic": "APIConnectionError: Connection error.",
     "node-ai-sdk-anthropic": "APICallError: Failed to process successful response",
@@ -126,6 +126,9 @@ def test_a_stream_cut_with_rst_is_detected_by_every_client(tmp_path: Path, clien
     entry, ledger, score = run_node(tmp_path, client, CUT % "rst")
     whole = ledger[0]["planned_text"]
     assert whole.startswith(entry["text"]) and len(entry["text"]) < len(whole)
+    # undici's cause says which of its socket's events came first on the reset
+    # ("SocketError: other side closed" or "Error: read ECONNRESET"; both occur on loopback);
+    # the error the library raises is the same either way.
     assert entry["finish_reason"] is None and entry["error"].startswith(RST_ERRORS[client])
     assert [r.verdict for r in score.requests] == ["truncation_detected"]
 
