@@ -164,6 +164,13 @@ def probe_upstream(host: str, port: int, keep: int) -> None:
               help="Play the same measures through `middlebox proxy --scenario` with the "
               "written scenario, in front of a local probe upstream, and print the agreement "
               "measure by measure (needs --write).")  # fmt: skip
+@click.option("--watch", "interval", type=click.FloatRange(0.5), metavar="SECONDS",
+              help="A canary: every SECONDS, a small grid (one hold, one leave), one line "
+              "each, and Prometheus gauges at --metrics (docs/fingerprint.md).")  # fmt: skip
+@click.option("--metrics", default="127.0.0.1:9464", show_default=True, metavar="HOST:PORT",
+              help="Where --watch serves GET /metrics (port 0 picks a free one).")  # fmt: skip
+@click.option("--count", type=click.IntRange(1), metavar="N",
+              help="With --watch: stop after N rounds; exit 1 if any failed.")  # fmt: skip
 def fingerprint(
     url: str,
     direct: str | None,
@@ -171,6 +178,9 @@ def fingerprint(
     json_path: Path | None,
     scenario_path: Path | None,
     verify: bool,
+    interval: float | None,
+    metrics: str,
+    count: int | None,
 ) -> None:
     """Measure what the path in front of `middlebox probe-upstream` does to a token stream:
     how much it holds and what releases it, the HTTP version and framing each way, the
@@ -184,9 +194,15 @@ def fingerprint(
       middlebox probe-upstream --port 8000             # where the LLM server stands
       middlebox fingerprint https://my-ingress/probe-llm/v1 --direct http://10.0.0.5:8000/v1
       middlebox fingerprint https://my-ingress/probe-llm/v1 --write path.yaml --verify
+      middlebox fingerprint https://my-ingress/probe-llm/v1 --watch 60   # a canary
     """
     from middlebox.tools.fingerprint import FingerprintError, fingerprint_and_fit, write_json
 
+    if interval is not None:
+        watch_path(url, interval, metrics, count, direct or json_path or scenario_path)
+        return
+    if count is not None:
+        raise click.UsageError("--count bounds the rounds of --watch: give --watch SECONDS")
     if verify and scenario_path is None:
         raise click.UsageError("--verify plays the scenario --write writes: give --write PATH")
 
@@ -205,6 +221,25 @@ def fingerprint(
             write_json(document, json_path)
         except OSError as error:
             raise click.ClickException(f"{json_path}: cannot write ({error.strerror})") from None
+
+
+def watch_path(url: str, interval: float, metrics: str, count: int | None, other: object
+               ) -> None:  # fmt: skip
+    """`fingerprint --watch`: the canary's rounds until Ctrl-C (or --count)."""
+    from middlebox.tools.fingerprint import FingerprintError
+    from middlebox.tools.fingerprint_watch import watch
+
+    if other:
+        raise click.UsageError("--watch runs the canary alone: drop --direct, --json, --write")
+    try:
+        state = watch(url, interval, metrics=metrics, count=count, say=click.echo)
+    except FingerprintError as error:
+        raise click.ClickException(str(error)) from None
+    except KeyboardInterrupt:
+        click.echo("stopped (Ctrl-C)")
+        return
+    if state.failures:
+        sys.exit(1)
 
 
 @click.command()

@@ -52,6 +52,7 @@ from middlebox import compose
 from middlebox.run.processes import UpstreamProcess, UpstreamStartError
 from middlebox.scenario import fingerprint as measures
 from middlebox.scenario import fit, probe_shape
+from middlebox.scenario.canary import CANARY_HOLD
 from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.fingerprint import (
     ACCEL,
@@ -448,6 +449,17 @@ def measure(target: Target, budget: float, progress: Callable[[str], None]) -> d
     else:
         session.not_measured.append("the read timeout after the head (the budget ran out)")
     return {"measures": found, "not_measured": session.not_measured}
+
+
+def canary(target: Target, budget: float, progress: Callable[[str], None], run: str
+           ) -> dict[str, Any]:  # fmt: skip
+    """The canary's small grid (`middlebox fingerprint --watch`): the hold of one shape and
+    one client's leave, as the same measures the whole grid takes; `leave` is None when
+    `budget` had no room for it."""
+    session = Session(target, budget, progress, run)
+    held = _hold(session, CANARY_HOLD, "hold, 256-byte frames")[0] or UNDECODED
+    left = _leave(session, reset=False) if session.left() >= LEAVE_WAIT + 1.0 else None
+    return {"hold": held, "leave": left}
 
 
 def fingerprint(
