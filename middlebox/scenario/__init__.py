@@ -11,6 +11,7 @@ probe_shape  the probe upstream's stream shapes: knobs, frames and the plan of w
 fingerprint  what a path did to probe shapes: hold, framing, headers, compression, SSE fields,
              a client's leave, timeouts, a duration cap
 fit       the scenario whose faults do what a fingerprint measured; the closest preset
+canary    the canary's round (`fingerprint --watch`): added TTFT, bytes held, cancel time
 
 Rule: pure (core + pyyaml); never imports faults (the registry is passed in by the
 composition root), the shell, or anything that runs.
