@@ -231,12 +231,18 @@ def watch_path(url: str, interval: float, metrics: str, count: int | None, other
 
     if other:
         raise click.UsageError("--watch runs the canary alone: drop --direct, --json, --write")
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM (docker stop, a Kubernetes pod's end) ends the watch as Ctrl-C does
+    signal.signal(signal.SIGTERM, stop)
     try:
         state = watch(url, interval, metrics=metrics, count=count, say=click.echo)
     except FingerprintError as error:
         raise click.ClickException(str(error)) from None
     except KeyboardInterrupt:
-        click.echo("stopped (Ctrl-C)")
+        click.echo("stopped")
         return
     if state.failures:
         sys.exit(1)

@@ -107,7 +107,7 @@ class Metrics:
         def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
-            out.extend(f"{name}{labels} {_number(value)}" for labels, value in samples)
+            out.extend(f"{name}{labels} {number_text(value)}" for labels, value in samples)
 
         for attribute, (name, help_text) in SERVER_COUNTERS.items():
             if hasattr(server, attribute):
@@ -124,7 +124,7 @@ class Metrics:
             "counter",
             "Bytes relayed, by leg (client or upstream), direction and operation.",
             [
-                (_labels(leg=leg, direction=direction, op=op), value)
+                (label_text(leg=leg, direction=direction, op=op), value)
                 for (op, leg, direction), value in sorted(self.bytes.items())
             ],
         )
@@ -133,7 +133,7 @@ class Metrics:
             "counter",
             "Fault decisions reported, by fault and action.",
             [
-                (_labels(fault=fault, action=action), value)
+                (label_text(fault=fault, action=action), value)
                 for (fault, action), value in sorted(self.faults.items())
             ],
         )
@@ -142,7 +142,7 @@ class Metrics:
             "counter",
             "Connections on which a fault fired at least once, by fault.",
             [
-                (_labels(fault=fault), connections)
+                (label_text(fault=fault), connections)
                 for fault, connections in sorted(self.faulted_connections.items())
             ],
         )
@@ -170,7 +170,7 @@ class Metrics:
                 "middlebox_scenario_header_total",
                 "counter",
                 "Connections that chose their scenario with X-Middlebox-Scenario.",
-                [(_labels(scenario=n), v) for n, v in sorted(self.scenario_header.items())],
+                [(label_text(scenario=n), v) for n, v in sorted(self.scenario_header.items())],
             )
         scenario = getattr(server, "scenario", None)
         if scenario is not None:
@@ -178,7 +178,7 @@ class Metrics:
                 "middlebox_scenario_info",
                 "gauge",
                 "The active scenario (value 1) and its number of faults.",
-                [(_labels(name=scenario.name, faults=str(len(scenario.path))), 1)],
+                [(label_text(name=scenario.name, faults=str(len(scenario.path))), 1)],
             )
         return "\n".join(out) + "\n"
 
@@ -212,14 +212,17 @@ class CountingObserver:
             self.inner.ended(leg, direction, kind, now)
 
 
-def _labels(**labels: str) -> str:
+def label_text(**labels: str) -> str:
+    """`{key="value",...}`, each value escaped as the text format asks (also the canary's)."""
+
     def escape(value: str) -> str:
         return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
     return "{" + ",".join(f'{key}="{escape(value)}"' for key, value in labels.items()) + "}"
 
 
-def _number(value: float) -> str:
+def number_text(value: float) -> str:
+    """A sample's value: an integer without `.0`, any other float as Python writes it."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
@@ -255,6 +258,6 @@ def sum_expositions(texts: list[str]) -> str:
             else:
                 values[series] += value
     lines = [
-        entry if entry not in values else f"{entry} {_number(values[entry])}" for entry in order
+        entry if entry not in values else f"{entry} {number_text(values[entry])}" for entry in order
     ]
     return "\n".join(lines) + "\n"

@@ -10,8 +10,8 @@ rounds, the failures, whether the last round succeeded and when one last did, so
 that starts buffering after a deploy, and a path that stops answering, both show.
 
 A round is bounded (`ROUND_BUDGET`, each request within it by the grid runner's limits);
-a round that fails is counted and printed and the next one runs; Ctrl-C ends the watch
-between two reads; `count` bounds the rounds. The metrics listen on loopback unless told
+a round that fails is counted and printed and the next one runs; Ctrl-C (KeyboardInterrupt)
+ends the watch; `count` bounds the rounds. The metrics listen on loopback unless told
 otherwise: they are read-only numbers about the path, but a public scrape port is the
 operator's choice, not a default.
 """
@@ -26,14 +26,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from middlebox.observe.metrics import CONTENT_TYPE, _labels, _number
+from middlebox.observe.metrics import CONTENT_TYPE, label_text, number_text
 from middlebox.scenario import canary as canary_reading
 from middlebox.scenario.canary import Watch
 from middlebox.shell.server import Address
 from middlebox.tools.fingerprint import FingerprintError, Target, canary
 
-# Seconds a round may take: the hold shape (~1 s) and its record, then the leave (the
-# grid runner watches the probe's record for up to LEAVE_WAIT, 5 s, after the close).
+# The round's budget: the hold shape (~1 s) and its record first; the leave only when 6 s
+# are left (up to 1 s of reading, then the record watched for LEAVE_WAIT, 5 s). Each
+# request and record read has the grid runner's own limits, so a path that stalls every
+# one ends the round in under half a minute.
 ROUND_BUDGET = 12.0
 # OpenTelemetry's Prometheus exporter port: free on most hosts, and a scrape config that
 # already names it needs no new firewall rule.
@@ -76,14 +78,14 @@ def exposition(door: str, watch: Watch) -> str:
         "middlebox_canary_rounds_total": watch.rounds,
         "middlebox_canary_failures_total": watch.failures,
     }
-    labels = _labels(front_door=door)
+    labels = label_text(front_door=door)
     out: list[str] = []
     for name, kind, help_text in FAMILIES:
         value = values[name]
         if value is None:
             continue
         out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
-                f"{name}{labels} {_number(value)}"]  # fmt: skip
+                f"{name}{labels} {number_text(value)}"]  # fmt: skip
     return "\n".join(out) + "\n"
 
 

@@ -7,6 +7,8 @@ every socket with a timeout, rounds bounded by --count."""
 
 from __future__ import annotations
 
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -166,3 +168,24 @@ def test_the_command_exits_1_when_a_counted_round_failed() -> None:
     assert done.returncode == 1, done.stderr
     assert "round 1 failed (1 failure)" in done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_sigterm_ends_the_watch_as_ctrl_c_does() -> None:
+    # a canary in a container ends with SIGTERM (docker stop, a pod's end)
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "middlebox", "fingerprint", f"http://127.0.0.1:{closed_port()}/v1",
+         "--watch", "0.5", "--metrics", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert watcher.stdout is not None
+        readable, _, _ = select.select([watcher.stdout], [], [], 30)
+        assert readable and watcher.stdout.readline().startswith("watching ")
+        watcher.send_signal(signal.SIGTERM)
+        out, err = watcher.communicate(timeout=30)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.communicate(timeout=10)
+    assert watcher.returncode == 0, err
+    assert out.rstrip().endswith("stopped") and "Traceback" not in err
