@@ -3,8 +3,10 @@ probe upstream, a real `middlebox proxy` passing through, the watch as its own p
 Its /metrics must say 0 bytes held and no added TTFT; then nginx-default's
 `proxy_buffering` goes in through the proxy's control API (`POST /faults`, as a deploy
 would change a live hop) and the same gauges must rise to the 4 KiB buffer and a first
-token ~0.3 s late; Ctrl-C ends the watch with exit status 0. Loopback only; every wait has
-a deadline and the rounds a count."""
+token ~0.3 s late; Ctrl-C ends the watch with exit status 0. And a hop that stops passing
+the client's close (`ignore_client_close`): the cancel gauge must go from learned at once to
+not learned in its 5 s wait. Loopback only; every wait has a deadline and the rounds a
+count."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,50 +73,86 @@ def gauges_when(url: str, door: str, wanted: str, *, after_rounds: float) -> dic
     raise AssertionError(f"no round measured {wanted} within {WAIT} s: {found}")
 
 
-def test_a_path_that_starts_buffering_shows_on_the_canary_gauges(tmp_path: Path) -> None:
+def watch_process(door: str) -> subprocess.Popen[str]:
+    """`middlebox fingerprint DOOR --watch 0.5` as its own process, its rounds bounded."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "middlebox", "fingerprint", door, "--watch", "0.5",
+         "--count", str(ROUNDS_BOUND), "--metrics", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def metrics_url(watcher: subprocess.Popen[str]) -> str:
+    said = first_line(watcher, 30.0)
+    metrics = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", said)
+    assert metrics is not None, said
+    return metrics[1]
+
+
+def deploy(control: str, fault: dict[str, Any], metrics: str, door: str) -> float:
+    """POST `fault` to the proxy's `/faults`; the rounds counted after it took effect (a
+    round that began before the POST may still have passed through the old path)."""
+    request = urllib.request.Request(
+        f"{control}/faults", data=json.dumps(fault).encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 201
+    return scrape(metrics)[f'middlebox_canary_rounds_total{{front_door="{door}"}}'] + 1
+
+
+@contextmanager
+def watched_proxy(folder: Path, name: str) -> Iterator[tuple[str, str, str, subprocess.Popen[str]]]:
+    """A probe upstream, a pass-through `middlebox proxy` with its control API, and the
+    watch on it: (the control API's URL, the front door, the metrics URL, the watch)."""
     with (
         ProbeUpstream("127.0.0.1", 0) as probe,
-        middlebox_proxy(tmp_path, probe.port, "  []\n", "deploy",
-                        ("--control", "127.0.0.1:0")) as port,
-    ):  # fmt: skip
-        ready = (tmp_path / "deploy.ready").read_text()
+        middlebox_proxy(folder, probe.port, "  []\n", name, ("--control", "127.0.0.1:0")) as port,
+    ):
+        ready = (folder / f"{name}.ready").read_text()
         control = re.search(r"control API on (http://127\.0\.0\.1:\d+)", ready)
         assert control is not None, ready
         door = f"http://127.0.0.1:{port}/v1"
-        watcher = subprocess.Popen(
-            [sys.executable, "-m", "middlebox", "fingerprint", door, "--watch", "0.5",
-             "--count", str(ROUNDS_BOUND), "--metrics", "127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        watcher = watch_process(door)
         try:
-            said = first_line(watcher, 30.0)
-            metrics = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", said)
-            assert metrics is not None, said
-            before = gauges_when(metrics[1], door, "held_bytes", after_rounds=0)
-            assert before["held_bytes"] == 0, before
-            assert before["added_ttft_seconds"] < 0.1, before
-            assert before["cancel_learned"] == 1, before
-            assert before["failures_total"] == 0, before
-            request = urllib.request.Request(
-                f"{control[1]}/faults", data=json.dumps(NGINX_BUFFERING).encode(),
-                method="POST", headers={"Content-Type": "application/json"},
-            )  # fmt: skip
-            with urllib.request.urlopen(request, timeout=10) as answer:
-                assert answer.status == 201
-            # a round that began before the POST may still pass through: wait past it
-            deployed = scrape(metrics[1])[f'middlebox_canary_rounds_total{{front_door="{door}"}}']
-            after = gauges_when(metrics[1], door, "held_bytes", after_rounds=deployed + 1)
-            assert abs(after["held_bytes"] - 4096) <= 270, after
-            assert 0.2 <= after["added_ttft_seconds"] <= 1.0, after
-            assert after["cancel_learned"] == 1, after  # nginx watches the client socket
-            assert after["failures_total"] == 0, after
-            watcher.send_signal(signal.SIGINT)
-            out, err = watcher.communicate(timeout=30)
-            assert watcher.returncode == 0, err
-            assert out.rstrip().endswith("stopped"), out
-            assert "Traceback" not in err
-            held = [int(n) for n in re.findall(r" round \d+: .*, held (\d+) B", out)]
-            assert held[0] == 0 and max(held) > 3800, out  # one line per round, both stories
+            yield control[1], door, metrics_url(watcher), watcher
         finally:
             if watcher.poll() is None:
                 stop(watcher)
+
+
+def test_a_path_that_starts_buffering_shows_on_the_canary_gauges(tmp_path: Path) -> None:
+    with watched_proxy(tmp_path, "deploy") as (control, door, metrics, watcher):
+        before = gauges_when(metrics, door, "held_bytes", after_rounds=0)
+        assert before["held_bytes"] == 0, before
+        assert before["added_ttft_seconds"] < 0.1, before
+        assert before["cancel_learned"] == 1, before
+        assert before["failures_total"] == 0, before
+        deployed = deploy(control, NGINX_BUFFERING, metrics, door)
+        after = gauges_when(metrics, door, "held_bytes", after_rounds=deployed)
+        assert abs(after["held_bytes"] - 4096) <= 270, after
+        assert 0.2 <= after["added_ttft_seconds"] <= 1.0, after
+        assert after["cancel_learned"] == 1, after  # buffering holds data, not the close
+        assert after["failures_total"] == 0, after
+        watcher.send_signal(signal.SIGINT)
+        out, err = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0, err
+    assert out.rstrip().endswith("stopped"), out
+    assert "Traceback" not in err
+    held = [int(n) for n in re.findall(r" round \d+: .*, held (\d+) B", out)]
+    assert held[0] == 0 and max(held) > 3800, out  # one line per round, both stories
+
+
+def test_a_path_that_stops_passing_the_cancel_shows_on_the_canary_gauges(tmp_path: Path) -> None:
+    # `ignore_client_close: {until: never}` (a hop that drains the upstream to its end):
+    # the probe never learns the client left, so the gauge reads the 5 s wait, learned 0
+    never = {"ignore_client_close": {"until": "never"}}
+    with watched_proxy(tmp_path, "cancel") as (control, door, metrics, _):
+        before = gauges_when(metrics, door, "cancel_learned", after_rounds=0)
+        assert before["cancel_learned"] == 1, before
+        assert before["cancel_propagation_seconds"] < 0.5, before
+        deployed = deploy(control, never, metrics, door)
+        after = gauges_when(metrics, door, "cancel_learned", after_rounds=deployed)
+    assert after["cancel_learned"] == 0, after
+    assert after["cancel_propagation_seconds"] == 5.0, after
+    assert after["held_bytes"] == 0 and after["failures_total"] == 0, after
