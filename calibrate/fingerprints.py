@@ -97,6 +97,9 @@ def verify_preset(document: dict[str, Any], name: str, out: Path, budget: float)
     print(f"Verified the preset {name} the same way:", flush=True)
     for line in fit.agreement_lines(rows):
         print(f"  {line}", flush=True)
+    if theirs["verify"]["not_played"]:
+        skipped = ", ".join(theirs["verify"]["not_played"])
+        print(f"  Not measured in the playback (its budget ran out): {skipped}.", flush=True)
     return f"{sum(r.ok for r in rows)} of {len(rows)}"
 
 

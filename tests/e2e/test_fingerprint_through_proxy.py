@@ -138,6 +138,8 @@ def test_write_then_verify_agrees_on_every_measure(tmp_path: Path) -> None:
     document = json.loads(out.read_text())
     verified = document["verify"]
     assert verified["of"] >= 10 and verified["agreed"] == verified["of"], said
+    # the playback takes the waits the path took: nothing the path measured goes unplayed
+    assert verified["not_played"] == [] and "Not measured in the playback" not in said
     measures = {row["measure"] for row in verified["rows"]}
     assert {"hold_bytes", "first_frame_wait", "idle_timeout", "response_headers"} <= measures
     assert f"{verified['of']} of {verified['of']} measures agree." in said

@@ -24,9 +24,11 @@ from middlebox.tools.fingerprint import (
     FingerprintError,
     Target,
     fingerprint,
+    measure,
     verify_scenario,
     write_scenario,
 )
+from middlebox.tools.probe_upstream import ProbeUpstream
 from tests.run.http_stub import stub_upstream
 
 
@@ -107,6 +109,21 @@ def test_a_front_door_without_probe_records_is_named_as_such() -> None:
         pytest.raises(FingerprintError, match="no probe record at /v1/probe/requests/"),
     ):
         fingerprint(f"http://127.0.0.1:{port}/v1", budget=20)
+
+
+def test_a_playback_skips_the_long_waits_the_path_did_not_take() -> None:
+    # the path took the wait before the head and no duration cap: the playback takes no
+    # cap either and does not name it as not measured; the same budget without `like`
+    # names the cap (at 12 s neither long wait fits after the short measures)
+    path = {"head_idle": {"cut": False, "at_least": 2.0}}
+    with ProbeUpstream("127.0.0.1", 0) as probe:
+        target = Target.parse(f"http://127.0.0.1:{probe.port}/v1")
+        played = measure(target, 12.0, lambda line: None, like=path)
+        alone = measure(target, 12.0, lambda line: None)
+    assert "duration_cap" not in played["measures"]
+    assert "a duration cap (the budget ran out)" not in played["not_measured"]
+    assert "a duration cap (the budget ran out)" in alone["not_measured"]
+    assert "the timeout before the head (the budget ran out)" in played["not_measured"]
 
 
 def test_a_url_that_is_not_http_is_refused_before_any_connection() -> None:
