@@ -164,6 +164,14 @@ def probe_upstream(host: str, port: int, keep: int) -> None:
               help="Play the same measures through `middlebox proxy --scenario` with the "
               "written scenario, in front of a local probe upstream, and print the agreement "
               "measure by measure (needs --write).")  # fmt: skip
+@click.option("--model", metavar="NAME",
+              help="Measure a real OpenAI-compatible LLM server serving NAME (no probe "
+              "upstream): burst sizes, TTFT and gaps, headers, compression, cancellation. "
+              "Without it, a front door whose /v1/models lists other models than the "
+              "probe's is measured so, with the first model listed.")  # fmt: skip
+@click.option("--metrics", metavar="URL",
+              help="The LLM server's Prometheus /metrics, for cancellation (default: the "
+              "origin of --direct, else of URL, + /metrics).")  # fmt: skip
 def fingerprint(
     url: str,
     direct: str | None,
@@ -171,6 +179,8 @@ def fingerprint(
     json_path: Path | None,
     scenario_path: Path | None,
     verify: bool,
+    model: str | None,
+    metrics: str | None,
 ) -> None:
     """Measure what the path in front of `middlebox probe-upstream` does to a token stream:
     how much it holds and what releases it, the HTTP version and framing each way, the
@@ -184,6 +194,14 @@ def fingerprint(
       middlebox probe-upstream --port 8000             # where the LLM server stands
       middlebox fingerprint https://my-ingress/probe-llm/v1 --direct http://10.0.0.5:8000/v1
       middlebox fingerprint https://my-ingress/probe-llm/v1 --write path.yaml --verify
+
+    Against a real LLM server when the probe cannot be deployed (--model, or found from
+    /v1/models): burst sizes, TTFT and inter-token gaps, the headers and what the path adds
+    (with --direct), compression, and how long until the server stops generating for a
+    client that leaves (from its /metrics); what needs the probe is listed as not measured.
+
+    \b
+      middlebox fingerprint https://my-ingress/v1 --direct http://10.0.0.5:8000/v1
     """
     from middlebox.tools.fingerprint import FingerprintError, fingerprint_and_fit, write_json
 
@@ -193,11 +211,21 @@ def fingerprint(
     def progress(line: str) -> None:
         click.echo(f"fingerprint: {line}", err=True)
 
+    from middlebox.tools import fingerprint_llm
+
     try:
-        document = fingerprint_and_fit(
-            url, direct=direct, budget=budget, scenario=scenario_path, verify=verify,
-            progress=progress, say=click.echo,
-        )  # fmt: skip
+        if (served := fingerprint_llm.served_model(url, model)) is not None:
+            if scenario_path is not None:
+                raise fingerprint_llm.refuse_write()
+            document = fingerprint_llm.fingerprint_and_say(
+                url, model=served, direct=direct, budget=budget, metrics=metrics,
+                progress=progress, say=click.echo,
+            )  # fmt: skip
+        else:
+            document = fingerprint_and_fit(
+                url, direct=direct, budget=budget, scenario=scenario_path, verify=verify,
+                progress=progress, say=click.echo,
+            )  # fmt: skip
     except FingerprintError as error:
         raise click.ClickException(str(error)) from None
     if json_path is not None:
