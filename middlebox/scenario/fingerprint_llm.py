@@ -38,10 +38,10 @@ from typing import Any
 from middlebox.scenario import fingerprint as probe_measures
 from middlebox.scenario.fingerprint import Response
 
-# Events that arrive less than this apart (seconds) are one burst: a decode step of vLLM
-# takes milliseconds to tens of milliseconds per token, while a hop that releases a held
-# buffer writes it at once (one read, or a few within a millisecond on loopback).
-BURST_GAP = 0.005
+# Events that arrive less than this apart (seconds) are one burst: a hop that releases a
+# held buffer writes it at once, and its TCP segments arrive within microseconds, while a
+# decode step of vLLM takes a millisecond or more per token even for a tiny model on a CPU.
+BURST_GAP = 0.0005
 # A burst this many times the direct one (in token events) is a hold the path adds; under
 # it, the difference is the server's own batching and the client's scheduling.
 HELD_RATIO = 2.0

@@ -34,6 +34,8 @@ from middlebox.tools.probe_upstream import MODEL as PROBE_MODEL
 
 STREAMS = 3  # plain streams per target: the spread across them is the uncertainty
 MAX_TOKENS = 64
+# `ignore_eos` makes vLLM generate all of them; a server that refuses it (400) is asked
+# again without it
 CANCEL_MAX_TOKENS = 4096  # long enough that a client leaves well before the end
 LEAVE_AFTER_EVENTS = 10
 LEAVE_AFTER_S = 3.0  # a path that holds the stream shows the client nothing for a while
@@ -73,13 +75,15 @@ def _request(target: Target, body: dict[str, Any], headers: tuple[tuple[str, str
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data
 
 
-def _body(model: str, max_tokens: int, *, long: bool = False) -> dict[str, Any]:
+def _body(model: str, max_tokens: int, *, whole: bool) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
         "messages": [{"role": "user", "content": PROMPT}],
     }  # fmt: skip
-    if long:
-        body["ignore_eos"] = True  # vLLM's: the whole max_tokens, so the leave is mid-stream
+    if whole:
+        # vLLM's sampling parameter: all max_tokens are generated, so every stream has the
+        # same length and a client that leaves does so mid-stream
+        body["ignore_eos"] = True
     return body
 
 
@@ -174,6 +178,7 @@ class Session:
         self.target, self.model, self.progress = target, model, progress
         self.deadline = time.monotonic() + budget
         self.not_measured: list[str] = []
+        self.whole = True  # asks with `ignore_eos` until the server refuses it (not vLLM)
 
     def limit(self, what: str) -> float | None:
         left = self.deadline - time.monotonic()
@@ -187,8 +192,11 @@ class Session:
         if limit is None:
             return None
         self.progress(f"measuring {what} ({MAX_TOKENS} tokens from {self.model})")
-        request = _request(self.target, _body(self.model, MAX_TOKENS), headers)
+        request = _request(self.target, _body(self.model, MAX_TOKENS, whole=self.whole), headers)
         response, _ = _stream(self.target, request, limit)
+        if response.status == 400 and self.whole:  # a server without vLLM's ignore_eos
+            self.whole = False
+            return self.plain(what, headers)
         _check(self.target, response)
         return response
 
@@ -213,7 +221,8 @@ class Session:
             events = len(measures.token_events(response))
             return events >= LEAVE_AFTER_EVENTS or elapsed >= min(LEAVE_AFTER_S, limit / 3)
 
-        request = _request(self.target, _body(self.model, CANCEL_MAX_TOKENS, long=True), ())
+        body = _body(self.model, CANCEL_MAX_TOKENS, whole=self.whole)
+        request = _request(self.target, body, ())
         response, sock = _stream(self.target, request, limit, leave)
         if sock is None:
             self.not_measured.append(
