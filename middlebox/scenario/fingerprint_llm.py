@@ -299,7 +299,7 @@ def _cancel_line(who: str, found: Mapping[str, Any]) -> str:
         return (
             f"A client that leaves {who} is noticed by the server {found['after']:.3f} s later "
             f"(± {found['uncertainty']:.3f} s): it stops generating, {found['tokens_after']} "
-            f"tokens counted after the leave."
+            f"token{'' if found['tokens_after'] == 1 else 's'} counted after the leave."
         )
     return (
         f"A client that leaves {who} is not noticed by the server within "

@@ -33,7 +33,9 @@ def test_the_fingerprint_of_vllm_through_nginx_default_buffering(
     assert found["metrics"] == f"{vllm_server.url}/metrics"
     through = found["measures"]["stream"]
     alone = found["direct"]["measures"]["stream"]
-    assert through["burst_events"]["value"] >= 8, said
+    # the tiny random model's byte tokens often decode to no text (an empty delta, not a
+    # token event): a 4 KiB burst holds fewer token events than the emulator's ~14
+    assert through["burst_events"]["value"] >= 4, said
     assert 3000 <= through["burst_bytes"]["value"] <= 4096, said
     assert alone["burst_events"]["value"] <= 2, said
     assert found["path_adds"]["held"] is True, said
