@@ -8,6 +8,7 @@ run has a budget, every process is stopped by its PID."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -92,3 +93,19 @@ def test_the_probe_upstream_is_not_taken_for_an_llm_server() -> None:
         assert fingerprint_llm.served_model(f"http://127.0.0.1:{probe.port}/v1", None) is None
         given = fingerprint_llm.served_model(f"http://127.0.0.1:{probe.port}/v1", "chat")
     assert given == "chat"  # --model says so whatever the server lists
+
+
+def test_the_command_prints_the_summary_and_writes_the_same_as_json(
+    emulator: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "fp.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "middlebox", "fingerprint", f"{emulator}/v1", "--budget", "15",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    document = json.loads(out.read_text())
+    assert document["server"] == "llm" and document["model"] == "middlebox/emulated-7b"
+    assert done.stdout.splitlines() == document["summary"]
+    assert "fingerprint: measuring cancellation" in done.stderr  # the progress line
