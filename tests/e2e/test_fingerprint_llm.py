@@ -109,3 +109,17 @@ def test_the_command_prints_the_summary_and_writes_the_same_as_json(
     assert document["server"] == "llm" and document["model"] == "middlebox/emulated-7b"
     assert done.stdout.splitlines() == document["summary"]
     assert "fingerprint: measuring cancellation" in done.stderr  # the progress line
+
+
+def test_through_nginx_gzip_the_compressed_stream_is_held(emulator: str, tmp_path: Path) -> None:
+    port = int(emulator.rsplit(":", 1)[1])
+    with middlebox_proxy(tmp_path, port, "  - preset: nginx-gzip\n", "gzip") as front:
+        found = fingerprint_llm.fingerprint(
+            f"http://127.0.0.1:{front}/v1", model="middlebox/emulated-7b", budget=BUDGET
+        )
+    said = "\n".join(found["summary"])
+    squeezed = found["measures"]["compression"]
+    assert (squeezed["asked"], squeezed["unasked"], squeezed["flush"]) == ("gzip", None, "held")
+    assert "It compresses the event stream with gzip when asked: the compressed bytes are held" in (
+        said
+    )
