@@ -63,3 +63,21 @@ def stop(
     except subprocess.TimeoutExpired:
         process.kill()
         process.communicate(timeout=10)
+
+
+@contextmanager
+def emulator_process(cwd: Path | None = None) -> Iterator[str]:
+    """`python -m vllm_emulator --port 0` with its defaults; yields its base URL (its first
+    stdout line names the port)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vllm_emulator", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        assert line.startswith("listening on http://127.0.0.1:"), line
+        yield line.split("listening on ", 1)[1].strip()
+    finally:
+        process.terminate()  # the process started here, by its handle
+        process.wait(timeout=10)

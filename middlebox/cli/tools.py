@@ -166,11 +166,20 @@ def probe_upstream(host: str, port: int, keep: int) -> None:
               "measure by measure (needs --write).")  # fmt: skip
 @click.option("--watch", "interval", type=click.FloatRange(0.5), metavar="SECONDS",
               help="A canary: every SECONDS, a small grid (one hold, one leave), one line "
-              "each, and Prometheus gauges at --metrics (docs/fingerprint.md).")  # fmt: skip
-@click.option("--metrics", default="127.0.0.1:9464", show_default=True, metavar="HOST:PORT",
+              "each, and Prometheus gauges at --metrics-listen (docs/fingerprint.md).")  # fmt: skip
+@click.option("--metrics-listen", default="127.0.0.1:9464", show_default=True,
+              metavar="HOST:PORT",
               help="Where --watch serves GET /metrics (port 0 picks a free one).")  # fmt: skip
 @click.option("--count", type=click.IntRange(1), metavar="N",
               help="With --watch: stop after N rounds; exit 1 if any failed.")  # fmt: skip
+@click.option("--model", metavar="NAME",
+              help="Measure a real OpenAI-compatible LLM server serving NAME (no probe "
+              "upstream): burst sizes, TTFT and gaps, headers, compression, cancellation. "
+              "Without it, a front door whose /v1/models lists other models than the "
+              "probe's is measured so, with the first model listed.")  # fmt: skip
+@click.option("--metrics-url", metavar="URL",
+              help="The LLM server's Prometheus /metrics, for cancellation (default: the "
+              "origin of --direct, else of URL, + /metrics).")  # fmt: skip
 def fingerprint(
     url: str,
     direct: str | None,
@@ -179,8 +188,10 @@ def fingerprint(
     scenario_path: Path | None,
     verify: bool,
     interval: float | None,
-    metrics: str,
+    metrics_listen: str,
     count: int | None,
+    model: str | None,
+    metrics_url: str | None,
 ) -> None:
     """Measure what the path in front of `middlebox probe-upstream` does to a token stream:
     how much it holds and what releases it, the HTTP version and framing each way, the
@@ -195,11 +206,20 @@ def fingerprint(
       middlebox fingerprint https://my-ingress/probe-llm/v1 --direct http://10.0.0.5:8000/v1
       middlebox fingerprint https://my-ingress/probe-llm/v1 --write path.yaml --verify
       middlebox fingerprint https://my-ingress/probe-llm/v1 --watch 60   # a canary
+
+    Against a real LLM server when the probe cannot be deployed (--model, or found from
+    /v1/models): burst sizes, TTFT and inter-token gaps, the headers and what the path adds
+    (with --direct), compression, and how long until the server stops generating for a
+    client that leaves (from its /metrics); what needs the probe is listed as not measured.
+
+    \b
+      middlebox fingerprint https://my-ingress/v1 --direct http://10.0.0.5:8000/v1
     """
     from middlebox.tools.fingerprint import FingerprintError, fingerprint_and_fit, write_json
 
     if interval is not None:
-        watch_path(url, interval, metrics, count, direct or json_path or scenario_path)
+        watch_path(url, interval, metrics_listen, count,
+                   direct or json_path or scenario_path or model or metrics_url)  # fmt: skip
         return
     if count is not None:
         raise click.UsageError("--count bounds the rounds of --watch: give --watch SECONDS")
@@ -209,11 +229,21 @@ def fingerprint(
     def progress(line: str) -> None:
         click.echo(f"fingerprint: {line}", err=True)
 
+    from middlebox.tools import fingerprint_llm
+
     try:
-        document = fingerprint_and_fit(
-            url, direct=direct, budget=budget, scenario=scenario_path, verify=verify,
-            progress=progress, say=click.echo,
-        )  # fmt: skip
+        if (served := fingerprint_llm.served_model(url, model)) is not None:
+            if scenario_path is not None:
+                raise fingerprint_llm.refuse_write()
+            document = fingerprint_llm.fingerprint_and_say(
+                url, model=served, direct=direct, budget=budget, metrics=metrics_url,
+                progress=progress, say=click.echo,
+            )  # fmt: skip
+        else:
+            document = fingerprint_and_fit(
+                url, direct=direct, budget=budget, scenario=scenario_path, verify=verify,
+                progress=progress, say=click.echo,
+            )  # fmt: skip
     except FingerprintError as error:
         raise click.ClickException(str(error)) from None
     if json_path is not None:
@@ -230,7 +260,9 @@ def watch_path(url: str, interval: float, metrics: str, count: int | None, other
     from middlebox.tools.fingerprint_watch import watch
 
     if other:
-        raise click.UsageError("--watch runs the canary alone: drop --direct, --json, --write")
+        raise click.UsageError(
+            "--watch runs the canary alone: drop --direct, --json, --write, --model, --metrics-url"
+        )
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt

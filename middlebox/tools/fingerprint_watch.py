@@ -141,7 +141,7 @@ def watch(
     try:
         address = Address.parse(metrics)
     except ValueError as error:
-        raise FingerprintError(f"--metrics {metrics}: {error}") from None
+        raise FingerprintError(f"--metrics-listen {metrics}: {error}") from None
     state = Watch()
     lock = threading.Lock()
 
@@ -153,7 +153,7 @@ def watch(
         server = MetricsServer(address, render)
     except OSError as error:
         raise FingerprintError(
-            f"--metrics {metrics}: cannot listen ({error.strerror or error})"
+            f"--metrics-listen {metrics}: cannot listen ({error.strerror or error})"
         ) from None
     bare = address.host.strip("[]")
     host = f"[{bare}]" if ":" in bare else bare

@@ -77,7 +77,7 @@ def watch_process(door: str) -> subprocess.Popen[str]:
     """`middlebox fingerprint DOOR --watch 0.5` as its own process, its rounds bounded."""
     return subprocess.Popen(
         [sys.executable, "-m", "middlebox", "fingerprint", door, "--watch", "0.5",
-         "--count", str(ROUNDS_BOUND), "--metrics", "127.0.0.1:0"],
+         "--count", str(ROUNDS_BOUND), "--metrics-listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 

@@ -8,8 +8,6 @@ import itertools
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -37,6 +35,7 @@ from middlebox.scenario.workload import Workload, workload_file
 from middlebox.shell.server import Address, ProxyServer, listen
 from tests.clients.wire_server import END_CHUNK, SSE_HEAD, chat_frame, http_chunk
 from tests.harness import free_port, proxied, read_all, send_in_pieces
+from tests.proxy_process import emulator_process
 from tests.reliability.support import fds_back_to, open_fds
 from tests.request_readers import KeepAliveRequests
 
@@ -430,20 +429,8 @@ async def test_invalid_utf8_and_json_in_events_pass_through_and_no_client_crashe
 
 @pytest.fixture(scope="module")
 def emulator() -> Iterator[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vllm_emulator", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline().decode()
-        assert line.startswith("listening on http://127.0.0.1:"), line
-        yield line.split("listening on ", 1)[1].strip()
-    finally:
-        process.terminate()  # the process we started, by its handle
-        process.wait(timeout=10)
+    with emulator_process(cwd=ROOT) as url:
+        yield url
 
 
 def call(url: str, body: bytes | None, content_type: str = "application/json") -> Any:

@@ -146,7 +146,7 @@ def test_a_round_through_the_bare_probe_measures_nothing_held() -> None:
 
 
 def test_a_metrics_address_that_is_not_host_port_is_one_line() -> None:
-    with pytest.raises(FingerprintError, match="--metrics nowhere"):
+    with pytest.raises(FingerprintError, match="--metrics-listen nowhere"):
         watch("http://127.0.0.1:9/v1", 1.0, metrics="nowhere", count=1)
 
 
@@ -164,7 +164,7 @@ def test_the_command_refuses_count_without_watch_and_watch_with_write() -> None:
 
 def test_the_command_exits_1_when_a_counted_round_failed() -> None:
     done = run_cli(f"http://127.0.0.1:{closed_port()}/v1", "--watch", "0.5", "--count", "1",
-                   "--metrics", "127.0.0.1:0")  # fmt: skip
+                   "--metrics-listen", "127.0.0.1:0")  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert "round 1 failed (1 failure)" in done.stdout
     assert "Traceback" not in done.stderr
@@ -174,7 +174,7 @@ def test_sigterm_ends_the_watch_as_ctrl_c_does() -> None:
     # a canary in a container ends with SIGTERM (docker stop, a pod's end)
     watcher = subprocess.Popen(
         [sys.executable, "-m", "middlebox", "fingerprint", f"http://127.0.0.1:{closed_port()}/v1",
-         "--watch", "0.5", "--metrics", "127.0.0.1:0"],
+         "--watch", "0.5", "--metrics-listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
