@@ -12,7 +12,7 @@ from middlebox.core.framed import FramedStream, LegRecord
 from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
 from middlebox.core.sse import UNBOUNDED, SseFramer, SseKind, SseLimits, SsePiece
 from middlebox.core.stream import Direction
-from tests.test_sse import VLLM_FRAMES
+from tests.core.test_sse import VLLM_FRAMES
 
 LIMITS = SseLimits(line=16, event=40)
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
