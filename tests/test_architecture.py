@@ -415,6 +415,34 @@ def clocks_and_global_random(sources: Sources) -> list[str]:
     return found
 
 
+def counters_by_name(sources: Sources) -> list[str]:
+    """The shell counts by attribute (`ServerCounters`), typed: no `setattr` with a name
+    computed at run time, and no arithmetic on a `getattr`, where a misspelt counter
+    would be a new attribute or a silent default rather than mypy's error."""
+    found = []
+    for path, source in sources.items():
+        if room_of_path(path) != "shell":
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                named = len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+                if node.func.id == "setattr" and not named:
+                    found.append(f"{path}:{node.lineno}: setattr by a computed name")
+            operands: list[ast.expr] = []
+            if isinstance(node, ast.BinOp):
+                operands = [node.left, node.right]
+            elif isinstance(node, ast.AugAssign):
+                operands = [node.value]
+            for operand in operands:
+                if (
+                    isinstance(operand, ast.Call)
+                    and isinstance(operand.func, ast.Name)
+                    and operand.func.id == "getattr"
+                ):
+                    found.append(f"{path}:{node.lineno}: arithmetic on a getattr")
+    return found
+
+
 def missing_docstrings(sources: Sources) -> list[str]:
     """Every module, empty package files included, starts by saying what it is for."""
     return [
@@ -728,6 +756,32 @@ def test_seeded_randomness_and_now_are_what_pure_rooms_use() -> None:
     assert clocks_and_global_random({"middlebox/shell/server.py": shell}) == []
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        "def count(self, counter):\n    setattr(self, counter, getattr(self, counter) + 1)\n",
+        "def count(server, name):\n    setattr(server, name, 0)\n",
+        "def total(server, name):\n    return getattr(server, name, 0) + 1\n",
+        "def add(server, name, n):\n    n += getattr(server, name)\n",
+    ],
+)
+def test_a_counter_kept_by_name_in_the_shell_is_caught(body: str) -> None:
+    assert counters_by_name({"middlebox/shell/x.py": body})
+
+
+def test_counters_by_attribute_and_reading_fields_by_name_are_allowed() -> None:
+    sources = {
+        "middlebox/shell/x.py": (
+            "def count(counters):\n    counters.header_timeouts += 1\n"
+            "def fields(value, names):\n    return {n: getattr(value, n) for n in names}\n"
+            "def mark(sock):\n    setattr(sock, 'tagged', True)\n"
+        ),
+        # Only the shell is held to it.
+        "middlebox/report/x.py": "def f(o, n):\n    setattr(o, n, getattr(o, n) + 1)\n",
+    }
+    assert counters_by_name(sources) == []
+
+
 def test_a_module_without_a_docstring_is_caught() -> None:
     sources = {"faults/a.py": CLEAN, "faults/b.py": "import re\n", "middlebox/run/__init__.py": ""}
     assert missing_docstrings(sources) == [
@@ -875,6 +929,10 @@ def test_the_emulators_pure_modules_do_no_io() -> None:
 
 def test_faults_and_the_pure_rooms_read_no_clock_and_no_global_random() -> None:
     assert_clean(clocks_and_global_random(product()))
+
+
+def test_the_shell_keeps_no_counter_by_name() -> None:
+    assert_clean(counters_by_name(product()))
 
 
 def test_every_module_starts_with_a_docstring() -> None:

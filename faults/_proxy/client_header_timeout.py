@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from faults._lib.checks import check_positive
-from middlebox.core.fault import Fault, Seconds
+from middlebox.core.fault import Fault, Seconds, StageEvent
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset
 
 
@@ -27,6 +27,7 @@ class ClientHeaderTimeout(Fault):
     """Close the connection, unanswered, if the first request head is not in by `timeout`."""
 
     name: ClassVar[str] = "client_header_timeout"
+    stage_event: ClassVar[StageEvent | None] = StageEvent.HEADER_TIMEOUT
 
     timeout: Seconds = 60.0
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from middlebox.core.fault import FaultContext
+from middlebox.core.fault import FaultContext, StageEvent
 from middlebox.core.http1 import Http1Framer
 from middlebox.core.responses import error_response
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
@@ -35,6 +35,7 @@ class FailClosed(RefusingStage):
     """Answer a request the framer refuses with nginx's status and close both sides."""
 
     name: ClassVar[str] = "fail_closed"
+    stage_event: ClassVar[StageEvent | None] = StageEvent.UNFRAMEABLE_REQUEST
 
     _responses: Http1Framer | None = field(init=False, repr=False, default=None)
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from middlebox.core.fault import FaultContext
+from middlebox.core.fault import FaultContext, StageEvent
 from middlebox.core.http1 import Http1Framer, Refusal
 from middlebox.core.responses import error_response
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
@@ -66,6 +66,7 @@ class FailClosedResponse(RefusingStage):
     reached the client, a close after it) and close both sides."""
 
     name: ClassVar[str] = "fail_closed_response"
+    stage_event: ClassVar[StageEvent | None] = StageEvent.UNFRAMEABLE_RESPONSE
 
     # The request stream where it leaves for the upstream: is a request outstanding?
     _requests: Http1Framer | None = field(init=False, repr=False, default=None)

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from faults._lib.checks import check_positive
 from faults.idle_reaper import IdleReaper
-from middlebox.core.fault import Seconds
+from middlebox.core.fault import Seconds, StageEvent
 from middlebox.core.stream import UP, Chunk, Eof, Item, Reset
 
 # nginx's lingering_timeout default: how long it waits for the client after its own answer.
@@ -33,6 +33,7 @@ class ProxyReadTimeout(IdleReaper):
     """`idle_reaper` with the proxy's own ends: an RST upstream, a lingering close."""
 
     name: ClassVar[str] = "proxy_read_timeout"
+    stage_event: ClassVar[StageEvent | None] = StageEvent.READ_TIMEOUT
 
     linger: Seconds = LINGERING_TIMEOUT
 

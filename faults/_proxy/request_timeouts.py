@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from faults._lib.checks import check_positive
-from middlebox.core.fault import Fault, FaultContext, Seconds
+from middlebox.core.fault import Fault, FaultContext, Seconds, StageEvent
 from middlebox.core.framed import Reader
 from middlebox.core.http1 import Http1Framer, Piece, PieceKind
 from middlebox.core.responses import nginx_error_page
@@ -53,6 +53,7 @@ class RequestTimeouts(Fault):
     no idle keep-alive over `keepalive_timeout` (each None: off)."""
 
     name: ClassVar[str] = "request_timeouts"
+    stage_event: ClassVar[StageEvent | None] = StageEvent.REQUEST_TIMEOUT
 
     header_timeout: Seconds | None = 60.0
     keepalive_timeout: Seconds | None = 75.0

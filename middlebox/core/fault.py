@@ -20,6 +20,7 @@ before the request reaches the server) or reset both sides at once.
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,32 @@ class FaultReport:
 
 
 ReportSink = Callable[[FaultReport], None]
+
+
+class StageEvent(enum.Enum):
+    """What one of the proxy's own stages (faults/_proxy) did when it reports: the server
+    counts it (`ServerCounters.count_stage`) and journals it as how one side of the
+    connection ended: the leg, the direction of the items that side produced, and the end
+    kind (docs/observability.md's end kinds)."""
+
+    HEADER_TIMEOUT = ("client", Direction.UPSTREAM, "header_timeout")
+    REQUEST_TIMEOUT = ("client", Direction.UPSTREAM, "request_timeout")
+    READ_TIMEOUT = ("upstream", Direction.DOWNSTREAM, "read_timeout")
+    UNFRAMEABLE_REQUEST = ("client", Direction.UPSTREAM, "unframeable")
+    UNFRAMEABLE_RESPONSE = ("upstream", Direction.DOWNSTREAM, "unframeable")
+
+    @property
+    def leg(self) -> str:
+        return self.value[0]
+
+    @property
+    def direction(self) -> Direction:
+        return self.value[1]
+
+    @property
+    def end(self) -> str:
+        return self.value[2]
+
 
 REPORTS_KEPT = 100
 """The reports a fault keeps per action on one connection (`Fault.reports`); past them it
@@ -179,6 +206,9 @@ class Fault:
     """
 
     name: ClassVar[str] = "passthrough"
+    stage_event: ClassVar[StageEvent | None] = None
+    """Set by the proxy's own stages (faults/_proxy): what each of its reports means to
+    the server (`StageEvent`); None for a scenario's fault."""
     shared_in_process: ClassVar[bool] = False
     """True for a fault whose `shared` values are changed in place (a list appended to):
     the shell then gives it a dict of its process rather than a store shared by workers

@@ -3,8 +3,10 @@
 `CountingObserver` sits between the relay and the journal and adds each chunk's size
 to a per-(leg, direction) counter: an integer add on the hot path, nothing more.
 Fault reports are counted by fault and action through the report sink. Connection
-counts come from the `ProxyServer`'s own counters; a reset keeps a baseline instead
-of zeroing them, because the server uses its accept counter as the connection id.
+counts come from the server's `ServerCounters`, which the shell increments by attribute
+(typed: a misspelt counter is mypy's error, not a silent new attribute); a reset keeps a
+baseline instead of zeroing them, because the server uses its accept counter as the
+connection id.
 
 The exposition format is Prometheus' text format 0.0.4: `# HELP` and `# TYPE` lines,
 then `name{label="value"} number`, label values escaped (backslash, quote, newline).
@@ -14,16 +16,70 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from middlebox.core.fault import FaultReport
+from middlebox.core.fault import FaultReport, StageEvent
 from middlebox.core.stream import Direction
 from middlebox.observe.journal import JournalStore
 from middlebox.observe.observer import RelayObserver
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# ProxyServer attributes exported as counters (when the server has them), with help.
+
+@dataclass
+class ServerCounters:
+    """What a proxy server counts, by attribute. A `ProxyServer` is one (its counters are
+    its own attributes, outside its constructor: `init=False`)."""
+
+    connections_accepted: int = field(default=0, init=False)
+    connections_failed: int = field(default=0, init=False)
+    connections_refused: int = field(default=0, init=False)
+    accept_errors: int = field(default=0, init=False)
+    tls_handshake_failures: int = field(default=0, init=False)
+    # The proxy's own stages (`StageEvent`, counted by `count_stage`).
+    header_timeouts: int = field(default=0, init=False)
+    read_timeouts: int = field(default=0, init=False)
+    unframeable_requests: int = field(default=0, init=False)
+    unframeable_responses: int = field(default=0, init=False)
+    # HTTP/2 protections (shell/h2_streams.py): connections ended with GOAWAY
+    # ENHANCE_YOUR_CALM past their reset budget (rapid reset), and streams the client reset
+    # before their upstream connection was dialled (never dialled).
+    h2_reset_floods: int = field(default=0, init=False)
+    h2_streams_reset_before_dial: int = field(default=0, init=False)
+    reset_at_shutdown: int = field(default=0, init=False)
+    closed_idle_at_shutdown: int = field(default=0, init=False)  # idle kept-alive, FIN'd
+    active: int = field(default=0, init=False)  # a gauge: connections being relayed now
+
+    def count_stage(self, event: StageEvent) -> None:
+        """One of the proxy's own stages acted (`StageEvent`)."""
+        if event is StageEvent.HEADER_TIMEOUT or event is StageEvent.REQUEST_TIMEOUT:
+            self.header_timeouts += 1
+        elif event is StageEvent.READ_TIMEOUT:
+            self.read_timeouts += 1
+        elif event is StageEvent.UNFRAMEABLE_REQUEST:
+            self.unframeable_requests += 1
+        else:
+            self.unframeable_responses += 1
+
+    def exported(self) -> dict[str, int]:
+        """The counters `/metrics` exports, by their `SERVER_COUNTERS` key."""
+        return {
+            "connections_accepted": self.connections_accepted,
+            "connections_failed": self.connections_failed,
+            "connections_refused": self.connections_refused,
+            "header_timeouts": self.header_timeouts,
+            "read_timeouts": self.read_timeouts,
+            "unframeable_requests": self.unframeable_requests,
+            "h2_reset_floods": self.h2_reset_floods,
+            "h2_streams_reset_before_dial": self.h2_streams_reset_before_dial,
+            "unframeable_responses": self.unframeable_responses,
+        }
+
+    def scenario_info(self) -> tuple[str, int] | None:
+        """The active scenario's name and number of faults, when there is one."""
+        return None
+
+
+# ServerCounters exported as counters, with their Prometheus name and help.
 SERVER_COUNTERS = {
     "connections_accepted": ("middlebox_connections_total", "Client connections accepted."),
     "connections_failed": (
@@ -92,16 +148,16 @@ class Metrics:
 
         return record
 
-    def reset(self, server: Any, store: JournalStore | None) -> None:
+    def reset(self, server: ServerCounters, store: JournalStore | None) -> None:
         self.bytes.clear()
         self.faults.clear()
         self.faulted_connections.clear()
         self._generation += 1
         self.scenario_header.clear()
-        self.baseline = {name: int(getattr(server, name, 0)) for name in SERVER_COUNTERS}
+        self.baseline = server.exported()
         self.journal_baseline = store.dropped if store is not None else 0
 
-    def render(self, server: Any, store: JournalStore | None) -> str:
+    def render(self, server: ServerCounters, store: JournalStore | None) -> str:
         out: list[str] = []
 
         def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -109,15 +165,15 @@ class Metrics:
             out.append(f"# TYPE {name} {kind}")
             out.extend(f"{name}{labels} {number_text(value)}" for labels, value in samples)
 
+        counted = server.exported()
         for attribute, (name, help_text) in SERVER_COUNTERS.items():
-            if hasattr(server, attribute):
-                value = int(getattr(server, attribute)) - self.baseline.get(attribute, 0)
-                family(name, "counter", help_text, [("", value)])
+            value = counted[attribute] - self.baseline.get(attribute, 0)
+            family(name, "counter", help_text, [("", value)])
         family(
             "middlebox_connections_active",
             "gauge",
             "Connections being relayed now (active streams).",
-            [("", int(getattr(server, "active", 0)))],
+            [("", server.active)],
         )
         family(
             "middlebox_bytes_total",
@@ -172,13 +228,14 @@ class Metrics:
                 "Connections that chose their scenario with X-Middlebox-Scenario.",
                 [(label_text(scenario=n), v) for n, v in sorted(self.scenario_header.items())],
             )
-        scenario = getattr(server, "scenario", None)
+        scenario = server.scenario_info()
         if scenario is not None:
+            name, faults = scenario
             family(
                 "middlebox_scenario_info",
                 "gauge",
                 "The active scenario (value 1) and its number of faults.",
-                [(label_text(name=scenario.name, faults=str(len(scenario.path))), 1)],
+                [(label_text(name=name, faults=str(faults)), 1)],
             )
         return "\n".join(out) + "\n"
 

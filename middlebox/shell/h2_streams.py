@@ -72,6 +72,7 @@ from middlebox.core.h2_faults import (
     earliest,
 )
 from middlebox.core.h2_limits import ENHANCE_YOUR_CALM, ResetBudget
+from middlebox.observe.metrics import ServerCounters
 from middlebox.shell.tls import READ_SIZE, loopback_pair
 
 # Relays one stream's HTTP/1.1 connection (the proxy's end of its loopback pair) until it
@@ -132,13 +133,13 @@ class H2Session:
         connection_id: int,
         faults: Sequence[H2Fault] = (),
         sink_for: SinkFor | None = None,
-        count: Callable[[str], None] | None = None,
+        counters: ServerCounters | None = None,
         reset_budget: ResetBudget | None = None,
         upstream_slots: int | None = None,
     ) -> None:
         self.relay = relay
-        # Told the name of each protection that acted (a counter of the server's: /metrics).
-        self._count = count or (lambda _name: None)
+        # The server's counters (/metrics), told each protection that acted.
+        self._counters = counters
         self.reset_budget = reset_budget or ResetBudget()
         self._upstream_slots = trio.Semaphore(upstream_slots or UPSTREAM_SLOTS)
         self._too_many_resets = False
@@ -265,7 +266,8 @@ class H2Session:
                     log.info("connection %d: %d stream resets, over the budget: GOAWAY "
                              "ENHANCE_YOUR_CALM", self.connection_id,
                              self.reset_budget.resets)  # fmt: skip
-                    self._count("h2_reset_floods")
+                    if self._counters is not None:
+                        self._counters.h2_reset_floods += 1
                     # The GOAWAY names the last stream seen before the limit, not the last
                     # one h2 parsed in this read: the ones after it were never served.
                     await self._fail(ENHANCE_YOUR_CALM, self._last_opened)
@@ -408,7 +410,8 @@ class H2Session:
         """A stream reset (by the client, a fault or the connection's end) before its relay
         started: counted, its request bytes dropped and the connection window they took
         given back, and it is over (a drained connection may close)."""
-        self._count("h2_streams_reset_before_dial")
+        if self._counters is not None:
+            self._counters.h2_streams_reset_before_dial += 1
         if self.streams.pop(stream.stream_id, None) is not None:
             self._stream_closed(stream)
         if stream.inbound is not None:
@@ -716,13 +719,13 @@ async def serve_h2(
     sessions: set[H2Session] | None = None,
     faults: Sequence[H2Fault] = (),
     sink_for: SinkFor | None = None,
-    count: Callable[[str], None] | None = None,
+    counters: ServerCounters | None = None,
 ) -> None:
     """Serve one HTTP/2 client connection until it closes; `relay` relays each stream.
     The session is in `sessions` meanwhile (the server drains them at shutdown); `faults`
     are the connection's HTTP/2 faults, bound to it, their reports journaled per stream
-    through `sink_for`; `count` is told each protection that acted, by counter name."""
-    session = H2Session(relay, tls, connection_id, faults, sink_for, count)
+    through `sink_for`; `counters` count each protection that acted."""
+    session = H2Session(relay, tls, connection_id, faults, sink_for, counters)
     if sessions is not None:
         sessions.add(session)
     try:

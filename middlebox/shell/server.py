@@ -54,10 +54,18 @@ from urllib.parse import urlsplit
 
 import trio
 
-from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline, PipelineLayout
+from middlebox.core.fault import (
+    Fault,
+    FaultContext,
+    FaultReport,
+    Pipeline,
+    PipelineLayout,
+    StageEvent,
+)
 from middlebox.core.h2_faults import H2Fault
 from middlebox.core.scenario_state import SharedState
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
+from middlebox.observe.metrics import ServerCounters
 from middlebox.observe.observer import RelayObserver
 from middlebox.scenario.model import ProxyOptions, Scenario, TlsOptions
 from middlebox.shell.h2_streams import H2Session, serve_h2
@@ -81,21 +89,6 @@ ACCEPT_ERROR_PAUSE = 0.5
 TICK_INTERVAL = 1.0
 # How often a graceful shutdown looks for connections that became idle (an answer ended).
 SHUTDOWN_IDLE_CHECK = 0.05
-
-# What the server counts and journals when one of its own stages fires: the counter, and
-# the end the journal records (docs/observability.md's end kinds).
-STAGE_EVENTS: dict[str, tuple[str, str, Direction, str]] = {
-    "client_header_timeout": ("header_timeouts", "client", Direction.UPSTREAM, "header_timeout"),
-    "request_timeouts": ("header_timeouts", "client", Direction.UPSTREAM, "request_timeout"),
-    "proxy_read_timeout": ("read_timeouts", "upstream", Direction.DOWNSTREAM, "read_timeout"),
-    "fail_closed": ("unframeable_requests", "client", Direction.UPSTREAM, "unframeable"),
-    "fail_closed_response": (
-        "unframeable_responses",
-        "upstream",
-        Direction.DOWNSTREAM,
-        "unframeable",
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -229,7 +222,7 @@ class LiveConnection:
 
 
 @dataclass
-class ProxyServer:
+class ProxyServer(ServerCounters):
     """Accepts clients on `listen_address` and relays each through the scenario to `upstream`."""
 
     upstream: Address
@@ -251,23 +244,6 @@ class ProxyServer:
     # adds a CA file to the system's trust store.
     upstream_insecure: bool = False
     upstream_ca: str | None = None
-    tls_handshake_failures: int = 0
-    # HTTP/2 protections (shell/h2_streams.py): connections ended with GOAWAY
-    # ENHANCE_YOUR_CALM past their reset budget (rapid reset), and streams the client reset
-    # before their upstream connection was dialled (never dialled).
-    h2_reset_floods: int = 0
-    h2_streams_reset_before_dial: int = 0
-    connections_accepted: int = 0
-    connections_failed: int = 0
-    connections_refused: int = 0
-    header_timeouts: int = 0
-    accept_errors: int = 0
-    read_timeouts: int = 0
-    unframeable_requests: int = 0  # requests refused by fail_closed (issue 14)
-    unframeable_responses: int = 0  # upstream responses refused by fail_closed_response
-    reset_at_shutdown: int = 0
-    closed_idle_at_shutdown: int = 0  # idle kept-alive connections closed with a FIN
-    active: int = 0
     shared: list[SharedState] = field(default_factory=list)
     # Where cross-connection fault state lives (scope -> store; middlebox.shell.state):
     # None keeps it in this process, as dicts.
@@ -505,7 +481,7 @@ class ProxyServer:
                             self._h2_sessions,
                             h2_faults,
                             self.report_sink_factory,
-                            self._count,
+                            self,
                         )
                 finally:
                     self.live.discard(live)
@@ -524,8 +500,8 @@ class ProxyServer:
                 if client.fileno() != -1:
                     client.close()
 
-    def _count(self, counter: str) -> None:
-        setattr(self, counter, getattr(self, counter) + 1)
+    def scenario_info(self) -> tuple[str, int]:
+        return self.scenario.name, len(self.scenario.path)
 
     async def relay_stream(
         self, relay_end: socket.socket, told: Callable[[int], None] | None = None
@@ -572,7 +548,12 @@ class ProxyServer:
                 *shared,
                 *(self._stage_state(s.name) for s in upstream_side),
             ]
-            sink = self._counting_sink(connection_id, sink)
+            events = {
+                stage.name: stage.stage_event
+                for stage in (*client_side, *upstream_side)
+                if stage.stage_event is not None
+            }
+            sink = self._counting_sink(connection_id, events, sink)
         pipeline = Pipeline(path)
         rng = random.Random(f"{scenario.seed}:{connection_id}")
         # The layout (framing shape, wiring) follows from the scenario's config alone:
@@ -597,19 +578,21 @@ class ProxyServer:
         return self._stage_shared[name]
 
     def _counting_sink(
-        self, connection_id: int, inner: Callable[[FaultReport], None] | None
+        self,
+        connection_id: int,
+        events: dict[str, StageEvent],
+        inner: Callable[[FaultReport], None] | None,
     ) -> Callable[[FaultReport], None]:
         """Reports pass on; a report of one of the proxy's own stages is also counted and
         journaled as how that side of the connection ended."""
 
         def sink(report: FaultReport) -> None:
-            event = STAGE_EVENTS.get(report.fault)
+            event = events.get(report.fault)
             if event is not None:
-                counter, leg, direction, kind = event
-                setattr(self, counter, getattr(self, counter) + 1)
+                self.count_stage(event)
                 observer = self._observers.get(connection_id)
                 if observer is not None:
-                    observer.ended(leg, direction, kind, report.time)
+                    observer.ended(event.leg, event.direction, event.end, report.time)
             if inner is not None:
                 inner(report)
 

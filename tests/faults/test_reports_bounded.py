@@ -12,7 +12,7 @@ from faults.coalescer import Coalescer
 from middlebox.core.fault import REPORTS_KEPT, FaultContext
 from middlebox.core.stream import DOWN, Chunk
 from middlebox.observe.journal import JournalStore, JournalWriter, facts, read_ndjson
-from middlebox.observe.metrics import Metrics
+from middlebox.observe.metrics import Metrics, ServerCounters
 
 FLUSHES = 1_000_000
 
@@ -102,7 +102,7 @@ def test_metrics_count_a_connection_once_per_fault_and_again_after_a_reset() -> 
     for fault in (first, second, first):
         fault.report(0.0, "flush")
     assert metrics.faulted_connections == {"coalescer": 2}
-    metrics.reset(object(), None)
+    metrics.reset(ServerCounters(), None)
     first.report(1.0, "flush")
     first.report(2.0, "flush")
     assert metrics.faulted_connections == {"coalescer": 1}
