@@ -1,40 +1,23 @@
 """The per-connection relay: the thin trio shell around a pure fault pipeline.
 
-Two sockets (client, upstream), read by the process's read hub (or, without one, a task
-each) and written at once or, when a socket would block, when the hub sees it writable
-again (or by a writer task), and the pipeline woken at its deadline by the hub's
-deadline heap (or a timer task). Every
-pipeline call happens synchronously between awaits, so the pipeline is only ever driven
-by one piece of code at a time and its faults need no locks (the design's "one driver").
+Two sockets (client, upstream), read by the process's read hub (shell/hub.py) and
+written at once or, when a socket would block, when the hub sees it writable again; the
+pipeline is woken at its deadline by the hub's deadline heap. Every pipeline call happens
+synchronously between awaits, so the pipeline is only ever driven by one piece of code at
+a time and its faults need no locks (the design's "one driver"). Only without an fd for
+the hub's epoll (EMFILE under a flood) does a connection fall back to a reader task per
+socket, writer tasks and a timer task, in a nursery; they call the same methods the hub's
+callbacks do.
 
 The hot path is the anchors' fastest trio variant (shared/reference/
-performance-anchors.md): raw non-blocking sockets, `recv`/`send` tried first and
-`wait_readable`/`wait_writable` only on EAGAIN, and bytes written straight from the
-reading task when the outbox is empty, so a relayed frame costs one task wake-up.
-Profiling under load (docs/performance.md) shaped three more choices: a read shorter
-than the buffer means the socket is drained, so the reader parks at once instead of
-paying a second `recv` that fails with EAGAIN (nginx's `ngx_unix_recv` clears
-`rev->ready` on a short read for the same reason); the writer tasks and the timer task
-are started only when first needed (a socket that would block, a fault that asks for a
-deadline), so a pass-through connection runs two tasks, not five; and with an empty
-pipeline, whose `on_item` is the identity and which never pauses reading or sets a
-deadline, a chunk read goes straight to the other side's outbox without being wrapped
-in an item and routed, while ends still go through the pipeline. Every connection, faulted
-or not, is also read by one `ReadHub` per process instead of a reader task per socket: the
-hub waits on its own epoll set (registered once per socket, level-triggered, so no re-arm
-per read) and, when sockets are readable, runs their reads (and the pipeline's call for
-each) synchronously in one task wake-up, the way an asyncio protocol or nginx's event loop
-handles readiness; it halved the CPU per frame of a loaded pass-through relay. A fault
-that holds items until a time (latency, a reaper's deadline, pacing) says so through
-`deadline()`, and that deadline goes on the hub's one deadline heap (nginx's timer tree,
-with its lazy re-arm: a deadline that only moves later keeps its entry), served by the
-same wait as readiness, so a faulted connection starts no reader or timer task either.
-Bytes a socket did not take whole wait for EPOLLOUT on the same epoll set (nginx's write
-event), so a hub-served connection is its handler's task alone, without a nursery of
-its own (trio's nursery, cancel scope and teardown were the largest part of a
-connection's setup in a profile under `loadc connect`). Only without an fd for the hub's
-epoll (EMFILE) does a connection fall back to a reader task per socket, writer tasks and
-a timer task, in a nursery.
+performance-anchors.md): raw non-blocking sockets, `recv`/`send` tried first, and bytes
+written straight from the read's callback when the outbox is empty, so a relayed frame
+costs no task wake-up of its own. A read shorter than the buffer means the socket is
+drained, so the reader stops at once instead of paying a second `recv` that fails with
+EAGAIN (nginx's `ngx_unix_recv` clears `rev->ready` on a short read for the same reason).
+With an empty pipeline, whose `on_item` is the identity and which never pauses reading or
+sets a deadline, a chunk read goes straight to the other side's outbox without being
+wrapped in an item and routed, while ends still go through the pipeline.
 
 The proxy's own nginx behaviour (header timeout, read timeout, faults/_proxy) is pure stages
 in the pipeline like any fault; the relay reads two flags of theirs (`ProxyStage`): a stage
@@ -51,9 +34,7 @@ and becomes a `Reset` travelling away from it.
 
 from __future__ import annotations
 
-import heapq
 import math
-import select
 import socket
 import struct
 from collections import deque
@@ -66,6 +47,7 @@ import trio
 from middlebox.core.fault import Fault, Pipeline
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
 from middlebox.observe.observer import RelayObserver
+from middlebox.shell.hub import ReadHub, acquire_read_hub, release_read_hub
 
 READ_SIZE = 64 * 1024
 # Bytes queued toward one peer before we stop reading from the other: bounded memory
@@ -79,198 +61,6 @@ _LINGER_ABORT = struct.pack("ii", 1, 0)
 # What one read did: the socket is drained for now, another read may find more, or
 # this side will read no more (FIN, RST, closed).
 _DRAINED, _MORE, _OVER = 0, 1, 2
-# What wakes a reader and a writer on the hub: a hang-up or an error wakes both, so the
-# read sees the FIN or RST and the write its EPIPE.
-_READABLE_EVENTS = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
-_WRITABLE_EVENTS = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
-
-
-class ReadHub:
-    """Readiness and deadlines for relays, one per trio run (see the module docstring).
-
-    Sockets stay registered (EPOLLIN, level-triggered) while their relay reads them;
-    a paused side is modified to no read events and back, so data left unread fires
-    again. A socket that did not take a write whole is also watched for EPOLLOUT until
-    its outbox is empty (`watch_writable`): the relay's writes wait on the hub like its
-    reads, so a connection needs no writer task (and no nursery to hold one). Callbacks
-    run inside the hub's task and must not raise (the relay catches and keeps its own
-    errors). Unregister before closing a socket: the kernel forgets a closed fd by
-    itself, but the fd number may be reused by the next socket.
-    """
-
-    def __init__(self) -> None:
-        self.epoll = select.epoll()
-        self.callbacks: dict[int, Callable[[], None]] = {}
-        self.writable: dict[int, Callable[[], None]] = {}
-        # The events each registered fd is watched for (absent: not registered).
-        self.masks: dict[int, int] = {}
-        self.users = 0
-        self.scope = trio.CancelScope()
-        # The process's one deadline heap: (due, ticket). An entry is live while its
-        # ticket is in `tickets` (which holds the callback, so a cancelled entry keeps no
-        # relay alive); a relay whose deadline moves later keeps its entry (it fires early
-        # and re-arms, nginx's lazy timers), so a fault that pushes its deadline on every
-        # read (idle_reaper) costs no heap push per read.
-        self.timers: list[tuple[float, int]] = []
-        self.tickets: dict[int, Callable[[], None]] = {}
-        self.next_ticket = 0
-        self.waiting: trio.CancelScope | None = None
-
-    def _watch(self, fd: int, mask: int) -> None:
-        """Watch `fd` for `mask`; with no events and no reader left, forget it."""
-        known = self.masks.get(fd)
-        if mask == known:
-            return
-        keep = bool(mask) or fd in self.callbacks  # a paused reader stays, at no events
-        try:
-            if known is None:
-                if not keep:
-                    return
-                self.epoll.register(fd, mask)
-            elif keep:
-                try:
-                    self.epoll.modify(fd, mask)
-                except FileNotFoundError:  # an old socket's number (see register)
-                    self.epoll.register(fd, mask)
-            else:
-                self.epoll.unregister(fd)
-        except (OSError, ValueError):
-            pass  # closed under us: the kernel dropped it already
-        if keep:
-            self.masks[fd] = mask
-        else:
-            self.masks.pop(fd, None)
-
-    def register(self, sock: socket.socket, callback: Callable[[], None]) -> None:
-        fd = sock.fileno()
-        self.callbacks[fd] = callback
-        writing = self.writable.get(fd)
-        mask = select.EPOLLIN | (select.EPOLLOUT if writing is not None else 0)
-        # Always registered afresh, never trusted from `masks`: a socket closed without
-        # unregistering (the kernel forgets it) leaves its fd's entries behind, and a
-        # new socket may get that fd number.
-        try:
-            self.epoll.register(fd, mask)
-        except FileExistsError:
-            self.epoll.modify(fd, mask)
-        self.masks[fd] = mask
-
-    def unregister(self, sock: socket.socket, callback: Callable[[], None]) -> None:
-        fd = sock.fileno()
-        if fd >= 0 and self.callbacks.get(fd) is callback:
-            del self.callbacks[fd]
-            self._watch(fd, self.masks.get(fd, 0) & select.EPOLLOUT)
-
-    def pause(self, sock: socket.socket) -> None:
-        fd = sock.fileno()
-        self._watch(fd, self.masks.get(fd, 0) & ~select.EPOLLIN)
-
-    def resume(self, sock: socket.socket) -> None:
-        fd = sock.fileno()
-        self._watch(fd, self.masks.get(fd, 0) | select.EPOLLIN)
-
-    def watch_writable(self, sock: socket.socket, callback: Callable[[], None]) -> None:
-        """Call `callback` whenever `sock` can take more bytes, until `unwatch_writable`."""
-        fd = sock.fileno()
-        self.writable[fd] = callback
-        self._watch(fd, self.masks.get(fd, 0) | select.EPOLLOUT)
-
-    def unwatch_writable(self, sock: socket.socket, callback: Callable[[], None]) -> None:
-        fd = sock.fileno()
-        if fd >= 0 and self.writable.get(fd) is callback:
-            del self.writable[fd]
-            self._watch(fd, self.masks.get(fd, 0) & ~select.EPOLLOUT)
-
-    def schedule(self, due: float, callback: Callable[[], None]) -> int:
-        """Call `callback` (in the hub's task) once trio's clock reaches `due`; returns
-        the ticket that `cancel` takes."""
-        ticket = self.next_ticket
-        self.next_ticket += 1
-        self.tickets[ticket] = callback
-        heapq.heappush(self.timers, (due, ticket))
-        if self.waiting is not None and due < self.waiting.deadline:
-            self.waiting.deadline = due  # the hub sleeps on a later one: wake it sooner
-        return ticket
-
-    def cancel(self, ticket: int) -> None:
-        self.tickets.pop(ticket, None)
-        # Short connections with long deadlines (a 60 s reaper, thousands of connections
-        # a second) would fill the heap with dead entries: rebuild it once they are
-        # most of it, which keeps the cost per cancel constant on average.
-        if len(self.timers) > 64 and len(self.timers) > 2 * len(self.tickets):
-            self.timers = [entry for entry in self.timers if entry[1] in self.tickets]
-            heapq.heapify(self.timers)
-
-    def _fire_due(self) -> None:
-        timers, tickets = self.timers, self.tickets
-        now = trio.current_time()
-        due: list[Callable[[], None]] = []
-        while timers and timers[0][0] <= now:
-            _, ticket = heapq.heappop(timers)
-            callback = tickets.pop(ticket, None)
-            if callback is not None:
-                due.append(callback)
-        # Deadlines set by these callbacks wait for the next turn of the loop (which
-        # yields to trio), so a fault that keeps asking for "now" cannot starve the run.
-        for callback in due:
-            callback()
-
-    def _earliest(self) -> float:
-        timers, tickets = self.timers, self.tickets
-        while timers and timers[0][1] not in tickets:
-            heapq.heappop(timers)  # cancelled: dropped when it reaches the top
-        return timers[0][0] if timers else math.inf
-
-    async def run(self) -> None:
-        try:
-            with self.scope:
-                while True:
-                    # Sleep until a socket is readable or the earliest deadline, in one
-                    # wait: readiness and timers are served by the same wake-up.
-                    with trio.CancelScope(deadline=self._earliest()) as waiting:
-                        self.waiting = waiting
-                        await trio.lowlevel.wait_readable(self.epoll.fileno())
-                    self.waiting = None
-                    if self.timers:
-                        self._fire_due()
-                    for fd, events in self.epoll.poll(0, 1024):
-                        if events & _WRITABLE_EVENTS:
-                            # Writes first: a drained outbox may unpause the other side.
-                            callback = self.writable.get(fd)
-                            if callback is not None:
-                                callback()
-                        if events & _READABLE_EVENTS:
-                            callback = self.callbacks.get(fd)
-                            if callback is not None:
-                                callback()
-        finally:
-            self.waiting = None
-            self.epoll.close()
-
-
-_HUB: trio.lowlevel.RunVar[ReadHub | None] = trio.lowlevel.RunVar(
-    "middlebox_read_hub", default=None
-)
-
-
-def acquire_read_hub() -> ReadHub:
-    """This trio run's hub, started (as a system task) when the first relay needs it."""
-    hub = _HUB.get()
-    if hub is None:
-        hub = ReadHub()
-        _HUB.set(hub)
-        trio.lowlevel.spawn_system_task(hub.run, name="middlebox.shell.relay.ReadHub")
-    hub.users += 1
-    return hub
-
-
-def release_read_hub(hub: ReadHub) -> None:
-    """The last relay out stops the hub and closes its epoll fd (no fd outlives use)."""
-    hub.users -= 1
-    if hub.users == 0:
-        hub.scope.cancel()
-        if _HUB.get() is hub:
-            _HUB.set(None)
 
 
 class ProxyStage(Protocol):

@@ -1,6 +1,6 @@
 """TLS on either hop: a local CA, the SSL contexts, and the splice that carries TLS to the relay.
 
-The relay's hot path is raw non-blocking sockets read by an epoll hub (shell/relay.py), and
+The relay's hot path is raw non-blocking sockets read by an epoll hub (shell/hub.py), and
 cleartext HTTP/1.1 keeps exactly that path. A TLS connection gets its own path in front of
 it: the TLS stream (trio.SSLStream over the accepted TCP socket) is spliced to one end of a
 connected loopback TCP pair, and the relay gets the other end as if it were the client (or,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 import trio
 
-import middlebox.shell.relay as relay_module
+import middlebox.shell.hub as hub_module
 from faults.latency import Latency
 from middlebox.core.fault import Fault, FaultContext, Pipeline
 from middlebox.core.stream import Direction, Eof, Item
@@ -115,7 +115,7 @@ def no_fd_for_the_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_fds_left() -> None:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(relay_module.select, "epoll", no_fds_left)
+    monkeypatch.setattr(hub_module.select, "epoll", no_fds_left)
 
 
 async def test_without_an_fd_for_the_hub_a_connection_reads_with_tasks_instead_of_failing(
@@ -179,13 +179,13 @@ async def test_a_client_that_stops_reading_starts_a_writer_and_backpressure_boun
 def record_schedules(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Every deadline put on the hub's heap (`ReadHub.schedule`), in order."""
     scheduled: list[float] = []
-    schedule = relay_module.ReadHub.schedule
+    schedule = hub_module.ReadHub.schedule
 
-    def recording(hub: relay_module.ReadHub, due: float, callback: Callable[[], None]) -> int:
+    def recording(hub: hub_module.ReadHub, due: float, callback: Callable[[], None]) -> int:
         scheduled.append(due)
         return schedule(hub, due, callback)
 
-    monkeypatch.setattr(relay_module.ReadHub, "schedule", recording)
+    monkeypatch.setattr(hub_module.ReadHub, "schedule", recording)
     return scheduled
 
 
@@ -373,7 +373,7 @@ async def test_a_writer_that_fails_on_the_hub_ends_its_connection_and_is_raised(
 def test_an_fd_closed_without_unregistering_is_registered_afresh_when_reused() -> None:
     # The kernel forgets a closed fd by itself; its number may come back with the next
     # socket, which must be watched for reads although the hub's books still hold it.
-    hub = relay_module.ReadHub()
+    hub = hub_module.ReadHub()
     first, first_peer = pair()
     second, second_peer = pair()
     try:

@@ -1,4 +1,4 @@
-"""The read hub's one deadline heap (shell/relay.py ReadHub): callbacks run in the hub's
+"""The read hub's one deadline heap (shell/hub.py ReadHub): callbacks run in the hub's
 task at their trio time, in order, once; a cancelled entry never runs and holds no
 callback; dead entries are swept once they are most of the heap; a faulted relay keeps
 one entry while its deadline only moves later (idle_reaper), and the hub's sleep is
@@ -9,7 +9,7 @@ from __future__ import annotations
 import trio
 from trio.testing import MockClock
 
-from middlebox.shell.relay import ReadHub, acquire_read_hub, release_read_hub
+from middlebox.shell.hub import ReadHub, acquire_read_hub, release_read_hub
 
 
 def run_virtual(main: object) -> None:
