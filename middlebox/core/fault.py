@@ -16,6 +16,11 @@ fault emits travels on from that fault's position in the item's own direction:
 UPSTREAM items towards the last fault and then the server, DOWNSTREAM items towards
 the first fault and then the client. So a fault can answer the client itself (a 503
 before the request reaches the server) or reset both sides at once.
+
+The shell drives a pipeline through `open`, `feed` and `wake`, each answering with the
+`Effects` of the call: what the connection must do (the items to write, when to wake it
+next, which sides to stop reading, whether the path went empty or a stage ended the
+connection). It never polls the pipeline or its faults between calls.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import enum
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Protocol, TypeVar
+from typing import Annotated, Any, ClassVar, Protocol, TypeVar, cast
 
 from middlebox.core.framed import FramedStream, FramingLayout, PathFraming, Position
 from middlebox.core.scenario_state import SharedState, for_fault
@@ -314,6 +319,69 @@ class Fault:
         return bool(self.reports)
 
 
+class ProxyStage(Protocol):
+    """A stage of the proxy's own behaviour in the pipeline (faults/_proxy), as the pipeline
+    sees it: two flags, read after each call that reaches a stage (never per byte)."""
+
+    @property
+    def finished(self) -> bool:
+        """It passes everything through from now on and never wants a deadline."""
+        ...
+
+    @property
+    def connection_closed(self) -> bool:
+        """It ended the connection (FINs or RSTs both ways) and wants no more of it."""
+        ...
+
+
+_STAGE_ATTRIBUTES = ("finished", "connection_closed")
+_IS_STAGE: dict[type, bool] = {}
+
+
+def proxy_stages(faults: Sequence[Fault]) -> list[ProxyStage]:
+    """The faults that are `ProxyStage`s, decided once per class: a runtime Protocol
+    check (`isinstance` against a `runtime_checkable` Protocol) walks the protocol's
+    attributes every time, about 50-80 µs per fault on this machine, for every
+    connection; the attributes are the class's properties, so the class decides."""
+    found: list[ProxyStage] = []
+    for fault in faults:
+        kind = type(fault)
+        known = _IS_STAGE.get(kind)
+        if known is None:
+            known = _IS_STAGE[kind] = all(hasattr(kind, name) for name in _STAGE_ATTRIBUTES)
+        if known:
+            found.append(cast(ProxyStage, fault))
+    return found
+
+
+_NOT_PAUSED: frozenset[Direction] = frozenset()
+_PAUSED = {
+    (False, False): _NOT_PAUSED,
+    (True, False): frozenset({Direction.UPSTREAM}),
+    (False, True): frozenset({Direction.DOWNSTREAM}),
+    (True, True): frozenset(Direction),
+}
+
+
+@dataclass(slots=True)
+class Effects:
+    """What a pipeline call asks of the connection, all of it (the shell's `apply`)."""
+
+    items: list[Item]
+    """To write, in order, each toward the peer its direction goes to."""
+    wake: float | None = None
+    """When to call `Pipeline.wake` next; None: no fault wants waking."""
+    paused: frozenset[Direction] = _NOT_PAUSED
+    """The sources whose socket to stop reading now (`Fault.reading_paused`); reading
+    resumes when a later call's effects leave a source out."""
+    passthrough: bool = False
+    """The path is empty now (every stage stepped aside for the rest of the connection):
+    what is read may go straight to the other side, unframed and unrouted."""
+    ended: bool = False
+    """A stage ended the connection (`ProxyStage.connection_closed`): close it once the
+    items are written, without waiting for the peers' FINs (nginx's `close()`)."""
+
+
 class Pipeline(Fault):
     """Faults in path order (client side first), driven as one fault.
 
@@ -325,6 +393,11 @@ class Pipeline(Fault):
 
     def __init__(self, faults: Iterable[Fault] = ()) -> None:
         self._faults: list[Fault] = list(faults)
+        self._timed: list[Fault] = []
+        self._pausing: list[Fault] = []
+        self._overrides()
+        # The proxy's own stages in it (`ProxyStage`), told by the shell (`set_stages`).
+        self.stages: list[ProxyStage] = []
         self.framing: PathFraming | None = None
         self.layout: PipelineLayout | None = None  # what `bind` bound it with
         # (id of a fault, direction) -> the stream its output there is framed into
@@ -343,6 +416,56 @@ class Pipeline(Fault):
             if id(fault) not in kept:
                 fault.leave()
         self._faults = list(faults)
+        self._overrides()
+
+    def _overrides(self) -> None:
+        """The faults whose class has a deadline or pauses reading at all: the others
+        answer None and False always, so `deadline` and the effects skip them."""
+        faults = self._faults
+        self._timed = [f for f in faults if type(f).deadline is not Fault.deadline]
+        self._pausing = [f for f in faults if type(f).reading_paused is not Fault.reading_paused]
+
+    def set_stages(self, stages: Sequence[ProxyStage]) -> None:
+        """Which of its faults are the proxy's own stages (`ProxyStage`): a stage that has
+        `finished` leaves the pipeline, one that has `connection_closed` ends the
+        connection (`Effects`)."""
+        self.stages = list(stages)
+
+    # ------------------------------------------------------------- the shell's calls
+
+    def open(self, now: float) -> Effects:
+        """`on_open`, and what the connection must do."""
+        return self.effects(self.on_open(now))
+
+    def feed(self, item: Item, now: float) -> Effects:
+        """`on_item`, and what the connection must do."""
+        return self.effects(self.on_item(item, now))
+
+    def wake(self, now: float) -> Effects:
+        """`on_deadline` if a fault is due by `now`, and what the connection must do."""
+        due = self.deadline()
+        return self.effects(self.on_deadline(now) if due is not None and due <= now else [])
+
+    def effects(self, items: list[Item]) -> Effects:
+        """`items` and the state after the call that made them: a stage that has finished
+        steps aside (leaves the pipeline) for the rest of the connection."""
+        ended = False
+        stages = self.stages
+        if stages:
+            finished = [stage for stage in stages if stage.finished]
+            if finished:
+                gone = {id(stage) for stage in finished}
+                self.stages = stages = [stage for stage in stages if id(stage) not in gone]
+                self.faults = [fault for fault in self._faults if id(fault) not in gone]
+            ended = any(stage.connection_closed for stage in stages)
+        paused = _NOT_PAUSED
+        pausing = self._pausing
+        if pausing:
+            paused = _PAUSED[
+                any(f.reading_paused(Direction.UPSTREAM) for f in pausing),
+                any(f.reading_paused(Direction.DOWNSTREAM) for f in pausing),
+            ]
+        return Effects(items, self.deadline(), paused, not self._faults, ended)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.faults!r})"
@@ -428,14 +551,24 @@ class Pipeline(Fault):
 
     def deadline(self) -> float | None:
         earliest: float | None = None
-        for fault in self.faults:
+        for fault in self._timed:
             due = fault.deadline()
             if due is not None and (earliest is None or due < earliest):
                 earliest = due
         return earliest
 
     def reading_paused(self, source: Direction) -> bool:
-        return any(fault.reading_paused(source) for fault in self.faults)
+        return any(fault.reading_paused(source) for fault in self._pausing)
+
+    def between_messages(self) -> bool:
+        """No message under way (the path's framing says) and no fault but the proxy's
+        own stages wants waking (holds anything). Unframed, it cannot say: False."""
+        framing = self.framing
+        if framing is None:
+            return False
+        stages = {id(stage) for stage in self.stages}
+        held = any(f.deadline() is not None for f in self._timed if id(f) not in stages)
+        return not held and framing.between_messages()
 
     def set_client_mss(self, mss: int | None) -> None:
         """The shell's fact about the client link (`FaultContext.client_mss`), once the

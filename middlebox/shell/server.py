@@ -60,7 +60,9 @@ from middlebox.core.fault import (
     FaultReport,
     Pipeline,
     PipelineLayout,
+    ProxyStage,
     StageEvent,
+    proxy_stages,
 )
 from middlebox.core.h2_faults import H2Fault
 from middlebox.core.scenario_state import SharedState
@@ -69,7 +71,8 @@ from middlebox.observe.metrics import ServerCounters
 from middlebox.observe.observer import RelayObserver
 from middlebox.scenario.model import ProxyOptions, Scenario, TlsOptions
 from middlebox.shell.h2_streams import H2Session, serve_h2
-from middlebox.shell.relay import ProxyStage, Relay, apply_buffer_sizes, arm_reset, proxy_stages
+from middlebox.shell.relay import Relay
+from middlebox.shell.sides import apply_buffer_sizes, arm_reset
 from middlebox.shell.tls import (
     HANDSHAKE_TIMEOUT,
     handshake,

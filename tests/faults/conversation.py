@@ -27,10 +27,9 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from middlebox.core.fault import Pipeline
+from middlebox.core.fault import Pipeline, proxy_stages
 from middlebox.core.http1 import Head, Http1Framer
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
-from middlebox.shell.relay import proxy_stages
 
 CLIENT_TIMEOUT = 86_400.0  # a day without a byte: the client gives up (a silence, not a slow path)
 KEEPALIVE = 5.0  # uvicorn's timeout_keep_alive as vLLM sets it

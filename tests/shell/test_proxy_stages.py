@@ -9,8 +9,8 @@ from typing import Protocol, runtime_checkable
 from faults.latency import Latency
 from faults.set_header import SetHeader
 from middlebox.compose import PROXY_STAGES
+from middlebox.core.fault import ProxyStage, proxy_stages
 from middlebox.scenario.model import ProxyOptions
-from middlebox.shell.relay import ProxyStage, proxy_stages
 
 
 @runtime_checkable

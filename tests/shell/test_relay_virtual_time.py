@@ -19,10 +19,10 @@ from faults._proxy.client_header_timeout import ClientHeaderTimeout
 from faults._proxy.proxy_read_timeout import ProxyReadTimeout
 from faults.latency import Latency
 from faults.testing import bind_for_test
-from middlebox.core.fault import Fault, Pipeline
+from middlebox.core.fault import Fault, Pipeline, ProxyStage
 from middlebox.core.responses import error_response
 from middlebox.core.stream import DOWN, Direction, Item
-from middlebox.shell.relay import HIGH_WATER, ProxyStage, Relay
+from middlebox.shell.relay import HIGH_WATER, Relay
 
 REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
 

@@ -1,0 +1,63 @@
+"""The two sockets of a relayed connection (`Side`: its outbox and how far each way has
+ended), and how the shell ends a socket and sizes its buffers: an RST is SO_LINGER(1, 0)
+then close (RFC 793's abort), where a plain close would send a FIN."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from middlebox.core.stream import Direction, Eof, Reset
+
+_LINGER_ABORT = struct.pack("ii", 1, 0)
+
+
+@dataclass(eq=False)
+class Side:
+    """One socket of a connection. `source` is the direction of the items it produces."""
+
+    leg: str
+    sock: socket.socket
+    source: Direction
+    outbox: deque[bytes] = field(default_factory=deque)
+    outbox_bytes: int = 0
+    pending_end: Eof | Reset | None = None
+    read_done: bool = False
+    read_fin: bool = False  # what it sent ended with a FIN, not an RST
+    write_done: bool = False
+    closed: bool = False
+    writer_lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+    # The hub's callbacks for this side, made once (the hub knows a callback by identity).
+    on_readable: Callable[[], None] = field(default=lambda: None, repr=False)
+    on_writable: Callable[[], None] = field(default=lambda: None, repr=False)
+
+
+def arm_reset(sock: socket.socket) -> None:
+    """Make the socket's close send an RST instead of a FIN (SO_LINGER, zero timeout)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+    except OSError:
+        pass  # already closed
+
+
+def abort(sock: socket.socket) -> None:
+    """Close with an RST instead of a FIN (SO_LINGER with a zero timeout)."""
+    arm_reset(sock)
+    trio.lowlevel.notify_closing(sock)
+    sock.close()
+
+
+def apply_buffer_sizes(
+    client: socket.socket, upstream: socket.socket, sizes: dict[str, int]
+) -> None:
+    """Set the SO_RCVBUF/SO_SNDBUF sizes a fault asked for (see Fault.socket_buffers)."""
+    options = {"rcvbuf": socket.SO_RCVBUF, "sndbuf": socket.SO_SNDBUF}
+    for key, size in sizes.items():
+        side, _, which = key.partition("_")
+        sock = client if side == "client" else upstream
+        sock.setsockopt(socket.SOL_SOCKET, options[which], size)
