@@ -42,12 +42,10 @@ READ_SIZE = 64 * 1024
 # Bytes queued toward one peer before we stop reading from the other: bounded memory
 # per connection, and backpressure reaches the sender as TCP's window closing.
 HIGH_WATER = 256 * 1024
-# Reads in a row without waiting before we yield, so a bulk transfer cannot starve
-# the other connections.
+# Reads in a row before yielding, so a bulk transfer cannot starve the other connections.
 READS_BEFORE_YIELD = 16
 
-# What reading did: the socket is drained for now, another read may find more, this side
-# will read no more (FIN, RST, closed), or reading it is paused.
+# What reading did: drained for now, maybe more, no more (FIN, RST, closed), or paused.
 _DRAINED, _MORE, _OVER, _PAUSED = 0, 1, 2, 3
 
 
@@ -157,25 +155,21 @@ class Relay:
 
     def between_messages(self) -> bool:
         """An idle kept-alive connection, which graceful shutdown closes at once as nginx
-        does: the path's framing says no message is under way, no fault of the path holds
-        anything (none wants waking; the proxy's own stages' timers aside) and no outbox
-        waits (`Pipeline.between_messages`)."""
+        does: no outbox waits and the path holds no message (`Pipeline.between_messages`)."""
         outbox = self.client.outbox or self.upstream.outbox
         return not outbox and self.pipeline.between_messages()
 
     # ------------------------------------------------------------ the pipeline
 
     def _feed(self, item: Item) -> None:
-        """Hand one item to the pipeline; items that arrive while we apply what it asked
-        (a failed write's RST) wait in line."""
+        """One item to the pipeline; those that come while we apply (an RST) wait in line."""
         if self._draining:
             self._incoming.append(item)
         else:
             self._run(self.pipeline.feed(item, self.clock()))
 
     def _run(self, effects: Effects) -> None:
-        """Apply a pipeline call's effects, then feed and apply the items that arrived
-        meanwhile, one call each."""
+        """Apply a call's effects, then feed the items that came meanwhile, one call each."""
         self._draining = True
         try:
             self.apply(effects)
@@ -187,15 +181,20 @@ class Relay:
         self._check_done()
 
     def apply(self, effects: Effects) -> None:
-        """Do what a pipeline call asked: write its items, keep its deadline (on the hub's
-        heap or the timer task's scope) and the sources it pauses, and move to the
-        pass-through path when its path went empty."""
+        """Do what a pipeline call asked: write its items, keep its wake time (on the hub's
+        heap or the timer task's scope) and paused sources; an empty path goes pass-through."""
         self._write_items(effects.items)
         self._paused = effects.paused
         self._ended = effects.ended
         due = self._wake = effects.wake
         if effects.passthrough and not self.passthrough:
-            self._go_passthrough()
+            self.passthrough = True
+            if self._hub is None:  # the reader tasks hand their sockets to the hub, if any
+                try:
+                    self._hub = acquire_read_hub()
+                except OSError:
+                    return  # no fd for the hub's epoll: the reader tasks carry on, still fast
+                self._state_lot.unpark_all()
         elif self._hub is not None:
             if due is not None and not self.passthrough:
                 self._arm_hub_timer(due)
@@ -204,18 +203,6 @@ class Relay:
         elif not self._timer_started and due is not None and self._nursery is not None:
             self._timer_started = True
             self._nursery.start_soon(self._timer_loop)
-
-    def _go_passthrough(self) -> None:
-        """Every stage stepped aside: relay the rest on the pass-through path (the hub)."""
-        self.passthrough = True
-        if self._hub is not None:
-            return  # already read by the hub; a timer entry left fires and finds nothing
-        try:
-            self._hub = acquire_read_hub()
-        except OSError:
-            return  # no fd for the hub's epoll: the reader tasks carry on, still fast
-        # Each reader task hands its socket to the hub when it next wakes up.
-        self._state_lot.unpark_all()
 
     def _arm_hub_timer(self, due: float) -> None:
         """Put the pipeline's deadline on the hub's heap. An entry due no later stays:
@@ -233,7 +220,7 @@ class Relay:
         self._timer_due = None
         if not self._done.is_set():
             try:
-                self._wake_pipeline()
+                self._run(self.pipeline.wake(self.clock()))
             except Exception as error:  # a bug must fail this connection, not the hub
                 self._fail(error)
 
@@ -244,23 +231,17 @@ class Relay:
                 self._timer_scope = scope
                 await trio.sleep_forever()
             self._timer_scope = None
-            self._wake_pipeline()
-
-    def _wake_pipeline(self) -> None:
-        """The pipeline's deadline may have come (the hub's heap or the timer task)."""
-        self._run(self.pipeline.wake(self.clock()))
+            self._run(self.pipeline.wake(self.clock()))
 
     # ------------------------------------------------------------------ reading
 
     def _reading_paused(self, side: Side) -> bool:
-        if self.destination(side.source).outbox_bytes >= HIGH_WATER:
-            return True
-        return not self.passthrough and side.source in self._paused
+        full = self.destination(side.source).outbox_bytes >= HIGH_WATER
+        return full or (not self.passthrough and side.source in self._paused)
 
     def _read_some(self, side: Side) -> int:
-        """Up to READS_BEFORE_YIELD reads of `side`: _DRAINED, _OVER, _PAUSED, or _MORE
-        when there may be more (the hub's level-triggered readiness, or the reader task
-        after a checkpoint, comes back for it after the other sockets had their turn)."""
+        """Up to READS_BEFORE_YIELD reads: _DRAINED, _OVER, _PAUSED, or _MORE (the hub's
+        level-triggered readiness or the reader task comes back after the others' turn)."""
         for _ in range(READS_BEFORE_YIELD):
             if side.read_done or side.closed:
                 return _OVER
