@@ -66,9 +66,6 @@ class Relay:
         upstream.setblocking(False)
         self.client = Side("client", client, Direction.UPSTREAM)
         self.upstream = Side("upstream", upstream, Direction.DOWNSTREAM)
-        for side in (self.client, self.upstream):
-            side.on_readable = self._hub_callback(self._hub_readable, side)
-            side.on_writable = self._hub_callback(self._writable, side)
         if not isinstance(pipeline, Pipeline):
             pipeline = Pipeline([pipeline])  # one fault, bound already: routing is all
         self.pipeline = pipeline
@@ -338,14 +335,15 @@ class Relay:
     def _join_hub(self, side: Side) -> None:
         if side.read_done or side.closed or self._hub is None:
             return
-        self._hub_callbacks[side.leg] = side.on_readable
-        self._hub.register(side.sock, side.on_readable)
+        callback = self._hub_callbacks[side.leg] = self._hub_callback(self._hub_readable, side)
+        self._hub.register(side.sock, callback)
         if self._reading_paused(side):
             self._pause_on_hub(side)
 
     def _leave_hub(self, side: Side) -> None:
-        if self._hub_callbacks.pop(side.leg, None) is not None and self._hub is not None:
-            self._hub.unregister(side.sock, side.on_readable)
+        callback = self._hub_callbacks.pop(side.leg, None)
+        if callback is not None and self._hub is not None:
+            self._hub.unregister(side.sock, callback)
         self._hub_paused.discard(side.leg)
 
     def _wake_readers(self) -> None:
@@ -410,8 +408,8 @@ class Relay:
             elif self._hub is not None:
                 # The rest waits on the hub for the socket to take more (EPOLLOUT).
                 self._writers.add(side.leg)
-                self._hub_writers[side.leg] = side.on_writable
-                self._hub.watch_writable(side.sock, side.on_writable)
+                callback = self._hub_writers[side.leg] = self._hub_callback(self._writable, side)
+                self._hub.watch_writable(side.sock, callback)
             return
         if side.leg in self._hub_writers:
             self._unwatch_writable(side)
@@ -438,10 +436,11 @@ class Relay:
             self._writable(side)
 
     def _unwatch_writable(self, side: Side) -> None:
-        if self._hub_writers.pop(side.leg, None) is not None:
+        callback = self._hub_writers.pop(side.leg, None)
+        if callback is not None:
             self._writers.discard(side.leg)
             if self._hub is not None:
-                self._hub.unwatch_writable(side.sock, side.on_writable)
+                self._hub.unwatch_writable(side.sock, callback)
 
     def _write_end(self, side: Side, end: Eof | Reset) -> None:
         side.write_done = True

@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import struct
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -32,9 +31,6 @@ class Side:
     write_done: bool = False
     closed: bool = False
     writer_lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
-    # The hub's callbacks for this side, made once (the hub knows a callback by identity).
-    on_readable: Callable[[], None] = field(default=lambda: None, repr=False)
-    on_writable: Callable[[], None] = field(default=lambda: None, repr=False)
 
 
 def arm_reset(sock: socket.socket) -> None:
