@@ -393,11 +393,12 @@ class Pipeline(Fault):
 
     def __init__(self, faults: Iterable[Fault] = ()) -> None:
         self._faults: list[Fault] = list(faults)
-        self._timed: list[Fault] = []
-        self._pausing: list[Fault] = []
+        # Tuples: the empty one is shared, so a pass-through pipeline holds none of its own.
+        self._timed: tuple[Fault, ...] = ()
+        self._pausing: tuple[Fault, ...] = ()
         self._overrides()
         # The proxy's own stages in it (`ProxyStage`), told by the shell (`set_stages`).
-        self.stages: list[ProxyStage] = []
+        self.stages: tuple[ProxyStage, ...] = ()
         self.framing: PathFraming | None = None
         self.layout: PipelineLayout | None = None  # what `bind` bound it with
         # (id of a fault, direction) -> the stream its output there is framed into
@@ -422,14 +423,16 @@ class Pipeline(Fault):
         """The faults whose class has a deadline or pauses reading at all: the others
         answer None and False always, so `deadline` and the effects skip them."""
         faults = self._faults
-        self._timed = [f for f in faults if type(f).deadline is not Fault.deadline]
-        self._pausing = [f for f in faults if type(f).reading_paused is not Fault.reading_paused]
+        self._timed = tuple(f for f in faults if type(f).deadline is not Fault.deadline)
+        self._pausing = tuple(
+            f for f in faults if type(f).reading_paused is not Fault.reading_paused
+        )
 
     def set_stages(self, stages: Sequence[ProxyStage]) -> None:
         """Which of its faults are the proxy's own stages (`ProxyStage`): a stage that has
         `finished` leaves the pipeline, one that has `connection_closed` ends the
         connection (`Effects`)."""
-        self.stages = list(stages)
+        self.stages = tuple(stages)
 
     # ------------------------------------------------------------- the shell's calls
 
@@ -455,7 +458,7 @@ class Pipeline(Fault):
             finished = [stage for stage in stages if stage.finished]
             if finished:
                 gone = {id(stage) for stage in finished}
-                self.stages = stages = [stage for stage in stages if id(stage) not in gone]
+                self.stages = stages = tuple(s for s in stages if id(s) not in gone)
                 self.faults = [fault for fault in self._faults if id(fault) not in gone]
             ended = any(stage.connection_closed for stage in stages)
         paused = _NOT_PAUSED

@@ -91,9 +91,8 @@ class Relay:
         self._hub_callbacks: dict[str, Callable[[], None]] = {}
         self._hub_paused: set[str] = set()
         self._hub_writers: dict[str, Callable[[], None]] = {}
-        # This relay's entry on the hub's deadline heap: its ticket and when it fires.
         self._timer_ticket: int | None = None
-        self._timer_due: float | None = None
+        self._timer_due: float | None = None  # with the ticket: its entry on the hub's heap
         self._failure: Exception | None = None
 
     def destination(self, direction: Direction) -> Side:
@@ -313,12 +312,14 @@ class Relay:
             else:
                 await trio.lowlevel.checkpoint()
 
-    def _hub_callback(self, action: Callable[[Side], None], side: Side) -> Callable[[], None]:
-        """`action(side)` as the hub calls it: a bug fails this connection, not the hub."""
+    def _hub_callback(
+        self, action: Callable[[Relay, Side], None], side: Side
+    ) -> Callable[[], None]:
+        """`action(self, side)` as the hub calls it: a bug fails this connection, not the hub."""
 
         def callback() -> None:
             try:
-                action(side)
+                action(self, side)
             except Exception as error:
                 self._fail(error)
 
@@ -335,7 +336,7 @@ class Relay:
     def _join_hub(self, side: Side) -> None:
         if side.read_done or side.closed or self._hub is None:
             return
-        callback = self._hub_callbacks[side.leg] = self._hub_callback(self._hub_readable, side)
+        callback = self._hub_callbacks[side.leg] = self._hub_callback(Relay._hub_readable, side)
         self._hub.register(side.sock, callback)
         if self._reading_paused(side):
             self._pause_on_hub(side)
@@ -408,7 +409,7 @@ class Relay:
             elif self._hub is not None:
                 # The rest waits on the hub for the socket to take more (EPOLLOUT).
                 self._writers.add(side.leg)
-                callback = self._hub_writers[side.leg] = self._hub_callback(self._writable, side)
+                callback = self._hub_writers[side.leg] = self._hub_callback(Relay._writable, side)
                 self._hub.watch_writable(side.sock, callback)
             return
         if side.leg in self._hub_writers:

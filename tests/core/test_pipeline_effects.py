@@ -78,7 +78,7 @@ def test_a_finished_stage_steps_aside_and_an_empty_path_is_pass_through() -> Non
     pipeline = bound(stage, Holder())
     assert not pipeline.open(0.0).passthrough
     pipeline.feed(Chunk(UP, b"a"), 0.0)
-    assert pipeline.faults[0] is not stage and pipeline.stages == []
+    assert pipeline.faults[0] is not stage and pipeline.stages == ()
     # A stage alone: once it finishes, nothing is left on the path.
     alone = bound(other)
     effects = alone.feed(Chunk(DOWN, b"b"), 0.0)
