@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import ipaddress
 import json
 import logging
 import math
@@ -122,9 +123,29 @@ class Address:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+def numeric_sockaddr(address: Address) -> tuple[socket.AddressFamily, tuple[Any, ...]] | None:
+    """The family and socket address of a numeric host (an IPv4 or IPv6 literal without a
+    scope), which needs no resolver call; None for a name."""
+    try:
+        ip = ipaddress.ip_address(address.host)
+    except ValueError:
+        return None
+    if ip.version == 4:
+        return socket.AF_INET, (address.host, address.port)
+    return socket.AF_INET6, (address.host, address.port, 0, 0)
+
+
 async def dial(address: Address) -> socket.socket:
-    """Connect a non-blocking stdlib socket (the relay's raw-socket hot path needs one)."""
-    infos = await trio.socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+    """Connect a non-blocking stdlib socket (the relay's raw-socket hot path needs one). A
+    numeric upstream (the usual `127.0.0.1:8000`) is connected without `getaddrinfo`, as
+    nginx does for an address it parsed as one (`ngx_parse_url`)."""
+    numeric = numeric_sockaddr(address)
+    if numeric is not None:
+        infos: list[tuple[Any, ...]] = [(numeric[0], socket.SOCK_STREAM, 0, "", numeric[1])]
+    else:
+        infos = list(
+            await trio.socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+        )
     error: OSError | None = None
     for family, kind, proto, _, sockaddr in infos:
         sock = socket.socket(family, kind, proto)
