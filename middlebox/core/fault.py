@@ -422,11 +422,16 @@ class Pipeline(Fault):
     def _overrides(self) -> None:
         """The faults whose class has a deadline or pauses reading at all: the others
         answer None and False always, so `deadline` and the effects skip them."""
-        faults = self._faults
-        self._timed = tuple(f for f in faults if type(f).deadline is not Fault.deadline)
-        self._pausing = tuple(
-            f for f in faults if type(f).reading_paused is not Fault.reading_paused
-        )
+        timed: list[Fault] = []
+        pausing: list[Fault] = []
+        for fault in self._faults:
+            kind = type(fault)
+            if kind.deadline is not Fault.deadline:
+                timed.append(fault)
+            if kind.reading_paused is not Fault.reading_paused:
+                pausing.append(fault)
+        self._timed = tuple(timed) if timed else ()
+        self._pausing = tuple(pausing) if pausing else ()
 
     def set_stages(self, stages: Sequence[ProxyStage]) -> None:
         """Which of its faults are the proxy's own stages (`ProxyStage`): a stage that has
@@ -451,16 +456,21 @@ class Pipeline(Fault):
 
     def effects(self, items: list[Item]) -> Effects:
         """`items` and the state after the call that made them: a stage that has finished
-        steps aside (leaves the pipeline) for the rest of the connection."""
+        steps aside (leaves the pipeline) for the rest of the connection. Loops rather
+        than generator expressions: this runs after every call, on every connection."""
         ended = False
         stages = self.stages
         if stages:
-            finished = [stage for stage in stages if stage.finished]
-            if finished:
-                gone = {id(stage) for stage in finished}
-                self.stages = stages = tuple(s for s in stages if id(s) not in gone)
-                self.faults = [fault for fault in self._faults if id(fault) not in gone]
-            ended = any(stage.connection_closed for stage in stages)
+            for stage in stages:
+                if stage.finished:
+                    gone = {id(each) for each in stages if each.finished}
+                    self.stages = stages = tuple(s for s in stages if id(s) not in gone)
+                    self.faults = [fault for fault in self._faults if id(fault) not in gone]
+                    break
+            for stage in stages:
+                if stage.connection_closed:
+                    ended = True
+                    break
         paused = _NOT_PAUSED
         pausing = self._pausing
         if pausing:
@@ -468,7 +478,8 @@ class Pipeline(Fault):
                 any(f.reading_paused(Direction.UPSTREAM) for f in pausing),
                 any(f.reading_paused(Direction.DOWNSTREAM) for f in pausing),
             ]
-        return Effects(items, self.deadline(), paused, not self._faults, ended)
+        wake = self.deadline() if self._timed else None
+        return Effects(items, wake, paused, not self._faults, ended)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.faults!r})"
