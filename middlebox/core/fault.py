@@ -50,19 +50,6 @@ Bytes = Annotated[int, Unit.BYTES]
 """A size in bytes; YAML accepts an integer or `512B`, `4KiB`, `1MiB`."""
 
 
-@dataclass(frozen=True, slots=True)
-class FaultReport:
-    """What a fault did, for the journal: `fired` proves a declared fault took effect."""
-
-    fault: str
-    time: float
-    action: str
-    details: dict[str, Any]
-
-
-ReportSink = Callable[[FaultReport], None]
-
-
 class StageEvent(enum.Enum):
     """What one of the proxy's own stages (faults/_proxy) did when it reports: the server
     counts it (`ServerCounters.count_stage`) and journals it as how one side of the
@@ -86,6 +73,21 @@ class StageEvent(enum.Enum):
     @property
     def end(self) -> str:
         return self.value[2]
+
+
+@dataclass(frozen=True, slots=True)
+class FaultReport:
+    """What a fault did, for the journal: `fired` proves a declared fault took effect."""
+
+    fault: str
+    time: float
+    action: str
+    details: dict[str, Any]
+    stage_event: StageEvent | None = None
+    """Set when one of the proxy's own stages reports (`Fault.stage_event`)."""
+
+
+ReportSink = Callable[[FaultReport], None]
 
 
 REPORTS_KEPT = 100
@@ -296,7 +298,7 @@ class Fault:
 
     def report(self, now: float, action: str, **details: Any) -> None:
         """Record a decision ("fired at byte N / event K / time T") for the journal."""
-        entry = FaultReport(self.name, now, action, details)
+        entry = FaultReport(self.name, now, action, details, self.stage_event)
         counts = self.report_counts
         seen = counts.get(action, 0)
         counts[action] = seen + 1

@@ -62,7 +62,6 @@ from middlebox.core.fault import (
     Pipeline,
     PipelineLayout,
     ProxyStage,
-    StageEvent,
     proxy_stages,
 )
 from middlebox.core.h2_faults import H2Fault
@@ -572,12 +571,7 @@ class ProxyServer(ServerCounters):
                 *shared,
                 *(self._stage_state(s.name) for s in upstream_side),
             ]
-            events = {
-                stage.name: stage.stage_event
-                for stage in (*client_side, *upstream_side)
-                if stage.stage_event is not None
-            }
-            sink = self._counting_sink(connection_id, events, sink)
+            sink = self._counting_sink(connection_id, sink)
         pipeline = Pipeline(path)
         rng = random.Random(f"{scenario.seed}:{connection_id}")
         # The layout (framing shape, wiring) follows from the scenario's config alone:
@@ -602,16 +596,13 @@ class ProxyServer(ServerCounters):
         return self._stage_shared[name]
 
     def _counting_sink(
-        self,
-        connection_id: int,
-        events: dict[str, StageEvent],
-        inner: Callable[[FaultReport], None] | None,
+        self, connection_id: int, inner: Callable[[FaultReport], None] | None
     ) -> Callable[[FaultReport], None]:
         """Reports pass on; a report of one of the proxy's own stages is also counted and
         journaled as how that side of the connection ended."""
 
         def sink(report: FaultReport) -> None:
-            event = events.get(report.fault)
+            event = report.stage_event
             if event is not None:
                 self.count_stage(event)
                 observer = self._observers.get(connection_id)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
-from middlebox.core.fault import StageEvent
+from middlebox.core.fault import Fault, FaultContext, FaultReport, StageEvent
 from middlebox.observe.metrics import SERVER_COUNTERS, Metrics, ServerCounters
 
 COUNTED = {
@@ -35,3 +37,22 @@ def test_every_exported_counter_is_rendered_less_its_baseline() -> None:
     assert "middlebox_read_timeouts_total 2\n" in text
     assert "middlebox_client_header_timeouts_total 0\n" in text
     assert "middlebox_scenario_info" not in text  # no scenario: none named
+
+
+class _Plain(Fault):
+    name: ClassVar[str] = "plain"
+
+
+class _Timeout(Fault):
+    name: ClassVar[str] = "timeout_stage"
+    stage_event: ClassVar[StageEvent | None] = StageEvent.READ_TIMEOUT
+
+
+def test_a_stage_s_report_carries_its_event_and_a_scenario_fault_s_carries_none() -> None:
+    heard: list[FaultReport] = []
+    for fault in (_Plain(), _Timeout()):
+        fault.bind(FaultContext(report=heard.append))
+        fault.report(1.0, "closed")
+    assert [report.stage_event for report in heard] == [None, StageEvent.READ_TIMEOUT]
+    assert StageEvent.READ_TIMEOUT.leg == "upstream"
+    assert StageEvent.READ_TIMEOUT.end == "read_timeout"
