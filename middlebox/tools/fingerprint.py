@@ -439,8 +439,10 @@ def measure(
     )  # fmt: skip
     for key, share, shape_of, read, what in long_measures:
         if like is not None and key not in like:
-            continue
+            continue  # a playback takes the long waits the path took, as long as it took them
         length = min((session.left() - share * IDLE_SLACK) / share, probe_shape.MAX_WAIT)
+        if like is not None:
+            length = playback_wait(like[key])
         if length < IDLE_MIN:
             session.not_measured.append(f"{what} (the budget ran out)")
             continue
@@ -451,7 +453,11 @@ def measure(
         found[key] = read(record, done.response, done.ended, done.ended_at, waited)
     # the silence takes what the budget has left: a longer timeout is "at least" that
     pause = min(session.left() - IDLE_SLACK, probe_shape.MAX_WAIT)
-    if pause >= IDLE_MIN:
+    if like is not None:  # the path's silence, as long; none when it took none
+        pause = playback_wait(like["idle"]) if "idle" in like else 0.0
+    if like is not None and "idle" not in like:
+        pass
+    elif pause >= IDLE_MIN:
         shape = measures.idle_shape(round(pause, 1))
         silent, record, _ = session.send(shape, f"the read timeout (a {pause:.0f} s silence)")
         found["idle"] = measures.idle(record, silent.response, shape.pause)
@@ -469,6 +475,17 @@ def canary(target: Target, budget: float, progress: Callable[[str], None], run: 
     held = _hold(session, CANARY_HOLD, "hold, 256-byte frames")[0] or UNDECODED
     left = _leave(session, reset=False) if session.left() >= LEAVE_WAIT + 1.0 else None
     return {"hold": held, "leave": left}
+
+
+def playback_wait(found: Mapping[str, Any]) -> float:
+    """How long a playback waits for a long measure the path took: as long as the path's
+    wait when nothing cut it (so both say "at least" the same), else long enough to see
+    the same cut (its time, a quarter more and half a second), whatever its budget left:
+    a playback that cannot take what the path took compares nothing."""
+    if not found.get("cut"):
+        return min(float(found["at_least"]), probe_shape.MAX_WAIT)
+    at = float(found.get("timeout", found.get("limit", 0.0)))
+    return min(at * 1.25 + 0.5, probe_shape.MAX_WAIT)
 
 
 def fingerprint(
