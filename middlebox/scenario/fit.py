@@ -11,7 +11,9 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
   `buffers_size`), `honour_x_accel_buffering` as measured; a buffer under nginx's
   `postpone_output` would be doubled by it, so the fitted hop postpones nothing then;
 - a hold to the response's end: `proxy_buffering` with a buffer larger than the
-  answers the probe sent (the smallest power of two at least twice the largest);
+  answers the probe sent (the smallest power of two at least twice the largest); when
+  the client's answer came with a Content-Length from a chunked or close-delimited
+  upstream answer, `buffer_whole_response` (which re-frames it with its length);
 - a hold released by a timer: `coalescer` with that `window` (and a `size` no frame
   fills);
 - an HTTP/1.0 upstream leg: `http10_upstream` (which also re-chunks toward the client);
@@ -37,7 +39,7 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
   framing.
 
 What no fault expresses is a line that names the measurement showing it (`not_fitted`),
-never dropped: an irregular hold, a whole answer sent with `Content-Length`, a chunked body
+never dropped: an irregular hold, a chunked body
 re-chunked without a hold or an HTTP/1.0 leg, a read timeout longer than the silence the
 budget allowed, heartbeats eaten, a coding other than gzip, a client's reset passed
 otherwise than its FIN, timeouts that differ before and after the head.
@@ -132,6 +134,14 @@ def _pow2_at_least(value: float) -> int:
     return 1 << max(math.ceil(math.log2(max(value, 1.0))), 0)
 
 
+def reframed(framing: Mapping[str, Any]) -> bool:
+    """Whether a chunked or close-delimited answer reached the client with a length."""
+    return framing.get("client_framing") == "length" and framing.get("upstream_framing") in (
+        "chunked",
+        "close",
+    )
+
+
 def _fit_hold(held: Mapping[str, Any], framing: Mapping[str, Any] | None, out: Fitted) -> None:
     by = held["release"]
     accel = held.get("x_accel_buffering_honoured")
@@ -148,6 +158,15 @@ def _fit_hold(held: Mapping[str, Any], framing: Mapping[str, Any] | None, out: F
             config,
             f"hold: bursts of {size} ± {by['uncertainty']:.0f} B, released by a buffer size",
         )
+    elif by["by"] == "end" and framing is not None and reframed(framing):
+        # lighttpd's default: the whole answer, re-framed with its length (a chunked
+        # upstream leg, or a close-delimited one, reaches the client with Content-Length)
+        out.add(
+            "buffer_whole_response",
+            {"honour_x_accel_buffering": True} if accel else {},
+            f"hold: the whole answer (at least {by['at_least_bytes']} B) until its end, "
+            f"sent with Content-Length (the upstream's was {framing.get('upstream_framing')})",
+        )
     elif by["by"] == "end":
         size = _pow2_at_least(2 * by["at_least_bytes"])
         config = {"buffer_size": size, "buffers_size": size}
@@ -158,12 +177,6 @@ def _fit_hold(held: Mapping[str, Any], framing: Mapping[str, Any] | None, out: F
             config,
             f"hold: the whole answer (at least {by['at_least_bytes']} B) until its end",
         )
-        if framing is not None and framing.get("client_framing") == "length":
-            out.not_fitted.append(
-                "framing: the client's answer came with Content-Length after a hold to the "
-                "end; no fault re-frames a held answer with a length (proxy_buffering passes "
-                "the upstream's framing)"
-            )
     elif by["by"] == "timer":
         config = {"direction": "downstream", "window": round(by["seconds"], 3),
                   "size": TIMER_SIZE}  # fmt: skip
@@ -736,6 +749,11 @@ def expected(text: str) -> dict[str, Any]:
             if released < answers:
                 found["hold_bytes"] = released
             found["x_accel_buffering_honoured"] = bool(config.get("honour_x_accel_buffering", True))
+        elif fault == "buffer_whole_response":
+            found["hold_by"] = "end"
+            found["x_accel_buffering_honoured"] = bool(
+                config.get("honour_x_accel_buffering", False)
+            )
         elif fault == "coalescer" and config.get("direction", "downstream") != "upstream":
             found["hold_by"] = "timer"
             found["hold_seconds"] = _seconds(config.get("window", 0.04))
@@ -784,7 +802,8 @@ def expected(text: str) -> dict[str, Any]:
     found.setdefault("idle_timeout", NO_TIMEOUT)  # no read timeout: any silence passes
     if found["hold_by"] in ("nothing",):
         found.pop("x_accel_buffering_honoured", None)
-    if found["hold_by"] == "end" and not any(f == "proxy_buffering" for f, _ in entries):
+    holds = ("proxy_buffering", "buffer_whole_response")
+    if found["hold_by"] == "end" and not any(f in holds for f, _ in entries):
         found.pop("x_accel_buffering_honoured", None)
     return found
 

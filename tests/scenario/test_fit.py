@@ -14,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calibrate.compare import TOLERANCES as CALIBRATE
+from faults import REGISTRY
+from faults.buffer_whole_response import BufferWholeResponse
 from faults.coalescer import Coalescer
 from faults.idle_reaper import IdleReaper
 from faults.presets import PRESETS
@@ -168,12 +170,58 @@ def test_chunks_passed_as_written_or_an_http10_leg_need_no_line() -> None:
     assert fitted.not_fitted == [] and fitted.path == [{"http10_upstream": {}}]
 
 
-def test_a_whole_answer_sent_with_a_length_is_said_and_a_chunked_one_is_not() -> None:
+def whole_fingerprint(make: Any) -> dict[str, Any]:
+    """The hold and the framing the probe's hold shapes show through `make()`'s path."""
+    first, second = hold_of(HOLD_A, make()), hold_of(HOLD_B, make())
+    held: dict[str, Any] = {"release": fp.release(first, second), "shapes": [first, second]}
+    held["x_accel_buffering_honoured"] = fp.accel_honoured(first, hold_of(ACCEL, make()))
+    plan = probe_shape.plan(HOLD_B, http10=False, ident="t", model="middlebox-probe")
+    out = replay(Pipeline(make()), probe_shape.timeline(plan, REQUEST))
+    reads = [fp.Read(at, item.data) for at, item in out
+             if isinstance(item, Chunk) and item.direction is DOWN]  # fmt: skip
+    record = {"request": {"version": "HTTP/1.1"}, "framing": plan.framing}
+    return {"hold": held, "framing": fp.framing(record, plan, fp.decode(reads))}
+
+
+def played_back(fitted: fit.Fitted) -> list[Fault]:
+    return [REGISTRY[name](**config) for entry in fitted.path for name, config in entry.items()]
+
+
+@pytest.mark.parametrize("honour", [False, True])
+def test_a_whole_answer_sent_with_a_length_is_fitted_as_buffer_whole_response(honour: bool) -> None:
+    measures = whole_fingerprint(lambda: [BufferWholeResponse(honour_x_accel_buffering=honour)])
+    assert measures["framing"]["client_framing"] == "length"
+    fitted = fit.fit(measures)
+    assert fitted.path == [
+        {"buffer_whole_response": {"honour_x_accel_buffering": True} if honour else {}}
+    ]
+    assert fitted.not_fitted == []
+    compose.load_text(fit.scenario_text(fitted, name="whole", url="u"))
+    # played back, the fitted path agrees with the one it was fitted to on every row
+    again = whole_fingerprint(lambda: played_back(fitted))
+    rows = fit.agreement(fit.values(measures), fit.values(again))
+    assert {row.measure for row in rows} >= {"hold_by", "client_framing"}
+    assert all(row.ok for row in rows), rows
+
+
+def test_a_whole_answer_passed_chunked_is_fitted_as_proxy_buffering_not_re_framed() -> None:
+    measures = whole_fingerprint(lambda: [ProxyBuffering(buffer_size=65536, buffers_size=65536)])
+    assert measures["framing"]["client_framing"] == "chunked"
+    fitted = fit.fit(measures)
+    assert [next(iter(entry)) for entry in fitted.path] == ["proxy_buffering"]
+    assert fitted.not_fitted == []
+
+
+def test_an_upstream_answer_with_a_length_passed_with_it_is_not_a_re_framing() -> None:
     end = {"release": {"held": True, "by": "end", "at_least_bytes": 25_031}, "shapes": []}
-    length = fit.fit({"hold": end, "framing": framing_measure(client_framing="length")})
-    assert any(line.startswith("framing: the client's answer came with Content-Length")
-               for line in length.not_fitted)  # fmt: skip
-    assert fit.fit({"hold": end, "framing": framing_measure()}).not_fitted == []
+    framing = framing_measure(upstream_framing="length", client_framing="length")
+    fitted = fit.fit({"hold": end, "framing": framing})
+    assert [next(iter(entry)) for entry in fitted.path] == ["proxy_buffering"]
+
+
+def test_the_expected_fingerprint_of_buffer_whole_response_holds_to_the_end() -> None:
+    found = fit.expected("path:\n  - buffer_whole_response: {}\n")
+    assert (found["hold_by"], found["x_accel_buffering_honoured"]) == ("end", False)
 
 
 def test_an_irregular_hold_is_said_and_fits_no_fault() -> None:
