@@ -21,7 +21,9 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
   client saw it (`close` for a truncated stream, `finish` for a proper end without
   `[DONE]`, `reset` when the upstream saw a reset);
 - a client's leave the upstream learns late or never: `ignore_client_close`
-  (`until: write_fails`, with a `cork` for a late first write; `until: never`);
+  (`until: write_fails`, with no `cork` when it was learned within WRITES_AFTER writes
+  after the close, a failed write's, and with the delay as `cork` when later; `until:
+  never`);
 - compression asked for: `gzip_encoding` (`flush: sync` when every frame was decodable
   as written, `none` when held; `require_accept_encoding: false` when it compresses
   unasked);
@@ -97,6 +99,13 @@ FRAMING_FIELDS = frozenset({"connection", "content-length", "transfer-encoding",
 # does not watch the client (nginx and Caddy learn within a few milliseconds).
 LEAVE_PROMPT = 0.05
 LEAVE_FRAMES = 2
+# A leave learned within this many writes after the client's close is a failed write's
+# (the first write after a FIN draws the client's RST, RFC 9293 §3.10.7.1, and the second
+# or third fails: Apache 2, Varnish 2-3 at 20 and 100 ms frames), fitted with no `cork`, so
+# it plays back at every frame period; a later one is a time (HAProxy's MSG_MORE cork:
+# 0.22 s, 11-12 frames at 20 ms), fitted as `cork`. One frame period cannot tell the two
+# apart within this many writes.
+WRITES_AFTER = 3
 # The fitted fields that are durations (a scenario writes them with a unit).
 DURATIONS = frozenset({"timeout", "window", "cork", "delay", "limit"})
 # How the client saw an end, as the `before_headers` (a status page, a reset) and `end`
@@ -372,17 +381,18 @@ def _fit_leave(gone: Mapping[str, Any], out: Fitted) -> None:
             f"{gone['at_least']:.1f} s",
         )
         return
-    late = gone["after"] > LEAVE_PROMPT
     if prompt_leave(gone):
         return
     config: dict[str, Any] = {"until": "write_fails"}
-    if late:
+    counted = gone["frames_after_close"] <= WRITES_AFTER
+    if gone["after"] > LEAVE_PROMPT and not counted:
         config["cork"] = round(gone["after"], 3)
+    how = "a failed write, counted in writes" if counted else "a time after the first write"
     out.add(
         "ignore_client_close",
         config,
         f"leave: learned {gone['after']:.3f} s after the client's close, "
-        f"{gone['frames_after_close']} frames written after",
+        f"{gone['frames_after_close']} frames written after ({how})",
     )
 
 

@@ -396,10 +396,11 @@ def test_a_preset_reads_as_watching_the_client_unless_it_ignores_a_close() -> No
     assert fit.values({"leave": WATCHED})["leave_prompt"] is True
 
 
-def leave_after_of(path: list[Fault], closed_at: float = 0.31) -> float:
+def leave_after_of(path: list[Fault], closed_at: float = 0.31, period: float = 0.02) -> float:
     """Seconds from a client's FIN at `closed_at` (after the first of a timer's releases)
-    to the path's close or reset of the upstream connection, on the probe's 20 ms frames."""
-    shape = ProbeShape(frames=250, size=256, period=0.02)
+    to the path's close or reset of the upstream connection, on frames `period` apart (the
+    probe's leave shape: 20 ms)."""
+    shape = ProbeShape(frames=250, size=256, period=period)
     plan = probe_shape.plan(shape, http10=False, ident="t", model="middlebox-probe")
     items = [*probe_shape.timeline(plan, REQUEST), (closed_at, Eof(UP))]
     out = replay(Pipeline(path), sorted(items, key=lambda item: item[0]))
@@ -426,3 +427,47 @@ def test_a_late_leave_sits_upstream_of_a_timer_hold_and_plays_back_as_measured()
     ).build_faults()
     late = leave_after_of(swapped)
     assert not fit.agreement({"leave_after": 0.233}, {"leave_after": late})[0].ok, late
+
+
+# Varnish 7.1 learns of a client's FIN at a failed write: 0.06 s and 3 frames after it at the
+# probe's 20 ms frames, 0.21-0.25 s and 2 frames at 100 ms frames (docs/fingerprint.md)
+VARNISH = {"learned": True, "how": "fin", "after": 0.06, "frames_after_close": 3}
+
+
+def test_a_leave_a_few_writes_after_the_close_is_fitted_without_a_cork_a_later_one_with() -> None:
+    assert fit.fit({"leave": VARNISH}).path == [{"ignore_client_close": {"until": "write_fails"}}]
+    four = VARNISH | {"after": 0.08, "frames_after_close": 4}
+    assert fit.fit({"leave": four}).path == [
+        {"ignore_client_close": {"until": "write_fails", "cork": 0.08}}
+    ]
+
+
+def test_varnishs_fitted_leave_plays_back_as_measured_at_20_and_100_ms_frames() -> None:
+    scenario = compose.load_text(
+        fit.scenario_text(fit.fit({"leave": VARNISH}), name="varnish", url="u")
+    )
+    at_20 = leave_after_of(scenario.build_faults(), period=0.02)
+    assert fit.agreement({"leave_after": 0.06}, {"leave_after": at_20})[0].ok, at_20
+    at_100 = leave_after_of(scenario.build_faults(), period=0.1)
+    for measured in (0.21, 0.25):
+        assert fit.agreement({"leave_after": measured}, {"leave_after": at_100})[0].ok, at_100
+    # the cork the fit wrote before, a time, is right at 20 ms frames only
+    corked = compose.load_text(
+        "name: v\npath:\n  - ignore_client_close: {until: write_fails, cork: 60ms}\n"
+    ).build_faults()
+    assert fit.agreement({"leave_after": 0.06}, {"leave_after": leave_after_of(corked)})[0].ok
+
+
+@settings(max_examples=30, deadline=None)
+@given(period=st.floats(min_value=0.01, max_value=0.2), phase=st.floats(0.05, 0.95),
+       frames=st.integers(min_value=2, max_value=3))  # fmt: skip
+def test_a_leave_counted_in_writes_is_learned_at_the_second_write_whatever_the_period(
+    period: float, phase: float, frames: int
+) -> None:
+    gone = {"learned": True, "how": "fin", "after": frames * 0.02, "frames_after_close": frames}
+    fitted = fit.fit({"leave": gone})
+    assert fitted.path == [{"ignore_client_close": {"until": "write_fails"}}]
+    faults = compose.load_text(fit.scenario_text(fitted, name="w", url="u")).build_faults()
+    closed_at = 0.5 + phase * period
+    after = leave_after_of(faults, closed_at=closed_at, period=period)
+    assert period < after <= 2 * period + 1e-9
