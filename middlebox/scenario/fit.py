@@ -35,13 +35,14 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
 - a duration cap: `max_duration` with that `limit` and end; a silence or a wait for the
   head cut at the cap's time is the cap's, not a read timeout's;
 - response headers added, changed or removed: `set_header` / `strip_header` on the
-  response; request headers the same way on the request, except `Host` (a hop rewrites it
-  to its upstream's address, which is not the scenario's) and the framing fields
-  (`Connection`, `Content-Length`, `Transfer-Encoding`, `Keep-Alive`), which follow the
-  framing.
+  response (with the first request's values; those that changed on a second request are a
+  line of what no fault expresses); request headers the same way on the request, except
+  `Host` (a hop rewrites it to its upstream's address, which is not the scenario's) and
+  the framing fields (`Connection`, `Content-Length`, `Transfer-Encoding`, `Keep-Alive`),
+  which follow the framing.
 
 What no fault expresses is a line that names the measurement showing it (`not_fitted`),
-never dropped: an irregular hold, a chunked body
+never dropped: an irregular hold, header values that change per request, a chunked body
 re-chunked without a hold or an HTTP/1.0 leg, a read timeout longer than the silence the
 budget allowed, heartbeats eaten, a coding other than gzip, a client's reset passed
 otherwise than its FIN, timeouts that differ before and after the head.
@@ -253,12 +254,26 @@ def _header_faults(
         if direction == "request":
             config["direction"] = "request"
         out.add("strip_header", config, f"{side}: removed {', '.join(removed)}")
-    if setting:
-        out.add(
-            "set_header",
-            {"direction": direction, "headers": setting},
-            f"{side}: added or changed {', '.join(setting)} (the values measured once: a "
-            "hop that writes them per request, a Date or an id, writes other values)",
+    if not setting:
+        return
+    varying = [row for row in changes.get("varying", []) if row[0] in setting]
+    if "varying" not in changes:
+        values = ("the values measured once: a hop that writes them per request, a Date or "
+                  "an id, writes other values")  # fmt: skip
+    elif varying:
+        values = f"the first request's values; {', '.join(r[0] for r in varying)} changed"
+    else:
+        values = "the same on two requests"
+    out.add(
+        "set_header",
+        {"direction": direction, "headers": setting},
+        f"{side}: added or changed {', '.join(setting)} ({values})",
+    )
+    if varying:
+        seen = "; ".join(f"{n}: {a} then {b or '(absent)'}" for n, a, b in varying)
+        out.not_fitted.append(
+            f"{side}: values that change per request ({seen}); set_header writes the first "
+            "on every one"
         )
 
 

@@ -471,3 +471,27 @@ def test_a_leave_counted_in_writes_is_learned_at_the_second_write_whatever_the_p
     closed_at = 0.5 + phase * period
     after = leave_after_of(faults, closed_at=closed_at, period=period)
     assert period < after <= 2 * period + 1e-9
+
+
+def varnish_response_headers(varying: list[list[str]] | None) -> dict[str, Any]:
+    changes: dict[str, Any] = {"added": [["X-Varnish", "32770"], ["Via", "1.1 varnish"]],
+                               "removed": [], "changed": []}  # fmt: skip
+    if varying is not None:
+        changes["varying"] = varying
+    return changes
+
+
+def test_a_header_value_that_changed_on_a_second_request_is_said_and_a_fixed_one_is_not() -> None:
+    varied = fit.fit({"response_headers": varnish_response_headers([["X-Varnish", "3", "6"]])})
+    written = {"X-Varnish": "32770", "Via": "1.1 varnish"}
+    assert varied.path == [{"set_header": {"direction": "response", "headers": written}}]
+    assert varied.not_fitted == [
+        "response_headers: values that change per request (X-Varnish: 3 then 6); set_header "
+        "writes the first on every one"
+    ]
+    assert varied.reasons[0].endswith("(the first request's values; X-Varnish changed)")
+    fixed = fit.fit({"response_headers": varnish_response_headers([])})
+    assert fixed.not_fitted == [] and fixed.reasons[0].endswith("(the same on two requests)")
+    unknown = fit.fit({"response_headers": varnish_response_headers(None)})
+    assert unknown.not_fitted == [] and "measured once" in unknown.reasons[0]
+    compose.load_text(fit.scenario_text(varied, name="varnish", url="u"))
