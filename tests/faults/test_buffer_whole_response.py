@@ -178,3 +178,24 @@ def test_whatever_the_chunking_the_client_gets_the_decoded_body_once_with_its_le
     body = b"".join(event(t) for t in tokens) + DONE
     out = replay(BufferWholeResponse(), timeline(data.draw(resliced(wire, max_cuts=12))))
     assert [data for _, data in sent(out)] == [length_framed(body)]
+
+
+def test_an_upgrade_and_the_tunnel_after_it_pass_as_they_come() -> None:
+    ask = b"GET /ws HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+    switch = (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+    )
+    fault = BufferWholeResponse()
+    out = replay(fault, timeline([switch, b"\x81\x02hi"], request_bytes=ask))
+    assert sent(out) == [(1.0, switch), (2.0, b"\x81\x02hi")]
+    assert fault.reports == []
+
+
+def test_an_http_1_0_clients_close_delimited_answer_gets_its_length_and_connection_close() -> None:
+    ask = REQUEST.replace(b"HTTP/1.1", b"HTTP/1.0")
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+    items = [*timeline([head, event("a")], request_bytes=ask), (3.0, Eof(DOWN))]
+    out = replay(BufferWholeResponse(), items)
+    ((_, data),) = sent(out)
+    assert data.startswith(head[:-2] + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % 57)
+    assert data.endswith(b"\r\n\r\n" + event("a"))
