@@ -23,9 +23,8 @@ answer from a stdlib upstream; mod_proxy speaks HTTP/1.1 upstream):
   upstream's framing does);
 - a hop that gave up upstream of it (its read timeout, `HopClose` from idle_reaper)
   with the answer held: lighttpd's error page replaces it, with `Connection: close`;
-  lighttpd 1.4.69 says `404 Not Found` there (its status was cleared when the backend
-  failed), and `504` when nothing of the answer had arrived (idle_reaper's
-  `before_headers` gives that one).
+  lighttpd 1.4.69 was measured to say `404 Not Found` there (`timeout_status`), and `504`
+  when nothing of the answer had arrived (idle_reaper's `before_headers` gives that one).
 
 The fault adds `Connection: close` when the answer ends with the upstream connection
 (a close-delimited body, or one cut short): the client's connection closes after it. It
