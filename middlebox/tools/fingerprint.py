@@ -424,6 +424,16 @@ def measure(
             headers=(("Last-Event-ID", LAST_EVENT_ID),),
         )  # fmt: skip
         found["sse_fields"] = measures.sse_fields(plan, record, sse.response, LAST_EVENT_ID)
+    if session.fits("the heads again", CHECK):
+        # seconds after the first: a per-request id, and a Date, differ by now
+        again, record, plan = session.send(CHECK, "the heads again (values per request)")
+        for side, changes in (
+            ("request_headers", measures.header_changes(
+                again.sent_headers, record["request"]["headers"])),
+            ("response_headers", measures.header_changes(
+                measures.planned_headers(plan), [list(f) for f in again.response.headers])),
+        ):  # fmt: skip
+            found[side]["varying"] = measures.varying(found[side], changes)
     for reset, key in ((False, "leave"), (True, "leave_rst")):
         if session.left() >= LEAVE_WAIT + 3.0:
             found[key] = _leave(session, reset=reset)
