@@ -22,7 +22,8 @@ middlebox/scenario/fingerprint.py:
   time to the next): the head held back (a timeout before the head, and how it ends), a
   steady stream (a duration cap), and two frames then a silence (the read timeout after
   the head); the record says when a hop closed the upstream connection ("at least" the
-  wait otherwise).
+  wait otherwise). A playback (`--verify`) takes the long waits the path took, each as
+  long as the path's (or long enough to see its cut), and no other.
 
 `--direct URL` runs the same measures against the probe without the path, as a baseline.
 Every wait is bounded by the budget; a measure that does not fit is named as not measured.
