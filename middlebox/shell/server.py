@@ -6,7 +6,7 @@ scenario. One connection's error is logged and never stops the server.
 
 The shell holds no fault logic: the proxy's own nginx behaviour is pure stages on the
 virtual clock (faults/_proxy), which the composition root builds from the scenario's
-`proxy:` block and hands the server as `stages` (a `ProxyStages`):
+`proxy:` block and hands the server as its config's `stages` (a `ProxyStages`):
 - `client_header_timeout` (default 60 s, nginx's) closes a client whose first request head
   is late, unanswered (slowloris); it is counted in `header_timeouts` and journaled as the
   client side's `header_timeout` end;

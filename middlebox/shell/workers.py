@@ -121,7 +121,7 @@ def worker_server(
         report_sink_factory=lambda cid: metrics.sink(cid, sink(cid) if sink is not None else None),
         tick=ticked,
     )
-    server = WorkerServer(
+    server = WorkerServer(  # named: its tick renders its counters
         counted, worker_index=index, worker_count=count, publish=publish, metrics=metrics
     )
     return server
