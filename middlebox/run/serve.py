@@ -3,10 +3,10 @@ SIGTERM or SIGINT, then write the journal if asked.
 
 `ProxySettings` is the command line's options, typed once; `ProxySettings.proxy_config` maps
 them to the proxy's `ProxyConfig`, through `proxy_config`, the one way every running proxy
-(this command's, a client run's, the recorder's, the background proxy's) is wired; `serve`
-runs it in one process, with the control API, or as workers. Problems in the settings raise
-`SettingsError` before anything listens (`OptionConflict` for options that do not go
-together), so the command line can show them as its own errors.
+(this command's, a client run's, the background proxy's, the recorder's, the soak's) is
+wired; `serve` runs it in one process, with the control API, or as workers. Problems in the
+settings raise `SettingsError` before anything listens (`OptionConflict` for options that do
+not go together), so the command line can show them as its own errors.
 """
 
 from __future__ import annotations
