@@ -509,6 +509,81 @@ def strongly_connected(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return sorted(components)
 
 
+# The proxy's own types: what a running proxy is built from and the server itself. A class
+# deriving from one of them (a worker's server, the controlled proxy) is one too.
+PROXY_TYPES = frozenset({"ProxyConfig", "ProxyServer"})
+
+
+def mentions_any(annotation: ast.expr | None) -> bool:
+    """Whether an annotation names `Any` (`Any`, `typing.Any`, or inside a string)."""
+    if annotation is None:
+        return False
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Name) and node.id == "Any":
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "Any":
+            return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            try:
+                parsed = ast.parse(node.value, mode="eval").body
+            except SyntaxError:
+                continue
+            if mentions_any(parsed):
+                return True
+    return False
+
+
+def signature_annotations(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]:
+    arguments = function.args
+    every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    every += [extra for extra in (arguments.vararg, arguments.kwarg) if extra is not None]
+    annotations = [argument.annotation for argument in every if argument.annotation is not None]
+    return [*annotations, *([function.returns] if function.returns is not None else [])]
+
+
+def any_in_proxy_signatures(sources: Sources) -> list[str]:
+    """No `Any` in how a proxy is built or started: the fields and method signatures of the
+    proxy's types (and every class deriving from them) and every function that takes or
+    returns one (`run_proxy`, `run_workers` ...) are typed, so a misspelt or mistyped
+    option fails in mypy rather than in a running proxy (no `**options: Any`)."""
+    found = []
+    for path, source in sources.items():
+        if not path.startswith("middlebox/shell/"):
+            continue
+        tree = ast.parse(source)
+        classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+        proxies = set(PROXY_TYPES)
+        grew = True
+        while grew:  # a class deriving from a proxy type, here or through another such class
+            bases = {c.name: {b.id for b in c.bases if isinstance(b, ast.Name)} for c in classes}
+            new = {name for name, of in bases.items() if of & proxies} - proxies
+            proxies |= new
+            grew = bool(new)
+        checked: list[tuple[str, int, ast.expr]] = []
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name in proxies:
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign):
+                        name = ast.unparse(item.target)
+                        checked.append((f"{node.name}.{name}", item.lineno, item.annotation))
+                    elif isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                        checked.extend(
+                            (f"{node.name}.{item.name}", item.lineno, annotation)
+                            for annotation in signature_annotations(item)
+                        )
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                annotations = signature_annotations(node)
+                named = {n.id for a in annotations for n in ast.walk(a) if isinstance(n, ast.Name)}
+                if named & proxies:
+                    checked.extend((node.name, node.lineno, a) for a in annotations)
+        reported: set[tuple[str, int]] = set()
+        for where, line, annotation in checked:
+            if mentions_any(annotation) and (where, line) not in reported:
+                reported.add((where, line))
+                found.append(f"{path}:{line}: {where} has Any in its signature")
+    return found
+
+
 def rooms_missing_from_readme(readme: str) -> list[str]:
     """The README's Architecture section names every room (`middlebox/core/`, `faults/`, ...)."""
     match = re.search(r"^## Architecture\n(.*?)(?=^## )", readme, re.S | re.M)
@@ -728,6 +803,47 @@ def test_seeded_randomness_and_now_are_what_pure_rooms_use() -> None:
     assert clocks_and_global_random({"middlebox/shell/server.py": shell}) == []
 
 
+def test_any_in_how_a_proxy_is_built_or_started_is_caught() -> None:
+    server = (
+        "from typing import Any\n"
+        "class ProxyServer:\n"
+        "    def __init__(self, upstream: str, **options: Any) -> None: ...\n"
+        "class WorkerServer(ProxyServer):\n"
+        "    extra: 'dict[str, Any]'\n"
+        "class ControlledProxy(WorkerServer):\n"
+        "    def observer(self, connection_id: int) -> typing.Any: ...\n"
+    )
+    workers = (
+        "def run_workers(config: ProxyConfig, workers: int, **server_options: Any) -> None: ...\n"
+        "async def run_proxy(address: str, *, server: ProxyServer | None, **o: Any) -> None: ...\n"
+    )
+    sources = {"middlebox/shell/server.py": server, "middlebox/shell/workers.py": workers}
+    assert any_in_proxy_signatures(sources) == [
+        "middlebox/shell/server.py:3: ProxyServer.__init__ has Any in its signature",
+        "middlebox/shell/server.py:5: WorkerServer.extra has Any in its signature",
+        "middlebox/shell/server.py:7: ControlledProxy.observer has Any in its signature",
+        "middlebox/shell/workers.py:1: run_workers has Any in its signature",
+        "middlebox/shell/workers.py:2: run_proxy has Any in its signature",
+    ]
+
+
+def test_any_away_from_how_a_proxy_is_built_is_left_alone() -> None:
+    server = (
+        "from typing import Any\n"
+        "@dataclass\n"
+        "class ProxyServer:\n"
+        "    config: ProxyConfig\n"
+        "    async def serve(self, listener: socket.socket) -> None:\n"
+        "        seen: Any = None\n"  # a local, not the signature
+        "def state_scope(scenario: str, config: Any) -> str: ...\n"  # takes no proxy
+        "class ControlApi:\n"  # not a proxy type
+        "    def json(self, value: Any) -> Any: ...\n"
+    )
+    outside = "class ProxyServer:\n    def __init__(self, **options: Any) -> None: ...\n"
+    sources = {"middlebox/shell/server.py": server, "middlebox/run/other.py": outside}
+    assert any_in_proxy_signatures(sources) == []
+
+
 def test_a_module_without_a_docstring_is_caught() -> None:
     sources = {"faults/a.py": CLEAN, "faults/b.py": "import re\n", "middlebox/run/__init__.py": ""}
     assert missing_docstrings(sources) == [
@@ -903,3 +1019,7 @@ def test_every_public_fault_subclass_is_registered_under_its_module_name() -> No
 
 def test_each_registry_entry_is_the_camelcase_class_of_its_module() -> None:
     assert_clean(misplaced_registry_entries(REGISTRY))
+
+
+def test_a_proxy_is_built_and_started_with_typed_options_only() -> None:
+    assert_clean(any_in_proxy_signatures(product()))

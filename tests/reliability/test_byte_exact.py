@@ -19,7 +19,7 @@ from middlebox.core.http1 import Http1Exchange, Piece, PieceKind, coalesce, enco
 from middlebox.core.sse import SseFramer
 from middlebox.core.stream import Direction
 from middlebox.scenario.model import FaultSpec, Scenario
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from tests.harness import read_all
 
 SCENARIOS = {
@@ -50,7 +50,8 @@ async def relay_once(
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, upstream, 0, host="127.0.0.1"))
-        server = ProxyServer(Address("127.0.0.1", listeners[0].socket.getsockname()[1]), scenario)
+        upstream_at = Address("127.0.0.1", listeners[0].socket.getsockname()[1])
+        server = ProxyServer(ProxyConfig(upstream_at, scenario))
         listener = listen(Address("127.0.0.1", 0))
         port = await nursery.start(server.serve, listener)
         client = await trio.open_tcp_stream("127.0.0.1", port)

@@ -23,7 +23,7 @@ from middlebox.scenario.model import Scenario
 from middlebox.shell import control
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through
 from middlebox.shell.scenario_parse import parse_in_child
-from middlebox.shell.server import Address
+from middlebox.shell.server import Address, ProxyConfig
 from tests.observability.support import Running, controlled, http, read_head
 
 # 20 faults, each stripping the same 30 header names of 20,000 characters: 1,267 nodes
@@ -165,7 +165,9 @@ async def test_an_upload_is_parsed_in_a_child_process_once() -> None:
 
 
 def test_a_refusal_with_thousands_of_problems_answers_the_first_hundred() -> None:
-    proxy = ControlledProxy(Address("127.0.0.1", 9), Scenario(name="x"), loader=LIBRARY_SCENARIOS)
+    proxy = ControlledProxy(
+        ProxyConfig(Address("127.0.0.1", 9), Scenario(name="x")), loader=LIBRARY_SCENARIOS
+    )
     body = ("name: x\n" + "".join(f"k{i}: 1\n" for i in range(5000))).encode()
     response = ControlApi(proxy).route("PUT", "/scenario", {}, body)
     answer = json.loads(response.body)
@@ -187,7 +189,9 @@ async def test_a_scenario_name_that_links_out_of_the_scenario_dir_is_refused(
     (inside / "real.yaml").write_text("name: real\npath: []\n")
     (inside / "alias.yaml").symlink_to(inside / "real.yaml")  # a link inside stays usable
     proxy = ControlledProxy(
-        Address("127.0.0.1", 9), pass_through(), scenario_dir=inside, loader=LIBRARY_SCENARIOS
+        ProxyConfig(Address("127.0.0.1", 9), pass_through()),
+        scenario_dir=inside,
+        loader=LIBRARY_SCENARIOS,
     )
     with pytest.raises(LookupError):
         proxy.named_scenario("escape")

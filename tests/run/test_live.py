@@ -221,10 +221,11 @@ def api_for_test() -> Any:
     from middlebox.compose import PROXY_STAGES
     from middlebox.run.serve import LIBRARY_SCENARIOS
     from middlebox.shell.control import ControlApi, ControlledProxy, pass_through
-    from middlebox.shell.server import Address
+    from middlebox.shell.server import Address, ProxyConfig
 
     proxy = ControlledProxy(
-        Address("127.0.0.1", 9), pass_through(), stages=PROXY_STAGES, loader=LIBRARY_SCENARIOS
+        ProxyConfig(Address("127.0.0.1", 9), pass_through(), stages=PROXY_STAGES),
+        loader=LIBRARY_SCENARIOS,
     )
     return ControlApi(proxy)
 

@@ -19,7 +19,7 @@ from middlebox.core.responses import error_response
 from middlebox.observe.prometheus import parse_text
 from middlebox.run.serve import LIBRARY_SCENARIOS
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, serve_control
-from middlebox.shell.server import Address, listen
+from middlebox.shell.server import Address, ProxyConfig, listen
 from tests.harness import read_all
 from tests.observability.support import chunk, http, read_head
 
@@ -65,7 +65,7 @@ async def proxied(answer: bytes) -> AsyncIterator[Running]:
         )
         address = Address("127.0.0.1", listeners[0].socket.getsockname()[1])
         proxy = ControlledProxy(
-            address, pass_through(), stages=PROXY_STAGES, loader=LIBRARY_SCENARIOS
+            ProxyConfig(address, pass_through(), stages=PROXY_STAGES), loader=LIBRARY_SCENARIOS
         )
         listener = listen(Address("127.0.0.1", 0))
         proxy_port = await nursery.start(proxy.serve, listener)

@@ -20,7 +20,7 @@ from middlebox.core.stream import DOWN, UP, Chunk
 from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import ProxyOptions
 from middlebox.shell.relay import Relay
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from tests.request_readers import KeepAliveRequests
 
 REQUEST = b"GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\n"
@@ -133,7 +133,7 @@ async def test_shutdown_closes_an_idle_kept_alive_connection_at_once_and_lets_a_
             serve = partial(trio.serve_tcp, keep_alive_upstream, 0, host="127.0.0.1")
             listeners = await nursery.start(serve)
             upstream = Address("127.0.0.1", listeners[0].socket.getsockname()[1])
-            server = ProxyServer(upstream, scenario, stages=PROXY_STAGES)
+            server = ProxyServer(ProxyConfig(upstream, scenario, stages=PROXY_STAGES))
             port = await nursery.start(server.serve, listen(Address("127.0.0.1", 0)))
             idle = await trio.open_tcp_stream("127.0.0.1", port)
             await idle.send_all(REQUEST)

@@ -20,7 +20,7 @@ from cryptography import x509
 
 from middlebox.core.stream import Direction
 from middlebox.scenario.model import Scenario, TlsOptions
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from middlebox.shell.tls import LocalCA, loopback_pair, server_context, upstream_context
 from tests.harness import Handler, proxied, read_all, reset
 
@@ -327,13 +327,14 @@ async def test_an_https_upstream_is_verified_against_a_ca_file_unless_insecure(
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             port = await tls_upstream(nursery, ca)
-            server = ProxyServer(
+            config = ProxyConfig(
                 Address("127.0.0.1", port, tls=True),
                 Scenario(name="https-upstream"),
                 stages=PROXY_STAGES,
                 upstream_ca=str(ca_file) if trust == "ca_file" else None,
                 upstream_insecure=trust == "insecure",
             )
+            server = ProxyServer(config)
             data = await ask_through(server)
             nursery.cancel_scope.cancel()
     assert answered in data
