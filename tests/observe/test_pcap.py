@@ -15,7 +15,7 @@ import trio
 from middlebox.observe.journal import read_ndjson
 from middlebox.observe.pcap import ISN, write_pcap
 from tests.harness import needs
-from tests.observability.support import EVENTS, controlled, http
+from tests.shell.support import EVENTS, controlled, http
 
 LISTEN, UPSTREAM = 9000, 8000
 

@@ -24,7 +24,7 @@ from middlebox.shell import control
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through
 from middlebox.shell.scenario_parse import parse_in_child
 from middlebox.shell.server import Address
-from tests.observability.support import Running, controlled, http, read_head
+from tests.shell.support import Running, controlled, http, read_head
 
 # 20 faults, each stripping the same 30 header names of 20,000 characters: 1,267 nodes
 # and a 21 KB file, but 12 MB of values once the aliases are expanded (and twice that in

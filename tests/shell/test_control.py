@@ -13,7 +13,7 @@ import trio
 from middlebox.observe.prometheus import parse_text
 from middlebox.shell.control import check_control_access
 from middlebox.shell.server import Address
-from tests.observability.support import EVENTS, controlled, http
+from tests.shell.support import EVENTS, controlled, http
 
 LATENCY = "name: slow\npath:\n  - latency: {delay: 1ms}\n"
 

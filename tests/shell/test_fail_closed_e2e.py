@@ -21,7 +21,7 @@ from middlebox.run.serve import LIBRARY_SCENARIOS
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, serve_control
 from middlebox.shell.server import Address, listen
 from tests.harness import read_all
-from tests.observability.support import chunk, http, read_head
+from tests.shell.support import chunk, http, read_head
 
 # An SSE-aware fault that never fires: the path is HTTP-aware, so it is framed.
 SCENARIO = b"name: framed\npath:\n  - cut: {after: events, count: 1000}\n"

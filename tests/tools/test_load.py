@@ -12,7 +12,7 @@ import trio
 
 from middlebox.tools.load import Target, event_text, percentiles, run_load
 from tests.harness import proxied
-from tests.perf.sse_server import TOKENS, chat_server
+from tests.tools.sse_server import TOKENS, chat_server
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,8 @@ from middlebox.core.stream import DOWN, UP
 from middlebox.observe.journal import ConnectionJournal
 from middlebox.shell.server import Address
 from middlebox.tools.record import cassettes, record
-from tests.observability.support import EVENTS, http, sse_upstream
-from tests.observability.test_journal import EVENT1, EVENT2, REQUEST, one_exchange
+from tests.observe.test_journal import EVENT1, EVENT2, REQUEST, one_exchange
+from tests.shell.support import EVENTS, http, sse_upstream
 
 
 def body_of(cassette: dict[str, object]) -> bytes:
