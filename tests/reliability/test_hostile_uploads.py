@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 from click.testing import CliRunner
+from trio.testing import MockClock
 
 from middlebox.cli.main import main
 from middlebox.run.serve import LIBRARY_SCENARIOS
@@ -206,7 +207,9 @@ class CountingSocket(socket.socket):
         return super().recv(size, flags)
 
 
-async def test_a_partial_head_is_peeked_once_per_arrival_not_every_few_milliseconds() -> None:
+async def test_a_partial_head_is_peeked_once_per_arrival_not_every_few_milliseconds(
+    autojump_clock: MockClock,
+) -> None:
     # TCP on loopback, as the proxy's clients (a Unix socketpair ignores SO_RCVLOWAT in poll)
     with socket.create_server(("127.0.0.1", 0)) as listener:
         right = socket.create_connection(listener.getsockname())

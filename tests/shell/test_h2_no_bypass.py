@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from middlebox.run.serve import load_text
 from middlebox.scenario.model import Scenario, TlsOptions
@@ -85,7 +86,7 @@ async def read_until_closed(stream: trio.SSLStream[trio.abc.Stream]) -> RawFrame
     ],
 )
 async def test_bytes_h2_cannot_frame_fail_the_connection_with_a_goaway(
-    tmp_path: Path, garbage: bytes
+    tmp_path: Path, garbage: bytes, autojump_clock: MockClock
 ) -> None:
     seen = Seen()
     async with no_bypass_proxy(tmp_path, seen) as (running, ca):
@@ -100,7 +101,7 @@ async def test_bytes_h2_cannot_frame_fail_the_connection_with_a_goaway(
 
 
 async def test_a_malformed_frame_among_open_streams_resets_every_streams_upstream(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     seen = Seen()
     async with no_bypass_proxy(tmp_path, seen, forever=True) as (running, ca):
@@ -119,7 +120,7 @@ async def test_a_malformed_frame_among_open_streams_resets_every_streams_upstrea
 
 
 async def test_a_client_that_does_not_pick_h2_on_an_h2_only_path_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     seen = Seen()
     async with no_bypass_proxy(tmp_path, seen, alpn=("h2",)) as (running, ca):
