@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from middlebox.core.stream import DOWN, UP
 from middlebox.observe.journal import ConnectionJournal
@@ -51,7 +52,9 @@ def test_a_response_still_open_is_not_a_cassette() -> None:
     assert cassettes(journal) == []
 
 
-async def test_the_recorder_writes_a_cassette_for_each_finished_response(tmp_path: Path) -> None:
+async def test_the_recorder_writes_a_cassette_for_each_finished_response(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     written: list[Path] = []
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
