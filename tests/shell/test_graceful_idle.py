@@ -1,4 +1,4 @@
-"""Graceful shutdown closes idle kept-alive connections at once (issue 14), as nginx's
+"""Graceful shutdown closes idle kept-alive connections at once, as nginx's
 `ngx_close_idle_connections` does, and lets an exchange in flight finish: the relay's
 `between_messages` (the framing's pure query, what the faults hold, the outboxes)."""
 

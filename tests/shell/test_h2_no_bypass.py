@@ -1,10 +1,9 @@
-"""No HTTP/2 fault is silently bypassed by bytes that cannot be framed (issue 14's rule, on
-issue 20's path): a malformed preface, an HTTP/1.1 request on an h2 connection, a malformed
-frame among open streams, and a client that does not pick h2 on an h2-only path each fail the
-connection closed, with the error said (a GOAWAY with its code, or a failed handshake), and
-nothing reaches the upstream past the faults. connection_limit holds unframeable request
-bytes like any others (tests/faults/test_connection_limit.py has its unit test).
-"""
+"""No HTTP/2 fault is silently bypassed by bytes that cannot be framed (fail closed, on the HTTP/2
+path): a malformed preface, an HTTP/1.1 request on an h2 connection, a malformed frame among
+open streams, and a client that does not pick h2 on an h2-only path each fail the connection
+closed, with the error said (a GOAWAY with its code, or a failed handshake), and nothing reaches
+the upstream past the faults. connection_limit holds unframeable request bytes like any others
+(tests/faults/test_connection_limit.py has its unit test)."""
 
 from __future__ import annotations
 

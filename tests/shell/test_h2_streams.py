@@ -1,4 +1,4 @@
-"""HTTP/2 toward the client (issue 20; shell/h2_streams.py), with python-hyper's h2 as the
+"""HTTP/2 toward the client (shell/h2_streams.py), with python-hyper's h2 as the
 client over real loopback TLS: each stream is one HTTP/1.1 connection upstream through the
 same pipeline, and END_STREAM/RST_STREAM map to the upstream connection's ends and back.
 """

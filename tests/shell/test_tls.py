@@ -1,4 +1,4 @@
-"""TLS toward the client and toward an https:// upstream (issue 20; shell/tls.py).
+"""TLS toward the client and toward an https:// upstream (shell/tls.py).
 
 The proxy terminates TLS with a certificate from its own local CA and splices the decrypted
 bytes into the unchanged relay; these tests hold it to byte-exact payloads and to the end
