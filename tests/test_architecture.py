@@ -18,7 +18,7 @@ import inspect
 import pkgutil
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -456,56 +456,93 @@ def shadowed_names(sources: Sources) -> list[str]:
     return found
 
 
-def import_cycles(sources: Sources) -> list[str]:
-    """No import circle between modules, lazy imports included (a lazy import hides a circle)."""
+def import_graph(sources: Sources) -> dict[str, set[str]]:
+    """module -> the modules of `sources` it imports, lazy imports included (a lazy import only
+    hides a circle); itself and outside modules left out.
+
+    `from a.b import c` is an edge to `a.b` and, when c is a module, to `a.b.c` too: c may be a
+    name defined in a.b, and importing the module a.b.c runs a.b's `__init__` first. `import
+    a.b.c` is an edge to the longest of a.b.c, a.b, a that is a module here.
+    """
     modules = {module_name(path): path for path in sources}
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
         targets = set()
-        for _, name in imported_names(path, sources[path]):
-            parts = name.split(".")
-            for end in range(len(parts), 0, -1):
-                candidate = ".".join(parts[:end])
-                if candidate in modules:
-                    if candidate != module:
-                        targets.add(candidate)
-                    break
-        graph[module] = targets
-    return [" -> ".join([*cycle, cycle[0]]) for cycle in strongly_connected(graph)]
+        for node in ast.walk(ast.parse(sources[path])):
+            if isinstance(node, ast.ImportFrom):
+                base = imported_base(path, node)
+                targets.add(base)
+                targets.update(f"{base}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split(".")
+                    prefixes = (".".join(parts[:end]) for end in range(len(parts), 0, -1))
+                    targets.add(next((p for p in prefixes if p in modules), alias.name))
+        graph[module] = (targets & modules.keys()) - {module}
+    return graph
+
+
+def imported_base(path: str, node: ast.ImportFrom) -> str:
+    """The module `from X import ...` names, relative imports resolved against the package."""
+    base = node.module or ""
+    if node.level:
+        package = module_name(path).split(".")
+        if not path.endswith("__init__.py"):
+            package = package[:-1]
+        anchor = package[: len(package) - node.level + 1]
+        base = ".".join([*anchor, *([base] if base else [])])
+    return base
+
+
+def import_cycles(sources: Sources) -> list[str]:
+    """No import circle between modules: each strongly connected component of more than one
+    module is shown as a shortest import path from its first module back to itself."""
+    graph = import_graph(sources)
+    return [" -> ".join(circle_through(graph, c)) for c in strongly_connected(graph)]
 
 
 def strongly_connected(graph: Mapping[str, set[str]]) -> list[list[str]]:
-    """Tarjan's algorithm: the components with more than one module, each sorted."""
+    """Tarjan's algorithm, iterative (no recursion limit on a long import chain): the
+    components with more than one module, each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
-    stack: list[str] = []
     on_stack: set[str] = set()
+    stack: list[str] = []
     components: list[list[str]] = []
 
-    def visit(node: str) -> None:
+    def enter(node: str) -> tuple[str, Iterator[str]]:
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for nxt in sorted(graph.get(node, ())):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                components.append(sorted(component))
+        return node, iter(sorted(graph.get(node, ())))
 
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [enter(root)]
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    work.append(enter(child))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
     return sorted(components)
 
 
@@ -582,6 +619,26 @@ def any_in_proxy_signatures(sources: Sources) -> list[str]:
                 reported.add((where, line))
                 found.append(f"{path}:{line}: {where} has Any in its signature")
     return found
+
+
+def circle_through(graph: Mapping[str, set[str]], component: list[str]) -> list[str]:
+    """A shortest import path from the component's first module back to itself (breadth first,
+    inside the component)."""
+    members = set(component)
+    start = component[0]
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph[node] & members):
+                if child == start:
+                    return [*paths[node], start]
+                if child not in paths:
+                    paths[child] = [*paths[node], child]
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"{component} is not strongly connected")
 
 
 def rooms_missing_from_readme(readme: str) -> list[str]:
@@ -893,6 +950,50 @@ def test_an_import_circle_is_caught_even_through_a_lazy_import() -> None:
     ]
 
 
+def test_a_longer_circle_through_a_relative_import_is_shown_as_its_shortest_path() -> None:
+    sources = {
+        "pkg/__init__.py": "",
+        "pkg/run/__init__.py": "",
+        "pkg/run/suite.py": "from ..report import html\n",
+        "pkg/report/__init__.py": "",
+        "pkg/report/html.py": "from . import layout\n",
+        "pkg/report/layout.py": "import pkg.run.suite\nfrom pkg.report import html\n",
+    }
+    # two circles share html and layout: one component, shown by its shortest way round
+    assert import_cycles(sources) == ["pkg.report.html -> pkg.report.layout -> pkg.report.html"]
+    sources["pkg/report/layout.py"] = "import pkg.run.suite\n"
+    assert import_cycles(sources) == [
+        "pkg.report.html -> pkg.report.layout -> pkg.run.suite -> pkg.report.html"
+    ]
+
+
+def test_a_chain_without_a_way_back_is_no_circle_until_its_end_imports_the_start() -> None:
+    sources = {
+        "pkg/__init__.py": "from pkg import a\n",
+        "pkg/a.py": "from pkg.b import thing\nimport json\n",
+        "pkg/b.py": "from pkg.c import other\n",
+        "pkg/c.py": "other = 1\n",
+    }
+    graph = import_graph(sources)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"}  # json is not ours
+    assert graph["pkg"] == {"pkg.a"}  # a package importing its child is no edge to itself
+    assert import_cycles(sources) == []
+    sources["pkg/c.py"] = "import pkg\n"  # the package, whose __init__ imports a
+    assert import_cycles(sources) == ["pkg -> pkg.a -> pkg.b -> pkg.c -> pkg"]
+
+
+def test_importing_a_module_from_its_package_is_an_edge_to_the_package_too() -> None:
+    # `from pkg.sub import mod` runs pkg/sub/__init__.py first: a circle through it counts
+    sources = {
+        "pkg/__init__.py": "",
+        "pkg/sub/__init__.py": "from pkg.user import helper\n",
+        "pkg/sub/mod.py": "",
+        "pkg/user.py": "from pkg.sub import mod\nhelper = 1\n",
+    }
+    assert import_graph(sources)["pkg.user"] == {"pkg.sub", "pkg.sub.mod"}
+    assert import_cycles(sources) == ["pkg.sub -> pkg.user -> pkg.sub"]
+
+
 def test_a_room_missing_from_the_readme_is_caught() -> None:
     named = " ".join(f"`middlebox/{room}/`" for room in MIDDLEBOX_ROOMS if room != "observe")
     readme = f"## Architecture\n{named} `faults/` `vllm_emulator/`\n## Commands\n"
@@ -1003,6 +1104,13 @@ def test_every_folder_under_middlebox_is_a_room_with_a_stated_rule() -> None:
 
 def test_no_module_shadows_the_stdlib_or_a_library_it_drives() -> None:
     assert_clean(shadowed_names(product()))
+
+
+def test_the_import_graph_sees_the_modules_and_their_imports() -> None:
+    graph = import_graph(product())
+    assert "middlebox.report.scorecard" in graph["middlebox.run.suite"]
+    assert "middlebox.core.fault" in graph["faults.cut"]
+    assert any(module.startswith("vllm_emulator.") for module in graph)
 
 
 def test_there_is_no_import_circle() -> None:

@@ -128,7 +128,7 @@ class ProxySettings:
     control_token: str | None = None
     allow_scenario_header: bool = False
     scenario_dir: str | None = None
-    # TLS (issue 20, docs/tls-http2.md): --tls toward clients with the local CA in ca_dir;
+    # TLS (docs/tls-http2.md): --tls toward clients with the local CA in ca_dir;
     # an https:// upstream verified against the system store plus upstream_ca, or not at all.
     tls: bool = False
     ca_dir: str | None = None

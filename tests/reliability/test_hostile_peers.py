@@ -339,7 +339,7 @@ def test_listen_uses_the_requested_backlog() -> None:
 
 @pytest.mark.parametrize("fault", [None, Coalescer], ids=["pass-through", "coalescer"])
 async def test_a_client_gone_mid_stream_resets_an_upstream_that_ignores_its_fin(
-    fault: type[Coalescer] | None,
+    fault: type[Coalescer] | None, autojump_clock: MockClock
 ) -> None:
     """The client closes mid-response (its FIN, then an RST from its kernel at our next
     write) while the upstream ignores the FIN and streams on: the client's RST travels on

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 from click.testing import CliRunner
+from trio.testing import MockClock
 
 from middlebox.cli.main import main
 from middlebox.run.serve import LIBRARY_SCENARIOS
@@ -24,7 +25,7 @@ from middlebox.shell import control
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through
 from middlebox.shell.scenario_parse import parse_in_child
 from middlebox.shell.server import Address, ProxyConfig
-from tests.observability.support import Running, controlled, http, read_head
+from tests.shell.support import Running, controlled, http, read_head
 
 # 20 faults, each stripping the same 30 header names of 20,000 characters: 1,267 nodes
 # and a 21 KB file, but 12 MB of values once the aliases are expanded (and twice that in
@@ -210,7 +211,9 @@ class CountingSocket(socket.socket):
         return super().recv(size, flags)
 
 
-async def test_a_partial_head_is_peeked_once_per_arrival_not_every_few_milliseconds() -> None:
+async def test_a_partial_head_is_peeked_once_per_arrival_not_every_few_milliseconds(
+    autojump_clock: MockClock,
+) -> None:
     # TCP on loopback, as the proxy's clients (a Unix socketpair ignores SO_RCVLOWAT in poll)
     with socket.create_server(("127.0.0.1", 0)) as listener:
         right = socket.create_connection(listener.getsockname())

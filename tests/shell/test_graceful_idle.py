@@ -1,4 +1,4 @@
-"""Graceful shutdown closes idle kept-alive connections at once (issue 14), as nginx's
+"""Graceful shutdown closes idle kept-alive connections at once, as nginx's
 `ngx_close_idle_connections` does, and lets an exchange in flight finish: the relay's
 `between_messages` (the framing's pure query, what the faults hold, the outboxes)."""
 
@@ -11,6 +11,7 @@ from functools import partial
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from faults.latency import Latency
 from faults.sse_ids import SseIds
@@ -124,9 +125,9 @@ async def read_to_eof(stream: trio.SocketStream) -> bytes:
     return data
 
 
-async def test_shutdown_closes_an_idle_kept_alive_connection_at_once_and_lets_a_stream_end() -> (
-    None
-):
+async def test_shutdown_closes_an_idle_kept_alive_connection_at_once_and_lets_a_stream_end(
+    autojump_clock: MockClock,
+) -> None:
     scenario = load_scenario_text(FRAMED, registry())
     with trio.fail_after(10):  # the grace is 60 s: holding either connection to it fails
         async with trio.open_nursery() as nursery:

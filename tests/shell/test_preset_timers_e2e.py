@@ -17,7 +17,7 @@ from middlebox.run.serve import LIBRARY_SCENARIOS
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, serve_control
 from middlebox.shell.server import Address, ProxyConfig, listen
 from tests.harness import read_all
-from tests.observability.support import http
+from tests.shell.support import http
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 

@@ -1,4 +1,4 @@
-"""Acceptance of issue 20: curl streams an emulator SSE response through the TLS proxy.
+"""curl streams an emulator SSE response through the TLS proxy.
 
 `curl --http2 -N` (trusting middlebox's CA, or -k) over HTTP/2 and HTTP/1.1, payload
 byte-exact against what the emulator sent on the upstream leg (de-chunked by the passive

@@ -21,7 +21,7 @@ from middlebox.scenario.model import Scenario
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, reason_phrase
 from middlebox.shell.fault_edits import scenario_document, written_options
 from middlebox.shell.server import Address, ProxyConfig
-from tests.observability.support import controlled
+from tests.shell.support import controlled
 
 SCENARIOS = scenario_dir()
 

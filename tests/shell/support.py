@@ -1,4 +1,5 @@
-"""Helpers for the observability tests: a tiny SSE upstream and a raw HTTP/1.1 client."""
+"""Helpers for the tests that run a proxy on 127.0.0.1: a tiny SSE upstream, a raw HTTP/1.1
+client, a proxy with its control API."""
 
 from __future__ import annotations
 
