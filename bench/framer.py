@@ -343,15 +343,18 @@ def conformance(parser: str) -> Iterator[str]:
         return (canon, exact), framer.refusal is not None
 
     vectors = http_vectors()
-    splits = inexact = differ = refusal_differs = 0
+    splits = inexact = differ = refusal_differs = differing = split_dependent = 0
     kinds: dict[str, int] = {}
     for vector in vectors:
         (want, _), want_refused = frame(vector.role, [vector.data], python_framer)
         seen: set[str] = set()
+        outcomes: list[tuple[Any, bool]] = []
         for cut in [len(vector.data), *cuts(len(vector.data))]:
             parts = [vector.data[:cut], vector.data[cut:]]
             splits += 1
             (got, exact), refused = frame(vector.role, parts, make)
+            if (got, refused) not in outcomes:
+                outcomes.append((got, refused))
             inexact += not exact
             differ += got != want
             refusal_differs += refused != want_refused
@@ -363,10 +366,16 @@ def conformance(parser: str) -> Iterator[str]:
                 seen.add("same verdict, other pieces")
         for kind in seen:
             kinds[kind] = kinds.get(kind, 0) + 1
+        differing += bool(seen)
+        split_dependent += len(outcomes) > 1
     yield (
         f"{parser}: {len(vectors)} vectors, {splits} splits; not byte-exact {inexact}, "
         f"pieces differ from the framer's {differ}, refused where the framer does not "
         f"(or the reverse) {refusal_differs}"
+    )
+    yield (
+        f"  vectors with any difference: {differing}; framed or judged differently by the "
+        f"candidate at different splits: {split_dependent}"
     )
     for kind, count in sorted(kinds.items()):
         yield f"  vectors where {kind}: {count}"
@@ -382,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", choices=sorted(workloads(1)), help="this input only")
     args = parser.parse_args(argv)
     parsers = ["python", *[p for p in args.parser or [] if p != "python"]]
+    if any(p.startswith("llhttp") for p in [*parsers, args.alone or ""]):
+        try:
+            import llhttp  # noqa: F401
+        except ImportError:
+            parser.error("the llhttp candidate needs `pip install llhttp==9.3.0.0`")
     if args.alone:
         parsers = [args.alone]  # one parser a process: for an A/B of whole processes
     for line in bench(parsers, args.frames, args.repeats, args.workload or ""):
