@@ -191,10 +191,16 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
     "GET /journals...). Loopback unless a token is given.",
 )
 @click.option(
+    "--ui",
+    metavar="HOST:PORT",
+    help="Serve the live web console here (docs/ui.md): every stream's two sides as they "
+    "flow, the faults firing, and the fault list to edit. Loopback unless a token is given.",
+)
+@click.option(
     "--control-token",
     envvar="MIDDLEBOX_CONTROL_TOKEN",
-    help="Bearer token the control API requires (env MIDDLEBOX_CONTROL_TOKEN); "
-    "mandatory on a non-loopback address.",
+    help="Bearer token the control API and the console require (env "
+    "MIDDLEBOX_CONTROL_TOKEN); mandatory on a non-loopback address.",
 )
 @click.option(
     "--allow-scenario-header",

@@ -9,10 +9,12 @@ and the scorecard call the same stream lumpy.
 vLLM flushes every token as its own SSE event, so a direct stream reaches the client one
 token per burst; a hop that holds tokens shows as the client's side arriving in fewer,
 bigger bursts than the upstream's:
-- buffering: most of the answer arrives in one lump, late (nginx's proxy_buffering holds the
-  response until a buffer fills or the upstream ends), or, live, the upstream has sent
-  tokens the client has not received for HELD_FOR;
-- coalescing: several lumps of several tokens each (a proxy flushing on a timer or size);
+- buffering: lumps that start late (the client's first token LATE_FIRST_TOKEN_MS after the
+  upstream's: nginx's proxy_buffering holds the response, head included, until a 4 KiB
+  buffer fills or the upstream ends) or one lump with most of the answer, or, live, tokens
+  the upstream sent that the client has not had for HELD_FOR;
+- coalescing: lumps of several tokens that start on time (a proxy flushing on a short
+  timer, as HAProxy's 60 ms window does);
 - a stall: an open stream without a terminal mark where nothing moved on either side for
   STALL_AFTER;
 - a cut: the client's side ended (FIN, RST, a failed write) before the terminal mark while
@@ -200,13 +202,11 @@ def _lumps(facts: StreamFacts) -> Finding | None:
     late_ms = 1000 * (
         (ttft(facts.client, facts.started) or 0) - (ttft(facts.upstream, facts.started) or 0)
     )
-    if biggest >= BUFFERED_SHARE * len(client) or (
-        late_ms >= LATE_FIRST_TOKEN_MS and biggest >= LUMPY_TOKENS_PER_BURST and len(bursts) < 3
-    ):
+    if biggest >= BUFFERED_SHARE * len(client) or late_ms >= LATE_FIRST_TOKEN_MS:
         return Finding(
             "buffering",
-            f"buffering: {biggest} of {len(client)} tokens reached the client in one lump, "
-            f"{late_ms:.0f} ms after the upstream's first",
+            f"buffering: the client's first token came {late_ms:.0f} ms after the upstream's, "
+            f"then {len(client)} tokens in {len(bursts)} lumps (the largest {biggest})",
         )
     return Finding(
         "coalescing",

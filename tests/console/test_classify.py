@@ -35,7 +35,10 @@ def test_buffering_is_one_late_lump() -> None:
     facts = finished((1.2,) * 20)
     found = classify(facts, 2.0)
     assert [f.kind for f in found] == ["buffering"]
-    assert "20 of 20 tokens" in found[0].words
+    assert "1000 ms after the upstream's" in found[0].words and "the largest 20" in found[0].words
+    # nginx's 4 KiB buffer: a few lumps, the first late
+    lumps = tuple(0.6 + 0.4 * (i // 7) for i in range(20))
+    assert kinds(finished(lumps), 2.0) == ["buffering"]
 
 
 def test_coalescing_is_several_lumps() -> None:
