@@ -39,7 +39,9 @@
         ` #${c.id} ${c.status || ""} ${c.tokens.upstream}→${c.tokens.client} tokens` +
         (c.ending ? `, ${c.ending}` : "") + (c.kinds.length ? ` · ${c.kinds.join(", ")}` : "")));
       button.addEventListener("click", () => { $("follow").checked = false; select(c.id); });
-      list.append(el("li")).append(button);
+      const item = el("li");
+      item.append(button);
+      list.append(item);
     }
   }
 
