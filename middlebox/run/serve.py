@@ -195,12 +195,17 @@ def banner(what: Loaded, port: int, tls: TlsOptions | None = None) -> str:
     )
 
 
-def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
+def serve(
+    settings: ProxySettings,
+    say: Callable[[str], None],
+    drill: Callable[[], dict[str, Any] | None] | None = None,
+) -> str:
     """Serve until a signal; `say` gets each line to show (flushed by the caller). Returns
-    the closing summary."""
+    the closing summary. `drill`: the training drill's state the console shows
+    (`middlebox.run.drills.console_state`)."""
     what = loaded(settings)
     if (what.control is not None or what.ui is not None) and settings.workers == 1:
-        return _serve_controlled(settings, what, what.control, say)
+        return _serve_controlled(settings, what, what.control, say, drill)
     journal = _journal_writer(settings)
     server = ProxyServer(
         what.upstream,
@@ -325,7 +330,11 @@ def _workers_control(address: Address | None, token: str | None) -> WorkersContr
 
 
 def _serve_controlled(
-    settings: ProxySettings, what: Loaded, control: Address | None, say: Callable[[str], None]
+    settings: ProxySettings,
+    what: Loaded,
+    control: Address | None,
+    say: Callable[[str], None],
+    drill: Callable[[], dict[str, Any] | None] | None = None,
 ) -> str:
     proxy = ControlledProxy(
         what.upstream,
@@ -360,7 +369,12 @@ def _serve_controlled(
     try:
         ui = what.ui
         if ui is not None:
-            console = Console(proxy, settings.control_token, presets=tuple(sorted(PRESETS)))
+            console = Console(
+                proxy,
+                settings.control_token,
+                presets=tuple(sorted(PRESETS)),
+                drill=drill or (lambda: None),
+            )
             trio.run(
                 lambda: run_console_proxy(
                     console,
