@@ -1,24 +1,33 @@
-"""The console's live model: recent connections and their streams, fed as the proxy runs.
+"""The console's live model: recent connections and their streams, read as the proxy runs.
 
-Fed by the relay's observer contract (`observe.observer.RelayObserver`: read, wrote, ended per
-leg and direction) and the fault sink, wrapped around the journal's own observer and sink
-(`ConsoleModel.observer`/`sink`), so the journal records exactly what it did before. On the
-hot path a call appends a chunk's offset and time and keeps its bytes for framing (bounded);
-framing runs when the page's feed asks (`refresh`, at most its update rate), through the
-journal's framer (`core.framed.LegRecord`, fed incrementally), so tokens and the terminal
-mark mean what the journal and the scorer say they mean (`core.dialects.read`).
+Fed by the relay's observer contract through the journal it already keeps per connection
+(`observe.journal.ConnectionJournal`, the `RelayObserver` the control API's store hands the
+relay): the console adds nothing to the relay's hot path. Each refresh (the console's server
+calls it every FEED_INTERVAL) reads the records a connection's journal gained since the last
+one (every chunk read or written with its time and stream offset, every end, every fault
+decision) and, for the connections it frames, frames the bytes the journal captured since
+then through the journal's own framer (`core.framed.LegRecord`, fed incrementally), so a
+token and the terminal mark mean what the journal and the scorer say they mean
+(`core.dialects.read`).
+
+Framing costs about as much CPU as relaying, so at most MAX_FRAMED connections are framed at
+a time: the newest ones, and the one a page opened (`stream`), from their first captured
+byte.
+The rest show their bytes, ends and faults; their tokens wait until a page opens them.
 
 Bounded: the newest MAX_CONNECTIONS connections (the oldest closed one is forgotten first),
-MAX_CHUNKS chunk times per side, MAX_PENDING unframed bytes per connection (past it framing
-stops for that connection and it says so), and every series handed out is cut to
-MAX_POINTS points. Times are the relay's clock; each connection keeps the offset to the wall
-clock taken when it opened.
+at most MAX_TIMES chunk and token times per side (past it every other one is dropped: a long
+stream keeps its shape at half the resolution; counts stay exact), framed events forgotten
+once read, the journal's own capture bound (bytes past it are counted, not framed), and every
+series handed out cut to MAX_POINTS points. Times are the relay's clock; each connection
+keeps the offset to the wall clock taken when it opened.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+import itertools
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,21 +42,29 @@ from middlebox.console.classify import (
     ttft,
 )
 from middlebox.core.dialects import dialect_for, read
-from middlebox.core.fault import FaultReport
 from middlebox.core.framed import FramedStream, LegRecord, is_event_stream
 from middlebox.core.stream import Direction
-from middlebox.observe.journal import MAX_BOUNDARIES
-from middlebox.observe.observer import RelayObserver
+from middlebox.observe.journal import ConnectionJournal
 
 MAX_CONNECTIONS = 200
-MAX_CHUNKS = 50_000
-MAX_PENDING = 4 * 1024 * 1024
+# Connections a listing carries (the newest): what a page shows at once; each costs a
+# summary and ~450 bytes of JSON per update, ten updates a second.
+LISTED = 60
+MAX_FRAMED = 16
+MAX_TIMES = 10_000
 MAX_POINTS = 400
 MAX_FAULT_MARKS = 200
 # The sides of a stream the page draws: what the proxy read from the upstream, and what it
 # wrote to the client (the journal's legs, toward the client).
 SIDES = ("upstream", "client")
 STATES = ("open", "stalled", "cut", "done")
+DOWN, UP = Direction.DOWNSTREAM.value, Direction.UPSTREAM.value
+# (op, leg, direction) of a journal record -> the side it draws (what crossed toward the client)
+DRAWN = {("read", "upstream", DOWN): "upstream", ("wrote", "client", DOWN): "client"}
+NOT_FRAMED = (
+    "tokens not counted yet: the console frames the newest {n} streams at a time and any "
+    "you open; open this one to see them"
+)
 
 
 class _LegFrames:
@@ -58,19 +75,36 @@ class _LegFrames:
         self.responses = FramedStream(Direction.DOWNSTREAM)
         self.requests.responses_to.append(self.responses)
         self.responses.tunnels.append(self.requests)
-        self.record = LegRecord(limit=MAX_BOUNDARIES).listen(self.requests, self.responses)
-        self.events_read = 0
-        self.ends_read = 0
+        # unlimited: the console empties it after each read (`LiveConnection._read_events`)
+        self.record = LegRecord().listen(self.requests, self.responses)
+        self.fed = {UP: 0, DOWN: 0}
+        self.dialects: dict[int, Any] = {}
+        self.streams: set[int] = set()
 
 
 @dataclass
 class _SideState:
-    starts: list[int] = field(default_factory=list)  # stream offset of each chunk
-    times: list[float] = field(default_factory=list)
+    starts: array[int] = field(default_factory=lambda: array("q"))  # each chunk's offset
+    times: array[float] = field(default_factory=lambda: array("d"))
     total: int = 0
-    tokens: list[float] = field(default_factory=list)
+    tokens: array[float] = field(default_factory=lambda: array("d"))
+    token_count: int = 0
     done: bool = False
     status: int | None = None
+
+    def chunk(self, offset: int, size: int, now: float) -> None:
+        if len(self.starts) >= MAX_TIMES:
+            del self.starts[1::2]
+            del self.times[1::2]
+        self.starts.append(offset)
+        self.times.append(now)
+        self.total = offset + size
+
+    def token(self, at: float) -> None:
+        if len(self.tokens) >= MAX_TIMES:
+            del self.tokens[1::2]
+        self.tokens.append(at)
+        self.token_count += 1
 
     def time_at(self, offset: int) -> float:
         position = max(bisect.bisect_right(self.starts, offset) - 1, 0)
@@ -79,40 +113,125 @@ class _SideState:
 
 @dataclass
 class LiveConnection:
-    """One connection as the console sees it."""
+    """One connection as the console sees it, read from its journal."""
 
     connection_id: int
     scenario: str
     started: float  # relay clock
     clock_offset: float  # wall clock minus relay clock
-    peer: str = ""
+    journal: ConnectionJournal | None = None
     sides: dict[str, _SideState] = field(default_factory=lambda: {s: _SideState() for s in SIDES})
     request_bytes: int = 0
     requests: int = 0
     ends: list[tuple[str, str, str, float]] = field(default_factory=list)
     faults: list[tuple[float, str, str]] = field(default_factory=list)
-    faults_more: int = 0
-    pending: dict[tuple[str, str], bytearray] = field(default_factory=dict)
-    framing_lost: bool = False
-    frames: dict[str, _LegFrames] = field(default_factory=lambda: {s: _LegFrames() for s in SIDES})
+    frames: dict[str, _LegFrames] | None = None
     version: int = 0
+    _records_read: int = 0
+    _faults_read: int = 0
 
     @property
     def closed(self) -> bool:
-        legs = {(leg, kind[:4]) for leg, _, kind, _ in self.ends}
-        return any(leg == "client" for leg, _ in legs) and any(leg == "upstream" for leg, _ in legs)
+        legs = {leg for leg, _, _, _ in self.ends}
+        return legs == {"client", "upstream"}
+
+    @property
+    def framed(self) -> bool:
+        return self.frames is not None
+
+    @property
+    def faults_counted(self) -> int:
+        """Every fault decision, those past the journal's kept reports included."""
+        if self.journal is None:
+            return len(self.faults)
+        return int(sum(count for count, _ in self.journal.fault_counts.values()))
+
+    # ------------------------------------------------------------ reading the journal
+
+    def pull(self) -> bool:
+        """Read what the journal gained since the last pull; whether anything had."""
+        journal = self.journal
+        if journal is None:
+            return False
+        records, faults = journal.records, journal.faults
+        if len(records) == self._records_read and len(faults) == self._faults_read:
+            return False
+        sides = self.sides
+        for now, op, leg, direction, size, offset in records[self._records_read :]:
+            drawn = DRAWN.get((op, leg, direction))
+            if drawn is not None:
+                sides[drawn].chunk(offset, size, now)
+            elif op == "end":
+                self.ends.append((leg, direction, size, now))
+            elif op == "read" and leg == "client":
+                self.request_bytes = offset + size
+        self._records_read = len(records)
+        for report in faults[self._faults_read : self._faults_read + MAX_FAULT_MARKS]:
+            if len(self.faults) < MAX_FAULT_MARKS:
+                self.faults.append((report.time, report.fault, report.action))
+        self._faults_read = len(faults)
+        self.version += 1
+        return True
+
+    def frame(self) -> None:
+        """Frame what the journal captured since the last call (starting framing now, from
+        the first captured byte, if this connection was not framed yet)."""
+        journal = self.journal
+        if journal is None:
+            return
+        if self.frames is None:
+            self.frames = {leg: _LegFrames() for leg in SIDES}
+        for leg, frames in self.frames.items():
+            for direction, target in ((UP, frames.requests), (DOWN, frames.responses)):
+                captured = journal.captured.get((leg, direction))
+                if captured is not None and len(captured) > frames.fed[direction]:
+                    target.feed(bytes(captured[frames.fed[direction] :]))
+                    frames.fed[direction] = len(captured)
+            self._read_events(leg, frames)
+
+    def _read_events(self, leg: str, frames: _LegFrames) -> None:
+        """What was framed since the last read; then the record forgets it (read once)."""
+        state = self.sides[leg]
+        record = frames.record
+        requests = record.heads[Direction.UPSTREAM]
+        for message, _, _, head in requests:
+            frames.dialects[message] = dialect_for(head.method or "", head.target or "")
+        if leg == "client":
+            self.requests += len(requests)
+        for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
+            if not head.is_interim:
+                state.status = head.status
+            if is_event_stream(head):
+                frames.streams.add(message)
+        for message, offset, event in record.events[Direction.DOWNSTREAM]:
+            meaning = read(event, frames.dialects.get(message))
+            if meaning.token is not None:
+                state.token(state.time_at(offset))
+            if meaning.last:
+                state.done = True
+        for message, _ in record.ends[Direction.DOWNSTREAM]:
+            if message not in frames.streams:
+                state.done = True  # a whole non-streamed answer is complete at its end
+            frames.dialects.pop(message, None)
+            frames.streams.discard(message)
+        for kept in (record.heads, record.events, record.ends):
+            for direction in Direction:
+                kept[direction].clear()
+        record.request_bodies.clear()
+
+    # ------------------------------------------------------------ facts and views
 
     def facts(self) -> StreamFacts:
         client_end = next(
             (
                 (kind, at)
-                for leg, d, kind, at in self.ends
+                for leg, _, kind, at in self.ends
                 if leg == "client" and kind in CLOSED_TOWARD_CLIENT
             ),
             None,
         )
         left = next(
-            (at for leg, d, kind, at in self.ends if leg == "client" and kind in CLIENT_LEFT),
+            (at for leg, _, kind, at in self.ends if leg == "client" and kind in CLIENT_LEFT),
             None,
         )
         upstream_closed = next((at for leg, _, _, at in self.ends if leg == "upstream"), None)
@@ -135,90 +254,40 @@ class LiveConnection:
             bytes=state.total,
         )
 
-    # ------------------------------------------------------------ framing
-
-    def frame(self) -> None:
-        """Frame what arrived since the last call (off the hot path)."""
-        if self.framing_lost:
-            self.pending.clear()
-            return
-        for (leg, direction), data in self.pending.items():
-            if not data:
-                continue
-            frames = self.frames[leg]
-            target = frames.requests if direction == Direction.UPSTREAM.value else frames.responses
-            target.feed(bytes(data))
-            data.clear()
-        for leg in SIDES:
-            self._read_events(leg)
-
-    def _read_events(self, leg: str) -> None:
-        frames, state = self.frames[leg], self.sides[leg]
-        record = frames.record
-        dialects = {
-            message: dialect_for(head.method or "", head.target or "")
-            for message, _, _, head in record.heads[Direction.UPSTREAM]
-        }
-        if leg == "client":
-            self.requests = len(record.heads[Direction.UPSTREAM])
-        streams = set()
-        for message, _, _, head in record.heads[Direction.DOWNSTREAM]:
-            if not head.is_interim:
-                state.status = head.status
-            if is_event_stream(head):
-                streams.add(message)
-        events = record.events[Direction.DOWNSTREAM]
-        for message, offset, event in events[frames.events_read :]:
-            meaning = read(event, dialects.get(message))
-            if meaning.token is not None:
-                state.tokens.append(state.time_at(offset))
-            if meaning.last:
-                state.done = True
-        frames.events_read = len(events)
-        ends = record.ends[Direction.DOWNSTREAM]
-        for message, _ in ends[frames.ends_read :]:
-            if message not in streams:
-                state.done = True  # a whole non-streamed answer is complete at its end
-        frames.ends_read = len(ends)
-
-    # ------------------------------------------------------------ the page's view
-
     def summary(self, now: float) -> dict[str, Any]:
         facts = self.facts()
-        findings = classify(facts, now)
-        kinds = [f.kind for f in findings]
-        how = ending(facts)
-        state = (
-            "cut"
-            if "cut" in kinds or how in ("RST", "truncated (FIN)", "write failed")
-            else "stalled"
-            if "stall" in kinds
-            else "done"
-            if self.closed or how == "complete"
-            else "open"
-        )
+        if self.framed:
+            findings = classify(facts, now)
+            kinds, words = [f.kind for f in findings], [f.words for f in findings]
+            how = ending(facts)
+        else:  # without framing no terminal mark is known: only what the ends say
+            kinds, words = [], [NOT_FRAMED.format(n=MAX_FRAMED)]
+            how = _unframed_ending(facts)
+        if "cut" in kinds or how in ("RST", "truncated (FIN)", "write failed"):
+            state = "cut"
+        elif "stall" in kinds:
+            state = "stalled"
+        elif self.closed or how == "complete":
+            state = "done"
+        else:
+            state = "open"
         up, client = self.sides["upstream"], self.sides["client"]
         return {
             "id": self.connection_id,
             "scenario": self.scenario,
-            "peer": self.peer,
             "started_at": self.started + self.clock_offset,
-            "age": round(now - self.started, 3),
+            "age": round((self.ends[-1][3] if self.closed else now) - self.started, 3),
             "state": state,
             "ending": how,
             "requests": self.requests,
             "status": client.status,
-            "bytes": {
-                "request": self.request_bytes,
-                "upstream": up.total,
-                "client": client.total,
-            },
-            "tokens": {"upstream": len(up.tokens), "client": len(client.tokens)},
+            "bytes": {"request": self.request_bytes, "upstream": up.total, "client": client.total},
+            "framed": self.framed,
+            "tokens": {"upstream": up.token_count, "client": client.token_count},
             "done": {"upstream": up.done, "client": client.done},
-            "faults": len(self.faults) + self.faults_more,
+            "faults": self.faults_counted,
             "kinds": kinds,
-            "words": [f.words for f in findings],
-            "framing_lost": self.framing_lost,
+            "words": words,
             "version": self.version,
         }
 
@@ -241,7 +310,7 @@ class LiveConnection:
                     "ttft": _rounded(ttft(side, start)),
                     "largest_gap": _rounded(largest_gap(side.tokens, start)),
                     "done": side.done,
-                    "total_tokens": len(side.tokens),
+                    "total_tokens": self.sides[name].token_count,
                 }
                 for name, side in (("upstream", facts.upstream), ("client", facts.client))
             },
@@ -256,6 +325,12 @@ class LiveConnection:
         }
 
 
+def _unframed_ending(facts: StreamFacts) -> str | None:
+    if facts.client_end is None:
+        return "client left" if facts.client_left is not None else None
+    return {"sent_rst": "RST", "write_failed": "write failed"}.get(facts.client_end[0], "FIN")
+
+
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
@@ -268,146 +343,67 @@ def _thin(points: list[Any]) -> list[Any]:
     return [points[int(i * step)] for i in range(MAX_POINTS - 1)] + [points[-1]]
 
 
-class ConsoleObserver:
-    """The relay's observer for one connection: the inner observer (the journal's) first,
-    then the console's record of the same call."""
-
-    __slots__ = ("connection", "inner", "model")
-
-    def __init__(
-        self, model: ConsoleModel, connection: LiveConnection, inner: RelayObserver | None
-    ) -> None:
-        self.model, self.connection, self.inner = model, connection, inner
-
-    def _chunk(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
-        connection = self.connection
-        connection.version += 1
-        self.model.version += 1
-        if direction is Direction.DOWNSTREAM:
-            state = connection.sides[leg]
-            if len(state.starts) < MAX_CHUNKS:
-                state.starts.append(state.total)
-                state.times.append(now)
-            state.total += len(data)
-        elif leg == "client":
-            connection.request_bytes += len(data)
-        self._pend(leg, direction, data)
-
-    def _pend(self, leg: str, direction: Direction, data: bytes) -> None:
-        connection = self.connection
-        if connection.framing_lost:
-            return
-        buffer = connection.pending.setdefault((leg, direction.value), bytearray())
-        buffer += data
-        if len(buffer) > MAX_PENDING:
-            connection.framing_lost = True  # nobody framed it for a long while
-            connection.pending.clear()
-
-    def read(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
-        if self.inner is not None:
-            self.inner.read(leg, direction, data, now)
-        # what the proxy read from the upstream, and the client's requests
-        if (leg == "upstream") == (direction is Direction.DOWNSTREAM):
-            self._chunk(leg, direction, data, now)
-
-    def wrote(self, leg: str, direction: Direction, data: bytes, now: float) -> None:
-        if self.inner is not None:
-            self.inner.wrote(leg, direction, data, now)
-        # what the proxy wrote to the client (the request it wrote upstream is the same
-        # request the client sent, counted on read)
-        if leg == "client" and direction is Direction.DOWNSTREAM:
-            self._chunk(leg, direction, data, now)
-        elif leg == "upstream":  # the upstream leg's requests, framed with its answers
-            self._pend(leg, direction, data)
-
-    def ended(self, leg: str, direction: Direction, kind: str, now: float) -> None:
-        if self.inner is not None:
-            self.inner.ended(leg, direction, kind, now)
-        self.connection.ends.append((leg, direction.value, kind, now))
-        self.connection.version += 1
-        self.model.version += 1
-        if leg == "upstream" or kind in CLOSED_TOWARD_CLIENT:
-            self.model.ended(self.connection)
-
-    def __getattr__(self, name: str) -> Any:
-        # the journal's other duties (attach_framing ...) stay the journal's
-        return getattr(self.inner, name)
-
-
 @dataclass
 class ConsoleModel:
     """Recent connections, newest last; `version` moves whenever anything does."""
 
     max_connections: int = MAX_CONNECTIONS
+    max_framed: int = MAX_FRAMED
     connections: dict[int, LiveConnection] = field(default_factory=dict)
     version: int = 0
     forgotten: int = 0
-    _closed: list[int] = field(default_factory=list)
+    opened: int | None = None  # the stream a page opened last: framed whatever its age
 
-    def observer(
+    def track(
         self,
         connection_id: int,
         scenario: str,
-        inner: RelayObserver | None,
+        journal: ConnectionJournal | None,
         now: float,
         clock_offset: float = 0.0,
-    ) -> ConsoleObserver:
-        connection = LiveConnection(connection_id, scenario, now, clock_offset)
+    ) -> LiveConnection:
+        """A new connection, read from `journal` (the relay's observer for it)."""
+        connection = LiveConnection(connection_id, scenario, now, clock_offset, journal)
         self.connections[connection_id] = connection
         self.version += 1
-        self._bound()
-        return ConsoleObserver(self, connection, inner)
-
-    def sink(
-        self, connection_id: int, inner: Callable[[FaultReport], None] | None
-    ) -> Callable[[FaultReport], None]:
-        def record(report: FaultReport) -> None:
-            if inner is not None:
-                inner(report)
-            connection = self.connections.get(connection_id)
-            if connection is None:
-                return
-            if len(connection.faults) < MAX_FAULT_MARKS:
-                connection.faults.append((report.time, report.fault, report.action))
-            else:
-                connection.faults_more += 1
-            connection.version += 1
-            self.version += 1
-
-        return record
-
-    def ended(self, connection: LiveConnection) -> None:
-        if connection.closed and connection.connection_id not in self._closed:
-            self._closed.append(connection.connection_id)
-
-    def _bound(self) -> None:
         while len(self.connections) > self.max_connections:
             victim = next(
-                (cid for cid in self._closed if cid in self.connections),
+                (cid for cid, c in self.connections.items() if c.closed),
                 next(iter(self.connections)),
             )
-            if victim in self._closed:
-                self._closed.remove(victim)
             del self.connections[victim]
             self.forgotten += 1
+        return connection
 
     def refresh(self) -> None:
-        """Frame what arrived since the last refresh (the feed's tick)."""
-        for connection in self.connections.values():
-            if connection.pending:
+        """Read every connection's journal since the last refresh; frame the newest
+        `max_framed` (and the one a page opened), and a framed one's last bytes."""
+        framing = 0
+        for connection in reversed(self.connections.values()):
+            if connection.pull():
+                self.version += 1
+            if connection.connection_id == self.opened or framing < self.max_framed:
+                framing += 1
                 connection.frame()
+            elif connection.framed and connection.closed:
+                connection.frame()  # cheap once caught up: nothing new is captured
 
-    def listing(self, now: float) -> dict[str, Any]:
-        self.refresh()
+    def listing(self, now: float, limit: int | None = LISTED) -> dict[str, Any]:
+        """The newest `limit` connections (None: every one held), newest first."""
+        newest = reversed(self.connections.values())
         return {
             "version": self.version,
             "forgotten": self.forgotten,
-            "connections": [c.summary(now) for c in reversed(self.connections.values())],
+            "held": len(self.connections),
+            "connections": [c.summary(now) for c in itertools.islice(newest, limit)],
         }
 
     def stream(self, connection_id: int, now: float) -> dict[str, Any] | None:
+        """One stream's two sides, framed from its first captured byte if it was not."""
         connection = self.connections.get(connection_id)
         if connection is None:
             return None
+        self.opened = connection_id
+        connection.pull()
         connection.frame()
         return connection.detail(now)

@@ -9,14 +9,16 @@ header; compared in constant time):
   model moved, coalesced to at most one per FEED_INTERVAL (10 a second), and at least one a
   second (a stall is the absence of change); `event: drill` with the drill's state when it
   changes;
-- `GET /api/connections`, `GET /api/streams/{id}`: the same list, and one stream's two sides;
+- `GET /api/connections` (`?all=1`: every one held, not the newest 60), `GET
+  /api/streams/{id}`: the same list, and one stream's two sides;
 - `GET /api/presets`: the presets a fault list may add; `GET /api/drill`: the drill's state;
 - anything else (`/faults`, `/scenario`, `/metrics`...): the control API's own routes
   (`shell.control.ControlApi`), so an edit from the page is the edit `curl` makes, with the
   loader's file:line problems in its answer.
 
-`attach` wraps the proxy's per-connection observer and fault sink factories (the journal's,
-`ControlledProxy._observer/_sink`) so the console sees every call after the journal does.
+`attach` wraps the proxy's per-connection observer factory (`ControlledProxy._observer`, the
+journal's): each new connection's journal is handed to the model, which reads it off the hot
+path (`middlebox.console.model`); the relay's observer itself is unchanged.
 """
 
 from __future__ import annotations
@@ -80,19 +82,20 @@ class Console:
     def attach(self) -> None:
         """See every connection the proxy opens from now on (after the journal does)."""
         proxy, model = self.proxy, self.model
-        observers, sinks = proxy.observer_factory, proxy.report_sink_factory
+        observers = proxy.observer_factory
 
         def observer(connection_id: int, scenario: Any) -> Any:
             inner = observers(connection_id, scenario) if observers else None
-            return model.observer(
-                connection_id, scenario.name, inner, self.clock(), relay_clock_offset()
+            model.track(
+                connection_id,
+                scenario.name,
+                proxy.store.journals.get(connection_id),
+                self.clock(),
+                relay_clock_offset(),
             )
-
-        def sink(connection_id: int) -> Any:
-            return model.sink(connection_id, sinks(connection_id) if sinks else None)
+            return inner
 
         proxy.observer_factory = observer
-        proxy.report_sink_factory = sink
 
     def authorised(self, headers: dict[str, str], target: str) -> bool:
         if not self.token:
@@ -104,7 +107,7 @@ class Console:
 
     def listing(self) -> bytes:
         """The connection list as JSON, computed once per model version and tick."""
-        now = self.clock()
+        now = self.clock()  # the model is as fresh as `refresh_forever` keeps it
         cached = self._cached
         if cached is not None and cached[0] == self.model.version and now - cached[1] < FEED_IDLE:
             return cached[2]
@@ -124,6 +127,9 @@ class Console:
         if method == "GET" and path in ("/", "/index.html"):
             return Response(200, page(), "text/html; charset=utf-8")
         if method == "GET" and path == "/api/connections":
+            if _query(target).get("all") == "1":
+                every = self.model.listing(self.clock(), limit=None)
+                return Response.json(200, {**every, "scenario": self.proxy.scenario.name})
             return Response(200, self.listing(), "application/json")
         if method == "GET" and path.startswith("/api/streams/"):
             ident = path.rsplit("/", 1)[1]
@@ -138,6 +144,13 @@ class Console:
         if self.token:  # the page's token, as the control API takes it
             headers = {**headers, "authorization": f"Bearer {self.token}"}
         return await self.api.answer(method, target, headers, body)
+
+    async def refresh_forever(self) -> None:
+        """Frame what arrived every FEED_INTERVAL, watched or not: unframed bytes wait at
+        most that long (the model's memory stays bounded without a page attached)."""
+        while True:
+            self.model.refresh()
+            await trio.sleep(FEED_INTERVAL)
 
     async def feed(self, stream: trio.SocketStream, connection: h11.Connection) -> None:
         """The live feed: an update when the model moved, at most every FEED_INTERVAL."""
@@ -259,6 +272,7 @@ async def serve_console(
     listeners = await trio.open_tcp_listeners(address.port, host=address.host)
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(console.refresh_forever)
         task_status.started(port)
         await trio.serve_listeners(console.serve_connection, listeners, handler_nursery=nursery)
 

@@ -3,10 +3,14 @@ it must not, and the live model fed through the observer contract."""
 
 from __future__ import annotations
 
+import pytest
+
+from middlebox.console import model as model_module
 from middlebox.console.classify import Side, StreamFacts, classify, ending
 from middlebox.console.model import ConsoleModel
 from middlebox.core.fault import FaultReport
 from middlebox.core.stream import Direction
+from middlebox.observe.journal import ConnectionJournal
 
 SMOOTH = tuple(0.2 + 0.05 * i for i in range(20))
 
@@ -123,29 +127,41 @@ def chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
+def tracked(model: ConsoleModel, cid: int, now: float) -> ConnectionJournal:
+    """A connection's journal (the relay's observer for it), tracked by the model."""
+    journal = ConnectionJournal(cid, now, capture=True)
+    model.track(cid, "nginx-default", journal, now)
+    return journal
+
+
+def requested(journal: ConnectionJournal, now: float) -> None:
+    journal.read("client", Direction.UPSTREAM, REQUEST, now)
+    journal.wrote("upstream", Direction.UPSTREAM, REQUEST, now)
+
+
 def test_the_model_frames_both_sides_and_names_buffering() -> None:
     model = ConsoleModel()
-    observer = model.observer(7, "nginx-default", None, 100.0)
-    observer.read("client", Direction.UPSTREAM, REQUEST, 100.0)
-    observer.wrote("upstream", Direction.UPSTREAM, REQUEST, 100.0)
-    observer.read("upstream", Direction.DOWNSTREAM, HEAD, 100.1)
+    journal = tracked(model, 7, 100.0)
+    requested(journal, 100.0)
+    journal.read("upstream", Direction.DOWNSTREAM, HEAD, 100.1)
     body = b""
     for i in range(10):
-        observer.read("upstream", Direction.DOWNSTREAM, chunk(EVENT), 100.2 + 0.05 * i)
+        journal.read("upstream", Direction.DOWNSTREAM, chunk(EVENT), 100.2 + 0.05 * i)
         body += chunk(EVENT)
     tail = chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
-    observer.read("upstream", Direction.DOWNSTREAM, tail, 100.7)
-    model.sink(7, None)(FaultReport("proxy_buffering", 100.2, "held", {}))
-    live = model.stream(7, 101.0)
-    assert live is not None
+    journal.read("upstream", Direction.DOWNSTREAM, tail, 100.7)
+    journal.fault(FaultReport("proxy_buffering", 100.2, "held", {}))
+    model.refresh()
+    live = model.listing(101.0)["connections"][0]
     assert live["tokens"] == {"upstream": 10, "client": 0}
     assert live["kinds"] == ["buffering"] and live["state"] == "open"
-    assert live["fault_marks"] == [{"at": 0.2, "fault": "proxy_buffering", "action": "held"}]
-    observer.wrote("client", Direction.DOWNSTREAM, HEAD + body + tail, 101.0)
-    observer.ended("client", Direction.DOWNSTREAM, "sent_fin", 101.1)
-    observer.ended("upstream", Direction.UPSTREAM, "sent_fin", 101.1)
+    assert live["faults"] == 1 and live["bytes"]["request"] == len(REQUEST)
+    journal.wrote("client", Direction.DOWNSTREAM, HEAD + body + tail, 101.0)
+    journal.ended("client", Direction.DOWNSTREAM, "sent_fin", 101.1)
+    journal.ended("upstream", Direction.UPSTREAM, "sent_fin", 101.1)
     done = model.stream(7, 101.2)
     assert done is not None
+    assert done["fault_marks"] == [{"at": 0.2, "fault": "proxy_buffering", "action": "held"}]
     assert done["done"] == {"upstream": True, "client": True}
     assert done["ending"] == "complete" and done["state"] == "done"
     assert done["kinds"] == ["buffering"]
@@ -153,13 +169,53 @@ def test_the_model_frames_both_sides_and_names_buffering() -> None:
     assert done["sides"]["client"]["largest_gap"] == 1.0
 
 
+def test_only_the_newest_streams_are_framed_until_a_page_opens_one() -> None:
+    model = ConsoleModel(max_framed=2)
+    journals = [tracked(model, cid, 0.0) for cid in (1, 2, 3)]
+    for journal in journals:
+        requested(journal, 0.0)
+        journal.read("upstream", Direction.DOWNSTREAM, HEAD + chunk(EVENT), 0.1)
+    model.refresh()
+    listed = {c["id"]: c for c in model.listing(0.2)["connections"]}
+    assert [listed[cid]["framed"] for cid in (1, 2, 3)] == [False, True, True]
+    assert listed[1]["tokens"]["upstream"] == 0 and listed[1]["bytes"]["upstream"] > 0
+    assert "open this one" in listed[1]["words"][0] and listed[1]["kinds"] == []
+    opened = model.stream(1, 0.2)  # framed from its first captured byte
+    assert opened is not None and opened["framed"]
+    assert opened["tokens"]["upstream"] == 1
+
+
+def test_a_long_stream_keeps_its_shape_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_module, "MAX_TIMES", 100)
+    model = ConsoleModel()
+    journal = tracked(model, 1, 0.0)
+    journal.max_capture_bytes = 1 << 30
+    requested(journal, 0.0)
+    journal.read("upstream", Direction.DOWNSTREAM, HEAD, 0.01)
+    for i in range(1000):
+        journal.read("upstream", Direction.DOWNSTREAM, chunk(EVENT), 0.02 + 0.001 * i)
+        if i % 50 == 0:
+            model.refresh()
+    live = model.stream(1, 2.0)
+    assert live is not None
+    state = model.connections[1].sides["upstream"]
+    assert live["tokens"]["upstream"] == 1000  # the count stays exact
+    assert len(state.tokens) <= 100 and len(state.starts) <= 100
+    assert state.tokens[0] == pytest.approx(0.02) and state.tokens[-1] == pytest.approx(1.019)
+    frames = model.connections[1].frames
+    assert frames is not None
+    record = frames["upstream"].record
+    assert not any(record.events.values()) and not any(record.heads.values())  # read once
+
+
 def test_the_model_keeps_the_newest_connections() -> None:
     model = ConsoleModel(max_connections=3)
     for cid in range(1, 6):
-        observer = model.observer(cid, "s", None, float(cid))
+        journal = tracked(model, cid, float(cid))
         if cid == 2:
-            observer.ended("client", Direction.DOWNSTREAM, "sent_fin", 2.5)
-            observer.ended("upstream", Direction.UPSTREAM, "sent_fin", 2.5)
+            journal.ended("client", Direction.DOWNSTREAM, "sent_fin", 2.5)
+            journal.ended("upstream", Direction.UPSTREAM, "sent_fin", 2.5)
+            model.refresh()
     # the closed one went first, then the oldest open ones
     assert list(model.connections) == [3, 4, 5]
     assert model.forgotten == 2

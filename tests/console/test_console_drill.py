@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import aiohttp
@@ -27,10 +28,9 @@ needs_chromium = pytest.mark.skipif(
 
 
 async def cut_stream(base_url: str, model: str) -> float:
-    """One streamed answer the drill's fault resets; the loop time the client saw it end."""
+    """One streamed answer the drill's fault resets; when (wall clock) the client saw it end."""
     body = {"model": model, "stream": True, "max_tokens": 200,
             "messages": [{"role": "user", "content": "Tell me a long story."}]}  # fmt: skip
-    loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession() as session:
         try:
             async with session.post(f"{base_url}/chat/completions", json=body) as answer:
@@ -38,7 +38,7 @@ async def cut_stream(base_url: str, model: str) -> float:
                 assert "[DONE]" not in text
         except aiohttp.ClientError:
             pass  # the reset, as the client sees it
-    return loop.time()
+    return time.time()
 
 
 def test_the_drill_state_reads_symptoms_hints_and_only_this_sessions_grade(
@@ -83,10 +83,11 @@ def test_drill_start_shows_symptoms_hints_a_cut_within_a_second_and_the_grade(
                 cut_at = await cut_stream(live.proxy.base_url, live.model)
                 await page.wait_for(
                     "[...document.querySelectorAll('#connections .state')]"
-                    ".some(s => s.textContent === 'cut')",
-                    bound=CUT_SHOWN_WITHIN,
+                    ".some(s => s.textContent === 'cut')"
                 )
-                assert asyncio.get_running_loop().time() - cut_at <= CUT_SHOWN_WITHIN
+                # when the page first drew it cut, by the page's clock (this machine's)
+                shown_at = await page.evaluate("Math.min(...Object.values(window.cutShownAt))")
+                assert shown_at - cut_at <= CUT_SHOWN_WITHIN
                 save_result("mid-stream-reset", True, [])  # as `drill check` does
                 await page.wait_for(
                     "document.querySelector('#drill-check')?.textContent.includes('PASS')"

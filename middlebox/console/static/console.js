@@ -8,6 +8,8 @@
   let connections = [];
   let selected = null;
   let shownVersion = -1;
+  // when each connection was first shown cut (wall clock, s): what the drill test reads
+  window.cutShownAt = {};
 
   function el(tag, attrs, text) {
     const node = document.createElement(tag);
@@ -32,11 +34,13 @@
     const list = $("connections");
     list.replaceChildren();
     for (const c of connections) {
+      if (c.state === "cut" && !(c.id in window.cutShownAt)) window.cutShownAt[c.id] = Date.now() / 1000;
       if (filter && c.state !== filter) continue;
       const button = el("button", { type: "button", "data-id": c.id, "aria-pressed": String(c.id === selected) });
       button.append(el("span", { class: "state " + c.state }, c.state));
       button.append(document.createTextNode(
-        ` #${c.id} ${c.status || ""} ${c.tokens.upstream}→${c.tokens.client} tokens` +
+        ` #${c.id} ${c.status || ""} ` +
+        (c.framed ? `${c.tokens.upstream}→${c.tokens.client} tokens` : `${c.bytes.upstream}→${c.bytes.client} bytes`) +
         (c.ending ? `, ${c.ending}` : "") + (c.kinds.length ? ` · ${c.kinds.join(", ")}` : "")));
       button.addEventListener("click", () => { $("follow").checked = false; select(c.id); });
       const item = el("li");
@@ -54,7 +58,7 @@
 
   function follow() {
     if (!$("follow").checked) return;
-    const newest = connections.find((c) => c.tokens.upstream > 0 || c.tokens.client > 0);
+    const newest = connections.find((c) => c.bytes.upstream > 0 || c.bytes.client > 0);
     if (newest && newest.id !== selected) { selected = newest.id; shownVersion = -1; }
   }
 
@@ -125,7 +129,6 @@
     row("terminal event", `upstream ${up.done ? "seen" : "absent"}, client ${client.done ? "seen" : "absent"}`);
     row("ended", s.ending || "open");
     row("bytes", `request ${s.bytes.request}, upstream ${s.bytes.upstream}, client ${s.bytes.client}`);
-    if (s.framing_lost) row("note", "framing stopped: too much arrived unread");
   }
 
   // ------------------------------------------------------------------ faults
@@ -228,6 +231,8 @@
     feed.addEventListener("update", (event) => {
       const data = JSON.parse(event.data);
       connections = data.connections;
+      $("held").textContent = data.held > connections.length
+        ? `the newest ${connections.length} of ${data.held} held` : "";
       if ($("scenario").textContent !== "scenario: " + data.scenario) loadFaults();
       follow();
       renderConnections();
