@@ -1,7 +1,8 @@
 """Acceptance: the console in headless Chromium. A real `middlebox proxy` with nginx's default
 buffering and `--ui`, before the embedded emulator: one streamed answer shows its two lines
 apart and the page names buffering; the fault removed from the page, the next answer's
-lines run together. With MIDDLEBOX_UI_SCREENSHOTS=1 the two states are saved for docs/ui.md.
+lines run together. A refused edit shows the loader's problem under its field. With
+MIDDLEBOX_UI_SCREENSHOTS=1 the two states are saved for docs/ui.md.
 """
 
 from __future__ import annotations
@@ -124,6 +125,16 @@ def test_the_page_shows_buffering_then_the_lines_together_once_the_fault_is_gone
                 assert await page.evaluate(LAG) > 0.1  # the lines apart: tokens held > 100 ms
                 pictures["ui-buffering.png"] = await page.screenshot()
 
+                # a refused edit: the loader's words under the field it came from
+                await page.evaluate(
+                    "document.querySelector('#fault-options-0').value = "
+                    '\'{"buffer_size": "huge"}\';'
+                    "document.querySelector('[data-save=\"0\"]').click()"
+                )
+                await page.wait_for(
+                    "document.querySelector('#faults .problems').textContent"
+                    ".includes('proxy_buffering.buffer_size: expected a size')"
+                )
                 await page.evaluate("document.querySelector('[data-remove=\"0\"]').click()")
                 await page.wait_for(
                     "document.querySelector('#faults').textContent.includes('no faults')"
