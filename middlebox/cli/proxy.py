@@ -301,7 +301,7 @@ def proxy(
         except DrillError as error:
             raise click.BadParameter(str(error), param_hint="--drill") from None
     try:
-        click.echo(serve(settings, show, drill_state))
+        click.echo(serve(settings, show, drill=drill_state))
     except OptionConflict as error:
         raise click.UsageError(str(error)) from None
     except SettingsError as error:
