@@ -502,7 +502,7 @@ def _ratio_target(
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 16's targets, each measured against the baselines of the same run."""
+    """The bench's targets (docs/performance.md), each against the baselines of the same run."""
     out: list[dict[str, Any]] = []
     stream = results["stream"]
     held = results["saturation"]

@@ -404,6 +404,7 @@ class ConsoleModel:
         if connection is None:
             return None
         self.opened = connection_id
-        connection.pull()
+        if connection.pull():
+            self.version += 1  # the feed's next update carries what this pull read
         connection.frame()
         return connection.detail(now)

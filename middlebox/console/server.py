@@ -23,6 +23,7 @@ path (`middlebox.console.model`); the relay's observer itself is unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import logging
@@ -82,7 +83,7 @@ class Console:
     def attach(self) -> None:
         """See every connection the proxy opens from now on (after the journal does)."""
         proxy, model = self.proxy, self.model
-        observers = proxy.observer_factory
+        observers = proxy.config.observer_factory
 
         def observer(connection_id: int, scenario: Any) -> Any:
             inner = observers(connection_id, scenario) if observers else None
@@ -95,7 +96,8 @@ class Console:
             )
             return inner
 
-        proxy.observer_factory = observer
+        # as ControlledProxy itself wires its store: the config's factory, replaced
+        proxy.config = dataclasses.replace(proxy.config, observer_factory=observer)
 
     def authorised(self, headers: dict[str, str], target: str) -> bool:
         if not self.token:
@@ -292,7 +294,8 @@ async def run_console_proxy(
     *,
     control_address: Address | None = None,
     ready: Callable[[int, int, int | None], None] | None = None,
-    **proxy_options: Any,
+    grace: float = 10.0,
+    backlog: int = 1024,
 ) -> ControlledProxy:
     """Serve the proxy, its console and (if asked) its control API until a signal."""
     check_ui_access(ui_address, console.token)
@@ -309,13 +312,6 @@ async def run_console_proxy(
             if ready is not None:
                 ready(port, ui_port, control_port)
 
-        await run_proxy(
-            listen_address,
-            proxy.upstream,
-            proxy.scenario,
-            ready=proxy_ready,
-            server=proxy,
-            **proxy_options,
-        )
+        await run_proxy(listen_address, proxy, ready=proxy_ready, grace=grace, backlog=backlog)
         nursery.cancel_scope.cancel()
     return proxy

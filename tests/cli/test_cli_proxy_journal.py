@@ -1,4 +1,4 @@
-"""`middlebox proxy --journal-max-bytes` and `--redact-name` (issue 14): the on-disk journal's
+"""`middlebox proxy --journal-max-bytes` and `--redact-name`: the on-disk journal's
 cap and the extra secret names reach `ProxySettings` as the serve function reads them."""
 
 from __future__ import annotations

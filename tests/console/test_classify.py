@@ -183,6 +183,10 @@ def test_only_the_newest_streams_are_framed_until_a_page_opens_one() -> None:
     opened = model.stream(1, 0.2)  # framed from its first captured byte
     assert opened is not None and opened["framed"]
     assert opened["tokens"]["upstream"] == 1
+    # what a page's detail request read moves the version the feed watches
+    version = model.version
+    journals[0].ended("client", Direction.DOWNSTREAM, "sent_rst", 0.3)
+    assert model.stream(1, 0.3) is not None and model.version == version + 1
 
 
 def test_a_long_stream_keeps_its_shape_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:

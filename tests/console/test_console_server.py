@@ -18,8 +18,8 @@ from middlebox.compose import PROXY_STAGES
 from middlebox.console.server import FEED_INTERVAL, Console, serve_console
 from middlebox.run.serve import LIBRARY_SCENARIOS
 from middlebox.shell.control import ControlledProxy, pass_through
-from middlebox.shell.server import Address, listen
-from tests.observability.support import http, sse_upstream
+from middlebox.shell.server import Address, ProxyConfig, listen
+from tests.shell.support import http, sse_upstream
 
 TOKEN = "s3cret-token"
 
@@ -35,7 +35,7 @@ async def console_running(
         listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         upstream = Address("127.0.0.1", listeners[0].socket.getsockname()[1])
         proxy = ControlledProxy(
-            upstream, pass_through(), stages=PROXY_STAGES, loader=LIBRARY_SCENARIOS
+            ProxyConfig(upstream, pass_through(), stages=PROXY_STAGES), loader=LIBRARY_SCENARIOS
         )
         console = Console(proxy, token, presets=("nginx-default",))
         console.attach()
@@ -144,7 +144,8 @@ async def test_the_feed_sends_at_most_ten_updates_a_second(
 ) -> None:
     mock_clock.autojump_threshold = 0
     proxy = ControlledProxy(
-        Address("127.0.0.1", 9), pass_through(), stages=PROXY_STAGES, loader=LIBRARY_SCENARIOS
+        ProxyConfig(Address("127.0.0.1", 9), pass_through(), stages=PROXY_STAGES),
+        loader=LIBRARY_SCENARIOS,
     )
     console = Console(proxy)
     server, client = trio.testing.memory_stream_pair()

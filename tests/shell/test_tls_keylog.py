@@ -1,4 +1,4 @@
-"""The decrypted view of an HTTP/2 connection (issue 20): `proxy --tls-keylog FILE`
+"""The decrypted view of an HTTP/2 connection: `proxy --tls-keylog FILE`
 (SSLKEYLOGFILE) writes the TLS session keys, and tshark with that key log decrypts a capture
 of the client's connection into the HTTP/2 HEADERS and DATA frames the proxy sent.
 

@@ -181,7 +181,7 @@ def test_proof_fails_a_fault_that_fired_for_no_client_and_a_client_that_never_co
     assert len(problems) == 3
     assert "s/c: no connection reached the proxy" in problems[0]
     assert "'slicer' never fired for any client" in problems[1]
-    # issue 13: a fault that fired for some clients but never for one that connected is
+    # per client: a fault that fired for some clients but never for one that connected is
     # a problem for that one (c never connected: that is its own problem already)
     assert "s/b: declared fault 'latency' fired for a but never for b" in problems[2]
 

@@ -1,4 +1,4 @@
-"""The bench's verdicts: issue 16's targets computed from one run's rows (ratios against
+"""The bench's verdicts: the targets computed from one run's rows (ratios against
 baselines of the same run), its journal table, and the scenarios it writes validating.
 
 No processes run here: the rows are literal, as the suite would have measured them."""

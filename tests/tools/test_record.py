@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from middlebox.core.stream import DOWN, UP
 from middlebox.observe.journal import ConnectionJournal
 from middlebox.shell.server import Address
 from middlebox.tools.record import cassettes, record
-from tests.observability.support import EVENTS, http, sse_upstream
-from tests.observability.test_journal import EVENT1, EVENT2, REQUEST, one_exchange
+from tests.observe.test_journal import EVENT1, EVENT2, REQUEST, one_exchange
+from tests.shell.support import EVENTS, http, sse_upstream
 
 
 def body_of(cassette: dict[str, object]) -> bytes:
@@ -51,7 +52,9 @@ def test_a_response_still_open_is_not_a_cassette() -> None:
     assert cassettes(journal) == []
 
 
-async def test_the_recorder_writes_a_cassette_for_each_finished_response(tmp_path: Path) -> None:
+async def test_the_recorder_writes_a_cassette_for_each_finished_response(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     written: list[Path] = []
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:

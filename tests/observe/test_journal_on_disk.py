@@ -17,7 +17,7 @@ from middlebox.observe.journal import (
     JournalWriter,
     read_ndjson,
 )
-from tests.observability.test_journal import one_exchange
+from tests.observe.test_journal import one_exchange
 
 SECRETS = ("AIzaQUERYSECRET", "sk-BODYSECRET", "tok-HEADERSECRET", "org-ORGSECRET")
 SECRET_REQUEST = (

@@ -10,7 +10,7 @@ import pytest
 
 from middlebox.run.live import ControlClient, fault, scenario
 from middlebox.run.plugin import FixtureProxy
-from tests.observability.plugin_example import stream
+from tests.run.plugin_example import stream
 
 pytestmark = pytest.mark.e2e
 

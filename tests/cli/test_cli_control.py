@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from middlebox.cli.main import main
 from middlebox.observe.prometheus import parse_text
-from tests.observability.support import EVENTS, http, sse_upstream
+from tests.shell.support import EVENTS, http, sse_upstream
 
 SCENARIO = b"name: slow\npath:\n  - latency: {delay: 2ms}\n"
 
@@ -89,7 +89,7 @@ def test_the_scenario_header_needs_a_scenario_directory() -> None:
 
 def test_pcap_writes_packets_from_a_journal(tmp_path: Path) -> None:
     from middlebox.observe.journal import JournalStore
-    from tests.observability.test_journal import one_exchange
+    from tests.observe.test_journal import one_exchange
 
     store = JournalStore(capture=True, clock_offset=0.0)
     one_exchange(store.observer(1, 0.0))

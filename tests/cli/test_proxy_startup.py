@@ -1,6 +1,6 @@
 """`middlebox proxy` starting up as a user meets it: a busy port is one line, not a
 traceback; an upstream that cannot be reached is a warning at start; `--ready-file` holds
-the "listening on" line once the proxy accepts, so a script waits for it (issue 17)."""
+the "listening on" line once the proxy accepts, so a script waits for it."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from middlebox.run.drills import live_banner, start
-from tests.observability.plugin_example import stream
 from tests.process_tree import child_pids, command_line, gone, kill, survivors
+from tests.run.plugin_example import stream
 
 pytestmark = pytest.mark.e2e
 

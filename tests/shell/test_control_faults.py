@@ -20,17 +20,15 @@ from middlebox.run.serve import LIBRARY_SCENARIOS, load_text
 from middlebox.scenario.model import Scenario
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, reason_phrase
 from middlebox.shell.fault_edits import scenario_document, written_options
-from middlebox.shell.server import Address
-from tests.observability.support import controlled
+from middlebox.shell.server import Address, ProxyConfig
+from tests.shell.support import controlled
 
 SCENARIOS = scenario_dir()
 
 
 def api_for(scenario: Scenario | None = None) -> ControlApi:
     proxy = ControlledProxy(
-        Address("127.0.0.1", 9),
-        scenario or pass_through(),
-        stages=PROXY_STAGES,
+        ProxyConfig(Address("127.0.0.1", 9), scenario or pass_through(), stages=PROXY_STAGES),
         loader=LIBRARY_SCENARIOS,
     )
     return ControlApi(proxy)

@@ -1,4 +1,5 @@
-"""Helpers for the observability tests: a tiny SSE upstream and a raw HTTP/1.1 client."""
+"""Helpers for the tests that run a proxy on 127.0.0.1: a tiny SSE upstream, a raw HTTP/1.1
+client, a proxy with its control API."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import trio
 from middlebox.compose import PROXY_STAGES
 from middlebox.run.serve import LIBRARY_SCENARIOS
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, serve_control
-from middlebox.shell.server import Address, listen
+from middlebox.shell.server import Address, ProxyConfig, listen
 from tests.harness import read_all, reset
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"]
@@ -100,11 +101,9 @@ async def controlled(
         listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         upstream = Address("127.0.0.1", listeners[0].socket.getsockname()[1])
         proxy = ControlledProxy(
-            upstream,
-            pass_through(),
+            ProxyConfig(upstream, pass_through(), stages=PROXY_STAGES),
             scenario_dir=scenario_dir,
             allow_scenario_header=scenario_dir is not None,
-            stages=PROXY_STAGES,
             loader=LIBRARY_SCENARIOS,
         )
         listener = listen(Address("127.0.0.1", 0))

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from middlebox.observe.prometheus import parse_text
 from middlebox.shell.control import check_control_access
 from middlebox.shell.server import Address
-from tests.observability.support import EVENTS, controlled, http
+from tests.shell.support import EVENTS, controlled, http
 
 LATENCY = "name: slow\npath:\n  - latency: {delay: 1ms}\n"
 
@@ -21,6 +22,8 @@ LATENCY = "name: slow\npath:\n  - latency: {delay: 1ms}\n"
 async def test_a_scenario_put_through_the_api_applies_to_the_next_stream_and_shows_in_metrics() -> (
     None
 ):
+    # real time: the PUT's scenario is parsed in a child process, whose wait a MockClock
+    # would jump past to the test's deadline
     with trio.fail_after(10):
         async with controlled() as run:
             status, body, _ = await http(run.control_port, "PUT", "/scenario", LATENCY.encode())
@@ -94,7 +97,9 @@ def test_the_control_api_refuses_a_non_loopback_address_without_a_token() -> Non
     check_control_access(Address("localhost", 9001), None)
 
 
-async def test_a_connection_picks_its_scenario_with_the_request_header(tmp_path: Path) -> None:
+async def test_a_connection_picks_its_scenario_with_the_request_header(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     (tmp_path / "slow.yaml").write_text(LATENCY)
     with trio.fail_after(10):
         async with controlled(scenario_dir=tmp_path) as run:
@@ -118,7 +123,9 @@ async def test_a_connection_picks_its_scenario_with_the_request_header(tmp_path:
             assert run.proxy.metrics.scenario_header == {"slow": 1}
 
 
-async def test_a_header_timeout_is_journaled_as_how_the_client_side_ended() -> None:
+async def test_a_header_timeout_is_journaled_as_how_the_client_side_ended(
+    autojump_clock: MockClock,
+) -> None:
     from middlebox.run.serve import load_text
     from tests.harness import read_all
 

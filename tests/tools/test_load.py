@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from middlebox.tools.load import Target, event_text, percentiles, run_load
 from tests.harness import proxied
-from tests.perf.sse_server import TOKENS, chat_server
+from tests.tools.sse_server import GAP, TOKENS, chat_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +42,9 @@ def test_percentiles_use_the_nearest_rank_in_milliseconds() -> None:
     assert percentiles([])["p99_ms"] is None
 
 
-async def test_load_through_the_proxy_counts_one_ttft_per_stream_and_one_itl_per_gap() -> None:
+async def test_load_through_the_proxy_counts_one_ttft_per_stream_and_one_itl_per_gap(
+    autojump_clock: MockClock,
+) -> None:
     with trio.fail_after(30):
         async with proxied(chat_server) as running:
             report = await run_load(
@@ -54,10 +57,14 @@ async def test_load_through_the_proxy_counts_one_ttft_per_stream_and_one_itl_per
     assert len(report.itls) == (TOKENS - 1) * report.completed
     summary = report.to_json()
     assert summary["ttft"]["p50_ms"] is not None and summary["itl"]["p99_ms"] is not None
+    # virtual time: each gap between content events is exactly the server's pacing
+    assert summary["itl"]["p50_ms"] == summary["itl"]["max_ms"] == pytest.approx(GAP * 1000)
     assert "TTFT" in report.text() and "ITL" in report.text()
 
 
-async def test_load_stops_at_max_requests_and_counts_http_errors_by_status() -> None:
+async def test_load_stops_at_max_requests_and_counts_http_errors_by_status(
+    autojump_clock: MockClock,
+) -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(

@@ -15,7 +15,7 @@ import trio
 
 from middlebox.observe.journal import read_ndjson
 from middlebox.scenario.model import Scenario
-from middlebox.shell.server import Address
+from middlebox.shell.server import Address, ProxyConfig
 from middlebox.shell.workers import WorkerServer, reuseport_listeners
 from tests.harness import read_all
 
@@ -45,9 +45,10 @@ async def start_proxy(*args: str) -> tuple[trio.Process, int, bytes]:
 
 def test_worker_connection_ids_interleave_so_no_two_workers_share_one() -> None:
     upstream, scenario = Address("127.0.0.1", 1), Scenario(name="ids")
-    first = WorkerServer(upstream, scenario, worker_index=0, worker_count=2)
-    second = WorkerServer(upstream, scenario, worker_index=1, worker_count=2)
-    alone = WorkerServer(upstream, scenario)
+    config = ProxyConfig(upstream, scenario)
+    first = WorkerServer(config, worker_index=0, worker_count=2)
+    second = WorkerServer(config, worker_index=1, worker_count=2)
+    alone = WorkerServer(config)
     assert [first.global_id(k) for k in (1, 2, 3)] == [1, 3, 5]
     assert [second.global_id(k) for k in (1, 2, 3)] == [2, 4, 6]
     # One worker numbers exactly as the single-process proxy, so seeds replay the same.

@@ -1,4 +1,4 @@
-"""A tiny stdlib client under the middlebox contract, for the observability tests.
+"""A tiny stdlib client under the middlebox contract, for the run tests (drills, views).
 
 `python sse_client.py trusting` shows whatever arrived and reports success when the
 stream simply ends (like `curl -N`); `python sse_client.py careful` reports an error

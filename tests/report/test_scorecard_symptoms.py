@@ -1,6 +1,6 @@
 """The metrics-first scorecard: the numbers that name a symptom beside each verdict, a
 one-line diagnosis, and for every failed check why it failed and what to do, the same in
-the terminal, junit.xml and report.html (issue 17).
+the terminal, junit.xml and report.html.
 
 The two acceptance runs are real (emulator, proxy, the raw client): nginx-default-buffering
 must read as a buffering hop from the terminal scorecard alone, and a failed check must

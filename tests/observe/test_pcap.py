@@ -11,11 +11,12 @@ import subprocess
 from pathlib import Path
 
 import trio
+from trio.testing import MockClock
 
 from middlebox.observe.journal import read_ndjson
 from middlebox.observe.pcap import ISN, write_pcap
 from tests.harness import needs
-from tests.observability.support import EVENTS, controlled, http
+from tests.shell.support import EVENTS, controlled, http
 
 LISTEN, UPSTREAM = 9000, 8000
 
@@ -39,7 +40,9 @@ def tcp_packets(pcap: Path) -> list[object]:
     return [p for p in rdpcap(str(pcap)) if TCP in p]
 
 
-async def test_an_rst_cut_is_at_the_byte_offset_the_journal_gives(tmp_path: Path) -> None:
+async def test_an_rst_cut_is_at_the_byte_offset_the_journal_gives(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     from scapy.layers.inet import TCP
 
     journal = tmp_path / "run.ndjson"
@@ -77,7 +80,9 @@ async def test_an_rst_cut_is_at_the_byte_offset_the_journal_gives(tmp_path: Path
     assert times == sorted(times)
 
 
-async def test_a_clean_close_has_a_fin_each_way_after_the_last_byte(tmp_path: Path) -> None:
+async def test_a_clean_close_has_a_fin_each_way_after_the_last_byte(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     from scapy.layers.inet import TCP
 
     journal = tmp_path / "ok.ndjson"
@@ -103,7 +108,9 @@ async def test_a_clean_close_has_a_fin_each_way_after_the_last_byte(tmp_path: Pa
 
 
 @needs(shutil.which("tshark"), "tshark")
-async def test_tshark_sees_the_rst_at_the_journals_offset(tmp_path: Path) -> None:
+async def test_tshark_sees_the_rst_at_the_journals_offset(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     journal = tmp_path / "run.ndjson"
     await journal_of_a_reset_stream(journal)
     pcap = tmp_path / "run.pcapng"
@@ -225,7 +232,7 @@ def test_classic_pcap_has_the_packets_without_comments(tmp_path: Path) -> None:
 
 @needs(shutil.which("tshark"), "tshark")
 async def test_tshark_shows_each_sse_event_comment_on_the_frame_that_completes_it(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     journal = tmp_path / "run.ndjson"
     await journal_of_a_reset_stream(journal)

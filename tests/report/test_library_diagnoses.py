@@ -8,7 +8,7 @@ buffering fault in it, and one wherever the scenario pins lumps (`client.tokens_
 with a `min`). Rerecord after a change to the scorer or the library:
 
     .venv/bin/middlebox run --report reports/latest
-    .venv/bin/python -m tests.observability.test_library_diagnoses reports/latest/report.json
+    .venv/bin/python -m tests.report.test_library_diagnoses reports/latest/report.json
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 import middlebox.shell.relay as relay_module
 from faults.latency import Latency
@@ -190,7 +191,7 @@ def record_schedules(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 async def test_a_faulted_connection_is_read_by_the_hub_and_its_deadline_is_a_heap_entry(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
 ) -> None:
     scheduled = record_schedules(monkeypatch)
 
@@ -249,7 +250,7 @@ async def test_a_deadline_that_only_moves_later_keeps_one_heap_entry(
 
 
 async def test_without_an_fd_for_the_hub_a_faulted_connection_uses_its_timer_task(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
 ) -> None:
     no_fd_for_the_hub(monkeypatch)
 
@@ -270,7 +271,9 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-async def test_the_read_hub_closes_its_epoll_when_the_last_relay_ends() -> None:
+async def test_the_read_hub_closes_its_epoll_when_the_last_relay_ends(
+    autojump_clock: MockClock,
+) -> None:
     async def work(relay: Relay, client: socket.socket, upstream: socket.socket) -> None:
         await send_all(upstream, b"x")
         assert await receive_exactly(client, 1) == b"x"
@@ -299,7 +302,7 @@ class Exploding:
         pass
 
 
-async def test_an_error_in_a_hub_read_fails_that_relay_only() -> None:
+async def test_an_error_in_a_hub_read_fails_that_relay_only(autojump_clock: MockClock) -> None:
     broken_client, broken_peer = pair()
     broken_upstream, broken_upstream_peer = pair()
     broken = Relay(broken_peer, broken_upstream, Pipeline([]), observer=Exploding())
@@ -332,7 +335,9 @@ async def test_an_error_in_a_hub_read_fails_that_relay_only() -> None:
     assert broken.client.closed and broken.upstream.closed
 
 
-async def test_a_writer_that_fails_on_the_hub_ends_its_connection_and_is_raised() -> None:
+async def test_a_writer_that_fails_on_the_hub_ends_its_connection_and_is_raised(
+    autojump_clock: MockClock,
+) -> None:
     body = bytes(range(256)) * 4096  # 1 MiB: more than the socket buffers take at once
     client, client_peer = pair(64 * 1024)
     upstream, upstream_peer = pair()

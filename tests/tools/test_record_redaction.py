@@ -1,4 +1,4 @@
-"""`middlebox record` blanks secrets by the journal's one rule (issue 14): a key in the
+"""`middlebox record` blanks secrets by the journal's one rule: a key in the
 query, the JSON body, a custom header or a name the user added leaves no trace in a
 cassette, while the names and the rest of the request stay."""
 

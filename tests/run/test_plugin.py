@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.observability.plugin_example import DATA, stream
+from tests.run.plugin_example import DATA, stream
 
 pytestmark = pytest.mark.e2e
 

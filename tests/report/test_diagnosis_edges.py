@@ -159,3 +159,23 @@ def test_the_fix_sentence_is_found_whatever_its_case_or_form(
 
 def test_a_word_that_only_contains_fix_is_not_a_fix_sentence() -> None:
     assert description_fix("A prefix and a suffix, fixture aside.") is None
+
+
+LUMPY = {"client.tokens_per_burst": 40.0, "server.tokens_per_burst": 1.0}
+
+
+def test_a_hop_that_holds_the_whole_answer_gets_its_own_fix_not_nginxs() -> None:
+    result = run_result(["complete"], **LUMPY)
+    result["verdicts"]["faults_fired"] = ["buffer_whole_response"]
+    line = diagnose(result)
+    assert "lumps: a buffering hop (buffer_whole_response)" in line
+    assert "server.stream-response-body = 2" in line and "proxy_buffering off" not in line
+
+
+def test_nginxs_buffer_keeps_the_x_accel_buffering_fix() -> None:
+    result = run_result(["complete"], **LUMPY)
+    result["verdicts"]["faults_fired"] = ["proxy_buffering"]
+    line = diagnose(result)
+    assert "lumps: a buffering hop (proxy_buffering)" in line
+    assert "X-Accel-Buffering: no or proxy_buffering off" in line
+    assert "stream-response-body" not in line
