@@ -124,6 +124,12 @@ ROOMS: dict[str, Room] = {
         rooms("core", "scenario", "observe"),
         forbidden=frozenset({"aiohttp", "asyncio", "anyio"}),
     ),
+    "console": Room(
+        "the live web console on --ui: a bounded model fed by the relay's observer, the "
+        "classifier's words, its trio HTTP server and static page",
+        rooms("core", "scenario", "observe", "report", "shell"),
+        forbidden=frozenset({"aiohttp", "asyncio", "anyio"}),
+    ),
     "report": Room(
         "views of a run's plain-data verdicts: scorecard, JUnit XML, HTML, timelines, progress",
         rooms("core", "scenario", "observe"),
@@ -135,7 +141,17 @@ ROOMS: dict[str, Room] = {
     "run": Room(
         "running scenarios for a verdict: upstream processes, clients, suite, scorer, "
         "background proxy, pytest plugin, drills",
-        rooms("core", "scenario", "library", "shell", "observe", "report", "clients", "compose"),
+        rooms(
+            "core",
+            "scenario",
+            "library",
+            "shell",
+            "observe",
+            "report",
+            "console",
+            "clients",
+            "compose",
+        ),
     ),
     "tools": Room(
         "load generation, the Locust file, soak, the cassette recorder, the probe upstream, "
@@ -154,6 +170,7 @@ ROOMS: dict[str, Room] = {
             "clients",
             "run",
             "tools",
+            "console",
             "compose",
             "vllm_emulator",
         ),

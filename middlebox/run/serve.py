@@ -20,8 +20,9 @@ from typing import Any
 
 import trio
 
-from middlebox.compose import PROXY_STAGES, SCENARIO_SUFFIXES, load
+from middlebox.compose import PRESETS, PROXY_STAGES, SCENARIO_SUFFIXES, load
 from middlebox.compose import load_text as load_scenario_text_with_presets
+from middlebox.console.server import Console, check_ui_access, run_console_proxy
 from middlebox.core.scenario_state import SharedState
 from middlebox.observe.journal import (
     DEFAULT_REDACTION,
@@ -128,6 +129,8 @@ class ProxySettings:
     control_token: str | None = None
     allow_scenario_header: bool = False
     scenario_dir: str | None = None
+    # the live web console (middlebox.console, docs/ui.md), behind the control token
+    ui: str | None = None
     # TLS (docs/tls-http2.md): --tls toward clients with the local CA in ca_dir;
     # an https:// upstream verified against the system store plus upstream_ca, or not at all.
     tls: bool = False
@@ -181,8 +184,16 @@ class ProxySettings:
         return DEFAULT_REDACTION.with_names(*self.redact_names)
 
     def check(self) -> None:
-        if self.control is None and (self.allow_scenario_header or self.control_token):
-            raise OptionConflict("--allow-scenario-header and --control-token need --control")
+        if self.control is None and self.allow_scenario_header:
+            raise OptionConflict("--allow-scenario-header needs --control")
+        if self.control is None and self.ui is None and self.control_token:
+            raise OptionConflict("--control-token needs --control or --ui")
+        if self.ui is not None and self.workers > 1:
+            # Each worker holds its own connections; the console shows one process's.
+            raise OptionConflict(
+                "--ui shows one proxy process's connections and cannot show --workers' "
+                "(each worker holds its own): drop --workers, or use --control's summed /metrics"
+            )
         if self.control is not None and self.workers > 1 and self.allow_scenario_header:
             # With workers the control API serves the summed /metrics only (shell/workers.py).
             raise OptionConflict("--allow-scenario-header needs one process; drop --workers")
@@ -196,6 +207,7 @@ class Loaded:
     listen: Address
     upstream: Address
     control: Address | None
+    ui: Address | None = None
 
 
 def loaded(settings: ProxySettings) -> Loaded:
@@ -210,8 +222,11 @@ def loaded(settings: ProxySettings) -> Loaded:
         control = Address.parse(settings.control) if settings.control else None
         if control is not None:
             check_control_access(control, settings.control_token)
+        ui = Address.parse(settings.ui) if settings.ui else None
+        if ui is not None:
+            check_ui_access(ui, settings.control_token)
         return Loaded(
-            scenario, Address.parse(settings.listen), Address.parse(settings.upstream), control
+            scenario, Address.parse(settings.listen), Address.parse(settings.upstream), control, ui
         )
     except (ScenarioError, ValueError) as error:
         raise SettingsError(str(error)) from None
@@ -234,12 +249,17 @@ def banner(what: Loaded, port: int, tls: TlsOptions | None = None) -> str:
     )
 
 
-def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
+def serve(
+    settings: ProxySettings,
+    say: Callable[[str], None],
+    drill: Callable[[], dict[str, Any] | None] | None = None,
+) -> str:
     """Serve until a signal; `say` gets each line to show (flushed by the caller). Returns
-    the closing summary."""
+    the closing summary. `drill`: the training drill's state the console shows
+    (`middlebox.run.drills.console_state`)."""
     what = loaded(settings)
-    if what.control is not None and settings.workers == 1:
-        return _serve_controlled(settings, what, what.control, say)
+    if (what.control is not None or what.ui is not None) and settings.workers == 1:
+        return _serve_controlled(settings, what, what.control, say, drill)
     journal = _journal_writer(settings)
     config = settings.proxy_config(what, journal)
     if settings.workers > 1:
@@ -293,6 +313,17 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
     )
 
 
+def ui_url(address: Address, port: int) -> str:
+    """The console's address to open (a wildcard bind is opened on loopback)."""
+    host = address.host
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/"
+
+
 def _journal_writer(settings: ProxySettings) -> JournalWriter | None:
     """`--journal FILE`: written as the proxy goes (one `FILE.wN` per worker)."""
     if not settings.journal_file:
@@ -322,7 +353,11 @@ def _workers_control(address: Address | None, token: str | None) -> WorkersContr
 
 
 def _serve_controlled(
-    settings: ProxySettings, what: Loaded, control: Address, say: Callable[[str], None]
+    settings: ProxySettings,
+    what: Loaded,
+    control: Address | None,
+    say: Callable[[str], None],
+    drill: Callable[[], dict[str, Any] | None] | None = None,
 ) -> str:
     proxy = ControlledProxy(
         settings.proxy_config(what),
@@ -339,23 +374,53 @@ def _serve_controlled(
     )
 
     def ready(port: int, control_port: int) -> None:
+        assert control is not None
         say(
             f"{banner(what, port, proxy.config.tls)}; control API on http://{control.host}:{control_port}"
         )
 
+    def console_ready(port: int, ui_port: int, control_port: int | None) -> None:
+        assert what.ui is not None
+        line = f"{banner(what, port, proxy.config.tls)}; console on {ui_url(what.ui, ui_port)}"
+        if control is not None:
+            line += f"; control API on http://{control.host}:{control_port}"
+        say(line)
+
     try:
-        trio.run(
-            lambda: run_controlled_proxy(
+        ui = what.ui
+        if ui is not None:
+            console = Console(
                 proxy,
-                what.listen,
-                control,
-                token=settings.control_token,
-                ready=ready,
-                grace=settings.grace,
-                backlog=settings.backlog,
-            ),
-            **settings.clock(),
-        )
+                settings.control_token,
+                presets=tuple(sorted(PRESETS)),
+                drill=drill or (lambda: None),
+            )
+            trio.run(
+                lambda: run_console_proxy(
+                    console,
+                    what.listen,
+                    ui,
+                    control_address=control,
+                    ready=console_ready,
+                    grace=settings.grace,
+                    backlog=settings.backlog,
+                ),
+                **settings.clock(),
+            )
+        else:
+            assert control is not None
+            trio.run(
+                lambda: run_controlled_proxy(
+                    proxy,
+                    what.listen,
+                    control,
+                    token=settings.control_token,
+                    ready=ready,
+                    grace=settings.grace,
+                    backlog=settings.backlog,
+                ),
+                **settings.clock(),
+            )
     except KeyboardInterrupt:
         pass
     finally:

@@ -131,3 +131,24 @@ def test_the_scenarios_the_bench_writes_validate(tmp_path: Path) -> None:
     assert [spec.name for spec in three.path] == ["latency", "set_header", "idle_reaper"]
     preset = load(bench.preset_scenario)
     assert "idle_reaper" in [spec.name for spec in preset.path]
+
+
+def test_the_consoles_page_is_judged_against_the_console_without_one() -> None:
+    page_cost = "a live console page costs <= 10% CPU per frame"
+    rate = "the console's feed sends <= 10 updates/s (500 streams)"
+    assert not any(t.startswith(page_cost) for t in verdicts(targets(results())))  # not run
+
+    def judged(page_cpu: float, updates: float) -> dict[str, tuple[str, bool]]:
+        found = results()
+        page = stream_row("middlebox_ui", 500, 2.0, page_cpu, 30.0)
+        page.update(feed_updates_per_s=updates, feed_kib_per_s=200.0)
+        found["stream"] += [stream_row("middlebox_ui_idle", 500, 2.0, 40.0, 30.0), page]
+        return verdicts(targets(found))
+
+    cheap = judged(43.0, 9.5)
+    (name,) = [t for t in cheap if t.startswith(page_cost)]
+    assert cheap[name] == ("43.0 vs 40.0 µs/frame = 1.07x", True)
+    assert cheap[rate] == ("9.5 updates/s, 200 KiB/s", True)
+    costly = judged(46.0, 12.0)
+    assert costly[name] == ("46.0 vs 40.0 µs/frame = 1.15x", False)
+    assert costly[rate][1] is False

@@ -20,7 +20,9 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[ProxySettings]:
     """The settings each `middlebox proxy` run would serve (nothing is served)."""
     seen: list[ProxySettings] = []
 
-    def fake_serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
+    def fake_serve(
+        settings: ProxySettings, say: Callable[[str], None], drill: object = None
+    ) -> str:
         seen.append(settings)
         return "stopped"
 

@@ -28,8 +28,9 @@ UPSTREAM = "http://127.0.0.1:8000"
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        (ProxySettings(upstream=UPSTREAM, control_token="t"), "need --control"),
-        (ProxySettings(upstream=UPSTREAM, allow_scenario_header=True), "need --control"),
+        (ProxySettings(upstream=UPSTREAM, control_token="t"), "needs --control or --ui"),
+        (ProxySettings(upstream=UPSTREAM, allow_scenario_header=True), "needs --control"),
+        (ProxySettings(upstream=UPSTREAM, ui="127.0.0.1:0", workers=2), "cannot show --workers"),
         (
             ProxySettings(
                 upstream=UPSTREAM, control="127.0.0.1:0", workers=2, allow_scenario_header=True
