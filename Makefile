@@ -69,7 +69,7 @@ soak: $(STAMP)
 hostile: $(STAMP)
 	MIDDLEBOX_HOSTILE_FULL=1 $(BIN)/python -m pytest tests/reliability -p no:randomly -q
 
-# Issue 14's acceptance run: 100,000 short connections through `proxy --journal` in a
+# The journal at scale: 100,000 short connections through `proxy --journal` in a
 # network namespace of its own (needs root); RSS sampled, the journal read back. Never part
 # of `make test`. JOURNAL_CONNECTIONS=20000 JOURNAL_KILL_AT=10000 for the SIGKILL variant.
 journal-100k: $(STAMP)

@@ -2,7 +2,7 @@
 
 (a) Fidelity at one request: TTFT and mean ITL measured at a raw-socket client
     against the model's numbers (TTFT = prefill_overhead + prefill_per_token x
-    prompt tokens; ITL = itl, jitter averaging to 1). The issue's target: within 10%.
+    prompt tokens; ITL = itl, jitter averaging to 1). The target: within 10%.
 (b) Capacity: N concurrent streams at 20 tokens/s (itl 50 ms, no jitter, no batch
     slowdown, so every gap should be 50 ms) for N in a bounded ladder; a step fails
     when the emulator's own ITL p99 (gaps between its writes of token frames, from
@@ -171,7 +171,7 @@ def _step(settings: dict[str, Any], count: int) -> dict[str, Any]:
 def capacity(ladder: tuple[int, ...] = LADDER) -> dict[str, Any]:
     """(b) Concurrent 20 tok/s streams until the emulator's ITL p99 drifts 5 ms.
 
-    A step is `ok` when its p99 is within 5 ms of the model (the issue's criterion)
+    A step is `ok` when its p99 is within 5 ms of the model (the bench's criterion)
     and `ok_vs_baseline` when within 5 ms of a single stream's p99 measured in the
     same run, which separates the emulator's own limit from a busy host's
     scheduling noise. The ladder stops at the first step failing the latter.

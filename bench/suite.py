@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 C_SOURCES = Path(__file__).resolve().parent / "c"
 UPSTREAM_PORT = 7301
 PROXY_PORT = 7302
+UI_PORT = 7303
 # Streams at which latency, CPU and memory are reported, then the saturation ladder.
 LATENCY_STREAMS = (1, 100, 500, 1000)
 LADDER = (1500, 2000, 2500)
@@ -88,6 +89,9 @@ class Bench:
         self.scenario = workdir / "three-faults.yaml"
         self.preset_scenario = workdir / "nginx-default.yaml"
         self.faults: list[str] = []
+        # processes a path runs beside the proxy (the console's page), stopped with it
+        self.beside: list[Proc] = []
+        self.feed_stats: dict[str, dict[str, Any]] = {}
 
     # ----------------------------------------------------------------- setup
 
@@ -142,6 +146,23 @@ class Bench:
             proc = Proc(argv, cwd=ROOT, log=self.workdir / "middlebox.log")
             wait_listening(PROXY_PORT)
             return PROXY_PORT, proc
+
+        return start
+
+    def middlebox_with_page(self) -> Callable[[], tuple[int, Proc | None]]:
+        """Pass-through with the console (`--ui`) and a page attached: a feed consumer
+        (bench/feed_consumer.py) reading every update and the newest stream's detail."""
+        start_proxy = self.middlebox("--ui", f"127.0.0.1:{UI_PORT}")
+
+        def start() -> tuple[int, Proc | None]:
+            port, proc = start_proxy()
+            wait_listening(UI_PORT)
+            out = self.workdir / f"feed-{len(self.feed_stats)}.json"
+            self.feed_stats[str(out)] = {}
+            consumer = [sys.executable, "-m", "bench.feed_consumer", "127.0.0.1"]
+            consumer += [str(UI_PORT), str(out)]
+            self.beside.append(Proc(consumer, cwd=ROOT, log=self.workdir / "feed.log"))
+            return port, proc
 
         return start
 
@@ -213,6 +234,16 @@ http {{
                 self.middlebox("--scenario", str(self.preset_scenario)),
             ),
             Path_(
+                "middlebox_ui_idle",
+                "middlebox pass-through --ui, no page, 1 worker",
+                self.middlebox("--ui", f"127.0.0.1:{UI_PORT}"),
+            ),
+            Path_(
+                "middlebox_ui",
+                "middlebox pass-through --ui, a page attached, 1 worker",
+                self.middlebox_with_page(),
+            ),
+            Path_(
                 "middlebox_journal",
                 "middlebox pass-through --journal, 1 worker",
                 self.middlebox("--journal", str(self.workdir / "passthrough.ndjson")),
@@ -245,6 +276,9 @@ http {{
         try:
             yield port, proc
         finally:
+            for beside in self.beside:
+                beside.stop()
+            self.beside.clear()
             if proc is not None:
                 proc.stop()
             time.sleep(0.2)
@@ -293,6 +327,8 @@ http {{
                     result["rss_kib_before"] = rss_before
                     result["rss_kib_open"] = rss_open
                     result["rss_kib_per_stream"] = (rss_open - rss_before) / n if proc else 0.0
+                    for beside in self.beside:  # the page's feed, for its update rate
+                        beside.stop()
                 if time.monotonic() - started > bound:
                     break
             try:
@@ -301,6 +337,13 @@ http {{
                 client.kill()
                 client.wait()
         result.update(path=path.name, streams=n, load_average=round(os.getloadavg()[0], 2))
+        for out in list(self.feed_stats):
+            if Path(out).exists():
+                feed = json.loads(Path(out).read_text())
+                seconds = max(feed.get("seconds", 0), 1e-9)
+                result["feed_updates_per_s"] = round(feed["updates"] / seconds, 2)
+                result["feed_kib_per_s"] = round(feed["bytes"] / 1024 / seconds, 1)
+                del self.feed_stats[out]
         return result
 
     def bulk(
@@ -459,7 +502,7 @@ def _ratio_target(
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 16's targets, each measured against the baselines of the same run."""
+    """The bench's targets (docs/performance.md), each against the baselines of the same run."""
     out: list[dict[str, Any]] = []
     stream = results["stream"]
     held = results["saturation"]
@@ -531,6 +574,27 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             2.0,
             "ms",
         )
+    page = _row(stream, "middlebox_ui", streams=500)
+    idle = _row(stream, "middlebox_ui_idle", streams=500)
+    if page is not None and idle is not None:
+        _ratio_target(
+            out,
+            "a live console page costs <= 10% CPU per frame (500 streams, --ui with the page "
+            "against --ui without)",
+            page["proxy_cpu_us_per_frame"],
+            idle["proxy_cpu_us_per_frame"],
+            1.1,
+            "µs/frame",
+        )
+        if "feed_updates_per_s" in page:
+            out.append(
+                {
+                    "target": "the console's feed sends <= 10 updates/s (500 streams)",
+                    "measured": f"{page['feed_updates_per_s']:.1f} updates/s, "
+                    f"{page['feed_kib_per_s']:.0f} KiB/s",
+                    "met": page["feed_updates_per_s"] <= 10.5,
+                }
+            )
     for name, limit in (("middlebox", 16), ("middlebox_faults", 32)):
         row = _row(stream, name, streams=1000) or _row(stream, name, streams=500)
         if row is not None:

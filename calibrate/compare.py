@@ -40,7 +40,7 @@ TOLERANCES: dict[str, tuple[Tolerance, str]] = {
     "abandon_latency": (Tolerance(0.05, 0.25), "s"),
     "abandon_tokens": (Tolerance(3, 0.25), ""),
     # Tokens the client got before the idle end: judged since proxy_buffering drops its
-    # partial buffer on a hop's read timeout as nginx does (issue 15).
+    # partial buffer on a hop's read timeout as nginx does (ngx_http_upstream.c).
     "idle_tokens": (Tolerance(1, 0.10), ""),
 }
 EXACT = ("stream_end", "idle_end")  # must be identical

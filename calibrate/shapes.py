@@ -1,7 +1,7 @@
 """The stream shapes the presets are calibrated over, and the upstream that plays them.
 
 One stream shape (the emulator at 20 ms, ~250-byte frames) hides what a preset gets wrong
-on others (issue 15): a 4 KiB `proxy_buffering` slab fills after 136 frames of 30 bytes
+on others: a 4 KiB `proxy_buffering` slab fills after 136 frames of 30 bytes
 but after 4 of 1 KiB; a cork that holds one segment splits 1 KiB frames where it merges
 30-byte ones; a pause before the head is a prefill, one after it an idle stream that a
 proxy may or may not hold; a client cancels with a FIN (drained first) or an RST.

@@ -7,6 +7,7 @@ architecture test fails when a `Fault` subclass is left out.
 from __future__ import annotations
 
 from faults.bandwidth import Bandwidth
+from faults.buffer_whole_response import BufferWholeResponse
 from faults.client_vanish import ClientVanish
 from faults.coalescer import Coalescer
 from faults.connection_limit import ConnectionLimit
@@ -48,6 +49,7 @@ REGISTRY: dict[str, type[Fault]] = {
         GzipEncoding,
         MaxDuration,
         ProxyBuffering,
+        BufferWholeResponse,
         SlowReader,
         StripHeader,
         SetHeader,

@@ -99,7 +99,7 @@ def json_schema() -> dict[str, Any]:
 
 class NginxStages:
     """The proxy's own behaviour from a scenario's `proxy:` block, as pure stages
-    (faults/_proxy); the server takes it as `ProxyServer(stages=PROXY_STAGES)`."""
+    (faults/_proxy); a running proxy takes it as `ProxyConfig(stages=PROXY_STAGES)`."""
 
     def around(self, options: ProxyOptions) -> tuple[list[Fault], list[Fault]]:
         """The header timeout watches the client's bytes as they arrive, so it goes

@@ -11,15 +11,16 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 import pytest
 import trio
 
 from middlebox.compose import PROXY_STAGES
 from middlebox.scenario.model import Scenario
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
@@ -36,18 +37,18 @@ class Running:
 
 @asynccontextmanager
 async def proxied(
-    handler: Handler, scenario: Scenario | None = None, **server_options: object
+    handler: Handler, scenario: Scenario | None = None, **server_options: Any
 ) -> AsyncIterator[Running]:
     """Start `handler` as the upstream and a proxy in front of it; yield their ports.
 
-    The proxy has its own nginx behaviour (`PROXY_STAGES`) unless `stages=None` is passed."""
+    `server_options` are `ProxyConfig` fields; the proxy has its own nginx behaviour
+    (`PROXY_STAGES`) unless `stages=None` is passed."""
     server_options.setdefault("stages", PROXY_STAGES)
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         upstream_port = listeners[0].socket.getsockname()[1]
-        server = ProxyServer(
-            Address("127.0.0.1", upstream_port), scenario or Scenario(name="test"), **server_options
-        )  # type: ignore[arg-type]
+        config = ProxyConfig(Address("127.0.0.1", upstream_port), scenario or Scenario(name="test"))
+        server = ProxyServer(replace(config, **server_options))
         listener = listen(Address("127.0.0.1", 0))
         proxy_port = await nursery.start(server.serve, listener)
         try:

@@ -18,7 +18,7 @@ import inspect
 import pkgutil
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -124,6 +124,12 @@ ROOMS: dict[str, Room] = {
         rooms("core", "scenario", "observe"),
         forbidden=frozenset({"aiohttp", "asyncio", "anyio"}),
     ),
+    "console": Room(
+        "the live web console on --ui: a bounded model fed by the relay's observer, the "
+        "classifier's words, its trio HTTP server and static page",
+        rooms("core", "scenario", "observe", "report", "shell"),
+        forbidden=frozenset({"aiohttp", "asyncio", "anyio"}),
+    ),
     "report": Room(
         "views of a run's plain-data verdicts: scorecard, JUnit XML, HTML, timelines, progress",
         rooms("core", "scenario", "observe"),
@@ -135,7 +141,17 @@ ROOMS: dict[str, Room] = {
     "run": Room(
         "running scenarios for a verdict: upstream processes, clients, suite, scorer, "
         "background proxy, pytest plugin, drills",
-        rooms("core", "scenario", "library", "shell", "observe", "report", "clients", "compose"),
+        rooms(
+            "core",
+            "scenario",
+            "library",
+            "shell",
+            "observe",
+            "report",
+            "console",
+            "clients",
+            "compose",
+        ),
     ),
     "tools": Room(
         "load generation, the Locust file, soak, the cassette recorder, the probe upstream, "
@@ -154,6 +170,7 @@ ROOMS: dict[str, Room] = {
             "clients",
             "run",
             "tools",
+            "console",
             "compose",
             "vllm_emulator",
         ),
@@ -484,57 +501,189 @@ def shadowed_names(sources: Sources) -> list[str]:
     return found
 
 
-def import_cycles(sources: Sources) -> list[str]:
-    """No import circle between modules, lazy imports included (a lazy import hides a circle)."""
+def import_graph(sources: Sources) -> dict[str, set[str]]:
+    """module -> the modules of `sources` it imports, lazy imports included (a lazy import only
+    hides a circle); itself and outside modules left out.
+
+    `from a.b import c` is an edge to `a.b` and, when c is a module, to `a.b.c` too: c may be a
+    name defined in a.b, and importing the module a.b.c runs a.b's `__init__` first. `import
+    a.b.c` is an edge to the longest of a.b.c, a.b, a that is a module here.
+    """
     modules = {module_name(path): path for path in sources}
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
         targets = set()
-        for _, name in imported_names(path, sources[path]):
-            parts = name.split(".")
-            for end in range(len(parts), 0, -1):
-                candidate = ".".join(parts[:end])
-                if candidate in modules:
-                    if candidate != module:
-                        targets.add(candidate)
-                    break
-        graph[module] = targets
-    return [" -> ".join([*cycle, cycle[0]]) for cycle in strongly_connected(graph)]
+        for node in ast.walk(ast.parse(sources[path])):
+            if isinstance(node, ast.ImportFrom):
+                base = imported_base(path, node)
+                targets.add(base)
+                targets.update(f"{base}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split(".")
+                    prefixes = (".".join(parts[:end]) for end in range(len(parts), 0, -1))
+                    targets.add(next((p for p in prefixes if p in modules), alias.name))
+        graph[module] = (targets & modules.keys()) - {module}
+    return graph
+
+
+def imported_base(path: str, node: ast.ImportFrom) -> str:
+    """The module `from X import ...` names, relative imports resolved against the package."""
+    base = node.module or ""
+    if node.level:
+        package = module_name(path).split(".")
+        if not path.endswith("__init__.py"):
+            package = package[:-1]
+        anchor = package[: len(package) - node.level + 1]
+        base = ".".join([*anchor, *([base] if base else [])])
+    return base
+
+
+def import_cycles(sources: Sources) -> list[str]:
+    """No import circle between modules: each strongly connected component of more than one
+    module is shown as a shortest import path from its first module back to itself."""
+    graph = import_graph(sources)
+    return [" -> ".join(circle_through(graph, c)) for c in strongly_connected(graph)]
 
 
 def strongly_connected(graph: Mapping[str, set[str]]) -> list[list[str]]:
-    """Tarjan's algorithm: the components with more than one module, each sorted."""
+    """Tarjan's algorithm, iterative (no recursion limit on a long import chain): the
+    components with more than one module, each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
-    stack: list[str] = []
     on_stack: set[str] = set()
+    stack: list[str] = []
     components: list[list[str]] = []
 
-    def visit(node: str) -> None:
+    def enter(node: str) -> tuple[str, Iterator[str]]:
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for nxt in sorted(graph.get(node, ())):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                components.append(sorted(component))
+        return node, iter(sorted(graph.get(node, ())))
 
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [enter(root)]
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    work.append(enter(child))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
     return sorted(components)
+
+
+# The proxy's own types: what a running proxy is built from and the server itself. A class
+# deriving from one of them (a worker's server, the controlled proxy) is one too.
+PROXY_TYPES = frozenset({"ProxyConfig", "ProxyServer"})
+
+
+def mentions_any(annotation: ast.expr | None) -> bool:
+    """Whether an annotation names `Any` (`Any`, `typing.Any`, or inside a string)."""
+    if annotation is None:
+        return False
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Name) and node.id == "Any":
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "Any":
+            return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            try:
+                parsed = ast.parse(node.value, mode="eval").body
+            except SyntaxError:
+                continue
+            if mentions_any(parsed):
+                return True
+    return False
+
+
+def signature_annotations(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]:
+    arguments = function.args
+    every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    every += [extra for extra in (arguments.vararg, arguments.kwarg) if extra is not None]
+    annotations = [argument.annotation for argument in every if argument.annotation is not None]
+    return [*annotations, *([function.returns] if function.returns is not None else [])]
+
+
+def any_in_proxy_signatures(sources: Sources) -> list[str]:
+    """No `Any` in how a proxy is built or started: the fields and method signatures of the
+    proxy's types (and every class deriving from them) and every function that takes or
+    returns one (`run_proxy`, `run_workers` ...) are typed, so a misspelt or mistyped
+    option fails in mypy rather than in a running proxy (no `**options: Any`)."""
+    found = []
+    for path, source in sources.items():
+        if not path.startswith("middlebox/shell/"):
+            continue
+        tree = ast.parse(source)
+        classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+        proxies = set(PROXY_TYPES)
+        grew = True
+        while grew:  # a class deriving from a proxy type, here or through another such class
+            bases = {c.name: {b.id for b in c.bases if isinstance(b, ast.Name)} for c in classes}
+            new = {name for name, of in bases.items() if of & proxies} - proxies
+            proxies |= new
+            grew = bool(new)
+        checked: list[tuple[str, int, ast.expr]] = []
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name in proxies:
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign):
+                        name = ast.unparse(item.target)
+                        checked.append((f"{node.name}.{name}", item.lineno, item.annotation))
+                    elif isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                        checked.extend(
+                            (f"{node.name}.{item.name}", item.lineno, annotation)
+                            for annotation in signature_annotations(item)
+                        )
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                annotations = signature_annotations(node)
+                named = {n.id for a in annotations for n in ast.walk(a) if isinstance(n, ast.Name)}
+                if named & proxies:
+                    checked.extend((node.name, node.lineno, a) for a in annotations)
+        reported: set[tuple[str, int]] = set()
+        for where, line, annotation in checked:
+            if mentions_any(annotation) and (where, line) not in reported:
+                reported.add((where, line))
+                found.append(f"{path}:{line}: {where} has Any in its signature")
+    return found
+
+
+def circle_through(graph: Mapping[str, set[str]], component: list[str]) -> list[str]:
+    """A shortest import path from the component's first module back to itself (breadth first,
+    inside the component)."""
+    members = set(component)
+    start = component[0]
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph[node] & members):
+                if child == start:
+                    return [*paths[node], start]
+                if child not in paths:
+                    paths[child] = [*paths[node], child]
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"{component} is not strongly connected")
 
 
 def rooms_missing_from_readme(readme: str) -> list[str]:
@@ -782,6 +931,47 @@ def test_counters_by_attribute_and_reading_fields_by_name_are_allowed() -> None:
     assert counters_by_name(sources) == []
 
 
+def test_any_in_how_a_proxy_is_built_or_started_is_caught() -> None:
+    server = (
+        "from typing import Any\n"
+        "class ProxyServer:\n"
+        "    def __init__(self, upstream: str, **options: Any) -> None: ...\n"
+        "class WorkerServer(ProxyServer):\n"
+        "    extra: 'dict[str, Any]'\n"
+        "class ControlledProxy(WorkerServer):\n"
+        "    def observer(self, connection_id: int) -> typing.Any: ...\n"
+    )
+    workers = (
+        "def run_workers(config: ProxyConfig, workers: int, **server_options: Any) -> None: ...\n"
+        "async def run_proxy(address: str, *, server: ProxyServer | None, **o: Any) -> None: ...\n"
+    )
+    sources = {"middlebox/shell/server.py": server, "middlebox/shell/workers.py": workers}
+    assert any_in_proxy_signatures(sources) == [
+        "middlebox/shell/server.py:3: ProxyServer.__init__ has Any in its signature",
+        "middlebox/shell/server.py:5: WorkerServer.extra has Any in its signature",
+        "middlebox/shell/server.py:7: ControlledProxy.observer has Any in its signature",
+        "middlebox/shell/workers.py:1: run_workers has Any in its signature",
+        "middlebox/shell/workers.py:2: run_proxy has Any in its signature",
+    ]
+
+
+def test_any_away_from_how_a_proxy_is_built_is_left_alone() -> None:
+    server = (
+        "from typing import Any\n"
+        "@dataclass\n"
+        "class ProxyServer:\n"
+        "    config: ProxyConfig\n"
+        "    async def serve(self, listener: socket.socket) -> None:\n"
+        "        seen: Any = None\n"  # a local, not the signature
+        "def state_scope(scenario: str, config: Any) -> str: ...\n"  # takes no proxy
+        "class ControlApi:\n"  # not a proxy type
+        "    def json(self, value: Any) -> Any: ...\n"
+    )
+    outside = "class ProxyServer:\n    def __init__(self, **options: Any) -> None: ...\n"
+    sources = {"middlebox/shell/server.py": server, "middlebox/run/other.py": outside}
+    assert any_in_proxy_signatures(sources) == []
+
+
 def test_a_module_without_a_docstring_is_caught() -> None:
     sources = {"faults/a.py": CLEAN, "faults/b.py": "import re\n", "middlebox/run/__init__.py": ""}
     assert missing_docstrings(sources) == [
@@ -829,6 +1019,50 @@ def test_an_import_circle_is_caught_even_through_a_lazy_import() -> None:
     assert import_cycles(sources) == [
         "middlebox.report.scorecard -> middlebox.run.runner -> middlebox.report.scorecard"
     ]
+
+
+def test_a_longer_circle_through_a_relative_import_is_shown_as_its_shortest_path() -> None:
+    sources = {
+        "pkg/__init__.py": "",
+        "pkg/run/__init__.py": "",
+        "pkg/run/suite.py": "from ..report import html\n",
+        "pkg/report/__init__.py": "",
+        "pkg/report/html.py": "from . import layout\n",
+        "pkg/report/layout.py": "import pkg.run.suite\nfrom pkg.report import html\n",
+    }
+    # two circles share html and layout: one component, shown by its shortest way round
+    assert import_cycles(sources) == ["pkg.report.html -> pkg.report.layout -> pkg.report.html"]
+    sources["pkg/report/layout.py"] = "import pkg.run.suite\n"
+    assert import_cycles(sources) == [
+        "pkg.report.html -> pkg.report.layout -> pkg.run.suite -> pkg.report.html"
+    ]
+
+
+def test_a_chain_without_a_way_back_is_no_circle_until_its_end_imports_the_start() -> None:
+    sources = {
+        "pkg/__init__.py": "from pkg import a\n",
+        "pkg/a.py": "from pkg.b import thing\nimport json\n",
+        "pkg/b.py": "from pkg.c import other\n",
+        "pkg/c.py": "other = 1\n",
+    }
+    graph = import_graph(sources)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"}  # json is not ours
+    assert graph["pkg"] == {"pkg.a"}  # a package importing its child is no edge to itself
+    assert import_cycles(sources) == []
+    sources["pkg/c.py"] = "import pkg\n"  # the package, whose __init__ imports a
+    assert import_cycles(sources) == ["pkg -> pkg.a -> pkg.b -> pkg.c -> pkg"]
+
+
+def test_importing_a_module_from_its_package_is_an_edge_to_the_package_too() -> None:
+    # `from pkg.sub import mod` runs pkg/sub/__init__.py first: a circle through it counts
+    sources = {
+        "pkg/__init__.py": "",
+        "pkg/sub/__init__.py": "from pkg.user import helper\n",
+        "pkg/sub/mod.py": "",
+        "pkg/user.py": "from pkg.sub import mod\nhelper = 1\n",
+    }
+    assert import_graph(sources)["pkg.user"] == {"pkg.sub", "pkg.sub.mod"}
+    assert import_cycles(sources) == ["pkg.sub -> pkg.user -> pkg.sub"]
 
 
 def test_a_room_missing_from_the_readme_is_caught() -> None:
@@ -947,6 +1181,13 @@ def test_no_module_shadows_the_stdlib_or_a_library_it_drives() -> None:
     assert_clean(shadowed_names(product()))
 
 
+def test_the_import_graph_sees_the_modules_and_their_imports() -> None:
+    graph = import_graph(product())
+    assert "middlebox.report.scorecard" in graph["middlebox.run.suite"]
+    assert "middlebox.core.fault" in graph["faults.cut"]
+    assert any(module.startswith("vllm_emulator.") for module in graph)
+
+
 def test_there_is_no_import_circle() -> None:
     assert_clean(import_cycles(product()))
 
@@ -961,3 +1202,7 @@ def test_every_public_fault_subclass_is_registered_under_its_module_name() -> No
 
 def test_each_registry_entry_is_the_camelcase_class_of_its_module() -> None:
     assert_clean(misplaced_registry_entries(REGISTRY))
+
+
+def test_a_proxy_is_built_and_started_with_typed_options_only() -> None:
+    assert_clean(any_in_proxy_signatures(product()))

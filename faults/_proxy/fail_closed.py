@@ -1,6 +1,6 @@
 """fail_closed: a request that cannot be framed is answered as nginx would, never passed on.
 
-When an HTTP-aware fault is in the path, a message the framer refuses (issue 14: a
+When an HTTP-aware fault is in the path, a message the framer refuses (a
 smuggled request in a chunked body, a request line with two spaces, CL and TE together,
 a CONNECT) must not reach the faults or the upstream as raw bytes: they would skip every
 HTTP fault and the upstream might serve what nginx refuses. nginx answers such a request

@@ -1,6 +1,6 @@
 """fail_closed_response: a response that cannot be framed is answered as nginx would.
 
-The response-side twin of `fail_closed` (issue 14). With an HTTP-aware fault in the path, an
+The response-side twin of `fail_closed`. With an HTTP-aware fault in the path, an
 upstream response the framer refuses must not reach the faults or the client as raw bytes:
 they would skip every SSE and HTTP fault. nginx (ngx_http_upstream.c, ngx_http_proxy_module.c)
 answers by where the bad bytes are:

@@ -191,10 +191,22 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
     "GET /journals...). Loopback unless a token is given.",
 )
 @click.option(
+    "--ui",
+    metavar="HOST:PORT",
+    help="Serve the live web console here (docs/ui.md): every stream's two sides as they "
+    "flow, the faults firing, and the fault list to edit. Loopback unless a token is given.",
+)
+@click.option(
+    "--drill",
+    metavar="NAME",
+    hidden=True,
+    help="The drill the console shows (set by `middlebox drill start`).",
+)
+@click.option(
     "--control-token",
     envvar="MIDDLEBOX_CONTROL_TOKEN",
-    help="Bearer token the control API requires (env MIDDLEBOX_CONTROL_TOKEN); "
-    "mandatory on a non-loopback address.",
+    help="Bearer token the control API and the console require (env "
+    "MIDDLEBOX_CONTROL_TOKEN); mandatory on a non-loopback address.",
 )
 @click.option(
     "--allow-scenario-header",
@@ -248,6 +260,7 @@ def proxy(
     journal_max_bytes: str,
     ready_file: str | None,
     tls_keylog: str | None,
+    drill: str | None,
     **options: Any,
 ) -> None:
     """Run the proxy: relay every connection byte-exact through the scenario's faults.
@@ -279,8 +292,16 @@ def proxy(
         shown.append(line)
         say_ready(line)
 
+    drill_state = None
+    if drill:
+        from middlebox.run.drills import DrillError, console_state
+
+        try:
+            drill_state = console_state(drill)
+        except DrillError as error:
+            raise click.BadParameter(str(error), param_hint="--drill") from None
     try:
-        click.echo(serve(settings, show))
+        click.echo(serve(settings, show, drill=drill_state))
     except OptionConflict as error:
         raise click.UsageError(str(error)) from None
     except SettingsError as error:

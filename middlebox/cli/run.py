@@ -203,7 +203,16 @@ def drill_hint(name: str, number: int) -> None:
     help="Write every connection's journal (NDJSON) here on Ctrl-C (default: the drill's "
     "scratch directory; the path is printed).",
 )
-def drill_start(name: str, port: int, control_port: int, journal: str | None) -> None:
+@click.option(
+    "--ui-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="The live console's port on 127.0.0.1 (default: a free one; the URL is printed).",
+)
+@click.option("--no-ui", is_flag=True, help="Run without the live console.")
+def drill_start(
+    name: str, port: int, control_port: int, journal: str | None, ui_port: int, no_ui: bool
+) -> None:
     """Print the symptoms and run the incident (emulator + proxy) until Ctrl-C.
 
     \b
@@ -223,6 +232,7 @@ def drill_start(name: str, port: int, control_port: int, journal: str | None) ->
                 port=port,
                 control_port=control_port,
                 journal=Path(journal) if journal else None,
+                ui_port=None if no_ui else ui_port,
             )
         )
     except (DrillError, UpstreamStartError) as error:

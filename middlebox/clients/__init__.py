@@ -174,7 +174,7 @@ BUILTIN_CLIENTS = ClientRegistry(
     }
 )
 
-# Agent clients (issue 19, docs/clients.md "Agent streams"): scored in the scenarios whose
+# Agent clients (docs/clients.md "Agent streams"): scored in the scenarios whose
 # `workload.clients` names them (tool calls, JSON answers, reasoning), never by default.
 # `openai-responses-resume` and `-restart` need a server with the Responses store (vLLM's
 # VLLM_ENABLE_RESPONSES_API_STORE=1, off by default; the emulator's `responses_store`), which

@@ -510,7 +510,7 @@ class Pipeline(Fault):
         self.report_counts = {}
         framing = None
         if layout.framing is not None:
-            # Frame once (issue 11): each stream of the path is framed by one pass that
+            # Frame once: each stream of the path is framed by one pass that
             # every HTTP-aware fault here, and the journal, reads.
             framing = PathFraming.from_layout(layout.framing)
             self._fed_after = {

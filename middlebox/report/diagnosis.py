@@ -28,7 +28,15 @@ from typing import Any
 # cores), so only 8 or more is called lumpy then: a hop outside the path.
 LUMPY_TOKENS_PER_BURST = 3.0
 LUMPY_WITHOUT_A_BUFFERING_FAULT = 8.0
-BUFFERING_FAULTS = ("proxy_buffering", "coalescer", "gzip_encoding")
+BUFFERING_FAULTS = ("proxy_buffering", "coalescer", "gzip_encoding", "buffer_whole_response")
+# The fix for a buffering hop: nginx's knobs (the header or proxy_buffering off) for most;
+# a hop that holds the whole answer and sends it with a length (lighttpd's default,
+# server.stream-response-body = 0) reads no X-Accel-Buffering header.
+BUFFERING_FIX = "fix: X-Accel-Buffering: no or proxy_buffering off"
+WHOLE_ANSWER_FIX = (
+    "fix: make that hop stream the body (lighttpd: server.stream-response-body = 2); "
+    "X-Accel-Buffering: no does not reach it"
+)
 # Faults that delay the first byte: a late first text is theirs (without one, the gap
 # between perceived and upstream TTFT is the client's own start and a loaded machine).
 # They lump a stream too, not by buffering: what a handoff's outage, a slow link or a slow
@@ -391,7 +399,7 @@ def findings(result: dict[str, Any]) -> list[Finding]:
         lump = per_burst * BYTES_PER_TOKEN_EVENT / 1024
         name = f"~{per_burst:.0f}-token (~{lump:.0f} KiB) lumps: a buffering hop"
         name += f" ({hop})" if hop else ""
-        fix = "fix: X-Accel-Buffering: no or proxy_buffering off"
+        fix = WHOLE_ANSWER_FIX if hop == "buffer_whole_response" else BUFFERING_FIX
         key = (
             "a buffering hop: the client saw the upstream's tokens in fewer, bigger bursts "
             f"than the upstream made them; {fix}"

@@ -18,10 +18,9 @@ from typing import Any
 
 import trio
 
-from middlebox.compose import PROXY_STAGES
 from middlebox.observe.journal import ConnectionJournal, JournalView, facts
 from middlebox.run.processes import UPSTREAM_START_TIMEOUT, EmulatorProcess, emulator_config
-from middlebox.run.serve import LIBRARY_SCENARIOS
+from middlebox.run.serve import LIBRARY_SCENARIOS, proxy_config
 from middlebox.run.upstream import UpstreamClient
 from middlebox.scenario.model import Scenario
 from middlebox.shell.control import ControlledProxy
@@ -49,7 +48,7 @@ class BackgroundProxy:
         self.upstream = UpstreamClient(upstream_url)
         self.emulator = emulator
         self.proxy: ControlledProxy = ControlledProxy(
-            Address.parse(upstream_url), scenario, stages=PROXY_STAGES, loader=LIBRARY_SCENARIOS
+            proxy_config(Address.parse(upstream_url), scenario), loader=LIBRARY_SCENARIOS
         )
         self._port = 0
         self._ready = threading.Event()

@@ -12,7 +12,6 @@ import json
 import os
 import shlex
 import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +20,13 @@ from typing import Any
 import trio
 
 from middlebox.clients import BUILTIN_CLIENTS, available_clients
-from middlebox.compose import PROXY_STAGES
 from middlebox.observe.journal import JournalStore
 from middlebox.run.outcome import RunError
 from middlebox.run.processes import CHILDREN
+from middlebox.run.serve import proxy_config
 from middlebox.scenario.model import Scenario
 from middlebox.scenario.workload import Workload, request_tag, workload_file
-from middlebox.shell.server import Address, ProxyServer, listen, relay_clock_offset
+from middlebox.shell.server import Address, ProxyServer, listen
 from middlebox.shell.tls import LocalCA
 
 # after the client exits, how long the proxy may carry the last closes to the upstream
@@ -126,15 +125,7 @@ async def run_client(
     """One proxy, one client process, bounded by the workload timeout. `body_extra` is
     added to every request body (against a real vLLM: `ignore_eos`, see suite.py)."""
     journal = JournalStore(capture=True)
-    server = ProxyServer(
-        upstream,
-        scenario,
-        observer_factory=lambda cid, s: journal.observer(
-            cid, time.time(), s.name, relay_clock_offset()
-        ),
-        report_sink_factory=journal.fault_sink,
-        stages=PROXY_STAGES,
-    )
+    server = ProxyServer(proxy_config(upstream, scenario, journal=journal))
     document = workload_file(workload, scenario.name, spec.name, model)
     for request in document["requests"]:
         request["body"].update(body_extra or {})

@@ -12,7 +12,10 @@ are self-contained, so a change to the library does not change a drill's grade.
   the symptoms and runs the emulator and `middlebox proxy` with the hidden fault and its
   control API, so the trainee can reproduce it with their own client or curl, inspect
   `/metrics` and the journals (`/journals/ID`) on the control port while it runs; on
-  Ctrl-C every connection's journal is written to FILE (NDJSON, the hints' "journal");
+  Ctrl-C every connection's journal is written to FILE (NDJSON, the hints' "journal").
+  The proxy's live console (`--ui`, docs/ui.md) is on unless `--no-ui`: the streams as
+  they flow, the symptoms, the hints one at a time and the latest `drill check` grade
+  (`console_state`, read from the file `check` writes: `result_path`);
 - `middlebox drill hint NAME N`: hint N (1-based);
 - `middlebox drill check NAME --client-cmd CMD [--scenario FIXED.yaml]`: runs the
   drill's scenario (or the trainee's fixed copy, which must keep the drill's
@@ -24,6 +27,8 @@ are self-contained, so a change to the library does not change a drill's grade.
 
 from __future__ import annotations
 
+import json
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from middlebox.clients.places import cache_root
 from middlebox.library import drill_dir
 
 DRILLS_DIR = drill_dir()
@@ -179,7 +185,60 @@ def check(
         suite = run_suite(
             [str(path)], client_commands=client_commands, report_dir=report_dir, jobs=1
         )
-    return grade(suite)
+    graded = grade(suite)
+    save_result(drill.name, graded.passed, graded.reasons)
+    return graded
+
+
+def result_path(name: str) -> Path:
+    """Where `drill check NAME` leaves its grade for a running `drill start`'s console."""
+    return cache_root() / "drills" / f"{name}.check.json"
+
+
+def save_result(name: str, passed: bool, reasons: list[str]) -> None:
+    """The grade, written aside and renamed (a console reading it sees all or nothing)."""
+    path = result_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    aside = path.with_name(f".{path.name}.{os.getpid()}")
+    aside.write_text(json.dumps({"passed": passed, "reasons": reasons, "at": time.time()}))
+    aside.replace(path)
+
+
+def console_state(name: str, directory: Path = DRILLS_DIR) -> Callable[[], dict[str, Any]]:
+    """What the console shows of drill `name`: its title, symptoms (one a line), hints and
+    the grade of a `drill check` run since the console started (re-read when the file
+    changes; a grade from an earlier session is not this trainee's)."""
+    drill = get(name, directory)
+    started = time.time()
+    seen: dict[str, Any] = {"mtime": None, "check": None}
+    state = {
+        "name": drill.name,
+        "title": drill.title,
+        "fix": drill.fix,
+        "symptoms": [" ".join(p.split()) for p in drill.symptoms.split("\n\n") if p.strip()],
+        "hints": drill.hints,
+    }
+
+    def current() -> dict[str, Any]:
+        path = result_path(name)
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            mtime = None
+        if mtime != seen["mtime"]:
+            seen["mtime"] = mtime
+            try:
+                result = json.loads(path.read_text()) if mtime is not None else None
+            except (OSError, ValueError):
+                result = None
+            seen["check"] = (
+                None
+                if not result or float(result.get("at", 0)) < started
+                else ("PASS" if result.get("passed") else "FAIL: " + "; ".join(result["reasons"]))
+            )
+        return {**state, "check": seen["check"]}
+
+    return current
 
 
 @dataclass
@@ -207,9 +266,11 @@ def start(
     port: int = 0,
     control_port: int = 0,
     journal: Path | None = None,
+    ui_port: int | None = 0,
 ) -> LiveDrill:
     """Start the emulator (the drill's `upstream:` block) and `middlebox proxy` with the
-    drill's hidden scenario and a control API on 127.0.0.1 (port 0: a free one)."""
+    drill's hidden scenario, a control API and (unless `ui_port` is None) the live console
+    on 127.0.0.1 (port 0: a free one)."""
     from middlebox.compose import load
     from middlebox.run.live import start_proxy
     from middlebox.run.processes import EmulatorProcess, emulator_config
@@ -228,6 +289,8 @@ def start(
             listen=f"127.0.0.1:{port}",
             control=f"127.0.0.1:{control_port}",
             journal=journal,
+            ui=None if ui_port is None else f"127.0.0.1:{ui_port}",
+            drill=drill.name,
         )
     except BaseException:
         emulator.stop()
@@ -243,9 +306,15 @@ def start(
 def live_banner(live: LiveDrill) -> str:
     """Where the incident is and where to look (the hints name the journal)."""
     control = live.proxy.control.url
+    console = (
+        f"Console: {live.proxy.ui_url} (the streams as they flow, the symptoms, the hints "
+        "one at a time, your `drill check` grade).\n"
+        if live.proxy.ui_url
+        else ""
+    )
     return (
         f"\nThe incident is live: OPENAI_BASE_URL={live.proxy.base_url} "
-        f"(model {live.model}).\n"
+        f"(model {live.model}).\n{console}"
         f"Control API: {control}/metrics, {control}/journals, {control}/journals/ID "
         f"(one connection's journal, NDJSON).\n"
         f"Every connection's journal is written to {live.journal} when you stop "
@@ -261,10 +330,13 @@ def run_live(
     port: int = 0,
     control_port: int = 0,
     journal: Path | None = None,
+    ui_port: int | None = 0,
 ) -> str:
     """`drill start`: the briefing, then the incident (emulator + proxy) live until Ctrl-C;
     returns the closing line."""
-    live = start(name, directory, port=port, control_port=control_port, journal=journal)
+    live = start(
+        name, directory, port=port, control_port=control_port, journal=journal, ui_port=ui_port
+    )
     connections = 0
     try:  # from the first line on, so a Ctrl-C as soon as it shows still stops cleanly
         say(briefing(live.drill))

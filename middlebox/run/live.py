@@ -328,6 +328,7 @@ def scenario(name: str, *faults: Mapping[str, Any], **blocks: Any) -> Scenario:
 
 
 CONTROL_BANNER = "; control API on "
+UI_BANNER = "; console on "
 
 
 def control_banner(line: str) -> str | None:
@@ -342,6 +343,7 @@ class ProxyProcess:
     process: UpstreamProcess
     url: str
     control: ControlClient
+    ui_url: str | None = None  # the live console's page, with --ui
 
     @property
     def base_url(self) -> str:
@@ -367,6 +369,8 @@ def start_proxy(
     journal: str | Path | None = None,
     grace: float = STOP_GRACE,
     timeout: float = START_TIMEOUT,
+    ui: str | None = None,
+    drill: str | None = None,
 ) -> ProxyProcess:
     """`middlebox proxy` in front of `upstream` with its control API (by default both on
     free loopback ports; `journal` is written when it stops); returns once it listens
@@ -379,10 +383,13 @@ def start_proxy(
         argv += ["--control-token", token]
     if journal is not None:
         argv += ["--journal", str(journal)]
+    if ui is not None:  # the live console (docs/ui.md), showing `drill`'s state if given
+        argv += ["--ui", ui, *(["--drill", drill] if drill else [])]
     from middlebox.run.processes import UpstreamProcess
 
     child = UpstreamProcess(argv, control_banner, timeout=timeout, what="the proxy")
     banner = child.url
     proxy_url = banner[len("listening on ") :].split()[0]
     control_url = banner.split(CONTROL_BANNER, 1)[1].split()[0]
-    return ProxyProcess(child, proxy_url, ControlClient(control_url, token=token))
+    ui_url = banner.split(UI_BANNER, 1)[1].split(";")[0].strip() if UI_BANNER in banner else None
+    return ProxyProcess(child, proxy_url, ControlClient(control_url, token=token), ui_url)

@@ -1,10 +1,12 @@
 """`middlebox proxy`: serve the proxy (optionally N workers, or with the control API) until
 SIGTERM or SIGINT, then write the journal if asked.
 
-`ProxySettings` is the command line's options, typed once; `serve` composes the server
-(scenario, journal, control API or workers) and runs it. Problems in the settings raise
-`SettingsError` before anything listens (`OptionConflict` for options that do not go
-together), so the command line can show them as its own errors.
+`ProxySettings` is the command line's options, typed once; `ProxySettings.proxy_config` maps
+them to the proxy's `ProxyConfig`, through `proxy_config`, the one way every running proxy
+(this command's, a client run's, the background proxy's, the recorder's, the soak's) is
+wired; `serve` runs it in one process, with the control API, or as workers. Problems in the
+settings raise `SettingsError` before anything listens (`OptionConflict` for options that do
+not go together), so the command line can show them as its own errors.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from typing import Any
 
 import trio
 
-from middlebox.compose import PROXY_STAGES, SCENARIO_SUFFIXES, load
+from middlebox.compose import PRESETS, PROXY_STAGES, SCENARIO_SUFFIXES, load
 from middlebox.compose import load_text as load_scenario_text_with_presets
+from middlebox.console.server import Console, check_ui_access, run_console_proxy
+from middlebox.core.scenario_state import SharedState
 from middlebox.observe.journal import (
     DEFAULT_REDACTION,
     MAX_JOURNAL_BYTES,
+    JournalKeeper,
     JournalStore,
     JournalWriter,
     Redaction,
@@ -30,7 +35,14 @@ from middlebox.observe.journal import (
 from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.model import Scenario, TlsOptions
 from middlebox.shell.control import ControlledProxy, check_control_access, run_controlled_proxy
-from middlebox.shell.server import Address, ProxyServer, relay_clock_offset, run_proxy
+from middlebox.shell.server import (
+    Address,
+    ProxyConfig,
+    ProxyServer,
+    ProxyStages,
+    relay_clock_offset,
+    run_proxy,
+)
 from middlebox.shell.state import HostClock, open_backend, scoped
 from middlebox.shell.tls import LocalCA
 from middlebox.shell.workers import WorkersControl, run_workers
@@ -50,6 +62,43 @@ class LibraryScenarios:
 
 LIBRARY_SCENARIOS = LibraryScenarios()
 load_text = LIBRARY_SCENARIOS.text
+
+
+def proxy_config(
+    upstream: Address,
+    scenario: Scenario,
+    *,
+    journal: JournalKeeper | None = None,
+    stages: ProxyStages | None = PROXY_STAGES,
+    max_connections: int | None = None,
+    tls: TlsOptions | None = None,
+    upstream_insecure: bool = False,
+    upstream_ca: str | None = None,
+    shared_state: Callable[[str], SharedState] | None = None,
+) -> ProxyConfig:
+    """A running proxy's config: `scenario` toward `upstream`, every connection journaled in
+    `journal` (an on-disk one is also told each connection's end and ticked, so it writes
+    as the proxy goes), with the proxy's own nginx stages unless `stages` is None (a bare
+    relay, as the recorder wants)."""
+    writer = journal if isinstance(journal, JournalWriter) else None
+    return ProxyConfig(
+        upstream,
+        scenario,
+        stages=stages,
+        observer_factory=(
+            (lambda cid, s: journal.observer(cid, time.time(), s.name, relay_clock_offset()))
+            if journal is not None
+            else None
+        ),
+        report_sink_factory=journal.fault_sink if journal is not None else None,
+        connection_ended=writer.connection_ended if writer is not None else None,
+        tick=writer.tick if writer is not None else None,
+        max_connections=max_connections,
+        tls=tls,
+        upstream_insecure=upstream_insecure,
+        upstream_ca=upstream_ca,
+        shared_state=shared_state,
+    )
 
 
 class SettingsError(ValueError):
@@ -80,7 +129,9 @@ class ProxySettings:
     control_token: str | None = None
     allow_scenario_header: bool = False
     scenario_dir: str | None = None
-    # TLS (issue 20, docs/tls-http2.md): --tls toward clients with the local CA in ca_dir;
+    # the live web console (middlebox.console, docs/ui.md), behind the control token
+    ui: str | None = None
+    # TLS (docs/tls-http2.md): --tls toward clients with the local CA in ca_dir;
     # an https:// upstream verified against the system store plus upstream_ca, or not at all.
     tls: bool = False
     ca_dir: str | None = None
@@ -91,12 +142,12 @@ class ProxySettings:
     # every proxy pointed at that Redis.
     state: str | None = None
 
-    def shared_state(self) -> dict[str, Any]:
-        """The ProxyServer keywords of --state (a store every serving path passes on)."""
+    def shared_state(self) -> Callable[[str], SharedState] | None:
+        """--state's store, or None to keep the state in the process."""
         if self.state is None:
-            return {}
+            return None
         try:
-            return {"shared_state": scoped(open_backend(self.state))}
+            return scoped(open_backend(self.state))
         except (ValueError, RuntimeError, OSError) as error:
             raise SettingsError(f"--state: {error}") from error
 
@@ -114,21 +165,35 @@ class ProxySettings:
         )
         return TlsOptions(hostnames=(*hosts, *extra), ca_dir=self.ca_dir)
 
-    def tls_server_options(self, listen: Address) -> dict[str, Any]:
-        """The ProxyServer keywords of the TLS settings (every serving path passes them)."""
-        return {
-            "tls": self.tls_options(listen),
-            "upstream_insecure": self.upstream_insecure,
-            "upstream_ca": self.upstream_ca,
-        }
+    def proxy_config(self, what: Loaded, journal: JournalKeeper | None = None) -> ProxyConfig:
+        """The options as the proxy's config (the one place they map to it), journaling in
+        `journal`; every way of serving (one process, control API, workers) takes it."""
+        return proxy_config(
+            what.upstream,
+            what.scenario,
+            journal=journal,
+            max_connections=self.max_connections,
+            tls=self.tls_options(what.listen),
+            upstream_insecure=self.upstream_insecure,
+            upstream_ca=self.upstream_ca,
+            shared_state=self.shared_state(),
+        )
 
     @property
     def redaction(self) -> Redaction:
         return DEFAULT_REDACTION.with_names(*self.redact_names)
 
     def check(self) -> None:
-        if self.control is None and (self.allow_scenario_header or self.control_token):
-            raise OptionConflict("--allow-scenario-header and --control-token need --control")
+        if self.control is None and self.allow_scenario_header:
+            raise OptionConflict("--allow-scenario-header needs --control")
+        if self.control is None and self.ui is None and self.control_token:
+            raise OptionConflict("--control-token needs --control or --ui")
+        if self.ui is not None and self.workers > 1:
+            # Each worker holds its own connections; the console shows one process's.
+            raise OptionConflict(
+                "--ui shows one proxy process's connections and cannot show --workers' "
+                "(each worker holds its own): drop --workers, or use --control's summed /metrics"
+            )
         if self.control is not None and self.workers > 1 and self.allow_scenario_header:
             # With workers the control API serves the summed /metrics only (shell/workers.py).
             raise OptionConflict("--allow-scenario-header needs one process; drop --workers")
@@ -142,6 +207,7 @@ class Loaded:
     listen: Address
     upstream: Address
     control: Address | None
+    ui: Address | None = None
 
 
 def loaded(settings: ProxySettings) -> Loaded:
@@ -156,8 +222,11 @@ def loaded(settings: ProxySettings) -> Loaded:
         control = Address.parse(settings.control) if settings.control else None
         if control is not None:
             check_control_access(control, settings.control_token)
+        ui = Address.parse(settings.ui) if settings.ui else None
+        if ui is not None:
+            check_ui_access(ui, settings.control_token)
         return Loaded(
-            scenario, Address.parse(settings.listen), Address.parse(settings.upstream), control
+            scenario, Address.parse(settings.listen), Address.parse(settings.upstream), control, ui
         )
     except (ScenarioError, ValueError) as error:
         raise SettingsError(str(error)) from None
@@ -180,43 +249,29 @@ def banner(what: Loaded, port: int, tls: TlsOptions | None = None) -> str:
     )
 
 
-def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
+def serve(
+    settings: ProxySettings,
+    say: Callable[[str], None],
+    drill: Callable[[], dict[str, Any] | None] | None = None,
+) -> str:
     """Serve until a signal; `say` gets each line to show (flushed by the caller). Returns
-    the closing summary."""
+    the closing summary. `drill`: the training drill's state the console shows
+    (`middlebox.run.drills.console_state`)."""
     what = loaded(settings)
-    if what.control is not None and settings.workers == 1:
-        return _serve_controlled(settings, what, what.control, say)
+    if (what.control is not None or what.ui is not None) and settings.workers == 1:
+        return _serve_controlled(settings, what, what.control, say, drill)
     journal = _journal_writer(settings)
-    server = ProxyServer(
-        what.upstream,
-        what.scenario,
-        max_connections=settings.max_connections,
-        stages=PROXY_STAGES,
-        observer_factory=(
-            (
-                lambda cid, _s: journal.observer(
-                    cid, time.time(), what.scenario.name, relay_clock_offset()
-                )
-            )
-            if journal is not None
-            else None
-        ),
-        report_sink_factory=journal.fault_sink if journal is not None else None,
-        connection_ended=journal.connection_ended if journal is not None else None,
-        tick=journal.tick if journal is not None else None,
-        **settings.tls_server_options(what.listen),
-        **settings.shared_state(),
-    )
+    config = settings.proxy_config(what, journal)
     if settings.workers > 1:
         control = _workers_control(what.control, settings.control_token)
 
         def workers_ready(port: int, pids: list[int]) -> None:
             if control is None:
-                say(banner(what, port, server.tls))
+                say(banner(what, port, config.tls))
             else:
                 host, control_port = control.listener.getsockname()[:2]
                 say(
-                    f"{banner(what, port, server.tls)}; control API on http://{host}:{control_port}"
+                    f"{banner(what, port, config.tls)}; control API on http://{host}:{control_port}"
                 )
             say(f"workers: {' '.join(map(str, pids))}")
 
@@ -226,34 +281,22 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
 
         result = run_workers(
             what.listen,
-            what.upstream,
-            what.scenario,
+            config,
             settings.workers,
             ready=workers_ready,
             grace=settings.grace,
             backlog=settings.backlog,
             finish=finish,
             control=control,
-            max_connections=server.max_connections,
-            observer_factory=server.observer_factory,
-            report_sink_factory=server.report_sink_factory,
-            connection_ended=server.connection_ended,
-            tick=server.tick,
-            shared_state=server.shared_state,
-            # the proxy's own stages (header timeout, unreachable upstream, fail closed)
-            # apply in every worker as in one process
-            stages=PROXY_STAGES,
-            **settings.tls_server_options(what.listen),
         )
         return f"stopped: {result.summary()}"
+    server = ProxyServer(config)
     try:
         trio.run(
             lambda: run_proxy(
                 what.listen,
-                what.upstream,
-                what.scenario,
-                ready=lambda port: say(banner(what, port, server.tls)),
-                server=server,
+                server,
+                ready=lambda port: say(banner(what, port, config.tls)),
                 grace=settings.grace,
                 backlog=settings.backlog,
             ),
@@ -268,6 +311,17 @@ def serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
         f"stopped: {server.connections_accepted} connections, "
         f"{server.connections_refused} refused, {server.reset_at_shutdown} reset at shutdown"
     )
+
+
+def ui_url(address: Address, port: int) -> str:
+    """The console's address to open (a wildcard bind is opened on loopback)."""
+    host = address.host
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/"
 
 
 def _journal_writer(settings: ProxySettings) -> JournalWriter | None:
@@ -299,15 +353,16 @@ def _workers_control(address: Address | None, token: str | None) -> WorkersContr
 
 
 def _serve_controlled(
-    settings: ProxySettings, what: Loaded, control: Address, say: Callable[[str], None]
+    settings: ProxySettings,
+    what: Loaded,
+    control: Address | None,
+    say: Callable[[str], None],
+    drill: Callable[[], dict[str, Any] | None] | None = None,
 ) -> str:
     proxy = ControlledProxy(
-        what.upstream,
-        what.scenario,
-        max_connections=settings.max_connections,
+        settings.proxy_config(what),
         scenario_dir=Path(settings.scenario_dir) if settings.scenario_dir else None,
         allow_scenario_header=settings.allow_scenario_header,
-        stages=PROXY_STAGES,
         loader=LIBRARY_SCENARIOS,
         # the control API's default store (latest 256 connections), with the redaction asked
         store=JournalStore(
@@ -316,26 +371,56 @@ def _serve_controlled(
             max_capture_bytes=256 * 1024,
             redaction=settings.redaction,
         ),
-        **settings.tls_server_options(what.listen),
-        **settings.shared_state(),
     )
 
     def ready(port: int, control_port: int) -> None:
-        say(f"{banner(what, port, proxy.tls)}; control API on http://{control.host}:{control_port}")
+        assert control is not None
+        say(
+            f"{banner(what, port, proxy.config.tls)}; control API on http://{control.host}:{control_port}"
+        )
+
+    def console_ready(port: int, ui_port: int, control_port: int | None) -> None:
+        assert what.ui is not None
+        line = f"{banner(what, port, proxy.config.tls)}; console on {ui_url(what.ui, ui_port)}"
+        if control is not None:
+            line += f"; control API on http://{control.host}:{control_port}"
+        say(line)
 
     try:
-        trio.run(
-            lambda: run_controlled_proxy(
+        ui = what.ui
+        if ui is not None:
+            console = Console(
                 proxy,
-                what.listen,
-                control,
-                token=settings.control_token,
-                ready=ready,
-                grace=settings.grace,
-                backlog=settings.backlog,
-            ),
-            **settings.clock(),
-        )
+                settings.control_token,
+                presets=tuple(sorted(PRESETS)),
+                drill=drill or (lambda: None),
+            )
+            trio.run(
+                lambda: run_console_proxy(
+                    console,
+                    what.listen,
+                    ui,
+                    control_address=control,
+                    ready=console_ready,
+                    grace=settings.grace,
+                    backlog=settings.backlog,
+                ),
+                **settings.clock(),
+            )
+        else:
+            assert control is not None
+            trio.run(
+                lambda: run_controlled_proxy(
+                    proxy,
+                    what.listen,
+                    control,
+                    token=settings.control_token,
+                    ready=ready,
+                    grace=settings.grace,
+                    backlog=settings.backlog,
+                ),
+                **settings.clock(),
+            )
     except KeyboardInterrupt:
         pass
     finally:

@@ -503,6 +503,20 @@ def header_changes(
     }
 
 
+def varying(
+    first: Mapping[str, Sequence[Sequence[str]]], again: Mapping[str, Sequence[Sequence[str]]]
+) -> list[list[str]]:
+    """The fields a hop added or changed whose value differs on a second request ([name,
+    first value, second value]; the second empty when it was not there): a transaction id
+    (Varnish's `X-Varnish`), a `Date` a second or more later, a cache's `Age`. Names compared
+    case-insensitively; a field the hop writes the same each time is not listed."""
+    later = {n.lower(): v for n, v in again.get("added", [])}
+    later |= {n.lower(): v for n, _sent, v in again.get("changed", [])}
+    written = [(n, v) for n, v in first.get("added", [])]
+    written += [(n, v) for n, _sent, v in first.get("changed", [])]
+    return [[n, v, later.get(n.lower(), "")] for n, v in written if later.get(n.lower()) != v]
+
+
 def planned_headers(plan: Plan) -> list[list[str]]:
     """The header fields of the probe's response head in `plan`."""
     lines = plan.writes[0].data.decode("latin-1").split("\r\n")[1:]
@@ -778,6 +792,9 @@ def summary(document: Mapping[str, Any]) -> list[str]:
         said += [f"~{n}: {a} -> {b}" for n, a, b in changes["changed"]]
         name = side.replace("_", " ").capitalize()
         lines.append(f"{name}: {'; '.join(said) if said else 'unchanged'}.")
+        if changes.get("varying"):
+            per = "; ".join(f"{n}: {a} then {b or '(absent)'}" for n, a, b in changes["varying"])
+            lines.append(f"{name} that changed on a second request: {per}.")
     for key, who in (("leave", "leaves"), ("leave_rst", "resets its connection")):
         gone = measures.get(key)
         if gone is None:

@@ -11,7 +11,9 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
   `buffers_size`), `honour_x_accel_buffering` as measured; a buffer under nginx's
   `postpone_output` would be doubled by it, so the fitted hop postpones nothing then;
 - a hold to the response's end: `proxy_buffering` with a buffer larger than the
-  answers the probe sent (the smallest power of two at least twice the largest);
+  answers the probe sent (the smallest power of two at least twice the largest); when
+  the client's answer came with a Content-Length from a chunked or close-delimited
+  upstream answer, `buffer_whole_response` (which re-frames it with its length);
 - a hold released by a timer: `coalescer` with that `window` (and a `size` no frame
   fills);
 - an HTTP/1.0 upstream leg: `http10_upstream` (which also re-chunks toward the client);
@@ -19,7 +21,9 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
   client saw it (`close` for a truncated stream, `finish` for a proper end without
   `[DONE]`, `reset` when the upstream saw a reset);
 - a client's leave the upstream learns late or never: `ignore_client_close`
-  (`until: write_fails`, with a `cork` for a late first write; `until: never`);
+  (`until: write_fails`, with no `cork` when it was learned within WRITES_AFTER writes
+  after the close, a failed write's, and with the delay as `cork` when later; `until:
+  never`);
 - compression asked for: `gzip_encoding` (`flush: sync` when every frame was decodable
   as written, `none` when held; `require_accept_encoding: false` when it compresses
   unasked);
@@ -31,13 +35,14 @@ equal). The mapping, measure to fault (docs/fingerprint.md has it as a table):
 - a duration cap: `max_duration` with that `limit` and end; a silence or a wait for the
   head cut at the cap's time is the cap's, not a read timeout's;
 - response headers added, changed or removed: `set_header` / `strip_header` on the
-  response; request headers the same way on the request, except `Host` (a hop rewrites it
-  to its upstream's address, which is not the scenario's) and the framing fields
-  (`Connection`, `Content-Length`, `Transfer-Encoding`, `Keep-Alive`), which follow the
-  framing.
+  response (with the first request's values; those that changed on a second request are a
+  line of what no fault expresses); request headers the same way on the request, except
+  `Host` (a hop rewrites it to its upstream's address, which is not the scenario's) and
+  the framing fields (`Connection`, `Content-Length`, `Transfer-Encoding`, `Keep-Alive`),
+  which follow the framing.
 
 What no fault expresses is a line that names the measurement showing it (`not_fitted`),
-never dropped: an irregular hold, a whole answer sent with `Content-Length`, a chunked body
+never dropped: an irregular hold, header values that change per request, a chunked body
 re-chunked without a hold or an HTTP/1.0 leg, a read timeout longer than the silence the
 budget allowed, heartbeats eaten, a coding other than gzip, a client's reset passed
 otherwise than its FIN, timeouts that differ before and after the head.
@@ -95,6 +100,13 @@ FRAMING_FIELDS = frozenset({"connection", "content-length", "transfer-encoding",
 # does not watch the client (nginx and Caddy learn within a few milliseconds).
 LEAVE_PROMPT = 0.05
 LEAVE_FRAMES = 2
+# A leave learned within this many writes after the client's close is a failed write's
+# (the first write after a FIN draws the client's RST, RFC 9293 §3.10.7.1, and the second
+# or third fails: Apache 2, Varnish 2-3 at 20 and 100 ms frames), fitted with no `cork`, so
+# it plays back at every frame period; a later one is a time (HAProxy's MSG_MORE cork:
+# 0.22 s, 11-12 frames at 20 ms), fitted as `cork`. One frame period cannot tell the two
+# apart within this many writes.
+WRITES_AFTER = 3
 # The fitted fields that are durations (a scenario writes them with a unit).
 DURATIONS = frozenset({"timeout", "window", "cork", "delay", "limit"})
 # How the client saw an end, as the `before_headers` (a status page, a reset) and `end`
@@ -132,6 +144,14 @@ def _pow2_at_least(value: float) -> int:
     return 1 << max(math.ceil(math.log2(max(value, 1.0))), 0)
 
 
+def reframed(framing: Mapping[str, Any]) -> bool:
+    """Whether a chunked or close-delimited answer reached the client with a length."""
+    return framing.get("client_framing") == "length" and framing.get("upstream_framing") in (
+        "chunked",
+        "close",
+    )
+
+
 def _fit_hold(held: Mapping[str, Any], framing: Mapping[str, Any] | None, out: Fitted) -> None:
     by = held["release"]
     accel = held.get("x_accel_buffering_honoured")
@@ -148,6 +168,15 @@ def _fit_hold(held: Mapping[str, Any], framing: Mapping[str, Any] | None, out: F
             config,
             f"hold: bursts of {size} ± {by['uncertainty']:.0f} B, released by a buffer size",
         )
+    elif by["by"] == "end" and framing is not None and reframed(framing):
+        # lighttpd's default: the whole answer, re-framed with its length (a chunked
+        # upstream leg, or a close-delimited one, reaches the client with Content-Length)
+        out.add(
+            "buffer_whole_response",
+            {"honour_x_accel_buffering": True} if accel else {},
+            f"hold: the whole answer (at least {by['at_least_bytes']} B) until its end, "
+            f"sent with Content-Length (the upstream's was {framing.get('upstream_framing')})",
+        )
     elif by["by"] == "end":
         size = _pow2_at_least(2 * by["at_least_bytes"])
         config = {"buffer_size": size, "buffers_size": size}
@@ -158,12 +187,6 @@ def _fit_hold(held: Mapping[str, Any], framing: Mapping[str, Any] | None, out: F
             config,
             f"hold: the whole answer (at least {by['at_least_bytes']} B) until its end",
         )
-        if framing is not None and framing.get("client_framing") == "length":
-            out.not_fitted.append(
-                "framing: the client's answer came with Content-Length after a hold to the "
-                "end; no fault re-frames a held answer with a length (proxy_buffering passes "
-                "the upstream's framing)"
-            )
     elif by["by"] == "timer":
         config = {"direction": "downstream", "window": round(by["seconds"], 3),
                   "size": TIMER_SIZE}  # fmt: skip
@@ -231,12 +254,26 @@ def _header_faults(
         if direction == "request":
             config["direction"] = "request"
         out.add("strip_header", config, f"{side}: removed {', '.join(removed)}")
-    if setting:
-        out.add(
-            "set_header",
-            {"direction": direction, "headers": setting},
-            f"{side}: added or changed {', '.join(setting)} (the values measured once: a "
-            "hop that writes them per request, a Date or an id, writes other values)",
+    if not setting:
+        return
+    varying = [row for row in changes.get("varying", []) if row[0] in setting]
+    if "varying" not in changes:
+        values = ("the values measured once: a hop that writes them per request, a Date or "
+                  "an id, writes other values")  # fmt: skip
+    elif varying:
+        values = f"the first request's values; {', '.join(r[0] for r in varying)} changed"
+    else:
+        values = "the same on two requests"
+    out.add(
+        "set_header",
+        {"direction": direction, "headers": setting},
+        f"{side}: added or changed {', '.join(setting)} ({values})",
+    )
+    if varying:
+        seen = "; ".join(f"{n}: {a} then {b or '(absent)'}" for n, a, b in varying)
+        out.not_fitted.append(
+            f"{side}: values that change per request ({seen}); set_header writes the first "
+            "on every one"
         )
 
 
@@ -359,17 +396,18 @@ def _fit_leave(gone: Mapping[str, Any], out: Fitted) -> None:
             f"{gone['at_least']:.1f} s",
         )
         return
-    late = gone["after"] > LEAVE_PROMPT
     if prompt_leave(gone):
         return
     config: dict[str, Any] = {"until": "write_fails"}
-    if late:
+    counted = gone["frames_after_close"] <= WRITES_AFTER
+    if gone["after"] > LEAVE_PROMPT and not counted:
         config["cork"] = round(gone["after"], 3)
+    how = "a failed write, counted in writes" if counted else "a time after the first write"
     out.add(
         "ignore_client_close",
         config,
         f"leave: learned {gone['after']:.3f} s after the client's close, "
-        f"{gone['frames_after_close']} frames written after",
+        f"{gone['frames_after_close']} frames written after ({how})",
     )
 
 
@@ -736,6 +774,11 @@ def expected(text: str) -> dict[str, Any]:
             if released < answers:
                 found["hold_bytes"] = released
             found["x_accel_buffering_honoured"] = bool(config.get("honour_x_accel_buffering", True))
+        elif fault == "buffer_whole_response":
+            found["hold_by"] = "end"
+            found["x_accel_buffering_honoured"] = bool(
+                config.get("honour_x_accel_buffering", False)
+            )
         elif fault == "coalescer" and config.get("direction", "downstream") != "upstream":
             found["hold_by"] = "timer"
             found["hold_seconds"] = _seconds(config.get("window", 0.04))
@@ -784,7 +827,8 @@ def expected(text: str) -> dict[str, Any]:
     found.setdefault("idle_timeout", NO_TIMEOUT)  # no read timeout: any silence passes
     if found["hold_by"] in ("nothing",):
         found.pop("x_accel_buffering_honoured", None)
-    if found["hold_by"] == "end" and not any(f == "proxy_buffering" for f, _ in entries):
+    holds = ("proxy_buffering", "buffer_whole_response")
+    if found["hold_by"] == "end" and not any(f in holds for f, _ in entries):
         found.pop("x_accel_buffering_honoured", None)
     return found
 

@@ -85,7 +85,7 @@ class ProxyOptions:
     client_body_timeout: Seconds | None = None
     # Connections beyond this many at once are accepted and closed at once, and counted.
     max_connections: int | None = None
-    # TLS toward the client (issue 20); null: cleartext, the relay's unchanged fast path.
+    # TLS toward the client (docs/tls-http2.md); null: cleartext, the relay's unchanged fast path.
     tls: TlsOptions | None = None
     # What an SSE-aware fault (cut, sse_ids, ...) lets the framing hold of one event-stream
     # line and of one event. nginx has no SSE notion and passes such bytes as they come;

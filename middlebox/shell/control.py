@@ -54,16 +54,23 @@ import h11
 import trio
 import yaml
 
-from middlebox.core.fault import Pipeline
+from middlebox.core.fault import FaultReport, Pipeline
 from middlebox.core.scenario_state import SharedState
 from middlebox.observe.journal import JournalStore
 from middlebox.observe.metrics import CONTENT_TYPE, Metrics
+from middlebox.observe.observer import RelayObserver
 from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.model import Scenario
 from middlebox.shell import fault_edits, scenario_parse
 from middlebox.shell.fault_edits import EditError
 from middlebox.shell.scenario_parse import Parsed
-from middlebox.shell.server import Address, ProxyServer, relay_clock_offset, run_proxy
+from middlebox.shell.server import (
+    Address,
+    LiveConnection,
+    ProxyServer,
+    relay_clock_offset,
+    run_proxy,
+)
 
 log = logging.getLogger("middlebox.shell.control")
 
@@ -187,15 +194,17 @@ class ControlledProxy(ProxyServer):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.observer_factory = self._observer
-        self.report_sink_factory = self._sink
+        # Its store and metrics see every connection, whatever journal the config names.
+        self.config = dataclasses.replace(
+            self.config, observer_factory=self._observer, report_sink_factory=self._sink
+        )
 
-    def _observer(self, connection_id: int, scenario: Scenario) -> Any:
+    def _observer(self, connection_id: int, scenario: Scenario) -> RelayObserver:
         return self.metrics.observe(
             self.store.observer(connection_id, time.time(), scenario.name, relay_clock_offset())
         )
 
-    def _sink(self, connection_id: int) -> Callable[..., None]:
+    def _sink(self, connection_id: int) -> Callable[[FaultReport], None]:
         return self.metrics.sink(connection_id, self.store.fault_sink(connection_id))
 
     def set_scenario(self, scenario: Scenario) -> None:
@@ -260,7 +269,12 @@ class ControlledProxy(ProxyServer):
             self.shared = saved
 
     async def _handle(
-        self, client: socket.socket, connection_id: int, scenario: Scenario, *rest: Any
+        self,
+        client: socket.socket,
+        connection_id: int,
+        scenario: Scenario,
+        live: LiveConnection,
+        helpers: trio.Nursery | None = None,
     ) -> None:
         if self.allow_scenario_header:
             head = await peek_head(client)
@@ -274,7 +288,7 @@ class ControlledProxy(ProxyServer):
                     await answer_and_close(client, 400, f"unknown scenario {name!r}\n")
                     return
                 self.metrics.scenario_header[name] = self.metrics.scenario_header.get(name, 0) + 1
-        await super()._handle(client, connection_id, scenario, *rest)
+        await super()._handle(client, connection_id, scenario, live, helpers)
 
 
 async def peek_head(sock: socket.socket) -> bytes:
@@ -703,7 +717,8 @@ async def run_controlled_proxy(
     *,
     token: str | None = None,
     ready: Callable[[int, int], None] | None = None,
-    **proxy_options: Any,
+    grace: float = 10.0,
+    backlog: int = 1024,
 ) -> ControlledProxy:
     """Serve the proxy and its control API until SIGINT/SIGTERM (`run_proxy`'s shutdown)."""
     check_control_access(control_address, token)
@@ -715,13 +730,6 @@ async def run_controlled_proxy(
             if ready is not None:
                 ready(port, control_port)
 
-        await run_proxy(
-            listen_address,
-            proxy.upstream,
-            proxy.scenario,
-            ready=proxy_ready,
-            server=proxy,
-            **proxy_options,
-        )
+        await run_proxy(listen_address, proxy, ready=proxy_ready, grace=grace, backlog=backlog)
         nursery.cancel_scope.cancel()
     return proxy

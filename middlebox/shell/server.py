@@ -6,7 +6,7 @@ scenario. One connection's error is logged and never stops the server.
 
 The shell holds no fault logic: the proxy's own nginx behaviour is pure stages on the
 virtual clock (faults/_proxy), which the composition root builds from the scenario's
-`proxy:` block and hands the server as `stages` (a `ProxyStages`):
+`proxy:` block and hands the server as its config's `stages` (a `ProxyStages`):
 - `client_header_timeout` (default 60 s, nginx's) closes a client whose first request head
   is late, unanswered (slowloris); it is counted in `header_timeouts` and journaled as the
   client side's `header_timeout` end;
@@ -26,7 +26,7 @@ Hardening of the shell itself (docs/reliability.md has every case and its result
 - `shutdown(grace)`: stop accepting, let live connections finish within the grace
   period, then reset the rest (SO_LINGER 0), like a drain before a deploy.
 
-TLS (issue 20, docs/tls-http2.md) is a path of its own in front of the relay, so cleartext
+TLS (docs/tls-http2.md) is a path of its own in front of the relay, so cleartext
 HTTP/1.1 keeps its exact path: with `tls` (the CLI's --tls, or the scenario's `proxy: {tls:}`)
 an accepted connection is handed to `handle_tls`, which completes the handshake and either
 splices the decrypted HTTP/1.1 bytes to a loopback socket that `handle` relays like any
@@ -244,11 +244,14 @@ class LiveConnection:
         self.scope.cancel()
 
 
-@dataclass
-class ProxyServer(ServerCounters):
-    """Accepts clients on `listen_address` and relays each through the scenario to `upstream`."""
+@dataclass(frozen=True)
+class ProxyConfig:
+    """What a running proxy is built from, as opposed to what it counts and holds while it
+    runs: built once by the caller's composition (`middlebox.run.serve.proxy_config`) and
+    handed to `ProxyServer(config)`, or to every `--workers` process alike."""
 
     upstream: Address
+    # The scenario new connections start with (the control API may swap the server's).
     scenario: Scenario
     build_faults: Callable[[Scenario], list[Fault]] = Scenario.build_faults
     # The proxy's own nginx behaviour (compose.PROXY_STAGES); None: a bare relay.
@@ -267,10 +270,22 @@ class ProxyServer(ServerCounters):
     # adds a CA file to the system's trust store.
     upstream_insecure: bool = False
     upstream_ca: str | None = None
-    shared: list[SharedState] = field(default_factory=list)
     # Where cross-connection fault state lives (scope -> store; middlebox.shell.state):
     # None keeps it in this process, as dicts.
     shared_state: Callable[[str], SharedState] | None = None
+
+
+@dataclass
+class ProxyServer(ServerCounters):
+    """Accepts clients on a listener and relays each through the scenario to the upstream.
+
+    `config` is all it is given; every other field is what it counts (`ServerCounters`,
+    outside its constructor) and holds as it runs."""
+
+    config: ProxyConfig
+    # The scenario for new connections: the config's, until `set_scenario` swaps it.
+    scenario: Scenario = field(init=False)
+    shared: list[SharedState] = field(default_factory=list)
     live: set[LiveConnection] = field(default_factory=set, init=False, repr=False)
     _observers: dict[int, RelayObserver] = field(default_factory=dict, init=False, repr=False)
     _stage_shared: dict[str, SharedState] = field(default_factory=dict, init=False, repr=False)
@@ -289,7 +304,45 @@ class ProxyServer(ServerCounters):
     _layout: PipelineLayout | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.set_scenario(self.scenario)
+        self.set_scenario(self.config.scenario)
+
+    # The config's parts that the connection code (dial, pipeline, journal) reads as the
+    # server's own.
+    @property
+    def upstream(self) -> Address:
+        return self.config.upstream
+
+    @property
+    def build_faults(self) -> Callable[[Scenario], list[Fault]]:
+        return self.config.build_faults
+
+    @property
+    def stages(self) -> ProxyStages | None:
+        return self.config.stages
+
+    @property
+    def observer_factory(self) -> ObserverFactory | None:
+        return self.config.observer_factory
+
+    @property
+    def report_sink_factory(self) -> ReportSinkFactory | None:
+        return self.config.report_sink_factory
+
+    @property
+    def connection_ended(self) -> Callable[[int], None] | None:
+        return self.config.connection_ended
+
+    @property
+    def upstream_insecure(self) -> bool:
+        return self.config.upstream_insecure
+
+    @property
+    def upstream_ca(self) -> str | None:
+        return self.config.upstream_ca
+
+    @property
+    def shared_state(self) -> Callable[[str], SharedState] | None:
+        return self.config.shared_state
 
     def set_scenario(self, scenario: Scenario) -> None:
         """Swap the scenario for new connections; live ones keep the pipeline they have."""
@@ -301,21 +354,25 @@ class ProxyServer(ServerCounters):
 
         A store names a position by scenario, index, fault and options, so proxies running
         one scenario share it and an edited fault starts afresh."""
-        if self.shared_state is None:
+        store = self.config.shared_state
+        if store is None:
             return [{} for _ in scenario.path]
         return [
-            self.shared_state(state_scope(scenario.name, index, spec.name, spec.config))
+            store(state_scope(scenario.name, index, spec.name, spec.config))
             for index, spec in enumerate(scenario.path)
             if only is None or index == only
         ]
 
     def connection_limit(self) -> int | None:
-        if self.max_connections is not None:
-            return self.max_connections
+        if self.config.max_connections is not None:
+            return self.config.max_connections
         return self.scenario.proxy.max_connections
 
     async def serve(
-        self, listener: socket.socket, *, task_status: Any = trio.TASK_STATUS_IGNORED
+        self,
+        listener: socket.socket,
+        *,
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Accept until `stop_accepting()`, then return once every connection has ended."""
         async with trio.open_nursery() as nursery:
@@ -346,7 +403,7 @@ class ProxyServer(ServerCounters):
                         continue
                     self.connections_accepted += 1
                     self.active += 1  # counted here, so a flood cannot outrun the limit
-                    tls = self.tls or self.scenario.proxy.tls
+                    tls = self.config.tls or self.scenario.proxy.tls
                     if tls is None:
                         nursery.start_soon(self.handle, client, self.connections_accepted)
                     else:
@@ -700,11 +757,9 @@ async def _ticking(tick: Callable[[], None]) -> None:
 
 async def run_proxy(
     listen_address: Address,
-    upstream: Address,
-    scenario: Scenario,
+    server: ProxyServer,
     *,
     ready: Callable[[int], None] | None = None,
-    server: ProxyServer | None = None,
     grace: float = 10.0,
     backlog: int = 1024,
     listener: socket.socket | None = None,
@@ -715,14 +770,13 @@ async def run_proxy(
     finish before they are reset; a second signal resets them at once. `ready(port)` is
     called once listening. The caller writes journals and reports from the server.
     `listener` serves an already listening socket instead (a `--workers` process's)."""
-    server = server or ProxyServer(upstream, scenario)
     listener = listener or listen(listen_address, backlog)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 port = await nursery.start(server.serve, listener)
-                if server.tick is not None:
-                    nursery.start_soon(_ticking, server.tick)
+                if server.config.tick is not None:
+                    nursery.start_soon(_ticking, server.config.tick)
                 if ready is not None:
                     ready(port)
                 async for signum in signals:

@@ -51,17 +51,15 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
 
 import trio
 
 from middlebox.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from middlebox.observe.metrics import Metrics, sum_expositions
-from middlebox.scenario.model import Scenario
 from middlebox.shell.lifetime import die_with_parent
-from middlebox.shell.server import Address, ProxyServer, run_proxy
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, run_proxy
 from middlebox.shell.state import HostClock, MemoryBackend, scoped
 
 log = logging.getLogger("middlebox.shell.workers")
@@ -93,6 +91,40 @@ class WorkerServer(ProxyServer):
 
     def global_id(self, local_id: int) -> int:
         return (local_id - 1) * self.worker_count + self.worker_index + 1
+
+
+def worker_server(
+    config: ProxyConfig,
+    index: int,
+    count: int,
+    board: MetricsBoard | None = None,
+    publish: Callable[[ProxyServer], None] | None = None,
+) -> WorkerServer:
+    """Worker `index` of `count`, serving `config`. With a `board` (--control) it also counts
+    its bytes and fault reports and writes its exposition there on every tick (run_proxy
+    ticks every TICK_INTERVAL; the caller ticks once more when it has set the counters)."""
+    if board is None:
+        return WorkerServer(config, worker_index=index, worker_count=count, publish=publish)
+    metrics = Metrics()
+    observer, sink, tick = config.observer_factory, config.report_sink_factory, config.tick
+
+    def ticked() -> None:
+        if tick is not None:
+            tick()
+        board.publish(index, metrics.render(server, None))
+
+    counted = replace(
+        config,
+        observer_factory=lambda cid, scenario: metrics.observe(
+            observer(cid, scenario) if observer is not None else None
+        ),
+        report_sink_factory=lambda cid: metrics.sink(cid, sink(cid) if sink is not None else None),
+        tick=ticked,
+    )
+    server = WorkerServer(  # named: its tick renders its counters
+        counted, worker_index=index, worker_count=count, publish=publish, metrics=metrics
+    )
+    return server
 
 
 @dataclass(frozen=True)
@@ -253,7 +285,7 @@ class _Supervisor:
         self,
         address: Address,
         listeners: list[socket.socket],
-        make_server: Callable[[int], ProxyServer],
+        config: ProxyConfig,
         grace: float,
         finish: Callable[[int, ProxyServer], None] | None,
         control: WorkersControl | None = None,
@@ -261,7 +293,7 @@ class _Supervisor:
         self.control = control
         self.address = address
         self.listeners = listeners
-        self.make_server = make_server
+        self.config = config
         self.grace = grace
         self.finish = finish
         self.stats = mmap.mmap(-1, _STATS.size * len(listeners))
@@ -286,32 +318,29 @@ class _Supervisor:
                         sock.close()
                 if self.control is not None:
                     self.control.listener.close()  # the supervisor's, not a worker's
-                server = self.make_server(index)
+                board = self.control.board if self.control is not None else None
                 publish = self._publisher(index)
+                server = worker_server(self.config, index, len(self.listeners), board, publish)
                 # A replacement continues its predecessor's counters and connection ids.
                 accepted, failed, refused, _ = _STATS.unpack_from(self.stats, index * _STATS.size)
                 server.connections_accepted = accepted
                 server.connections_failed = failed
                 server.connections_refused = refused
-                if isinstance(server, WorkerServer):
-                    server.publish = publish
-                    if self.control is not None and self.control.board is not None:
-                        self._publish_metrics(server, index, self.control.board)
+                if board is not None and server.config.tick is not None:
+                    server.config.tick()  # a worker just (re)started shows at once
                 trio.run(
                     partial(
                         run_proxy,
                         self.address,
-                        server.upstream,
-                        server.scenario,
-                        server=server,
+                        server,
                         grace=self.grace,
                         listener=self.listeners[index],
                     ),
                     clock=HostClock(),  # times in the shared state agree across workers
                 )
                 publish(server)
-                if server.tick is not None:
-                    server.tick()  # the final counters (and journal flush) after draining
+                if server.config.tick is not None:
+                    server.config.tick()  # the final counters (and journal flush) after draining
                 if self.finish is not None:
                     self.finish(index, server)
             except BaseException:
@@ -322,32 +351,9 @@ class _Supervisor:
         self.pids[pid] = index
         self.last_pid[index] = pid
 
-    @staticmethod
-    def _publish_metrics(server: WorkerServer, index: int, board: MetricsBoard) -> None:
-        """Count this worker's bytes and fault reports, and write its exposition to the
-        board on every tick (run_proxy ticks every TICK_INTERVAL)."""
-        metrics = server.metrics = Metrics()
-        observer, sink, tick = (
-            server.observer_factory, server.report_sink_factory, server.tick,
-        )  # fmt: skip
-        server.observer_factory = lambda cid, scenario: metrics.observe(
-            observer(cid, scenario) if observer is not None else None
-        )
-        server.report_sink_factory = lambda cid: metrics.sink(
-            cid, sink(cid) if sink is not None else None
-        )
-
-        def ticked() -> None:
-            if tick is not None:
-                tick()
-            board.publish(index, metrics.render(server, None))
-
-        server.tick = ticked
-        ticked()  # a worker that was just (re)started shows at once
-
     def _publisher(self, index: int) -> Callable[[ProxyServer], None]:
         def publish(server: ProxyServer) -> None:
-            refused = getattr(server, "connections_refused", 0)
+            refused = server.connections_refused
             _STATS.pack_into(
                 self.stats,
                 index * _STATS.size,
@@ -417,8 +423,7 @@ class _Supervisor:
 
 def run_workers(
     listen_address: Address,
-    upstream: Address,
-    scenario: Scenario,
+    config: ProxyConfig,
     workers: int,
     *,
     ready: Callable[[int, list[int]], None] | None = None,
@@ -426,40 +431,30 @@ def run_workers(
     backlog: int = 1024,
     finish: Callable[[int, ProxyServer], None] | None = None,
     control: WorkersControl | None = None,
-    **server_options: Any,
 ) -> WorkersResult:
-    """Fork `workers` proxy processes on one port and supervise them until SIGTERM/SIGINT.
+    """Fork `workers` proxy processes on one port, each serving `config`, and supervise them
+    until SIGTERM/SIGINT.
 
     `ready(port, pids)` is called once every worker is forked (the listeners already
-    queue connections). `server_options` go to each worker's `ProxyServer`
-    (observer_factory, max_connections ...); `finish(index, server)` runs in each worker
-    after it drained, to write what it recorded (a journal per worker). Must be called
-    from the main thread of a process without a running event loop (it forks)."""
+    queue connections). `finish(index, server)` runs in each worker after it drained, to
+    write what it recorded (a journal per worker). Must be called from the main thread of
+    a process without a running event loop (it forks)."""
     if workers < 1:
         raise ValueError("workers must be at least 1")
 
     # One scenario state for all workers ("first: 3" is three in all): memory shared by
-    # the forks unless the caller brings a store (a Redis shared by several proxies).
+    # the forks unless the config brings a store (a Redis shared by several proxies).
     memory = None
-    if server_options.get("shared_state") is None:
+    if config.shared_state is None:
         memory = MemoryBackend()
-        server_options["shared_state"] = scoped(memory)
-
-    def make_server(index: int) -> ProxyServer:
-        return WorkerServer(
-            upstream,
-            scenario,
-            worker_index=index,
-            worker_count=workers,
-            **server_options,
-        )
+        config = replace(config, shared_state=scoped(memory))
 
     listeners = reuseport_listeners(listen_address, workers, backlog)
     waited = _STOP_SIGNALS | {signal.SIGCHLD}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     if control is not None and control.board is None:
         control.board = MetricsBoard(workers)
-    supervisor = _Supervisor(listen_address, listeners, make_server, grace, finish, control)
+    supervisor = _Supervisor(listen_address, listeners, config, grace, finish, control)
     try:
         for index in range(workers):
             supervisor.spawn(index)

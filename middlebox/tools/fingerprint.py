@@ -22,7 +22,8 @@ middlebox/scenario/fingerprint.py:
   time to the next): the head held back (a timeout before the head, and how it ends), a
   steady stream (a duration cap), and two frames then a silence (the read timeout after
   the head); the record says when a hop closed the upstream connection ("at least" the
-  wait otherwise).
+  wait otherwise). A playback (`--verify`) takes the long waits the path took, each as
+  long as the path's (or long enough to see its cut), and no other.
 
 `--direct URL` runs the same measures against the probe without the path, as a baseline.
 Every wait is bounded by the budget; a measure that does not fit is named as not measured.
@@ -424,6 +425,16 @@ def measure(
             headers=(("Last-Event-ID", LAST_EVENT_ID),),
         )  # fmt: skip
         found["sse_fields"] = measures.sse_fields(plan, record, sse.response, LAST_EVENT_ID)
+    if session.fits("the heads again", CHECK):
+        # seconds after the first: a per-request id, and a Date, differ by now
+        again, record, plan = session.send(CHECK, "the heads again (values per request)")
+        for side, changes in (
+            ("request_headers", measures.header_changes(
+                again.sent_headers, record["request"]["headers"])),
+            ("response_headers", measures.header_changes(
+                measures.planned_headers(plan), [list(f) for f in again.response.headers])),
+        ):  # fmt: skip
+            found[side]["varying"] = measures.varying(found[side], changes)
     for reset, key in ((False, "leave"), (True, "leave_rst")):
         if session.left() >= LEAVE_WAIT + 3.0:
             found[key] = _leave(session, reset=reset)
@@ -439,8 +450,10 @@ def measure(
     )  # fmt: skip
     for key, share, shape_of, read, what in long_measures:
         if like is not None and key not in like:
-            continue
+            continue  # a playback takes the long waits the path took, as long as it took them
         length = min((session.left() - share * IDLE_SLACK) / share, probe_shape.MAX_WAIT)
+        if like is not None:
+            length = playback_wait(like[key])
         if length < IDLE_MIN:
             session.not_measured.append(f"{what} (the budget ran out)")
             continue
@@ -451,7 +464,11 @@ def measure(
         found[key] = read(record, done.response, done.ended, done.ended_at, waited)
     # the silence takes what the budget has left: a longer timeout is "at least" that
     pause = min(session.left() - IDLE_SLACK, probe_shape.MAX_WAIT)
-    if pause >= IDLE_MIN:
+    if like is not None:  # the path's silence, as long; none when it took none
+        pause = playback_wait(like["idle"]) if "idle" in like else 0.0
+    if like is not None and "idle" not in like:
+        pass
+    elif pause >= IDLE_MIN:
         shape = measures.idle_shape(round(pause, 1))
         silent, record, _ = session.send(shape, f"the read timeout (a {pause:.0f} s silence)")
         found["idle"] = measures.idle(record, silent.response, shape.pause)
@@ -469,6 +486,17 @@ def canary(target: Target, budget: float, progress: Callable[[str], None], run: 
     held = _hold(session, CANARY_HOLD, "hold, 256-byte frames")[0] or UNDECODED
     left = _leave(session, reset=False) if session.left() >= LEAVE_WAIT + 1.0 else None
     return {"hold": held, "leave": left}
+
+
+def playback_wait(found: Mapping[str, Any]) -> float:
+    """How long a playback waits for a long measure the path took: as long as the path's
+    wait when nothing cut it (so both say "at least" the same), else long enough to see
+    the same cut (its time, a quarter more and half a second), whatever its budget left:
+    a playback that cannot take what the path took compares nothing."""
+    if not found.get("cut"):
+        return min(float(found["at_least"]), probe_shape.MAX_WAIT)
+    at = float(found.get("timeout", found.get("limit", 0.0)))
+    return min(at * 1.25 + 0.5, probe_shape.MAX_WAIT)
 
 
 def fingerprint(

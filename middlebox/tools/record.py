@@ -27,7 +27,6 @@ import bisect
 import itertools
 import json
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,8 +41,9 @@ from middlebox.observe.journal import (
     JournalStore,
     Redaction,
 )
+from middlebox.run.serve import proxy_config
 from middlebox.scenario.model import Scenario
-from middlebox.shell.server import Address, ProxyServer, listen, relay_clock_offset
+from middlebox.shell.server import Address, ProxyServer, listen
 
 log = logging.getLogger("middlebox.tools.record")
 
@@ -194,14 +194,9 @@ async def record(
         capture=True, max_connections=10_000, redaction=redaction or DEFAULT_REDACTION
     )
     recorder = Recorder(store, out)
-    server = ProxyServer(
-        upstream,
-        Scenario(name="record", description="pass-through recording"),
-        observer_factory=lambda cid, s: store.observer(
-            cid, time.time(), s.name, relay_clock_offset()
-        ),
-        report_sink_factory=store.fault_sink,
-    )
+    scenario = Scenario(name="record", description="pass-through recording")
+    # A bare relay: what the upstream sends is what the cassette keeps.
+    server = ProxyServer(proxy_config(upstream, scenario, journal=store, stages=None))
     listener = listen(listen_address)
     try:
         async with trio.open_nursery() as nursery:

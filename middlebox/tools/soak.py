@@ -33,7 +33,6 @@ import statistics
 import struct
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -44,9 +43,10 @@ import trio
 from middlebox.compose import registry, scenario_sections
 from middlebox.observe.journal import JournalStore
 from middlebox.run.processes import start_emulator, stop_upstream
+from middlebox.run.serve import proxy_config
 from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import Scenario
-from middlebox.shell.server import Address, ProxyServer, listen, relay_clock_offset
+from middlebox.shell.server import Address, ProxyServer, listen
 from middlebox.tools.long_stream import long_stream, read_head
 
 MODEL = "middlebox/tools/soak-7b"
@@ -348,13 +348,18 @@ async def soak(
                 ports: dict[str, int] = {}
                 listeners = []
                 for name, scenario in mix().items():
-                    server = ProxyServer(trickle_at if name == LONG else upstream, scenario)
-                    if name in JOURNALLED:
-                        journal = JournalStore(capture=True, max_connections=100)
-                        server.observer_factory = lambda cid, _s, j=journal, n=name: j.observer(
-                            cid, time.time(), n, relay_clock_offset()
-                        )
-                        server.report_sink_factory = journal.fault_sink
+                    journal = (
+                        JournalStore(capture=True, max_connections=100)
+                        if name in JOURNALLED
+                        else None
+                    )
+                    config = proxy_config(
+                        trickle_at if name == LONG else upstream,
+                        scenario,
+                        journal=journal,
+                        stages=None,  # a bare relay: the soak watches the shell's own fds and tasks
+                    )
+                    server = ProxyServer(config)
                     listener = listen(Address("127.0.0.1", 0))
                     listeners.append(listener)
                     ports[name] = await nursery.start(server.serve, listener)

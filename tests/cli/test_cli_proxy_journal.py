@@ -1,4 +1,4 @@
-"""`middlebox proxy --journal-max-bytes` and `--redact-name` (issue 14): the on-disk journal's
+"""`middlebox proxy --journal-max-bytes` and `--redact-name`: the on-disk journal's
 cap and the extra secret names reach `ProxySettings` as the serve function reads them."""
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[ProxySettings]:
     """The settings each `middlebox proxy` run would serve (nothing is served)."""
     seen: list[ProxySettings] = []
 
-    def fake_serve(settings: ProxySettings, say: Callable[[str], None]) -> str:
+    def fake_serve(
+        settings: ProxySettings, say: Callable[[str], None], drill: object = None
+    ) -> str:
         seen.append(settings)
         return "stopped"
 

@@ -1,4 +1,4 @@
-"""Issue 20's acceptance: headless Chromium with 8 concurrent streams through the TLS proxy.
+"""Headless Chromium with 8 concurrent streams through the TLS proxy.
 
 Over HTTP/1.1 Chromium opens at most six connections per origin, so two of the eight
 answers wait for earlier ones to end and the scorer's perceived TTFT shows it; over HTTP/2
@@ -19,7 +19,7 @@ from tests.harness import needs
 
 SCENARIO = """name: eight-tabs-{name}
 description: Eight browser tabs stream answers from one origin at once through the TLS proxy,
-  to see whether any of them waits for another (issue 20's acceptance test).
+  to see whether any of them waits for another.
 seed: 80
 upstream: {{itl: 10ms, prefill_overhead: 30ms}}
 workload: {{requests: 8, concurrency: 8, max_tokens: 80, timeout: 60s, clients: [browser-tls]}}

@@ -1,4 +1,4 @@
-"""The shared conformance vectors through the framers (issue 14).
+"""The shared conformance vectors through the framers.
 
 Every HTTP vector (llhttp, http-parser, h11, smuggling) at every two-way split: the
 pieces give the input back byte for byte and coalesce to the same list, with the same
@@ -31,8 +31,8 @@ DEVIATION_REASONS = {
     "control byte in field line": "strict as llhttp: h11 accepts \\x01 in a value",
 }
 
-# A strict parser refuses these and the framer frames them, as nginx 1.22 does (issue 14's
-# triage; docs/conformance.md), each with nginx's reason (ngx_http_parse.c).
+# A strict parser refuses these and the framer frames them, as nginx 1.22 does
+# (docs/conformance.md), each with nginx's reason (ngx_http_parse.c).
 _LF_LINE_ENDS = (
     "a bare LF ends a line: RFC 9112 §2.2 lets a recipient accept it, and nginx does "
     "(ngx_http_parse_status_line / ngx_http_parse_header_line: `case LF: goto done`)"
@@ -83,7 +83,7 @@ INCOMPLETE_HEADS = {
     "nodejs/llhttp@01e105a30fd0:test/response/invalid.md:215",  # the same in a response
 }
 
-# Refused by a strict parser and framed anyway, with no decision yet: none (issue 14).
+# Refused by a strict parser and framed anyway, with no decision yet: none.
 UNTRIAGED: set[str] = set()
 
 

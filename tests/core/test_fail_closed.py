@@ -1,4 +1,4 @@
-"""Fail closed (issue 14): a request the framer refuses never reaches a fault or the
+"""Fail closed: a request the framer refuses never reaches a fault or the
 upstream when an HTTP-aware fault is in the path; the client gets nginx's answer and a
 close. Driven through a real `Pipeline` as the server composes it (compose.PROXY_STAGES)."""
 

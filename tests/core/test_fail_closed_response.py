@@ -1,4 +1,4 @@
-"""Fail closed on responses (issue 14): an upstream response the framer refuses never reaches
+"""Fail closed on responses: an upstream response the framer refuses never reaches
 a fault or the client as raw bytes when an HTTP-aware fault is in the path. Before its head
 reached the client: nginx's 502 ("upstream sent invalid header"); after it: a close of both
 sides ("upstream sent invalid chunked response"); a start line that is not HTTP/1.x: relayed

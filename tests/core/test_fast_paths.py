@@ -1,5 +1,5 @@
-"""Issue 16's cheaper faulted path keeps every observable the same: pieces made the fast
-way equal pieces made the ordinary way, and a head rewriter that nobody reads past
+"""The cheaper faulted path (docs/performance.md) keeps every observable the same: pieces
+made the fast way equal pieces made the ordinary way, and a head rewriter that nobody reads past
 counts its shifted pieces instead of making them, with the same bytes and reports."""
 
 from __future__ import annotations

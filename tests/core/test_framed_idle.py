@@ -1,4 +1,4 @@
-"""`PathFraming.between_messages` (issue 14): the pure query graceful shutdown asks, so an
+"""`PathFraming.between_messages`: the pure query graceful shutdown asks, so an
 idle kept-alive connection is closed at once (nginx's `ngx_close_idle_connections`) while
 a request in flight, a response still streaming or a pipelined next head is let finish."""
 

@@ -246,7 +246,7 @@ def test_a_2xx_answer_to_connect_starts_a_tunnel_but_a_407_does_not() -> None:
 
 def test_a_connect_request_is_refused_405_and_what_follows_is_framed_not_tunnelled() -> None:
     # A reverse proxy opens no tunnel before a 2xx (nginx answers CONNECT 405): bytes
-    # after the head are, as far as the proxy knows, the next request (issue 14).
+    # after the head are, as far as the proxy knows, the next request.
     chat = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
     pieces, framer = frame("request", [b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n" + chat])
     assert kinds(pieces) == [H, H] and not framer.tunnel

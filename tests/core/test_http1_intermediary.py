@@ -1,4 +1,4 @@
-"""RFC 9112 §6-7 as an intermediary must apply them, with nginx 1.22's answers (issue 14).
+"""RFC 9112 §6-7 as an intermediary must apply them, with nginx 1.22's answers.
 
 Each case is one that let a request past the faults (or waited forever) before: the
 framer refuses it (`Http1Framer.refusal`, with nginx's status) at any split, and the

@@ -40,6 +40,9 @@ def test_the_fingerprint_finds_the_buffer_and_the_header_changes(tmp_path: Path)
     assert measures["hold"]["x_accel_buffering_honoured"] is True
     assert measures["request_headers"]["added"] == [["X-Team", "blue"]]
     assert measures["response_headers"]["added"] == [["X-Served-By", "edge-1"]]
+    # set_header writes the same value on every request: asked again, nothing varies
+    assert measures["request_headers"]["varying"] == []
+    assert measures["response_headers"]["varying"] == []
     assert measures["framing"]["rechunked"] is False
     assert measures["leave"]["learned"] is True
     assert found["summary"][1].startswith("It holds ~4.0 KiB")
@@ -59,7 +62,7 @@ def test_a_bare_path_shows_no_hold_no_header_change_and_no_timeout(tmp_path: Pat
     assert measures["hold"]["release"] == {"held": False, "by": "nothing"}, said
     assert "x_accel_buffering_honoured" not in measures["hold"]
     for headers in (measures["request_headers"], measures["response_headers"]):
-        assert headers == {"added": [], "removed": [], "changed": []}, said
+        assert headers == {"added": [], "removed": [], "changed": [], "varying": []}, said
     assert measures["framing"]["rechunked"] is False
     assert measures["idle"]["cut"] is False and measures["idle"]["at_least"] >= 2.0, said
     assert measures["idle"]["client_saw"] == "complete"

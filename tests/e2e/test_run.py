@@ -129,7 +129,7 @@ def test_a_failing_expect_exits_non_zero_and_junit_names_the_check(tmp_path: Pat
         for case in junit.iter("testcase")
         for failure in case.iter("failure")
     ]
-    # The message says what failed, why, and what to do (issue 17's symptom-first views).
+    # The message says what failed, why, and what to do (the symptom-first views).
     assert [name for name, _ in failures] == ["raw: client.silent_truncations equals 0"]
     message = failures[0][1] or ""
     assert message.startswith("client.silent_truncations equals 0: got 1; why: ")
@@ -192,7 +192,7 @@ def test_a_browser_eventsource_resumes_across_the_handoff_by_itself(tmp_path: Pa
         "truncation_detected"
     ]
     refused = scores[("healthy-baseline", "browser-eventsource")]
-    # nothing shown plus an error is error_reported, whether or not generation began (issue 13)
+    # nothing shown plus an error is error_reported, whether or not generation began
     assert refused.verdicts()["requests"] == ["error_reported"] * 2
     assert all("no X-Stream-Id" in (request.error or "") for request in refused.requests)
 

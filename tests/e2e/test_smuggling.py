@@ -1,4 +1,4 @@
-"""Smuggling and bypasses through the real proxy to the real emulator (issue 14): each
+"""Smuggling and bypasses through the real proxy to the real emulator: each
 gets nginx's answer and the emulator's ledger shows nothing generated."""
 
 from __future__ import annotations

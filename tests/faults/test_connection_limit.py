@@ -90,7 +90,7 @@ def test_a_bad_config_is_refused(config: dict[str, float]) -> None:
 
 
 def test_bytes_that_are_no_http_request_take_a_slot_and_wait_like_any_request() -> None:
-    """No bypass (issue 14's rule): the cap counts bytes, not parsed requests, so garbage or
+    """No bypass: the cap counts bytes, not parsed requests, so garbage or
     a malformed request line over the limit is held as a browser's request would be."""
     shared: dict[str, Any] = {}
     first = opened(shared, 1, limit=1)

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from trio.testing import MockClock
 
 from faults.cut import Cut
 from faults.idle_reaper import IdleReaper
@@ -92,7 +93,7 @@ def caused_by(error: BaseException, code: int) -> bool:
     return False
 
 
-async def test_rst_reaches_the_client_as_a_connection_reset() -> None:
+async def test_rst_reaches_the_client_as_a_connection_reset(autojump_clock: MockClock) -> None:
     received: list[str] = []
     with trio.fail_after(10):
         async with proxied(Upstream(), scenario(Cut, after="events", count=2)) as running:
@@ -102,7 +103,9 @@ async def test_rst_reaches_the_client_as_a_connection_reset() -> None:
     assert len(received) <= 2 and "[DONE]" not in received
 
 
-async def test_fin_without_done_looks_like_a_normal_end_to_the_client() -> None:
+async def test_fin_without_done_looks_like_a_normal_end_to_the_client(
+    autojump_clock: MockClock,
+) -> None:
     received: list[str] = []
     with trio.fail_after(10):
         async with proxied(Upstream(), scenario(Cut, count=2, end="fin")) as running:
@@ -112,7 +115,9 @@ async def test_fin_without_done_looks_like_a_normal_end_to_the_client() -> None:
     assert received == [e[6:-2].decode() for e in EVENTS[:2]]
 
 
-async def test_a_truncated_chunked_body_is_a_protocol_error_for_the_client() -> None:
+async def test_a_truncated_chunked_body_is_a_protocol_error_for_the_client(
+    autojump_clock: MockClock,
+) -> None:
     received: list[str] = []
     with trio.fail_after(10):
         scene = scenario(Cut, count=3, end="truncated_chunked")
@@ -122,9 +127,9 @@ async def test_a_truncated_chunked_body_is_a_protocol_error_for_the_client() -> 
     assert received == [e[6:-2].decode() for e in EVENTS[:3]]
 
 
-async def test_a_hang_leaves_the_client_waiting_until_its_own_timeout_then_its_close_passes() -> (
-    None
-):
+async def test_a_hang_leaves_the_client_waiting_until_its_own_timeout_then_its_close_passes(
+    autojump_clock: MockClock,
+) -> None:
     received: list[str] = []
     upstream = Upstream()
     with trio.fail_after(10):
@@ -138,7 +143,7 @@ async def test_a_hang_leaves_the_client_waiting_until_its_own_timeout_then_its_c
 
 @pytest.mark.parametrize(("before_headers", "status"), [("504", 504), ("502", 502)])
 async def test_an_idle_reaper_before_headers_answers_with_nginx_error_page(
-    before_headers: str, status: int
+    before_headers: str, status: int, autojump_clock: MockClock
 ) -> None:
     upstream = Upstream(respond=False)
     scene = scenario(IdleReaper, timeout=0.2, before_headers=before_headers)

@@ -33,7 +33,7 @@ from middlebox.core.fault import Fault, FaultReport
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Head, encode_chunk
 from middlebox.core.stream import Direction
 from middlebox.scenario.model import FaultSpec, Scenario
-from middlebox.shell.server import Address, ProxyServer
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer
 from tests.faults.conversation import Exchange, Outcome, converse
 from tests.faults.drawn_configs import drawn_entry, fault_fields, scenario_of
 
@@ -215,7 +215,8 @@ def test_every_pair_with_this_fault_ends_as_its_reports_say(first: Variant) -> N
             path = tuple(rng.choice(specs(variant)) for variant in pair)
             scenario = Scenario(name="pair", seed=index, path=path)
             for exchange in EXCHANGES:
-                server = ProxyServer(Address("127.0.0.1", 9), scenario, stages=PROXY_STAGES)
+                config = ProxyConfig(Address("127.0.0.1", 9), scenario, stages=PROXY_STAGES)
+                server = ProxyServer(config)
                 pipeline = server.make_pipeline(scenario, 0)
                 faults = list(pipeline.faults)  # finished stages leave the pipeline
                 outcome = converse(pipeline, exchange, HORIZON)

@@ -1,4 +1,4 @@
-"""match.path is matched on the path as nginx matches locations (issue 14): decoded and
+"""match.path is matched on the path as nginx matches locations: decoded and
 normalised, so an encoded or dotted spelling of a matched path cannot slip past a fault."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""request_timeouts on a framed path (issue 14): it reads the path's one framing pass
+"""request_timeouts on a framed path: it reads the path's one framing pass
 (frame once) instead of running framers of its own, and times every request exactly as
 it does alone, on the same literal timelines."""
 

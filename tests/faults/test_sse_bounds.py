@@ -23,7 +23,7 @@ from middlebox.core.http1 import LAST_CHUNK_BYTES, encode_chunk
 from middlebox.core.sse import SseLimits
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Reset
 from middlebox.scenario.load import load_scenario_text
-from middlebox.shell.server import Address, ProxyServer
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer
 from tests.faults.httpprops import SSE_HEAD, dechunked, frame, request
 
 LIMITS = SseLimits(line=100, event=200)
@@ -217,13 +217,14 @@ def test_the_scenario_s_bounds_reach_every_framed_stream_of_a_connection() -> No
     text = "name: b\npath:\n  - cut: {}\nproxy: {sse_max_line: 64KiB, sse_max_event: 2MiB}\n"
     scenario = load_scenario_text(text, REGISTRY)
     assert scenario.proxy.sse_limits == SseLimits(64 * 1024, 2 * 1024 * 1024)
-    server = ProxyServer(Address("127.0.0.1", 9), scenario, stages=PROXY_STAGES)
+    server = ProxyServer(ProxyConfig(Address("127.0.0.1", 9), scenario, stages=PROXY_STAGES))
     for connection in (1, 2):  # the first works the layout out, the second reuses it
         framing = server.make_pipeline(scenario, connection).framing
         assert framing is not None
         assert {s.sse_limits for s in framing.streams} == {scenario.proxy.sse_limits}
     default = load_scenario_text("name: d\npath:\n  - cut: {}\n", REGISTRY)
-    framing = ProxyServer(Address("127.0.0.1", 9), default).make_pipeline(default, 1).framing
+    bare = ProxyServer(ProxyConfig(Address("127.0.0.1", 9), default))
+    framing = bare.make_pipeline(default, 1).framing
     assert framing is not None
     assert {s.sse_limits for s in framing.streams} == {SseLimits(1 << 20, 1 << 20)}
 

@@ -1,4 +1,4 @@
-"""Issue 14's acceptance run, by hand: many short connections through `middlebox proxy
+"""The journal at scale, by hand: many short connections through `middlebox proxy
 --journal FILE`, the proxy's RSS sampled as it goes, the journal read back at the end.
 
     python -m tests.reliability.many_connections --connections 100000

@@ -32,7 +32,7 @@ from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.load import MAX_SCENARIO_BYTES, load_scenario_text
 from middlebox.scenario.model import ProxyOptions, Scenario
 from middlebox.scenario.workload import Workload, workload_file
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from tests.clients.wire_server import END_CHUNK, SSE_HEAD, chat_frame, http_chunk
 from tests.harness import free_port, proxied, read_all, send_in_pieces
 from tests.proxy_process import emulator_process
@@ -314,7 +314,8 @@ def random_split(data: bytes, rng: random.Random) -> list[bytes]:
 async def refused(request_bytes: bytes, **proxy: object) -> tuple[bytes, str, ProxyServer]:
     """What a client gets from a proxy whose upstream is down (nginx parses the head)."""
     scenario = Scenario(name="down", proxy=ProxyOptions(**proxy))  # type: ignore[arg-type]
-    server = ProxyServer(Address("127.0.0.1", free_port()), scenario, stages=PROXY_STAGES)
+    config = ProxyConfig(Address("127.0.0.1", free_port()), scenario, stages=PROXY_STAGES)
+    server = ProxyServer(config)
     listener = listen(Address("127.0.0.1", 0))
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.serve, listener)
@@ -517,7 +518,9 @@ def test_put_scenario_is_parsed_off_the_event_loop_and_a_bad_one_is_a_400() -> N
     from middlebox.shell.control import ControlApi, ControlledProxy
     from middlebox.shell.scenario_parse import Parsed
 
-    proxy = ControlledProxy(Address("127.0.0.1", 9), Scenario(name="x"), loader=LIBRARY_SCENARIOS)
+    proxy = ControlledProxy(
+        ProxyConfig(Address("127.0.0.1", 9), Scenario(name="x")), loader=LIBRARY_SCENARIOS
+    )
     api = ControlApi(proxy)
     good = b"name: swapped\npath:\n  - latency: {delay: 5ms}\n"
     here = api.parse_here

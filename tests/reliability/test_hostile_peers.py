@@ -23,7 +23,7 @@ from faults.coalescer import Coalescer
 from middlebox.compose import PROXY_STAGES
 from middlebox.scenario.model import FaultSpec, ProxyOptions, Scenario
 from middlebox.shell.relay import HIGH_WATER
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from tests.harness import proxied, read_all, reset
 from tests.reliability.support import (
     FULL,
@@ -181,9 +181,8 @@ async def test_an_upstream_that_never_accepts_gets_a_502_after_connect_timeout(
     scenario = options(connect_timeout=0.3)
     try:
         async with trio.open_nursery() as nursery:
-            server = ProxyServer(
-                Address("127.0.0.1", listener.getsockname()[1]), scenario, stages=PROXY_STAGES
-            )
+            upstream = Address("127.0.0.1", listener.getsockname()[1])
+            server = ProxyServer(ProxyConfig(upstream, scenario, stages=PROXY_STAGES))
             proxy_listener = listen(Address("127.0.0.1", 0))
             port = await nursery.start(server.serve, proxy_listener)
             with trio.fail_after(5):
@@ -294,9 +293,10 @@ async def test_a_flood_beyond_max_connections_is_closed_and_counted() -> None:
 
 
 async def test_the_cli_limit_overrides_the_scenario_s() -> None:
-    server = ProxyServer(Address("127.0.0.1", 1), options(max_connections=9), max_connections=2)
-    assert server.connection_limit() == 2
-    assert ProxyServer(Address("127.0.0.1", 1), options(max_connections=9)).connection_limit() == 9
+    config = ProxyConfig(Address("127.0.0.1", 1), options(max_connections=9), max_connections=2)
+    assert ProxyServer(config).connection_limit() == 2
+    unset = ProxyConfig(Address("127.0.0.1", 1), options(max_connections=9))
+    assert ProxyServer(unset).connection_limit() == 9
 
 
 async def test_three_hundred_short_connections_leave_no_fd_or_task_behind() -> None:
@@ -339,7 +339,7 @@ def test_listen_uses_the_requested_backlog() -> None:
 
 @pytest.mark.parametrize("fault", [None, Coalescer], ids=["pass-through", "coalescer"])
 async def test_a_client_gone_mid_stream_resets_an_upstream_that_ignores_its_fin(
-    fault: type[Coalescer] | None,
+    fault: type[Coalescer] | None, autojump_clock: MockClock
 ) -> None:
     """The client closes mid-response (its FIN, then an RST from its kernel at our next
     write) while the upstream ignores the FIN and streams on: the client's RST travels on

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 from click.testing import CliRunner
+from trio.testing import MockClock
 
 from middlebox.cli.main import main
 from middlebox.run.serve import LIBRARY_SCENARIOS
@@ -23,8 +24,8 @@ from middlebox.scenario.model import Scenario
 from middlebox.shell import control
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through
 from middlebox.shell.scenario_parse import parse_in_child
-from middlebox.shell.server import Address
-from tests.observability.support import Running, controlled, http, read_head
+from middlebox.shell.server import Address, ProxyConfig
+from tests.shell.support import Running, controlled, http, read_head
 
 # 20 faults, each stripping the same 30 header names of 20,000 characters: 1,267 nodes
 # and a 21 KB file, but 12 MB of values once the aliases are expanded (and twice that in
@@ -165,7 +166,9 @@ async def test_an_upload_is_parsed_in_a_child_process_once() -> None:
 
 
 def test_a_refusal_with_thousands_of_problems_answers_the_first_hundred() -> None:
-    proxy = ControlledProxy(Address("127.0.0.1", 9), Scenario(name="x"), loader=LIBRARY_SCENARIOS)
+    proxy = ControlledProxy(
+        ProxyConfig(Address("127.0.0.1", 9), Scenario(name="x")), loader=LIBRARY_SCENARIOS
+    )
     body = ("name: x\n" + "".join(f"k{i}: 1\n" for i in range(5000))).encode()
     response = ControlApi(proxy).route("PUT", "/scenario", {}, body)
     answer = json.loads(response.body)
@@ -187,7 +190,9 @@ async def test_a_scenario_name_that_links_out_of_the_scenario_dir_is_refused(
     (inside / "real.yaml").write_text("name: real\npath: []\n")
     (inside / "alias.yaml").symlink_to(inside / "real.yaml")  # a link inside stays usable
     proxy = ControlledProxy(
-        Address("127.0.0.1", 9), pass_through(), scenario_dir=inside, loader=LIBRARY_SCENARIOS
+        ProxyConfig(Address("127.0.0.1", 9), pass_through()),
+        scenario_dir=inside,
+        loader=LIBRARY_SCENARIOS,
     )
     with pytest.raises(LookupError):
         proxy.named_scenario("escape")
@@ -206,7 +211,9 @@ class CountingSocket(socket.socket):
         return super().recv(size, flags)
 
 
-async def test_a_partial_head_is_peeked_once_per_arrival_not_every_few_milliseconds() -> None:
+async def test_a_partial_head_is_peeked_once_per_arrival_not_every_few_milliseconds(
+    autojump_clock: MockClock,
+) -> None:
     # TCP on loopback, as the proxy's clients (a Unix socketpair ignores SO_RCVLOWAT in poll)
     with socket.create_server(("127.0.0.1", 0)) as listener:
         right = socket.create_connection(listener.getsockname())

@@ -17,8 +17,8 @@ import pytest
 import trio
 
 from middlebox.core.http1 import MAX_HEAD_BYTES
-from tests.observability.support import read_head
 from tests.reliability.support import FULL, first_line, listening_port, proxy_command, rss_bytes
+from tests.shell.support import read_head
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024

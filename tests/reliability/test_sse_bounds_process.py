@@ -23,8 +23,8 @@ import trio
 
 from middlebox.observe.prometheus import parse_text
 from middlebox.tools.soak import rss_of
-from tests.observability.support import http, read_head
 from tests.reliability.support import FULL, MIDDLEBOX, first_line
+from tests.shell.support import http, read_head
 
 MiB = 1024 * 1024
 TOTAL = (2048 if FULL else 256) * MiB  # response body bytes per run

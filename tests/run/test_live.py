@@ -2,7 +2,7 @@
 removes one fault at a time, its context managers undo what they did however the block
 ends, refusals arrive as ControlError with the API's problems, counters and journals read
 back; scenarios are built in code with the loader's own validation. Real sockets on
-127.0.0.1 against the control API of tests/observability/support.py (bounded in time)."""
+127.0.0.1 against the control API of tests/shell/support.py (bounded in time)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from middlebox.run.live import (
     scenario_text,
 )
 from middlebox.scenario.convert import ScenarioError
-from tests.observability.support import EVENTS, controlled, http
+from tests.shell.support import EVENTS, controlled, http
 
 SCENARIOS = scenario_dir()
 
@@ -221,10 +221,11 @@ def api_for_test() -> Any:
     from middlebox.compose import PROXY_STAGES
     from middlebox.run.serve import LIBRARY_SCENARIOS
     from middlebox.shell.control import ControlApi, ControlledProxy, pass_through
-    from middlebox.shell.server import Address
+    from middlebox.shell.server import Address, ProxyConfig
 
     proxy = ControlledProxy(
-        Address("127.0.0.1", 9), pass_through(), stages=PROXY_STAGES, loader=LIBRARY_SCENARIOS
+        ProxyConfig(Address("127.0.0.1", 9), pass_through(), stages=PROXY_STAGES),
+        loader=LIBRARY_SCENARIOS,
     )
     return ControlApi(proxy)
 

@@ -204,7 +204,7 @@ def test_junk_from_an_upstream_never_crashes_the_scorer() -> None:
     assert score.requests[0].verdict == "complete"
 
 
-# ------------------------------------------------ issue 13: verdicts from the wire
+# ------------------------------------------------------- verdicts from the wire
 
 
 def client_request(tag: str, retry: int = 0) -> bytes:

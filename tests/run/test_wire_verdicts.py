@@ -1,5 +1,5 @@
-"""Issue 13 in the runner: per-client fault proof, `--client-cmd` names, seeds that reach
-the emulator, and `replay` comparing the generated text as well as the verdicts."""
+"""Verdicts from the wire in the runner: per-client fault proof, `--client-cmd` names, seeds
+that reach the emulator, and `replay` comparing the generated text as well as the verdicts."""
 
 from __future__ import annotations
 

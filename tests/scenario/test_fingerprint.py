@@ -112,6 +112,52 @@ def test_headers_that_arrive_as_sent_are_no_change_whatever_their_case() -> None
     }  # fmt: skip
 
 
+# Varnish 7.1's answers to two requests a few seconds apart (its transaction id, the Date)
+PLANNED = [["Content-Type", "text/event-stream"]]
+VARNISH_FIRST = [
+    ["Content-Type", "text/event-stream"],
+    ["X-Varnish", "32770"],
+    ["Age", "0"],
+    ["Via", "1.1 varnish (Varnish/7.1)"],
+    ["Date", "Fri, 04 Dec 2026 23:56:03 GMT"],
+]
+VARNISH_AGAIN = [
+    ["Content-Type", "text/event-stream"],
+    ["x-varnish", "32773"],
+    ["Age", "0"],
+    ["Via", "1.1 varnish (Varnish/7.1)"],
+    ["Date", "Fri, 04 Dec 2026 23:56:06 GMT"],
+]
+
+
+def test_fields_that_change_on_a_second_request_are_varying_and_fixed_ones_are_not() -> None:
+    first = fp.header_changes(PLANNED, VARNISH_FIRST)
+    again = fp.header_changes(PLANNED, VARNISH_AGAIN)
+    assert fp.varying(first, again) == [
+        ["X-Varnish", "32770", "32773"],
+        ["Date", "Fri, 04 Dec 2026 23:56:03 GMT", "Fri, 04 Dec 2026 23:56:06 GMT"],
+    ]
+    assert fp.varying(first, first) == []
+
+
+def test_a_field_a_hop_wrote_once_and_not_again_is_varying_with_no_second_value() -> None:
+    first = {"added": [["X-Cache", "MISS"]], "removed": [], "changed": [["Host", "a", "b"]]}
+    again = {"added": [], "removed": [], "changed": [["host", "a", "b"]]}
+    assert fp.varying(first, again) == [["X-Cache", "MISS", ""]]
+
+
+def test_the_summary_names_the_values_that_changed_per_request_only_when_some_did() -> None:
+    changes = fp.header_changes(PLANNED, VARNISH_FIRST)
+    changes["varying"] = [["X-Varnish", "32770", "32773"]]
+    lines = fp.summary({"url": "u", "measures": {"response_headers": changes}, "not_measured": []})
+    assert "Response headers that changed on a second request: X-Varnish: 32770 then 32773." in (
+        lines
+    )
+    changes["varying"] = []
+    lines = fp.summary({"url": "u", "measures": {"response_headers": changes}, "not_measured": []})
+    assert not any("second request" in line for line in lines)
+
+
 def record_of(version: str, framing: str, **fields: Any) -> dict[str, Any]:
     record: dict[str, Any] = {
         "request": {"version": version, "headers": []},

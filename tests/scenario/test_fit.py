@@ -14,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calibrate.compare import TOLERANCES as CALIBRATE
+from faults import REGISTRY
+from faults.buffer_whole_response import BufferWholeResponse
 from faults.coalescer import Coalescer
 from faults.idle_reaper import IdleReaper
 from faults.presets import PRESETS
@@ -168,12 +170,58 @@ def test_chunks_passed_as_written_or_an_http10_leg_need_no_line() -> None:
     assert fitted.not_fitted == [] and fitted.path == [{"http10_upstream": {}}]
 
 
-def test_a_whole_answer_sent_with_a_length_is_said_and_a_chunked_one_is_not() -> None:
+def whole_fingerprint(make: Any) -> dict[str, Any]:
+    """The hold and the framing the probe's hold shapes show through `make()`'s path."""
+    first, second = hold_of(HOLD_A, make()), hold_of(HOLD_B, make())
+    held: dict[str, Any] = {"release": fp.release(first, second), "shapes": [first, second]}
+    held["x_accel_buffering_honoured"] = fp.accel_honoured(first, hold_of(ACCEL, make()))
+    plan = probe_shape.plan(HOLD_B, http10=False, ident="t", model="middlebox-probe")
+    out = replay(Pipeline(make()), probe_shape.timeline(plan, REQUEST))
+    reads = [fp.Read(at, item.data) for at, item in out
+             if isinstance(item, Chunk) and item.direction is DOWN]  # fmt: skip
+    record = {"request": {"version": "HTTP/1.1"}, "framing": plan.framing}
+    return {"hold": held, "framing": fp.framing(record, plan, fp.decode(reads))}
+
+
+def played_back(fitted: fit.Fitted) -> list[Fault]:
+    return [REGISTRY[name](**config) for entry in fitted.path for name, config in entry.items()]
+
+
+@pytest.mark.parametrize("honour", [False, True])
+def test_a_whole_answer_sent_with_a_length_is_fitted_as_buffer_whole_response(honour: bool) -> None:
+    measures = whole_fingerprint(lambda: [BufferWholeResponse(honour_x_accel_buffering=honour)])
+    assert measures["framing"]["client_framing"] == "length"
+    fitted = fit.fit(measures)
+    assert fitted.path == [
+        {"buffer_whole_response": {"honour_x_accel_buffering": True} if honour else {}}
+    ]
+    assert fitted.not_fitted == []
+    compose.load_text(fit.scenario_text(fitted, name="whole", url="u"))
+    # played back, the fitted path agrees with the one it was fitted to on every row
+    again = whole_fingerprint(lambda: played_back(fitted))
+    rows = fit.agreement(fit.values(measures), fit.values(again))
+    assert {row.measure for row in rows} >= {"hold_by", "client_framing"}
+    assert all(row.ok for row in rows), rows
+
+
+def test_a_whole_answer_passed_chunked_is_fitted_as_proxy_buffering_not_re_framed() -> None:
+    measures = whole_fingerprint(lambda: [ProxyBuffering(buffer_size=65536, buffers_size=65536)])
+    assert measures["framing"]["client_framing"] == "chunked"
+    fitted = fit.fit(measures)
+    assert [next(iter(entry)) for entry in fitted.path] == ["proxy_buffering"]
+    assert fitted.not_fitted == []
+
+
+def test_an_upstream_answer_with_a_length_passed_with_it_is_not_a_re_framing() -> None:
     end = {"release": {"held": True, "by": "end", "at_least_bytes": 25_031}, "shapes": []}
-    length = fit.fit({"hold": end, "framing": framing_measure(client_framing="length")})
-    assert any(line.startswith("framing: the client's answer came with Content-Length")
-               for line in length.not_fitted)  # fmt: skip
-    assert fit.fit({"hold": end, "framing": framing_measure()}).not_fitted == []
+    framing = framing_measure(upstream_framing="length", client_framing="length")
+    fitted = fit.fit({"hold": end, "framing": framing})
+    assert [next(iter(entry)) for entry in fitted.path] == ["proxy_buffering"]
+
+
+def test_the_expected_fingerprint_of_buffer_whole_response_holds_to_the_end() -> None:
+    found = fit.expected("path:\n  - buffer_whole_response: {}\n")
+    assert (found["hold_by"], found["x_accel_buffering_honoured"]) == ("end", False)
 
 
 def test_an_irregular_hold_is_said_and_fits_no_fault() -> None:
@@ -348,10 +396,11 @@ def test_a_preset_reads_as_watching_the_client_unless_it_ignores_a_close() -> No
     assert fit.values({"leave": WATCHED})["leave_prompt"] is True
 
 
-def leave_after_of(path: list[Fault], closed_at: float = 0.31) -> float:
+def leave_after_of(path: list[Fault], closed_at: float = 0.31, period: float = 0.02) -> float:
     """Seconds from a client's FIN at `closed_at` (after the first of a timer's releases)
-    to the path's close or reset of the upstream connection, on the probe's 20 ms frames."""
-    shape = ProbeShape(frames=250, size=256, period=0.02)
+    to the path's close or reset of the upstream connection, on frames `period` apart (the
+    probe's leave shape: 20 ms)."""
+    shape = ProbeShape(frames=250, size=256, period=period)
     plan = probe_shape.plan(shape, http10=False, ident="t", model="middlebox-probe")
     items = [*probe_shape.timeline(plan, REQUEST), (closed_at, Eof(UP))]
     out = replay(Pipeline(path), sorted(items, key=lambda item: item[0]))
@@ -378,3 +427,71 @@ def test_a_late_leave_sits_upstream_of_a_timer_hold_and_plays_back_as_measured()
     ).build_faults()
     late = leave_after_of(swapped)
     assert not fit.agreement({"leave_after": 0.233}, {"leave_after": late})[0].ok, late
+
+
+# Varnish 7.1 learns of a client's FIN at a failed write: 0.06 s and 3 frames after it at the
+# probe's 20 ms frames, 0.21-0.25 s and 2 frames at 100 ms frames (docs/fingerprint.md)
+VARNISH = {"learned": True, "how": "fin", "after": 0.06, "frames_after_close": 3}
+
+
+def test_a_leave_a_few_writes_after_the_close_is_fitted_without_a_cork_a_later_one_with() -> None:
+    assert fit.fit({"leave": VARNISH}).path == [{"ignore_client_close": {"until": "write_fails"}}]
+    four = VARNISH | {"after": 0.08, "frames_after_close": 4}
+    assert fit.fit({"leave": four}).path == [
+        {"ignore_client_close": {"until": "write_fails", "cork": 0.08}}
+    ]
+
+
+def test_varnishs_fitted_leave_plays_back_as_measured_at_20_and_100_ms_frames() -> None:
+    scenario = compose.load_text(
+        fit.scenario_text(fit.fit({"leave": VARNISH}), name="varnish", url="u")
+    )
+    at_20 = leave_after_of(scenario.build_faults(), period=0.02)
+    assert fit.agreement({"leave_after": 0.06}, {"leave_after": at_20})[0].ok, at_20
+    at_100 = leave_after_of(scenario.build_faults(), period=0.1)
+    for measured in (0.21, 0.25):
+        assert fit.agreement({"leave_after": measured}, {"leave_after": at_100})[0].ok, at_100
+    # the cork the fit wrote before, a time, is right at 20 ms frames only
+    corked = compose.load_text(
+        "name: v\npath:\n  - ignore_client_close: {until: write_fails, cork: 60ms}\n"
+    ).build_faults()
+    assert fit.agreement({"leave_after": 0.06}, {"leave_after": leave_after_of(corked)})[0].ok
+
+
+@settings(max_examples=30, deadline=None)
+@given(period=st.floats(min_value=0.01, max_value=0.2), phase=st.floats(0.05, 0.95),
+       frames=st.integers(min_value=2, max_value=3))  # fmt: skip
+def test_a_leave_counted_in_writes_is_learned_at_the_second_write_whatever_the_period(
+    period: float, phase: float, frames: int
+) -> None:
+    gone = {"learned": True, "how": "fin", "after": frames * 0.02, "frames_after_close": frames}
+    fitted = fit.fit({"leave": gone})
+    assert fitted.path == [{"ignore_client_close": {"until": "write_fails"}}]
+    faults = compose.load_text(fit.scenario_text(fitted, name="w", url="u")).build_faults()
+    closed_at = 0.5 + phase * period
+    after = leave_after_of(faults, closed_at=closed_at, period=period)
+    assert period < after <= 2 * period + 1e-9
+
+
+def varnish_response_headers(varying: list[list[str]] | None) -> dict[str, Any]:
+    changes: dict[str, Any] = {"added": [["X-Varnish", "32770"], ["Via", "1.1 varnish"]],
+                               "removed": [], "changed": []}  # fmt: skip
+    if varying is not None:
+        changes["varying"] = varying
+    return changes
+
+
+def test_a_header_value_that_changed_on_a_second_request_is_said_and_a_fixed_one_is_not() -> None:
+    varied = fit.fit({"response_headers": varnish_response_headers([["X-Varnish", "3", "6"]])})
+    written = {"X-Varnish": "32770", "Via": "1.1 varnish"}
+    assert varied.path == [{"set_header": {"direction": "response", "headers": written}}]
+    assert varied.not_fitted == [
+        "response_headers: values that change per request (X-Varnish: 3 then 6); set_header "
+        "writes the first on every one"
+    ]
+    assert varied.reasons[0].endswith("(the first request's values; X-Varnish changed)")
+    fixed = fit.fit({"response_headers": varnish_response_headers([])})
+    assert fixed.not_fitted == [] and fixed.reasons[0].endswith("(the same on two requests)")
+    unknown = fit.fit({"response_headers": varnish_response_headers(None)})
+    assert unknown.not_fitted == [] and "measured once" in unknown.reasons[0]
+    compose.load_text(fit.scenario_text(varied, name="varnish", url="u"))

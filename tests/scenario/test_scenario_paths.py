@@ -1,6 +1,6 @@
 """Paths inside a scenario (`upstream: {cassette: ...}`) mean the same from any current
 directory: they resolve against the scenario file, and a missing file is a scenario
-problem at its line, found by `validate`, not a client failure in a run (issue 17)."""
+problem at its line, found by `validate`, not a client failure in a run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Agent requests in the `workload:` block: tools, tool_choice and response_format (issue 19).
+"""Agent requests in the `workload:` block: tools, tool_choice and response_format.
 
 A scenario writes them as the OpenAI fields of the same name; the loader keeps them as plain
 data and `request_body` sends them verbatim in every chat request, so a client under test asks

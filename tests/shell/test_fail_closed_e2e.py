@@ -1,4 +1,4 @@
-"""Fail closed end to end (issue 14), on real sockets through the proxy as `middlebox proxy`
+"""Fail closed end to end, on real sockets through the proxy as `middlebox proxy`
 serves it (compose.PROXY_STAGES, the control API's counters): an upstream that sends an
 invalid head gives the client nginx's 502; one that breaks its chunked body after the head
 gives the client the good part and a close; one that closes before its head is whole
@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from functools import partial
 
 import trio
+from trio.testing import MockClock
 
 from middlebox.compose import PROXY_STAGES
 from middlebox.core.responses import error_response
 from middlebox.observe.prometheus import parse_text
 from middlebox.run.serve import LIBRARY_SCENARIOS
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, serve_control
-from middlebox.shell.server import Address, listen
+from middlebox.shell.server import Address, ProxyConfig, listen
 from tests.harness import read_all
-from tests.observability.support import chunk, http, read_head
+from tests.shell.support import chunk, http, read_head
 
 # An SSE-aware fault that never fires: the path is HTTP-aware, so it is framed.
 SCENARIO = b"name: framed\npath:\n  - cut: {after: events, count: 1000}\n"
@@ -65,15 +66,15 @@ async def proxied(answer: bytes) -> AsyncIterator[Running]:
         )
         address = Address("127.0.0.1", listeners[0].socket.getsockname()[1])
         proxy = ControlledProxy(
-            address, pass_through(), stages=PROXY_STAGES, loader=LIBRARY_SCENARIOS
+            ProxyConfig(address, pass_through(), stages=PROXY_STAGES), loader=LIBRARY_SCENARIOS
         )
         listener = listen(Address("127.0.0.1", 0))
         proxy_port = await nursery.start(proxy.serve, listener)
         control_port = await nursery.start(
             serve_control, ControlApi(proxy, None), Address("127.0.0.1", 0)
         )
-        status, _, _ = await http(control_port, "PUT", "/scenario", SCENARIO)
-        assert status == 200
+        # set in-process, not by PUT /scenario (parsed in a child process, real time)
+        proxy.set_scenario(LIBRARY_SCENARIOS.text(SCENARIO.decode()))
         try:
             yield Running(proxy_port, control_port, upstream)
         finally:
@@ -97,7 +98,9 @@ async def settled(check: Callable[[], Awaitable[bool]]) -> None:
 CHAT = b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}"
 
 
-async def test_an_invalid_upstream_head_reaches_the_client_as_nginx_s_502_and_is_counted() -> None:
+async def test_an_invalid_upstream_head_reaches_the_client_as_nginx_s_502_and_is_counted(
+    autojump_clock: MockClock,
+) -> None:
     with trio.fail_after(10):
         async with proxied(b"HTTP/1.1 200 OK\r\nBad\rHeader: x\r\n\r\nsecret body") as run:
             data, ended = await raw(run.proxy_port, CHAT)
@@ -105,9 +108,9 @@ async def test_an_invalid_upstream_head_reaches_the_client_as_nginx_s_502_and_is
             await settled(lambda: _equals(run, "middlebox_unframeable_responses_total", 1))
 
 
-async def test_a_broken_chunked_body_after_the_head_ends_in_a_close_without_the_last_chunk() -> (
-    None
-):
+async def test_a_broken_chunked_body_after_the_head_ends_in_a_close_without_the_last_chunk(
+    autojump_clock: MockClock,
+) -> None:
     answer = SSE_HEAD + chunk(EVENT) + b"zz\r\n" + chunk(EVENT) + b"0\r\n\r\n"
     with trio.fail_after(10):
         async with proxied(answer) as run:
@@ -116,7 +119,9 @@ async def test_a_broken_chunked_body_after_the_head_ends_in_a_close_without_the_
             await settled(lambda: _equals(run, "middlebox_unframeable_responses_total", 1))
 
 
-async def test_an_upstream_that_closes_mid_head_gives_the_client_nginx_s_502_only() -> None:
+async def test_an_upstream_that_closes_mid_head_gives_the_client_nginx_s_502_only(
+    autojump_clock: MockClock,
+) -> None:
     # "upstream prematurely closed connection while reading response header from upstream"
     with trio.fail_after(10):
         async with proxied(b"HTTP/1.1 200 OK\r\nContent-Type: text/event") as run:
@@ -126,14 +131,18 @@ async def test_an_upstream_that_closes_mid_head_gives_the_client_nginx_s_502_onl
             await settled(lambda: _equals(run, "middlebox_unframeable_responses_total", 1))
 
 
-async def test_an_upstream_that_closes_without_a_byte_gives_the_client_nginx_s_502() -> None:
+async def test_an_upstream_that_closes_without_a_byte_gives_the_client_nginx_s_502(
+    autojump_clock: MockClock,
+) -> None:
     with trio.fail_after(10):
         async with proxied(b"") as run:
             data, ended = await raw(run.proxy_port, CHAT)
             assert data == error_response(502) and ended == "fin"
 
 
-async def test_a_smuggled_request_gets_400_nothing_upstream_and_is_counted() -> None:
+async def test_a_smuggled_request_gets_400_nothing_upstream_and_is_counted(
+    autojump_clock: MockClock,
+) -> None:
     smuggle = (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
         b"\r\n" + CHAT

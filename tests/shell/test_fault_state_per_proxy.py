@@ -16,7 +16,7 @@ from middlebox.compose import PROXY_STAGES, load
 from middlebox.core.fault import Pipeline
 from middlebox.core.stream import DOWN, UP, Chunk, Eof
 from middlebox.library import scenario_dir
-from middlebox.shell.server import Address, ProxyServer
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer
 
 LIBRARY = scenario_dir()
 REQUEST = (
@@ -49,7 +49,8 @@ def vanished(pipeline: Pipeline, events: int = 20) -> bool:
 def proxies(scenario_name: str) -> list[ProxyServer]:
     """Two clients' proxies for one scenario, as `middlebox run` makes them."""
     scenario = load(LIBRARY / f"{scenario_name}.yaml")
-    return [ProxyServer(Address("127.0.0.1", 9), scenario, stages=PROXY_STAGES) for _ in range(2)]
+    config = ProxyConfig(Address("127.0.0.1", 9), scenario, stages=PROXY_STAGES)
+    return [ProxyServer(config) for _ in range(2)]
 
 
 def test_each_clients_proxy_counts_its_own_connections_for_client_vanish() -> None:

@@ -1,4 +1,4 @@
-"""Graceful shutdown closes idle kept-alive connections at once (issue 14), as nginx's
+"""Graceful shutdown closes idle kept-alive connections at once, as nginx's
 `ngx_close_idle_connections` does, and lets an exchange in flight finish: the relay's
 `between_messages` (the framing's pure query, what the faults hold, the outboxes)."""
 
@@ -11,6 +11,7 @@ from functools import partial
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from faults.latency import Latency
 from faults.sse_ids import SseIds
@@ -20,7 +21,7 @@ from middlebox.core.stream import DOWN, UP, Chunk
 from middlebox.scenario.load import load_scenario_text
 from middlebox.scenario.model import ProxyOptions
 from middlebox.shell.relay import Relay
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from tests.request_readers import KeepAliveRequests
 
 REQUEST = b"GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\n"
@@ -124,16 +125,16 @@ async def read_to_eof(stream: trio.SocketStream) -> bytes:
     return data
 
 
-async def test_shutdown_closes_an_idle_kept_alive_connection_at_once_and_lets_a_stream_end() -> (
-    None
-):
+async def test_shutdown_closes_an_idle_kept_alive_connection_at_once_and_lets_a_stream_end(
+    autojump_clock: MockClock,
+) -> None:
     scenario = load_scenario_text(FRAMED, registry())
     with trio.fail_after(10):  # the grace is 60 s: holding either connection to it fails
         async with trio.open_nursery() as nursery:
             serve = partial(trio.serve_tcp, keep_alive_upstream, 0, host="127.0.0.1")
             listeners = await nursery.start(serve)
             upstream = Address("127.0.0.1", listeners[0].socket.getsockname()[1])
-            server = ProxyServer(upstream, scenario, stages=PROXY_STAGES)
+            server = ProxyServer(ProxyConfig(upstream, scenario, stages=PROXY_STAGES))
             port = await nursery.start(server.serve, listen(Address("127.0.0.1", 0)))
             idle = await trio.open_tcp_stream("127.0.0.1", port)
             await idle.send_all(REQUEST)

@@ -19,6 +19,7 @@ import h2.connection
 import h2.errors
 import pytest
 import trio
+from trio.testing import MockClock
 
 from bench.h2_rapid_reset import Goaway, attack, chunked_response, h2_preface, rapid_reset
 from middlebox.core.h2_limits import ENHANCE_YOUR_CALM, RESET_BURST, RESET_RATE
@@ -136,7 +137,9 @@ async def test_a_rapid_reset_of_ten_thousand_streams_ends_in_goaway_and_dials_no
     )
 
 
-async def test_a_client_that_resets_a_few_streams_keeps_its_connection(tmp_path: Path) -> None:
+async def test_a_client_that_resets_a_few_streams_keeps_its_connection(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     """Fifty resets, as a browser cancelling a page's requests: well within the budget, no
     GOAWAY, and the next stream on the same connection is served."""
     upstream = Upstream()
@@ -157,7 +160,7 @@ async def test_a_client_that_resets_a_few_streams_keeps_its_connection(tmp_path:
 
 
 async def test_streams_past_the_upstream_slots_wait_and_are_all_served(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
 ) -> None:
     """Five streams at once with two upstream slots: never more than two upstream
     connections at a time, and no stream is dropped: the others wait their turn."""
@@ -173,7 +176,7 @@ async def test_streams_past_the_upstream_slots_wait_and_are_all_served(
 
 
 async def test_a_stream_reset_while_it_waits_for_a_slot_is_never_dialled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
 ) -> None:
     """One slot: stream A holds it (its upstream answers only when told), stream B waits and
     is reset by the client meanwhile. B's upstream connection is never made, and counted."""
@@ -193,7 +196,7 @@ async def test_a_stream_reset_while_it_waits_for_a_slot_is_never_dialled(
 
 
 async def test_a_fault_that_resets_a_waiting_stream_ends_it_without_a_dial(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
 ) -> None:
     """`rst_stream` firing on a stream that still waits for its upstream slot: the client
     gets the RST_STREAM with the fault's code, no upstream connection is made for it, and

@@ -1,10 +1,9 @@
-"""No HTTP/2 fault is silently bypassed by bytes that cannot be framed (issue 14's rule, on
-issue 20's path): a malformed preface, an HTTP/1.1 request on an h2 connection, a malformed
-frame among open streams, and a client that does not pick h2 on an h2-only path each fail the
-connection closed, with the error said (a GOAWAY with its code, or a failed handshake), and
-nothing reaches the upstream past the faults. connection_limit holds unframeable request
-bytes like any others (tests/faults/test_connection_limit.py has its unit test).
-"""
+"""No HTTP/2 fault is silently bypassed by bytes that cannot be framed (fail closed, on the HTTP/2
+path): a malformed preface, an HTTP/1.1 request on an h2 connection, a malformed frame among
+open streams, and a client that does not pick h2 on an h2-only path each fail the connection
+closed, with the error said (a GOAWAY with its code, or a failed handshake), and nothing reaches
+the upstream past the faults. connection_limit holds unframeable request bytes like any others
+(tests/faults/test_connection_limit.py has its unit test)."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from middlebox.run.serve import load_text
 from middlebox.scenario.model import Scenario, TlsOptions
@@ -85,7 +85,7 @@ async def read_until_closed(stream: trio.SSLStream[trio.abc.Stream]) -> RawFrame
     ],
 )
 async def test_bytes_h2_cannot_frame_fail_the_connection_with_a_goaway(
-    tmp_path: Path, garbage: bytes
+    tmp_path: Path, garbage: bytes, autojump_clock: MockClock
 ) -> None:
     seen = Seen()
     async with no_bypass_proxy(tmp_path, seen) as (running, ca):
@@ -100,7 +100,7 @@ async def test_bytes_h2_cannot_frame_fail_the_connection_with_a_goaway(
 
 
 async def test_a_malformed_frame_among_open_streams_resets_every_streams_upstream(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     seen = Seen()
     async with no_bypass_proxy(tmp_path, seen, forever=True) as (running, ca):
@@ -119,7 +119,7 @@ async def test_a_malformed_frame_among_open_streams_resets_every_streams_upstrea
 
 
 async def test_a_client_that_does_not_pick_h2_on_an_h2_only_path_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     seen = Seen()
     async with no_bypass_proxy(tmp_path, seen, alpn=("h2",)) as (running, ca):

@@ -1,4 +1,4 @@
-"""HTTP/2 toward the client (issue 20; shell/h2_streams.py), with python-hyper's h2 as the
+"""HTTP/2 toward the client (shell/h2_streams.py), with python-hyper's h2 as the
 client over real loopback TLS: each stream is one HTTP/1.1 connection upstream through the
 same pipeline, and END_STREAM/RST_STREAM map to the upstream connection's ends and back.
 """
@@ -17,6 +17,7 @@ import h2.connection
 import h2.events
 import pytest
 import trio
+from trio.testing import MockClock
 
 from bench.h2_rapid_reset import chunked_response
 from middlebox.run.serve import load_text
@@ -213,7 +214,7 @@ async def posts_at_once(
 
 
 async def test_two_multiplexed_streams_each_get_their_own_upstream_connection(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     seen = Seen()
     async with h2_proxy(tmp_path, streaming_upstream(seen, pause=0.01)) as (running, client):
@@ -234,7 +235,9 @@ async def test_two_multiplexed_streams_each_get_their_own_upstream_connection(
     )
 
 
-async def test_a_fault_in_the_path_acts_on_each_stream_on_its_own(tmp_path: Path) -> None:
+async def test_a_fault_in_the_path_acts_on_each_stream_on_its_own(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     cut = "  - cut: {after: bytes, count: 20, end: rst}\n"
     scenario = tls_scenario(cut, tmp_path, name="cut-each-stream")
     client, answers, _seen = await posts_at_once(tmp_path, scenario, pause=0.01)
@@ -279,7 +282,7 @@ async def test_dropping_the_connection_resets_every_multiplexed_stream_at_once(
 
 
 async def test_an_upstream_reset_mid_answer_is_an_rst_stream_for_that_stream(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     async def reset_after_head(stream: trio.SocketStream) -> None:
         await read_request(stream)
@@ -308,7 +311,9 @@ async def test_an_upstream_that_closes_cleanly_mid_chunked_body_is_still_a_reset
     assert client.answers[stream_id].reset == 0x2  # never a clean END_STREAM on half an answer
 
 
-async def test_a_clean_end_of_an_h2_connection_leaves_no_stream_running(tmp_path: Path) -> None:
+async def test_a_clean_end_of_an_h2_connection_leaves_no_stream_running(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     seen = Seen()
     async with h2_proxy(tmp_path, streaming_upstream(seen)) as (running, client):
         await client.post("/x")
@@ -417,7 +422,7 @@ class RawFrames:
 
 
 async def test_a_graceful_shutdown_sends_goaway_and_lets_the_stream_in_flight_finish(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     seen = Seen()
     ca = LocalCA.load_or_create(tmp_path)

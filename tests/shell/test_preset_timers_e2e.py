@@ -15,9 +15,9 @@ from faults._proxy.request_timeouts import request_timeout_answer
 from middlebox.compose import PROXY_STAGES
 from middlebox.run.serve import LIBRARY_SCENARIOS
 from middlebox.shell.control import ControlApi, ControlledProxy, pass_through, serve_control
-from middlebox.shell.server import Address, listen
+from middlebox.shell.server import Address, ProxyConfig, listen
 from tests.harness import read_all
-from tests.observability.support import http
+from tests.shell.support import http
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -45,7 +45,7 @@ async def proxied(scenario: bytes) -> AsyncIterator[int]:
         )
         address = Address("127.0.0.1", listeners[0].socket.getsockname()[1])
         proxy = ControlledProxy(
-            address, pass_through(), stages=PROXY_STAGES, loader=LIBRARY_SCENARIOS
+            ProxyConfig(address, pass_through(), stages=PROXY_STAGES), loader=LIBRARY_SCENARIOS
         )
         listener = listen(Address("127.0.0.1", 0))
         proxy_port = await nursery.start(proxy.serve, listener)

@@ -1,6 +1,6 @@
 """Which faults of a pipeline are the proxy's own stages is decided per class, with the
-answer a runtime Protocol check would give (issue 16: that check cost tens of µs per
-fault on every new connection)."""
+answer a runtime Protocol check would give (that check costs tens of µs per
+fault on every new connection: docs/performance.md, "Connection setup")."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from middlebox.compose import PROXY_STAGES
 from middlebox.core.fault import Fault
 from middlebox.core.stream import Item
 from middlebox.scenario.model import FaultSpec, ProxyOptions, Scenario
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from tests.harness import free_port, proxied, read_all, reset, send_in_pieces
 
 
@@ -116,9 +116,10 @@ async def test_a_client_rst_reaches_the_upstream_as_an_rst(autojump_clock: MockC
 
 async def test_an_unreachable_upstream_answers_like_nginx_with_a_502() -> None:
     async with trio.open_nursery() as nursery:
-        server = ProxyServer(
+        config = ProxyConfig(
             Address("127.0.0.1", free_port()), Scenario(name="down"), stages=PROXY_STAGES
         )
+        server = ProxyServer(config)
         listener = listen(Address("127.0.0.1", 0))
         port = await nursery.start(server.serve, listener)
         with trio.fail_after(10):
@@ -135,7 +136,8 @@ async def test_an_unreachable_upstream_answers_like_nginx_with_a_502() -> None:
 async def test_an_unreachable_upstream_can_be_answered_with_a_reset_instead() -> None:
     scenario = Scenario(name="down", proxy=ProxyOptions(on_upstream_unreachable="reset"))
     async with trio.open_nursery() as nursery:
-        server = ProxyServer(Address("127.0.0.1", free_port()), scenario, stages=PROXY_STAGES)
+        config = ProxyConfig(Address("127.0.0.1", free_port()), scenario, stages=PROXY_STAGES)
+        server = ProxyServer(config)
         listener = listen(Address("127.0.0.1", 0))
         port = await nursery.start(server.serve, listener)
         with trio.fail_after(10):
@@ -180,7 +182,7 @@ def test_a_scenario_s_pipeline_layout_is_worked_out_on_its_first_connection_only
     from faults.set_header import SetHeader
 
     scenario = Scenario(name="headers", path=(FaultSpec(SetHeader, {}),))
-    server = ProxyServer(Address("127.0.0.1", 9), scenario, stages=PROXY_STAGES)
+    server = ProxyServer(ProxyConfig(Address("127.0.0.1", 9), scenario, stages=PROXY_STAGES))
     first = server.make_pipeline(scenario, 1)
     second = server.make_pipeline(scenario, 2)
     # The same layout (framing shape and wiring), each connection its own streams and faults.

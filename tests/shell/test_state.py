@@ -16,7 +16,7 @@ import pytest
 from middlebox.core.fault import Fault, FaultContext, Pipeline
 from middlebox.core.scenario_state import SharedStore, for_fault, increment
 from middlebox.scenario.model import Scenario
-from middlebox.shell.server import Address, ProxyServer, state_scope
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, state_scope
 from middlebox.shell.state import (
     HostClock,
     MemoryBackend,
@@ -132,9 +132,11 @@ def test_the_server_gives_each_position_a_store_when_one_is_configured(
     memory: MemoryBackend,
 ) -> None:
     scenario = Scenario(name="plain")
-    alone = ProxyServer(Address("127.0.0.1", 1), scenario)
+    alone = ProxyServer(ProxyConfig(Address("127.0.0.1", 1), scenario))
     assert alone.shared == [] and alone.new_shared(scenario) == []
-    stored = ProxyServer(Address("127.0.0.1", 1), scenario, shared_state=scoped(memory))
+    stored = ProxyServer(
+        ProxyConfig(Address("127.0.0.1", 1), scenario, shared_state=scoped(memory))
+    )
     stage = stored._stage_state("request_timeouts")
     assert isinstance(stage, SharedStore) and stage is stored._stage_state("request_timeouts")
     assert repr(stage) == "ScopedStore('proxy/request_timeouts/')"
@@ -190,7 +192,9 @@ def test_new_state_for_one_edited_position_is_scoped_to_that_position(
 
     path = (FaultSpec(HttpError, {"status": 429}), FaultSpec(HttpError, {"status": 503}))
     scenario = Scenario(name="edited", path=path)
-    server = ProxyServer(Address("127.0.0.1", 1), scenario, shared_state=scoped(memory))
+    server = ProxyServer(
+        ProxyConfig(Address("127.0.0.1", 1), scenario, shared_state=scoped(memory))
+    )
     assert [repr(state)[:28] for state in server.shared] == [
         "ScopedStore('edited/0.http_e",
         "ScopedStore('edited/1.http_e",

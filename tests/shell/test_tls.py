@@ -1,4 +1,4 @@
-"""TLS toward the client and toward an https:// upstream (issue 20; shell/tls.py).
+"""TLS toward the client and toward an https:// upstream (shell/tls.py).
 
 The proxy terminates TLS with a certificate from its own local CA and splices the decrypted
 bytes into the unchanged relay; these tests hold it to byte-exact payloads and to the end
@@ -17,10 +17,11 @@ import pytest
 import trio
 import trustme
 from cryptography import x509
+from trio.testing import MockClock
 
 from middlebox.core.stream import Direction
 from middlebox.scenario.model import Scenario, TlsOptions
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from middlebox.shell.tls import LocalCA, loopback_pair, server_context, upstream_context
 from tests.harness import Handler, proxied, read_all, reset
 
@@ -178,7 +179,7 @@ async def test_the_scenario_proxy_block_turns_tls_on(tmp_path: Path) -> None:
 
 
 async def test_a_client_speaking_cleartext_to_a_tls_listener_is_counted_and_closed(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     with trio.fail_after(10):
         async with proxied(answer_fixed, tls=TlsOptions(ca_dir=str(tmp_path))) as running:
@@ -192,7 +193,7 @@ async def test_a_client_speaking_cleartext_to_a_tls_listener_is_counted_and_clos
 
 
 async def test_an_upstream_reset_reaches_the_tls_client_as_a_reset_not_a_clean_end(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     async def reset_mid_answer(stream: trio.SocketStream) -> None:
         await stream.receive_some(65536)
@@ -233,7 +234,9 @@ async def test_the_tls_clients_close_reaches_the_upstream_as_a_fin(tmp_path: Pat
     assert seen == [(REQUEST, "fin")]
 
 
-async def test_the_tls_clients_reset_reaches_the_upstream_as_a_reset(tmp_path: Path) -> None:
+async def test_the_tls_clients_reset_reaches_the_upstream_as_a_reset(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     seen, done, record = recording_upstream()
     ca = LocalCA.load_or_create(tmp_path)
     with trio.fail_after(10):
@@ -327,13 +330,14 @@ async def test_an_https_upstream_is_verified_against_a_ca_file_unless_insecure(
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             port = await tls_upstream(nursery, ca)
-            server = ProxyServer(
+            config = ProxyConfig(
                 Address("127.0.0.1", port, tls=True),
                 Scenario(name="https-upstream"),
                 stages=PROXY_STAGES,
                 upstream_ca=str(ca_file) if trust == "ca_file" else None,
                 upstream_insecure=trust == "insecure",
             )
+            server = ProxyServer(config)
             data = await ask_through(server)
             nursery.cancel_scope.cancel()
     assert answered in data

@@ -1,4 +1,4 @@
-"""Acceptance of issue 20: curl streams an emulator SSE response through the TLS proxy.
+"""curl streams an emulator SSE response through the TLS proxy.
 
 `curl --http2 -N` (trusting middlebox's CA, or -k) over HTTP/2 and HTTP/1.1, payload
 byte-exact against what the emulator sent on the upstream leg (de-chunked by the passive
@@ -27,7 +27,7 @@ from middlebox.core.http1 import Http1Framer, PieceKind
 from middlebox.core.stream import Direction
 from middlebox.run.processes import EmulatorProcess
 from middlebox.scenario.model import Scenario, TlsOptions
-from middlebox.shell.server import Address, ProxyServer, listen
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from middlebox.shell.tls import LocalCA
 from tests.harness import needs
 
@@ -95,13 +95,14 @@ async def test_curl_streams_an_emulator_sse_response_byte_exact_through_the_tls_
 ) -> None:
     upstream_reads: list[bytes] = []
     ca = LocalCA.load_or_create(tmp_path)
-    server = ProxyServer(
+    config = ProxyConfig(
         Address.parse(emulator.url),
         Scenario(name="tls"),
         stages=PROXY_STAGES,
         tls=TlsOptions(ca_dir=str(tmp_path)),
         observer_factory=lambda _cid, _s: UpstreamBytes(upstream_reads),
     )
+    server = ProxyServer(config)
     trust = () if "-k" in options else ("--cacert", str(ca.cert_path))
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -209,12 +210,13 @@ async def test_httpx_with_http2_and_the_openai_sdk_on_it_stream_through_the_tls_
     import openai
 
     ca = LocalCA.load_or_create(tmp_path)
-    server = ProxyServer(
+    config = ProxyConfig(
         Address.parse(emulator.url),
         Scenario(name="tls"),
         stages=PROXY_STAGES,
         tls=TlsOptions(ca_dir=str(tmp_path)),
     )
+    server = ProxyServer(config)
 
     def ask(port: int) -> tuple[str, str, str]:
         url = f"https://127.0.0.1:{port}"

@@ -1,4 +1,4 @@
-"""The decrypted view of an HTTP/2 connection (issue 20): `proxy --tls-keylog FILE`
+"""The decrypted view of an HTTP/2 connection: `proxy --tls-keylog FILE`
 (SSLKEYLOGFILE) writes the TLS session keys, and tshark with that key log decrypts a capture
 of the client's connection into the HTTP/2 HEADERS and DATA frames the proxy sent.
 
@@ -129,7 +129,7 @@ def test_the_proxy_option_sets_the_key_log_for_every_worker(
     monkeypatch.delenv("SSLKEYLOGFILE", raising=False)
     seen_env: list[str | None] = []
 
-    def serve(settings: object, show: object) -> str:
+    def serve(settings: object, show: object, drill: object = None) -> str:
         seen_env.append(os.environ.get("SSLKEYLOGFILE"))
         return "done"
 

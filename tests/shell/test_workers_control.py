@@ -14,13 +14,8 @@ from middlebox.core.stream import Direction
 from middlebox.observe.metrics import Metrics, sum_expositions
 from middlebox.observe.prometheus import parse_text
 from middlebox.scenario.model import Scenario
-from middlebox.shell.server import Address
-from middlebox.shell.workers import (
-    MetricsBoard,
-    WorkersControl,
-    WorkerServer,
-    _Supervisor,
-)
+from middlebox.shell.server import Address, ProxyConfig
+from middlebox.shell.workers import MetricsBoard, WorkersControl, worker_server
 
 WORKER_0 = """\
 # HELP middlebox_connections_total Client connections accepted.
@@ -139,25 +134,37 @@ def test_serving_for_a_while_with_no_scraper_returns_without_answering() -> None
 def test_a_worker_counts_its_bytes_and_faults_and_publishes_them_each_tick() -> None:
     board = MetricsBoard(2)
     ticks: list[int] = []
-    server = WorkerServer(
-        Address("127.0.0.1", 1), Scenario(name="s"), worker_index=1, worker_count=2,
-        tick=lambda: ticks.append(1),
-    )  # fmt: skip
-    _Supervisor._publish_metrics(server, 1, board)
-    assert ticks == [1] and isinstance(server.metrics, Metrics)
-    assert parse_text(board.texts()[1])["middlebox_connections_total"] == 0
-    assert server.observer_factory is not None and server.report_sink_factory is not None
-    observer = server.observer_factory(2, server.scenario)
+    config = ProxyConfig(Address("127.0.0.1", 1), Scenario(name="s"), tick=lambda: ticks.append(1))
+    server = worker_server(config, 1, 2, board)
+    assert (server.worker_index, server.worker_count) == (1, 2)
+    assert ticks == [] and board.texts()[1] == "" and isinstance(server.metrics, Metrics)
+    server.connections_accepted = 3  # a replacement worker continues its predecessor's count
+    tick = server.config.tick
+    assert tick is not None
+    tick()
+    assert ticks == [1] and parse_text(board.texts()[1])["middlebox_connections_total"] == 3
+    factories = (server.config.observer_factory, server.config.report_sink_factory)
+    observer_factory, sink_factory = factories
+    assert observer_factory is not None and sink_factory is not None
+    observer = observer_factory(2, server.scenario)
     assert observer is not None
     observer.read("client", Direction.UPSTREAM, b"hello", 0.0)
-    sink = server.report_sink_factory(2)
+    sink = sink_factory(2)
     assert sink is not None
     sink(FaultReport("http_error", 0.0, "answered", {}))
-    server.connections_accepted = 1
-    assert server.tick is not None
-    server.tick()
+    server.connections_accepted = 4
+    tick()
     samples = parse_text(board.texts()[1])
-    assert ticks == [1, 1] and samples["middlebox_connections_total"] == 1
+    assert ticks == [1, 1] and samples["middlebox_connections_total"] == 4
     assert samples['middlebox_bytes_total{leg="client",direction="upstream",op="read"}'] == 5
     assert samples['middlebox_faults_fired_total{fault="http_error",action="answered"}'] == 1
     assert board.texts()[0] == ""
+    # The config it was given is left as it was: the counting is the worker's own.
+    assert config.observer_factory is None and config.report_sink_factory is None
+
+
+def test_a_worker_without_a_board_serves_its_config_as_given() -> None:
+    config = ProxyConfig(Address("127.0.0.1", 1), Scenario(name="s"))
+    server = worker_server(config, 0, 3)
+    assert server.config is config and server.metrics is None
+    assert [server.global_id(k) for k in (1, 2)] == [1, 4]

@@ -25,6 +25,7 @@ from middlebox.tools.fingerprint import (
     Target,
     fingerprint,
     measure,
+    playback_wait,
     verify_scenario,
     write_scenario,
 )
@@ -111,19 +112,26 @@ def test_a_front_door_without_probe_records_is_named_as_such() -> None:
         fingerprint(f"http://127.0.0.1:{port}/v1", budget=20)
 
 
-def test_a_playback_skips_the_long_waits_the_path_did_not_take() -> None:
-    # the path took the wait before the head and no duration cap: the playback takes no
-    # cap either and does not name it as not measured; the same budget without `like`
-    # names the cap (at 12 s neither long wait fits after the short measures)
-    path = {"head_idle": {"cut": False, "at_least": 2.0}}
+def test_a_playback_takes_the_long_waits_the_path_took_as_long_and_no_other() -> None:
+    # the path waited 2 s before the head and took no duration cap: the playback waits
+    # as long whatever its budget left, takes no cap and does not name it as not measured;
+    # the same budget without `like` fits neither long wait after the short measures
+    path = {"head_idle": {"cut": False, "at_least": 2.0, "client_saw": "complete"}}
     with ProbeUpstream("127.0.0.1", 0) as probe:
         target = Target.parse(f"http://127.0.0.1:{probe.port}/v1")
         played = measure(target, 12.0, lambda line: None, like=path)
         alone = measure(target, 12.0, lambda line: None)
-    assert "duration_cap" not in played["measures"]
-    assert "a duration cap (the budget ran out)" not in played["not_measured"]
+    assert played["measures"]["head_idle"] == path["head_idle"]
+    assert "duration_cap" not in played["measures"] and "idle" not in played["measures"]
+    assert played["not_measured"] == []
+    assert "head_idle" not in alone["measures"]
     assert "a duration cap (the budget ran out)" in alone["not_measured"]
-    assert "the timeout before the head (the budget ran out)" in played["not_measured"]
+
+
+def test_a_playback_waits_past_the_cut_the_path_saw() -> None:
+    assert playback_wait({"cut": False, "at_least": 5.4}) == 5.4
+    assert playback_wait({"cut": True, "timeout": 1.0, "end": "status 504"}) == 1.75
+    assert playback_wait({"cut": True, "limit": 2.0, "uncertainty": 0.1}) == 3.0
 
 
 def test_a_url_that_is_not_http_is_refused_before_any_connection() -> None:

@@ -1,0 +1,317 @@
+"""The console's HTTP server (trio + h11): the page, its live feed and the control API.
+
+Routes, every one behind the control API's authorisation (loopback free; with a token,
+`Authorization: Bearer TOKEN` or `?token=TOKEN`, since a browser's EventSource sends no
+header; compared in constant time):
+- `GET /`: the page (static package data, its script and style inlined: one request, no
+  CDN, nothing to build);
+- `GET /feed`: Server-Sent Events, `event: update` with the connection list whenever the
+  model moved, coalesced to at most one per FEED_INTERVAL (10 a second), and at least one a
+  second (a stall is the absence of change); `event: drill` with the drill's state when it
+  changes;
+- `GET /api/connections` (`?all=1`: every one held, not the newest 60), `GET
+  /api/streams/{id}`: the same list, and one stream's two sides;
+- `GET /api/presets`: the presets a fault list may add; `GET /api/drill`: the drill's state;
+- anything else (`/faults`, `/scenario`, `/metrics`...): the control API's own routes
+  (`shell.control.ControlApi`), so an edit from the page is the edit `curl` makes, with the
+  loader's file:line problems in its answer.
+
+`attach` wraps the proxy's per-connection observer factory (`ControlledProxy._observer`, the
+journal's): each new connection's journal is handed to the model, which reads it off the hot
+path (`middlebox.console.model`); the relay's observer itself is unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import h11
+import trio
+
+from middlebox.console.model import ConsoleModel
+from middlebox.shell.control import (
+    ControlApi,
+    ControlledProxy,
+    Response,
+    check_control_access,
+    reason_phrase,
+    serve_control,
+)
+from middlebox.shell.server import Address, relay_clock_offset, run_proxy
+
+log = logging.getLogger("middlebox.console.server")
+
+FEED_INTERVAL = 0.1  # at most 10 updates a second, whatever the proxy carries
+FEED_IDLE = 1.0  # an update at least this often: the classifier's clock moves
+REQUEST_TIMEOUT = 10.0
+MAX_REQUEST_BODY = 64 * 1024
+
+
+def asset(name: str) -> str:
+    return resources.files("middlebox.console").joinpath("static", name).read_text("utf-8")
+
+
+def page() -> bytes:
+    html = asset("index.html")
+    html = html.replace("/*CONSOLE_CSS*/", asset("console.css"))
+    return html.replace("/*CONSOLE_JS*/", asset("console.js")).encode()
+
+
+@dataclass
+class Console:
+    """The console of one proxy: its model, the control API it fronts, and the extras the
+    composition passes (preset names; a drill's state, asked each time it may change)."""
+
+    proxy: ControlledProxy
+    token: str | None = None
+    model: ConsoleModel = field(default_factory=ConsoleModel)
+    presets: tuple[str, ...] = ()
+    drill: Callable[[], dict[str, Any] | None] = lambda: None
+    clock: Callable[[], float] = trio.current_time
+    _cached: tuple[int, float, bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.api = ControlApi(self.proxy, self.token)
+
+    def attach(self) -> None:
+        """See every connection the proxy opens from now on (after the journal does)."""
+        proxy, model = self.proxy, self.model
+        observers = proxy.config.observer_factory
+
+        def observer(connection_id: int, scenario: Any) -> Any:
+            inner = observers(connection_id, scenario) if observers else None
+            model.track(
+                connection_id,
+                scenario.name,
+                proxy.store.journals.get(connection_id),
+                self.clock(),
+                relay_clock_offset(),
+            )
+            return inner
+
+        # as ControlledProxy itself wires its store: the config's factory, replaced
+        proxy.config = dataclasses.replace(proxy.config, observer_factory=observer)
+
+    def authorised(self, headers: dict[str, str], target: str) -> bool:
+        if not self.token:
+            return True
+        if self.api.authorised(headers):
+            return True
+        given = _query(target).get("token", "")
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def listing(self) -> bytes:
+        """The connection list as JSON, computed once per model version and tick."""
+        now = self.clock()  # the model is as fresh as `refresh_forever` keeps it
+        cached = self._cached
+        if cached is not None and cached[0] == self.model.version and now - cached[1] < FEED_IDLE:
+            return cached[2]
+        body = json.dumps(
+            {**self.model.listing(now), "scenario": self.proxy.scenario.name},
+            separators=(",", ":"),
+        ).encode()
+        self._cached = (self.model.version, now, body)
+        return body
+
+    async def answer(
+        self, method: str, target: str, headers: dict[str, str], body: bytes
+    ) -> Response:
+        if not self.authorised(headers, target):
+            return Response.json(401, {"error": "missing or wrong token"})
+        path = target.split("?", 1)[0].rstrip("/") or "/"
+        if method == "GET" and path in ("/", "/index.html"):
+            return Response(200, page(), "text/html; charset=utf-8")
+        if method == "GET" and path == "/api/connections":
+            if _query(target).get("all") == "1":
+                every = self.model.listing(self.clock(), limit=None)
+                return Response.json(200, {**every, "scenario": self.proxy.scenario.name})
+            return Response(200, self.listing(), "application/json")
+        if method == "GET" and path.startswith("/api/streams/"):
+            ident = path.rsplit("/", 1)[1]
+            found = self.model.stream(int(ident), self.clock()) if ident.isdigit() else None
+            if found is None:
+                return Response.json(404, {"error": f"no connection {ident} held"})
+            return Response.json(200, found)
+        if method == "GET" and path == "/api/presets":
+            return Response.json(200, {"presets": list(self.presets)})
+        if method == "GET" and path == "/api/drill":
+            return Response.json(200, {"drill": self.drill()})
+        if self.token:  # the page's token, as the control API takes it
+            headers = {**headers, "authorization": f"Bearer {self.token}"}
+        return await self.api.answer(method, target, headers, body)
+
+    async def refresh_forever(self) -> None:
+        """Frame what arrived every FEED_INTERVAL, watched or not: unframed bytes wait at
+        most that long (the model's memory stays bounded without a page attached)."""
+        while True:
+            self.model.refresh()
+            await trio.sleep(FEED_INTERVAL)
+
+    async def feed(self, stream: trio.SocketStream, connection: h11.Connection) -> None:
+        """The live feed: an update when the model moved, at most every FEED_INTERVAL."""
+        head = connection.send(
+            h11.Response(
+                status_code=200,
+                reason=b"OK",
+                headers=[
+                    ("content-type", "text/event-stream"),
+                    ("cache-control", "no-store"),
+                    ("x-accel-buffering", "no"),
+                ],
+            )
+        )
+        await stream.send_all(head or b"")
+        sent_version, sent_at, drill_sent = -1, -FEED_IDLE, ""
+        while True:
+            now = self.clock()
+            out = b""
+            if self.model.version != sent_version or now - sent_at >= FEED_IDLE:
+                sent_version, sent_at = self.model.version, now
+                out += b"event: update\ndata: " + self.listing() + b"\n\n"
+            drill = json.dumps(self.drill(), separators=(",", ":"))
+            if drill != drill_sent:
+                drill_sent = drill
+                out += b"event: drill\ndata: " + drill.encode() + b"\n\n"
+            if out:
+                await stream.send_all(connection.send(h11.Data(data=out)) or b"")
+            await trio.sleep(FEED_INTERVAL)
+
+    async def serve_connection(self, stream: trio.SocketStream) -> None:
+        connection = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
+        try:
+            while True:
+                with trio.move_on_after(REQUEST_TIMEOUT) as bound:
+                    request, body = await _read(connection, stream)
+                if bound.cancelled_caught or request is None:
+                    return
+                headers = {
+                    name.decode("latin-1").lower(): value.decode("latin-1")
+                    for name, value in request.headers
+                }
+                method = request.method.decode("ascii")
+                target = request.target.decode("latin-1")
+                path = target.split("?", 1)[0].rstrip("/")
+                if method == "GET" and path == "/feed" and self.authorised(headers, target):
+                    await self.feed(stream, connection)
+                    return
+                if body is None:
+                    response = Response.json(413, {"error": "body too large"})
+                else:
+                    try:
+                        response = await self.answer(method, target, headers, body)
+                    except Exception as error:  # a bug must not take the console down
+                        log.exception("console request failed")
+                        response = Response.json(500, {"error": repr(error)})
+                keep = body is not None
+                out = connection.send(
+                    h11.Response(
+                        status_code=response.status,
+                        reason=reason_phrase(response.status).encode(),
+                        headers=[
+                            ("content-type", response.content_type),
+                            ("content-length", str(len(response.body))),
+                            ("cache-control", "no-store"),
+                            *response.headers,
+                            *([] if keep else [("connection", "close")]),
+                        ],
+                    )
+                )
+                out = (out or b"") + (connection.send(h11.Data(data=response.body)) or b"")
+                out += connection.send(h11.EndOfMessage()) or b""
+                await stream.send_all(out)
+                if connection.our_state is h11.MUST_CLOSE or not keep:
+                    return
+                try:
+                    connection.start_next_cycle()
+                except h11.LocalProtocolError:
+                    return
+        except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            await stream.aclose()
+
+
+def _query(target: str) -> dict[str, str]:
+    pairs = (pair.partition("=") for pair in target.partition("?")[2].split("&") if pair)
+    return {key: value for key, _, value in pairs}
+
+
+async def _read(
+    connection: h11.Connection, stream: trio.SocketStream
+) -> tuple[h11.Request | None, bytes | None]:
+    request: h11.Request | None = None
+    body = bytearray()
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(65536)
+            connection.receive_data(data)
+            if not data and request is None:
+                return None, None
+            continue
+        if isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_REQUEST_BODY:
+                return request, None
+        elif isinstance(event, h11.EndOfMessage):
+            return request, bytes(body)
+        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+            return None, None
+
+
+async def serve_console(
+    console: Console, address: Address, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    listeners = await trio.open_tcp_listeners(address.port, host=address.host)
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(console.refresh_forever)
+        task_status.started(port)
+        await trio.serve_listeners(console.serve_connection, listeners, handler_nursery=nursery)
+
+
+def check_ui_access(address: Address, token: str | None) -> None:
+    """The control API's rule, for the console: beyond loopback only with a token."""
+    try:
+        check_control_access(address, token)
+    except ValueError as error:
+        raise ValueError(str(error).replace("the control API", "the console (--ui)")) from None
+
+
+async def run_console_proxy(
+    console: Console,
+    listen_address: Address,
+    ui_address: Address,
+    *,
+    control_address: Address | None = None,
+    ready: Callable[[int, int, int | None], None] | None = None,
+    grace: float = 10.0,
+    backlog: int = 1024,
+) -> ControlledProxy:
+    """Serve the proxy, its console and (if asked) its control API until a signal."""
+    check_ui_access(ui_address, console.token)
+    proxy = console.proxy
+    console.attach()
+    async with trio.open_nursery() as nursery:
+        ui_port = await nursery.start(serve_console, console, ui_address)
+        control_port = None
+        if control_address is not None:
+            check_control_access(control_address, console.token)
+            control_port = await nursery.start(serve_control, console.api, control_address)
+
+        def proxy_ready(port: int) -> None:
+            if ready is not None:
+                ready(port, ui_port, control_port)
+
+        await run_proxy(listen_address, proxy, ready=proxy_ready, grace=grace, backlog=backlog)
+        nursery.cancel_scope.cancel()
+    return proxy
