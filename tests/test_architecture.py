@@ -18,6 +18,7 @@ import inspect
 import pkgutil
 import re
 import sys
+import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -27,7 +28,8 @@ import pytest
 
 import faults
 from faults import REGISTRY
-from middlebox.core.fault import Fault
+from middlebox.core.fault import Command, Effects, Fault, Pipeline
+from middlebox.core.h2_faults import H2Action, H2Fault, H2Faults
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("middlebox", "faults", "vllm_emulator")
@@ -457,6 +459,41 @@ def counters_by_name(sources: Sources) -> list[str]:
                     and operand.func.id == "getattr"
                 ):
                     found.append(f"{path}:{node.lineno}: arithmetic on a getattr")
+    return found
+
+
+COMMANDS = frozenset(kind.__name__ for kind in typing.get_args(Command))
+H2_HOOKS = frozenset(
+    name for name, value in vars(H2Fault).items() if callable(value) and not name.startswith("_")
+)
+
+
+def commands_outside_apply(sources: Sources) -> list[str]:
+    """One effect vocabulary: the shell hears what a connection's faults want only as
+    `Effects` from their driver (`Pipeline`, `H2Faults`) and does it in an `apply`. So no
+    shell code calls an `H2Fault`'s hook itself, and none outside a function named `apply`
+    tells one `Command` from another (a second place that performs commands)."""
+    found = []
+    for path, source in sources.items():
+        if room_of_path(path) != "shell":
+            continue
+        tree = ast.parse(source)
+        in_apply: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "apply":
+                in_apply.update(id(inner) for inner in ast.walk(node))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Attribute) and node.func.attr in H2_HOOKS:
+                found.append(f"{path}:{node.lineno}: an HTTP/2 fault's {node.func.attr} called "
+                             "outside H2Faults")  # fmt: skip
+            named = isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+            if named and len(node.args) == 2 and id(node) not in in_apply:
+                kinds = node.args[1]
+                names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+                if any(isinstance(n, ast.Name) and n.id in COMMANDS for n in names):
+                    found.append(f"{path}:{node.lineno}: a command performed outside apply")
     return found
 
 
@@ -931,6 +968,54 @@ def test_counters_by_attribute_and_reading_fields_by_name_are_allowed() -> None:
     assert counters_by_name(sources) == []
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        "def execute(self, actions):\n    for a in actions:\n"
+        "        if isinstance(a, ResetStream):\n            self.reset(a.stream_id)\n",
+        "def drop(self, a):\n    return isinstance(a, (SendGoaway, DropConnection))\n",
+        "def opened(self, stream_id, now):\n"
+        "    for fault in self.faults:\n        fault.on_stream_open(stream_id, now)\n",
+        "def due(self):\n    return min(f.h2_deadline() for f in self.faults)\n",
+    ],
+)
+def test_a_second_place_performing_commands_in_the_shell_is_caught(body: str) -> None:
+    assert commands_outside_apply({"middlebox/shell/x.py": body})
+
+
+def test_commands_performed_in_apply_and_other_isinstance_checks_are_allowed() -> None:
+    sources = {
+        "middlebox/shell/x.py": (
+            "def apply(self, effects):\n    for command in effects.commands:\n"
+            "        if isinstance(command, ResetStream):\n            self.reset(command)\n"
+            "def read(self, item):\n    return isinstance(item, Chunk)\n"
+            "def opened(self, stream_id, now):\n"
+            "    self.apply(self.h2.stream_open(stream_id, now))\n"
+        ),
+        # Only the shell performs commands; the faults and the core make them.
+        "faults/x.py": "def f(a):\n    return isinstance(a, ResetStream)\n",
+    }
+    assert commands_outside_apply(sources) == []
+
+
+def test_the_drivers_answer_effects_and_http2_actions_are_its_commands() -> None:
+    # The shell's calls into a connection's faults answer the one vocabulary, `Effects`.
+    for driver, names in (
+        (Pipeline, ("open", "feed", "wake")),
+        (H2Faults, ("open", "stream_open", "stream_data", "stream_close", "wake")),
+    ):
+        for name in names:
+            hints = typing.get_type_hints(getattr(driver, name))
+            assert hints["return"] is Effects, f"{driver.__name__}.{name}"
+    assert typing.get_args(H2Action) == typing.get_args(Command)
+    hook_answers = [
+        typing.get_type_hints(getattr(H2Fault, name))["return"]
+        for name in sorted(H2_HOOKS)
+        if name.startswith("on_")
+    ]
+    assert hook_answers and all(answer == list[H2Action] for answer in hook_answers)
+
+
 def test_any_in_how_a_proxy_is_built_or_started_is_caught() -> None:
     server = (
         "from typing import Any\n"
@@ -1167,6 +1252,10 @@ def test_faults_and_the_pure_rooms_read_no_clock_and_no_global_random() -> None:
 
 def test_the_shell_keeps_no_counter_by_name() -> None:
     assert_clean(counters_by_name(product()))
+
+
+def test_the_shell_performs_commands_only_in_apply() -> None:
+    assert_clean(commands_outside_apply(product()))
 
 
 def test_every_module_starts_with_a_docstring() -> None:

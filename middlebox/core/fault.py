@@ -356,6 +356,36 @@ def proxy_stages(faults: Sequence[Fault]) -> list[ProxyStage]:
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class ResetStream:
+    """RST_STREAM with `error_code` toward the client; the stream's relay is reset upstream."""
+
+    stream_id: int
+    error_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendGoaway:
+    """GOAWAY naming the last stream served (RFC 9113 §6.8): newer streams are refused with
+    REFUSED_STREAM, the connection closes once the streams up to it have ended."""
+
+    last_stream_id: int
+    error_code: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DropConnection:
+    """The TCP connection goes (`how: rst` an RST, `fin` a close without GOAWAY): every
+    multiplexed stream dies at once, each relay is reset upstream."""
+
+    how: str = "rst"
+
+
+Command = ResetStream | SendGoaway | DropConnection
+"""What a connection carrying multiplexed streams must do (HTTP/2's connection-level faults,
+core/h2_faults.py), carried in `Effects.commands`."""
+
+
 _NOT_PAUSED: frozenset[Direction] = frozenset()
 _PAUSED = {
     (False, False): _NOT_PAUSED,
@@ -382,6 +412,9 @@ class Effects:
     ended: bool = False
     """A stage ended the connection (`ProxyStage.connection_closed`): close it once the
     items are written, without waiting for the peers' FINs (nginx's `close()`)."""
+    commands: tuple[Command, ...] = ()
+    """What the HTTP/2 connection carrying the streams must do, in order (`H2Faults`): an
+    RST_STREAM, a GOAWAY, the connection dropped."""
 
 
 class Pipeline(Fault):

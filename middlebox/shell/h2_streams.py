@@ -27,9 +27,11 @@ while it waits is never dialled. Its resets are counted against a `ResetBudget`
 (core/h2_limits.py), and past it the connection ends with GOAWAY ENHANCE_YOUR_CALM.
 
 Connection-level faults (`core/h2_faults.py`: goaway, rst_stream, h2_window,
-max_concurrent_streams) are pure; the session feeds them stream opens, DATA and closes with
-`now`, wakes them at their deadlines, and executes the actions they return (a GOAWAY, an
-RST_STREAM with their code, a dropped connection) and the send credit they grant.
+max_concurrent_streams) are pure; the session feeds them (`H2Faults`) stream opens, DATA and
+closes with `now`, wakes them at their deadlines, and performs the `Effects` they answer in
+`apply`, the one place their commands (a GOAWAY, an RST_STREAM with their code, a dropped
+connection) are done, as the relay's `apply` does a pipeline's; and it keeps to the send
+credit they grant.
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ import h2.settings
 import hyperframe.frame
 import trio
 
-from middlebox.core.fault import Fault, FaultReport, ReportSink
+from middlebox.core.fault import (
+    DropConnection,
+    Effects,
+    Fault,
+    FaultReport,
+    ReportSink,
+    ResetStream,
+    SendGoaway,
+)
 from middlebox.core.h2_bridge import (
     NO_ERROR,
     PROTOCOL_ERROR,
@@ -63,14 +73,7 @@ from middlebox.core.h2_bridge import (
     ResponseEvent,
     ResponseHead,
 )
-from middlebox.core.h2_faults import (
-    DropConnection,
-    H2Action,
-    H2Fault,
-    ResetStream,
-    SendGoaway,
-    earliest,
-)
+from middlebox.core.h2_faults import H2Fault, H2Faults
 from middlebox.core.h2_limits import ENHANCE_YOUR_CALM, ResetBudget
 from middlebox.observe.metrics import ServerCounters
 from middlebox.shell.tls import READ_SIZE, loopback_pair
@@ -147,6 +150,7 @@ class H2Session:
         # Streams opened by the frames being taken, started once they all are.
         self._opened: list[tuple[_Stream, trio.MemoryReceiveChannel[tuple[bytes, int]]]] = []
         self.faults = list(faults)
+        self._h2 = H2Faults(self.faults)
         # The faults' reports go to the journal of the stream they name (their stream's
         # HTTP/1.1 connection), delivered when that stream ends, while its journal is open;
         # a connection-wide report goes to the first stream that ends after it.
@@ -184,9 +188,8 @@ class H2Session:
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
         }
-        for fault in self.faults:
-            for code, value in fault.h2_settings().items():
-                settings[h2.settings.SettingCodes(code)] = value
+        for code, value in self._h2.settings().items():
+            settings[h2.settings.SettingCodes(code)] = value
         self.conn.local_settings = h2.settings.Settings(client=False, initial_values=settings)
         self.conn.initiate_connection()
         # The preface announces the limit; the session enforces it, as nginx does: a stream
@@ -201,9 +204,8 @@ class H2Session:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 nursery.start_soon(self._write_loop)
-                if self.faults:
-                    now = trio.current_time()
-                    self._execute([a for f in self.faults for a in f.on_connection_open(now)])
+                if self._h2:
+                    self.apply(self._h2.open(trio.current_time()))
                     nursery.start_soon(self._timer_loop)
                 self._kick()
                 await self._read_loop()
@@ -374,7 +376,8 @@ class H2Session:
         stream.inbound = send
         self._opened.append((stream, receive))
         self._to_upstream(stream, head)
-        self._feed_faults(lambda fault, now: fault.on_stream_open(stream_id, now))
+        if self._h2:
+            self.apply(self._h2.stream_open(stream_id, trio.current_time()))
 
     async def _serve_stream(
         self, stream: _Stream, receive: trio.MemoryReceiveChannel[tuple[bytes, int]]
@@ -518,7 +521,7 @@ class H2Session:
             except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, KeyError):
                 stream.ended = True
                 return
-            credit = self._credit(stream.stream_id)
+            credit = self._h2.credit(stream.stream_id, trio.current_time()) if self._h2 else None
             if credit is not None:
                 window = min(window, credit)
             if window <= 0:
@@ -527,8 +530,8 @@ class H2Session:
             piece, view = bytes(view[:window]), view[window:]
             self._guarded(self.conn.send_data, stream.stream_id, piece)
             self._kick()
-            if self.faults:
-                self._stream_data(stream.stream_id, piece)
+            if self._h2:
+                self.apply(self._h2.stream_data(stream.stream_id, piece, trio.current_time()))
 
     def _send_reset(self, stream_id: int, code: int) -> None:
         self._guarded(self.conn.reset_stream, stream_id, code)
@@ -586,18 +589,9 @@ class H2Session:
 
     # ------------------------------------------------------------ connection-level faults
 
-    def _feed_faults(self, hook: Callable[[H2Fault, float], list[H2Action]]) -> None:
-        if not self.faults:
-            return
-        now = trio.current_time()
-        self._execute([action for fault in self.faults for action in hook(fault, now)])
-        self._timers.unpark_all()  # a deadline may have moved
-
-    def _stream_data(self, stream_id: int, piece: bytes) -> None:
-        self._feed_faults(lambda fault, now: fault.on_stream_data(stream_id, piece, now))
-
     def _stream_closed(self, stream: _Stream) -> None:
-        self._feed_faults(lambda fault, now: fault.on_stream_close(stream.stream_id, now))
+        if self._h2:
+            self.apply(self._h2.stream_close(stream.stream_id, trio.current_time()))
         self._deliver_reports(stream.stream_id)
 
     def _note_relay(self, stream_id: int, connection_id: int) -> None:
@@ -618,23 +612,19 @@ class H2Session:
                 kept.append(report)
         self._pending_reports[:] = kept
 
-    def _credit(self, stream_id: int) -> int | None:
-        """The smallest send credit a fault grants the stream now (None: the windows')."""
-        now = trio.current_time()
-        credits = [fault.send_credit(stream_id, now) for fault in self.faults]
-        granted = [c for c in credits if c is not None]
-        return min(granted) if granted else None
-
-    def _execute(self, actions: Sequence[H2Action]) -> None:
-        for action in actions:
-            if isinstance(action, ResetStream):
-                stream = self.streams.get(action.stream_id)
+    def apply(self, effects: Effects) -> None:
+        """Do what the connection's faults asked (`H2Faults`): their commands, in order;
+        the timer loop then recomputes its wait, as a deadline may have moved."""
+        for command in effects.commands:
+            if isinstance(command, ResetStream):
+                stream = self.streams.get(command.stream_id)
                 if stream is not None and not stream.ended:
-                    self._cancel_stream(stream, action.error_code)
-            elif isinstance(action, SendGoaway):
-                self._goaway(action.last_stream_id, action.error_code)
-            elif isinstance(action, DropConnection):
-                self._drop_connection(action.how)
+                    self._cancel_stream(stream, command.error_code)
+            elif isinstance(command, SendGoaway):
+                self._goaway(command.last_stream_id, command.error_code)
+            elif isinstance(command, DropConnection):
+                self._drop_connection(command.how)
+        self._timers.unpark_all()
 
     def _cancel_stream(self, stream: _Stream, error_code: int) -> None:
         """RST_STREAM toward the client, an RST into the stream's relay toward the upstream."""
@@ -660,7 +650,7 @@ class H2Session:
         for the next event (a send credit that is there but unused)."""
         fired: float | None = None
         while True:
-            due = earliest([fault.h2_deadline() for fault in self.faults])
+            due = self._h2.deadline()
             if due is None or (fired is not None and due <= fired):
                 await self._timers.park()
                 fired = None
@@ -670,8 +660,7 @@ class H2Session:
             if not timer.cancelled_caught:
                 continue  # an event came first: recompute
             fired = due
-            now = trio.current_time()
-            self._execute([a for f in self.faults for a in f.on_h2_deadline(now)])
+            self.apply(self._h2.wake(trio.current_time()))
             self._window.unpark_all()  # a send credit may have grown
             self._kick()
 
