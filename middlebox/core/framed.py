@@ -43,11 +43,13 @@ from middlebox.core.http1 import (
     Piece,
     PieceKind,
     Role,
+    moved_piece,
 )
 from middlebox.core.sse import SseEvent, SseFramer, SseKind, SseLimits, SsePiece
-from middlebox.core.stream import Direction
+from middlebox.core.stream import Chunk, Direction, Item
 
 __all__ = [
+    "BodyPass",
     "Framed",
     "FramedStream",
     "FramingLayout",
@@ -56,11 +58,15 @@ __all__ = [
     "Reader",
     "frame_new",
     "is_event_stream",
+    "shifted",
 ]
 
 _NO_LINES: tuple[SsePiece, ...] = ()
 _LIMITS = SseLimits()
 _SPLITTABLE = (PieceKind.BODY, PieceKind.OPAQUE)
+# What a message's body is made of on the wire (RFC 9112 §7.1): data and the chunk framing
+# around it; a last chunk or trailers end the message, so they are not among them.
+_BODY_KINDS = frozenset({PieceKind.BODY, PieceKind.CHUNK_HEADER, PieceKind.CHUNK_TRAILER_CRLF})
 
 
 def is_event_stream(head: Head) -> bool:
@@ -406,6 +412,92 @@ class Reader:
         if len(log) > 64:
             stream._trim()
         return out
+
+
+class BodyPass:
+    """A fault's place in one direction's framed stream, kept in step while the pipeline
+    passes that fault over for the rest of a message's body (`Fault.body_aside`).
+
+    `take(size)` is what such a fault does with `size` bytes that are all body of the
+    message under way at its place: its reader advances over them, and the pieces they
+    complete go on to the stream it publishes to (`publish`), moved by `shift` (how much
+    its earlier writes, a rewritten head, changed the stream's length). For anything
+    else (a head, the message's end, bytes the framer still holds, an unfinished
+    structural piece at either edge) it does nothing and answers False, so the fault
+    sees those bytes itself, with its reader exactly where it left it."""
+
+    __slots__ = ("direction", "publish", "reader", "shift")
+
+    def __init__(self, direction: Direction, reader: Reader, publish: FramedStream | None) -> None:
+        self.direction = direction
+        self.reader = reader
+        self.publish = publish
+        self.shift = 0
+
+    def body_only(self, size: int) -> bool:
+        """Whether the next `size` bytes at this place are body of the message under
+        way, framed whole and with nothing held before or after them."""
+        reader = self.reader
+        start = reader.cursor
+        if start != reader.delivered:
+            return False  # an unfinished chunk line waits here: the fault reads it whole
+        stream = reader.stream
+        limit = start + size
+        if limit > stream.emitted or stream._eof_at is not None:
+            return False  # the framer holds part of these bytes, or the stream is ending
+        log = stream._log
+        position = reader.index - stream._base
+        message = reader.message
+        kinds = _BODY_KINDS
+        while position < len(log):
+            piece = log[position].piece
+            if piece.offset >= limit:
+                break
+            if (
+                piece.kind not in kinds
+                or piece.end_of_message
+                or piece.message != message
+                or (piece.offset + len(piece.data) > limit and piece.kind is not PieceKind.BODY)
+            ):
+                return False
+            position += 1
+        return True
+
+    def passes(self, item: Item) -> bool:
+        """`take` for a pipeline item: only this place's direction's bytes pass it by."""
+        return (
+            item.direction is self.direction
+            and isinstance(item, Chunk)
+            and self.take(len(item.data))
+        )
+
+    def take(self, size: int) -> bool:
+        """Advance over `size` body bytes as the fault would and publish their pieces;
+        False (nothing done) when they are not only body (`body_only`)."""
+        if not self.body_only(size):
+            return False
+        self.passed(self.reader.advance(size))
+        return True
+
+    def passed(self, framed: list[Framed]) -> None:
+        """Body pieces this place passes on as they came: to the stream after it, moved
+        by `shift`; counted without being made when nobody reads that stream."""
+        stream = self.publish
+        if stream is None or not framed:
+            return
+        shift = self.shift
+        if not shift:
+            stream.publish(framed)
+        elif not stream.read:
+            last = framed[-1].piece
+            stream.pass_unread(len(framed), last.offset + len(last.data) + shift)
+        else:
+            stream.publish([shifted(entry, shift) for entry in framed])
+
+
+def shifted(entry: Framed, shift: int) -> Framed:
+    """`entry` at `shift` bytes further into the stream (a head before it changed size)."""
+    return Framed(moved_piece(entry.piece, shift), entry.lines, entry.body_offset)
 
 
 def _slice(entry: Framed, begin: int, end: int) -> Framed:
