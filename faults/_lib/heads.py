@@ -85,7 +85,7 @@ class HeadRewriter(HttpMatched):
             ):
                 # body bytes after the head, none held before or after them: they go on
                 # as they came, moved only by what an earlier head's rewrite added
-                self._body.passed(framed)
+                self._body.publish_passed(framed)
                 return [item]
         parts: list[bytes] = []
         out_framed: list[Framed] = []

@@ -240,7 +240,7 @@ class Fault:
     message ends (a head rewriter): its place in that direction's framed stream. The
     pipeline then passes over it every item of `body_aside.direction` whose bytes are all
     body of the message under way there, without calling `on_item`: it advances the
-    fault's reader over them and publishes their pieces for it (`BodyPass.take`), so
+    fault's reader over them and publishes their pieces for it (`BodyPass.passes`), so
     the next head, a message's end or anything the framer holds reaches `on_item` with
     the fault's framing exactly where a call per item would have left it. The fault
     sets it back to None to see every item again."""
@@ -644,7 +644,7 @@ class Pipeline(Fault):
                 fault = faults[index]
                 if direction not in fault.aside:
                     passing = fault.body_aside
-                    if passing is None or not passing.passes(item):
+                    if passing is None or not passing.passes(item, now):
                         break
                     index += step  # passed over for a body: its reader and stream kept up
                     continue
@@ -675,7 +675,7 @@ class Pipeline(Fault):
             fault = faults[index]
             if direction not in fault.aside:
                 passing = fault.body_aside
-                if passing is None or not passing.passes(item):
+                if passing is None or not passing.passes(item, now):
                     self._deliver(index, item, now, out)
                     return
                 index += step  # passed over for a body: its reader and stream kept up

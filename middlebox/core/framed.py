@@ -64,9 +64,6 @@ __all__ = [
 _NO_LINES: tuple[SsePiece, ...] = ()
 _LIMITS = SseLimits()
 _SPLITTABLE = (PieceKind.BODY, PieceKind.OPAQUE)
-# What a message's body is made of on the wire (RFC 9112 §7.1): data and the chunk framing
-# around it; a last chunk or trailers end the message, so they are not among them.
-_BODY_KINDS = frozenset({PieceKind.BODY, PieceKind.CHUNK_HEADER, PieceKind.CHUNK_TRAILER_CRLF})
 
 
 def is_event_stream(head: Head) -> bool:
@@ -418,13 +415,12 @@ class BodyPass:
     """A fault's place in one direction's framed stream, kept in step while the pipeline
     passes that fault over for the rest of a message's body (`Fault.body_aside`).
 
-    `take(size)` is what such a fault does with `size` bytes that are all body of the
-    message under way at its place: its reader advances over them, and the pieces they
-    complete go on to the stream it publishes to (`publish`), moved by `shift` (how much
-    its earlier writes, a rewritten head, changed the stream's length). For anything
-    else (a head, the message's end, bytes the framer still holds, an unfinished
-    structural piece at either edge) it does nothing and answers False, so the fault
-    sees those bytes itself, with its reader exactly where it left it."""
+    `passes(item, now)` does what such a fault does with an item whose bytes are all body
+    of the message under way at its place: its reader advances over them, and the
+    pieces they complete go on to the stream it publishes to (`publish`), moved by
+    `shift` (how much its earlier writes, a rewritten head, changed the stream's
+    length). For anything else it does nothing and answers False, so the fault is given
+    the item itself, with its reader exactly where it left it."""
 
     __slots__ = ("direction", "publish", "reader", "shift")
 
@@ -434,52 +430,49 @@ class BodyPass:
         self.publish = publish
         self.shift = 0
 
-    def body_only(self, size: int) -> bool:
-        """Whether the next `size` bytes at this place are body of the message under
-        way, framed whole and with nothing held before or after them."""
+    def passes(self, item: Item, now: float) -> bool:
+        """Pass the fault over for `item` if its bytes are all body of the message under
+        way here, framed whole with nothing held before or after them (RFC 9112 §7.1:
+        data and the chunk lines around it; a last chunk or trailers end the message).
+        False, with nothing done, for another direction, an end of stream, a head, the
+        message's end, bytes the framer holds, or a chunk line cut at either edge. One
+        method, not a call per check: it runs for every item that reaches such a fault."""
+        if item.direction is not self.direction or type(item) is not Chunk:
+            return False
         reader = self.reader
         start = reader.cursor
         if start != reader.delivered:
             return False  # an unfinished chunk line waits here: the fault reads it whole
         stream = reader.stream
+        size = len(item.data)
         limit = start + size
         if limit > stream.emitted or stream._eof_at is not None:
             return False  # the framer holds part of these bytes, or the stream is ending
-        log = stream._log
-        position = reader.index - stream._base
         message = reader.message
-        kinds = _BODY_KINDS
-        while position < len(log):
-            piece = log[position].piece
+        body, header, crlf = PieceKind.BODY, PieceKind.CHUNK_HEADER, PieceKind.CHUNK_TRAILER_CRLF
+        log = stream._log
+        for index in range(reader.index - stream._base, len(log)):
+            piece = log[index].piece
             if piece.offset >= limit:
                 break
+            kind = piece.kind
             if (
-                piece.kind not in kinds
-                or piece.end_of_message
+                piece.end_of_message
                 or piece.message != message
-                or (piece.offset + len(piece.data) > limit and piece.kind is not PieceKind.BODY)
+                or (kind is not body and kind is not header and kind is not crlf)
+                or (kind is not body and piece.offset + len(piece.data) > limit)
             ):
                 return False
-            position += 1
+        self.passed(reader.advance(size), size, now)
         return True
 
-    def passes(self, item: Item) -> bool:
-        """`take` for a pipeline item: only this place's direction's bytes pass it by."""
-        return (
-            item.direction is self.direction
-            and isinstance(item, Chunk)
-            and self.take(len(item.data))
-        )
+    def passed(self, framed: list[Framed], size: int, now: float) -> None:
+        """What the fault does with `size` body bytes reaching it at `now`, passed on as
+        they came: publish their pieces (`publish_passed`). A fault that also keeps count
+        of them (a read timer) extends this; it runs once per item passed over."""
+        self.publish_passed(framed)
 
-    def take(self, size: int) -> bool:
-        """Advance over `size` body bytes as the fault would and publish their pieces;
-        False (nothing done) when they are not only body (`body_only`)."""
-        if not self.body_only(size):
-            return False
-        self.passed(self.reader.advance(size))
-        return True
-
-    def passed(self, framed: list[Framed]) -> None:
+    def publish_passed(self, framed: list[Framed]) -> None:
         """Body pieces this place passes on as they came: to the stream after it, moved
         by `shift`; counted without being made when nobody reads that stream."""
         stream = self.publish
