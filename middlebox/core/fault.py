@@ -646,8 +646,7 @@ class Pipeline(Fault):
                     passing = fault.body_aside
                     if passing is None or not passing.passes(item, now):
                         break
-                    index += step  # passed over for a body: its reader and stream kept up
-                    continue
+                    # passed over for a body: its reader and what it publishes kept up
                 if fed_after:
                     stream = fed_after.get((id(fault), direction))
                     if stream is not None:
@@ -678,8 +677,7 @@ class Pipeline(Fault):
                 if passing is None or not passing.passes(item, now):
                     self._deliver(index, item, now, out)
                     return
-                index += step  # passed over for a body: its reader and stream kept up
-                continue
+                # passed over for a body: its reader and what it publishes kept up
             if self._fed_after:
                 stream = self._fed_after.get((id(fault), direction))
                 if stream is not None:

@@ -18,7 +18,7 @@ from faults.testing import TimedItem, replay
 from middlebox.core.fault import Fault, FaultContext, Pipeline
 from middlebox.core.framed import LegRecord
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item
-from tests.faults.httpprops import SSE_HEAD, request, sse_chunks
+from tests.faults.httpprops import SSE_HEAD, request, spread_splits, sse_chunks
 
 BARE_HEAD = SSE_HEAD.replace(b"x-accel-buffering: no\r\n", b"")
 SET = b"X-Accel-Buffering: no\r\n"
@@ -201,12 +201,7 @@ def test_passed_over_or_given_every_item_the_bytes_and_the_client_legs_pieces_ar
     wire = BARE_HEAD + b"".join(body) + LENGTH_HEAD + b"hello"
     expected = with_field(BARE_HEAD) + b"".join(body) + with_field(LENGTH_HEAD) + b"hello"
     per_chunk = [BARE_HEAD, *body, LENGTH_HEAD, b"hel", b"lo"]
-    splits = [per_chunk] + [[wire[:a], wire[a:]] for a in range(1, len(wire))]
-    splits += [
-        [wire[:a], wire[a:b], wire[b:]]
-        for a in range(1, len(wire), 7)
-        for b in range(a + 1, len(wire), 5)
-    ]
+    splits = [per_chunk, *spread_splits(wire)]
     for reads in splits:
         sent, pieces, calls = client_leg(SetHeader(), reads, aside=True)
         assert (sent, pieces) == client_leg(SetHeader(), reads, aside=False)[:2], reads
