@@ -27,6 +27,10 @@ would be read as part of it, or as the answer to the forwarded request. The clie
 the close and retries what went unanswered (RFC 9112 §9.3.2), as behind nginx, which
 closes after a response it cannot keep alive and leaves pipelined requests unanswered.
 Each such answer is reported `unsent`.
+
+The server's bytes it forwards decide nothing inside a response's body (an answer waits for
+the response's end), so it steps aside for response bodies (`Fault.body_aside`): the
+pipeline keeps its place in the response stream and its count of the server's bytes.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from faults._lib.checks import check_choice
 from faults._lib.items import joined_chunk
 from faults._lib.match import HttpMatched, RequestInfo
 from middlebox.core.fault import Fault, FaultContext, Seconds
+from middlebox.core.framed import BodyPass, Framed
 from middlebox.core.http1 import PieceKind
 from middlebox.core.responses import error_response, nginx_error_page
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
@@ -205,6 +210,8 @@ class HttpError(HttpMatched, Fault):
             # On its own the flow frames the server's responses too; they answer only the
             # requests forwarded (below), not every request the client sent.
             self._flow.position.up.responses_to.clear()
+        else:
+            self.body_aside = _ServerBody(self)
 
     def on_item(self, item: Item, now: float) -> list[Item]:
         if item.direction is Direction.UPSTREAM:
@@ -299,6 +306,7 @@ class HttpError(HttpMatched, Fault):
             if not self._down_closed:
                 out.append(item)
                 self._down_closed = True
+                self.body_aside = None  # it swallows the server's bytes from now on
         return out
 
     def _flush(self) -> list[Item]:
@@ -312,5 +320,21 @@ class HttpError(HttpMatched, Fault):
             if close:
                 out += [Eof(Direction.DOWNSTREAM), Eof(Direction.UPSTREAM)]
                 self._down_closed = True
+                self.body_aside = None  # it swallows the server's bytes from now on
                 self._queue.clear()
         return out
+
+
+class _ServerBody(BodyPass):
+    """http_error's place in the server's response stream while the pipeline passes it
+    over for a body: the bytes go on as they came, counted in its offset (where an
+    answer waiting behind the response is cut in when the response ends)."""
+
+    __slots__ = ("fault",)
+
+    def __init__(self, fault: HttpError) -> None:
+        super().__init__(Direction.DOWNSTREAM, fault._flow.responses, None)
+        self.fault = fault
+
+    def passed(self, framed: list[Framed], size: int, now: float) -> None:
+        self.fault._down_offset += size

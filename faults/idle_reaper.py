@@ -37,6 +37,11 @@ after the last of the frames that followed it over 200 ms).
 Each HTTP exchange on a keep-alive connection is timed on its own: the clock runs from
 the moment the request is complete until its response is, and only for requests that
 `match` selects.
+
+Inside a response's body it has only its read timer and its count of the bytes to keep, so
+it steps aside for the body (`Fault.body_aside`): the pipeline keeps its place in the
+response stream, and each read passed over re-arms the timer at its own time, as nginx does
+per read (`_BodyReads`).
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ from faults._lib.ends import (
 )
 from faults._lib.hop_close import HopClose
 from faults._lib.match import RESPONSES, HttpMatched
-from middlebox.core.fault import Fault, Seconds
+from middlebox.core.fault import Fault, FaultContext, Seconds
+from middlebox.core.framed import BodyPass, Framed, FramedStream
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
 AfterHeaders = Literal["close", "reset", "finish"]
@@ -79,6 +85,12 @@ class IdleReaper(HttpMatched, Fault):
     _last: float = field(init=False, repr=False, default=0.0)
     _progress: ResponseProgress = field(init=False, repr=False, default_factory=ResponseProgress)
     _closed: bool = field(init=False, repr=False, default=False)
+
+    def bind(self, context: FaultContext) -> None:
+        super().bind(context)
+        framing = context.framing
+        if framing is not None:
+            self.body_aside = _BodyReads(self, framing.publish.get(Direction.DOWNSTREAM))
 
     def changes(self) -> frozenset[Direction]:
         return RESPONSES  # its answer or early end, when it fires
@@ -109,10 +121,7 @@ class IdleReaper(HttpMatched, Fault):
                 self._waiting.clear()  # the client left: nginx finalizes the request
             return [item]
         if isinstance(item, Chunk):
-            # nginx compares whole milliseconds (a move of exactly 300 ms counts); a
-            # virtual clock's float sums may miss 0.3 by 1e-16, hence the epsilon
-            if now - self._last >= self.lazy - 1e-9:
-                self._last = now  # any byte re-arms the read timer, heartbeats included
+            self._read(now)
             held = self._flow.responses.held
             for message in self._progress.feed(len(item.data), pieces, held):
                 if self._waiting and self._waiting[0] == message:
@@ -121,6 +130,12 @@ class IdleReaper(HttpMatched, Fault):
             self._waiting.clear()  # the upstream ended the connection itself
         return [self.forwarded(item)]
 
+    def _read(self, now: float) -> None:
+        # nginx compares whole milliseconds (a move of exactly 300 ms counts); a
+        # virtual clock's float sums may miss 0.3 by 1e-16, hence the epsilon
+        if now - self._last >= self.lazy - 1e-9:
+            self._last = now  # any byte re-arms the read timer, heartbeats included
+
     def deadline(self) -> float | None:
         if self._closed or not self._waiting:
             return None
@@ -128,6 +143,7 @@ class IdleReaper(HttpMatched, Fault):
 
     def on_deadline(self, now: float) -> list[Item]:
         self._closed = True
+        self.body_aside = None  # it swallows whatever comes after: it sees every item
         message = self._waiting[0]
         progress = self._progress
         end: str
@@ -155,3 +171,22 @@ class IdleReaper(HttpMatched, Fault):
             idle_since=self._last,
         )
         return self.wrote(out)
+
+
+class _BodyReads(BodyPass):
+    """idle_reaper's place in the response stream while the pipeline passes it over for a
+    body: each read passed over still re-arms its timer at that read's own time (with
+    `lazy`, only the reads that move it far enough do) and is counted in its progress
+    (the byte and body byte its report gives), and its pieces go on as they came."""
+
+    __slots__ = ("reaper",)
+
+    def __init__(self, reaper: IdleReaper, publish: FramedStream | None) -> None:
+        super().__init__(Direction.DOWNSTREAM, reaper._flow.responses, publish)
+        self.reaper = reaper
+
+    def passed(self, framed: list[Framed], size: int, now: float) -> None:
+        reaper = self.reaper
+        reaper._read(now)
+        reaper._progress.feed(size, [entry.piece for entry in framed], 0)
+        self.publish_passed(framed)

@@ -7,13 +7,9 @@ from typing import Any, Literal
 
 from faults._lib.items import joined_chunk
 from faults._lib.match import REQUESTS, RESPONSES, HttpMatched
-from middlebox.core.framed import Framed, FramedStream
-from middlebox.core.http1 import (
-    Head,
-    Piece,
-    moved_piece,
-    serialize_head,
-)
+from middlebox.core.fault import FaultContext
+from middlebox.core.framed import BodyPass, Framed, shifted
+from middlebox.core.http1 import Head, Piece, serialize_head
 from middlebox.core.stream import Chunk, Direction, Item
 
 HeaderDirection = Literal["response", "request"]
@@ -27,11 +23,16 @@ class HeadRewriter(HttpMatched):
     Subclasses implement `rewrite(head)`: the new head and report details, or None when
     the head needs no change. The fault knows what it wrote, so it hands the faults past
     it the pieces of its output (the new head, the rest shifted) instead of having them
-    framed again."""
+    framed again.
+
+    Between a response's head and its end it has nothing to decide, so it steps aside for
+    the body (`Fault.body_aside`): the pipeline keeps its place in the response stream
+    and publishes the body's pieces for it, moved by what its head rewrites added."""
 
     direction: HeaderDirection = "response"
 
-    _shift: int = field(init=False, repr=False, compare=False, default=0)
+    # its place in the target stream and what its rewrites shifted the bytes after it by
+    _body: BodyPass = field(init=False, repr=False, compare=False)
     # response bytes the framer held after the last item (an unfinished chunk line)
     _held_bytes: int = field(init=False, repr=False, compare=False, default=0)
 
@@ -42,6 +43,20 @@ class HeadRewriter(HttpMatched):
     @property
     def _target(self) -> Direction:
         return Direction.UPSTREAM if self.direction == "request" else Direction.DOWNSTREAM
+
+    def bind(self, context: FaultContext) -> None:
+        super().bind(context)
+        target = self._target
+        framing = context.framing
+        self._body = BodyPass(
+            target,
+            self._flow.reader(target),
+            framing.publish.get(target) if framing is not None else None,
+        )
+        if target is Direction.DOWNSTREAM and framing is not None:
+            # A request is held until decided (`gate_framed`), so only responses' bodies
+            # are passed over; a fault framing on its own is not in a pipeline.
+            self._fault.body_aside = self._body
 
     def changes(self) -> frozenset[Direction]:
         return REQUESTS if self.direction == "request" else RESPONSES
@@ -68,7 +83,10 @@ class HeadRewriter(HttpMatched):
                 and isinstance(item, Chunk)
                 and all(entry.piece.head is None for entry in framed)
             ):
-                return self._body_as_it_came(item, framed)
+                # body bytes after the head, none held before or after them: they go on
+                # as they came, moved only by what an earlier head's rewrite added
+                self._body.publish_passed(framed)
+                return [item]
         parts: list[bytes] = []
         out_framed: list[Framed] = []
         for entry in framed:
@@ -78,9 +96,10 @@ class HeadRewriter(HttpMatched):
             changed = None
             if head is not None and not head.is_interim and index is not None:
                 changed = self.rewrite(head)
+            shift = self._body.shift
             if changed is None:
                 parts.append(piece.data)
-                out_framed.append(_shifted(entry, self._shift) if self._shift else entry)
+                out_framed.append(shifted(entry, shift) if shift else entry)
                 continue
             new_head, details = changed
             data = serialize_head(new_head)
@@ -91,13 +110,13 @@ class HeadRewriter(HttpMatched):
                         piece.kind,
                         data,
                         piece.message,
-                        piece.offset + self._shift,
+                        piece.offset + shift,
                         new_head,
                         piece.end_of_message,
                     )
                 )
             )
-            self._shift += len(data) - len(piece.data)
+            self._body.shift = shift + len(data) - len(piece.data)
             self._fault.report(
                 now,
                 "rewrote_head",
@@ -113,31 +132,3 @@ class HeadRewriter(HttpMatched):
             return out
         self.publish_end(target)
         return [*out, item]
-
-    def _published(self, direction: Direction) -> FramedStream | None:
-        """The stream this fault publishes `direction`'s pieces to, if any."""
-        framing = self._fault.context.framing
-        return framing.publish.get(direction) if framing is not None else None
-
-    def _body_as_it_came(self, item: Chunk, framed: list[Framed]) -> list[Item]:
-        """Body bytes after the head, none held before or after them, so the bytes are
-        exactly the pieces': they go on as they came, only moved by what an earlier
-        head's rewrite added; no head, so nothing to decide per piece."""
-        shift = self._shift
-        target = self._target
-        if not shift:
-            self.publish(target, framed)
-            return [item]
-        stream = self._published(target)
-        if stream is not None and framed and not stream.read:
-            # nobody past this fault reads the pieces: count them, make none
-            last = framed[-1].piece
-            stream.pass_unread(len(framed), last.offset + len(last.data) + shift)
-        else:
-            self.publish(target, [_shifted(entry, shift) for entry in framed])
-        return [item]
-
-
-def _shifted(entry: Framed, shift: int) -> Framed:
-    """`entry` at `shift` bytes further into the stream (a head before it changed size)."""
-    return Framed(moved_piece(entry.piece, shift), entry.lines, entry.body_offset)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Protocol, TypeVar, cast
 
-from middlebox.core.framed import FramedStream, FramingLayout, PathFraming, Position
+from middlebox.core.framed import BodyPass, FramedStream, FramingLayout, PathFraming, Position
 from middlebox.core.scenario_state import SharedState, for_fault
 from middlebox.core.stream import Chunk, Direction, Item
 
@@ -234,7 +234,16 @@ class Fault:
     decide). The pipeline then passes those items over it without calling `on_item`, as
     if it had passed them on; it sets `aside` again when that stops. Not for a direction
     whose framed pieces it reads (`HttpMatched.observe`) or publishes: its place's
-    reader or stream would fall behind."""
+    reader or stream would fall behind (that is `body_aside`)."""
+    body_aside: BodyPass | None = field(init=False, repr=False, compare=False, default=None)
+    """Set by a fault that reads a direction's framing but needs to see only its heads and
+    message ends (a head rewriter): its place in that direction's framed stream. The
+    pipeline then passes over it every item of `body_aside.direction` whose bytes are all
+    body of the message under way there, without calling `on_item`: it advances the
+    fault's reader over them and publishes their pieces for it (`BodyPass.passes`), so
+    the next head, a message's end or anything the framer holds reaches `on_item` with
+    the fault's framing exactly where a call per item would have left it. The fault
+    sets it back to None to see every item again."""
 
     def bind(self, context: FaultContext) -> None:
         """Attach the per-connection context; called once, before `on_open`."""
@@ -643,7 +652,9 @@ class Pipeline(Fault):
         A loop rather than a call per stage: an item that a fault passes on as one item
         in its own direction (nearly every item) goes on to the next stage in this same
         frame, and a fault that steps aside for the item's direction (`Fault.aside`) is
-        passed over without a call, as if it had handed the item on unchanged."""
+        passed over without a call, as if it had handed the item on unchanged; so is one
+        that steps aside for a body (`Fault.body_aside`) when the item's bytes are all
+        body at its place, its framing kept in step for it."""
         faults = self._faults
         count = len(faults)
         fed_after = self._fed_after
@@ -665,7 +676,10 @@ class Pipeline(Fault):
             while 0 <= index < count:
                 fault = faults[index]
                 if direction not in fault.aside:
-                    break
+                    passing = fault.body_aside
+                    if passing is None or not passing.passes(item, now):
+                        break
+                    # passed over for a body: its reader and what it publishes kept up
                 if fed_after:
                     stream = fed_after.get((id(fault), direction))
                     if stream is not None:
@@ -692,8 +706,11 @@ class Pipeline(Fault):
         while 0 <= index < len(faults):
             fault = faults[index]
             if direction not in fault.aside:
-                self._deliver(index, item, now, out)
-                return
+                passing = fault.body_aside
+                if passing is None or not passing.passes(item, now):
+                    self._deliver(index, item, now, out)
+                    return
+                # passed over for a body: its reader and what it publishes kept up
             if self._fed_after:
                 stream = self._fed_after.get((id(fault), direction))
                 if stream is not None:

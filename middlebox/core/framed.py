@@ -43,11 +43,13 @@ from middlebox.core.http1 import (
     Piece,
     PieceKind,
     Role,
+    moved_piece,
 )
 from middlebox.core.sse import SseEvent, SseFramer, SseKind, SseLimits, SsePiece
-from middlebox.core.stream import Direction
+from middlebox.core.stream import Chunk, Direction, Item
 
 __all__ = [
+    "BodyPass",
     "Framed",
     "FramedStream",
     "FramingLayout",
@@ -56,6 +58,7 @@ __all__ = [
     "Reader",
     "frame_new",
     "is_event_stream",
+    "shifted",
 ]
 
 _NO_LINES: tuple[SsePiece, ...] = ()
@@ -406,6 +409,88 @@ class Reader:
         if len(log) > 64:
             stream._trim()
         return out
+
+
+class BodyPass:
+    """A fault's place in one direction's framed stream, kept in step while the pipeline
+    passes that fault over for the rest of a message's body (`Fault.body_aside`).
+
+    `passes(item, now)` does what such a fault does with an item whose bytes are all body
+    of the message under way at its place: its reader advances over them, and the
+    pieces they complete go on to the stream it publishes to (`publish`), moved by
+    `shift` (how much its earlier writes, a rewritten head, changed the stream's
+    length). For anything else it does nothing and answers False, so the fault is given
+    the item itself, with its reader exactly where it left it."""
+
+    __slots__ = ("direction", "publish", "reader", "shift")
+
+    def __init__(self, direction: Direction, reader: Reader, publish: FramedStream | None) -> None:
+        self.direction = direction
+        self.reader = reader
+        self.publish = publish
+        self.shift = 0
+
+    def passes(self, item: Item, now: float) -> bool:
+        """Pass the fault over for `item` if its bytes are all body of the message under
+        way here, framed whole with nothing held before or after them (RFC 9112 §7.1:
+        data and the chunk lines around it; a last chunk or trailers end the message).
+        False, with nothing done, for another direction, an end of stream, a head, the
+        message's end, bytes the framer holds, or a chunk line cut at either edge. One
+        method, not a call per check: it runs for every item that reaches such a fault."""
+        if item.direction is not self.direction or type(item) is not Chunk:
+            return False
+        reader = self.reader
+        start = reader.cursor
+        if start != reader.delivered:
+            return False  # an unfinished chunk line waits here: the fault reads it whole
+        stream = reader.stream
+        size = len(item.data)
+        limit = start + size
+        if limit > stream.emitted or stream._eof_at is not None:
+            return False  # the framer holds part of these bytes, or the stream is ending
+        message = reader.message
+        body, header, crlf = PieceKind.BODY, PieceKind.CHUNK_HEADER, PieceKind.CHUNK_TRAILER_CRLF
+        log = stream._log
+        for index in range(reader.index - stream._base, len(log)):
+            piece = log[index].piece
+            if piece.offset >= limit:
+                break
+            kind = piece.kind
+            if (
+                piece.end_of_message
+                or piece.message != message
+                or (kind is not body and kind is not header and kind is not crlf)
+                or (kind is not body and piece.offset + len(piece.data) > limit)
+            ):
+                return False
+        self.passed(reader.advance(size), size, now)
+        return True
+
+    def passed(self, framed: list[Framed], size: int, now: float) -> None:
+        """What the fault does with `size` body bytes reaching it at `now`, passed on as
+        they came: publish their pieces (`publish_passed`). A fault that also keeps count
+        of them (a read timer) extends this; it runs once per item passed over."""
+        self.publish_passed(framed)
+
+    def publish_passed(self, framed: list[Framed]) -> None:
+        """Body pieces this place passes on as they came: to the stream after it, moved
+        by `shift`; counted without being made when nobody reads that stream."""
+        stream = self.publish
+        if stream is None or not framed:
+            return
+        shift = self.shift
+        if not shift:
+            stream.publish(framed)
+        elif not stream.read:
+            last = framed[-1].piece
+            stream.pass_unread(len(framed), last.offset + len(last.data) + shift)
+        else:
+            stream.publish([shifted(entry, shift) for entry in framed])
+
+
+def shifted(entry: Framed, shift: int) -> Framed:
+    """`entry` at `shift` bytes further into the stream (a head before it changed size)."""
+    return Framed(moved_piece(entry.piece, shift), entry.lines, entry.body_offset)
 
 
 def _slice(entry: Framed, begin: int, end: int) -> Framed:

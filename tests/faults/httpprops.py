@@ -113,3 +113,14 @@ def counting(fault: Fault) -> list[Item]:
 
     fault.on_item = on_item  # type: ignore[method-assign]
     return seen
+
+
+def spread_splits(wire: bytes) -> list[list[bytes]]:
+    """`wire` cut in two at every offset, and in three at a spread of offset pairs."""
+    splits = [[wire[:a], wire[a:]] for a in range(1, len(wire))]
+    splits += [
+        [wire[:a], wire[a:b], wire[b:]]
+        for a in range(1, len(wire), 7)
+        for b in range(a + 1, len(wire), 5)
+    ]
+    return splits

@@ -1,9 +1,9 @@
-"""idle_reaper does not step aside (`Fault.aside`) between deadlines, and why: its timer
-re-arms at the time of each upstream read (with `lazy`, only a read that moves it by the
-lazy delay, so the time of the last byte alone is not enough), its report counts the
-bytes of the response, and the faults nearer the client read the response pieces it
-publishes. These tests pin that behaviour in `make bench`'s three-fault path, where the
-zero-delay latency nearer the client does step aside."""
+"""idle_reaper steps aside for response bodies (`Fault.body_aside`): the pipeline passes it
+over for reads that are all body, and each read passed over still re-arms its timer at that
+read's own time (with `lazy`, only a read that moves it by the lazy delay: the time of the
+last byte alone is not enough), counts in the bytes its report gives, and has its pieces
+published to the faults nearer the client. These tests pin that in `make bench`'s
+three-fault path, where the zero-delay latency nearer the client steps aside too."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from faults.idle_reaper import IdleReaper
 from faults.latency import Latency
 from faults.set_header import SetHeader
 from faults.testing import TimedItem, replay
-from middlebox.core.fault import Fault, Pipeline
+from middlebox.core.fault import Fault, FaultContext, Pipeline
 from middlebox.core.http1 import LAST_CHUNK_BYTES
 from middlebox.core.responses import error_response
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
 from tests.faults.httpprops import SSE_HEAD, counting, request, sse_chunks
 
-PING = b"a\r\n: ping\n\n\r\n"  # a keep-alive comment in its own chunk
+PING = b"8\r\n: ping\n\n\r\n"  # a keep-alive comment in its own chunk
 
 
 def bench_path(reaper: IdleReaper) -> tuple[Pipeline, Latency, list[Item]]:
@@ -40,8 +40,10 @@ def test_a_stream_that_goes_quiet_after_its_head_is_closed_timeout_after_its_las
     ]
     out = replay(pipeline, timeline)
     assert latency.aside  # the latency in front of it is passed over
-    assert given == [item for _, item in timeline]  # every item reached the reaper
+    # the request and the head reached it; the body's reads passed it by, yet re-armed it
+    assert given == [item for _, item in timeline[:2]]
     assert reaper.aside == frozenset()
+    assert reaper.body_aside is None  # fired: it swallows what comes after, so sees it all
     (report,) = reaper.reports
     assert (report.time, report.details["idle_since"]) == (6.0, 4.0)
     assert report.details["byte"] == len(SSE_HEAD) + len(body[0] + PING + body[1] + body[2])
@@ -66,7 +68,7 @@ def test_with_a_lazy_timer_it_needs_each_read_time_not_only_the_last() -> None:
     # Reads at 1.0, 1.35 and 1.5: the one at 1.35 moves the timer (0.35 >= 0.3), the one
     # at 1.5 does not (0.15 from 1.35). The last read's time (1.5) would give 3.5, not 3.35.
     reaper = IdleReaper(timeout=2.0, lazy=0.3)
-    pipeline, _, _ = bench_path(reaper)
+    pipeline, _, given = bench_path(reaper)
     replay(
         pipeline,
         [
@@ -78,6 +80,7 @@ def test_with_a_lazy_timer_it_needs_each_read_time_not_only_the_last() -> None:
     )
     (report,) = reaper.reports
     assert (report.time, report.details["idle_since"]) == (3.35, 1.35)
+    assert Chunk(DOWN, PING) not in given  # both reads were passed over, each at its time
 
 
 def test_a_complete_answer_disarms_it_and_the_next_request_of_the_connection_rearms_it() -> None:
@@ -103,3 +106,38 @@ def test_a_complete_answer_disarms_it_and_the_next_request_of_the_connection_rea
     assert pipeline.deadline() is None
     assert reaper.aside == frozenset()
     assert isinstance(out[1][1], Chunk) and out[1][1].data.endswith(b"hello")
+
+
+def outcome(reaper: IdleReaper, timeline: list[TimedItem], aside: bool) -> tuple[object, ...]:
+    pipeline, _, given = bench_path(reaper)
+    if not aside:
+        inner = reaper.bind
+
+        def bind(context: FaultContext) -> None:
+            inner(context)
+            reaper.body_aside = None
+
+        reaper.bind = bind  # type: ignore[method-assign]
+    out = replay(pipeline, timeline)
+    reports = [(r.time, r.action, r.details) for r in reaper.reports]
+    return out, reports, len(given)
+
+
+def test_passed_over_or_given_every_read_it_times_out_and_reports_the_same() -> None:
+    # A keep-alive pair (an SSE stream with pings, then a length body that stalls), cut
+    # into reads at every offset of a spread and timed 0.1-0.45 s apart, with and without
+    # `lazy`: the bytes out, their times and the report are the same either way.
+    wire = SSE_HEAD + b"".join(sse_chunks(2)[:1]) + PING + b"".join(sse_chunks(2)[1:])
+    second = b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n" + b"x" * 30
+    fewer = 0
+    for lazy in (0.0, 0.3):
+        for cut in range(1, len(wire), 3):
+            reads = [wire[:cut], *[wire[i : i + 40] for i in range(cut, len(wire), 40)], second]
+            timeline: list[TimedItem] = [(0.0, Chunk(UP, request() + request()))]
+            timeline += [(0.5 + 0.35 * n, Chunk(DOWN, data)) for n, data in enumerate(reads)]
+            passed = outcome(IdleReaper(timeout=1.0, lazy=lazy), timeline, aside=True)
+            given = outcome(IdleReaper(timeout=1.0, lazy=lazy), timeline, aside=False)
+            assert passed[:2] == given[:2], (lazy, cut)
+            assert passed[1]  # the stalled second answer timed out
+            fewer += passed[2] < given[2]
+    assert fewer > 0  # some reads were all body and passed it by

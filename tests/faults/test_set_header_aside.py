@@ -1,14 +1,10 @@
-"""set_header does not step aside (`Fault.aside`) for body bytes, and these are the reasons
-and the cases a version that did would have to keep.
-
-It reads the response stream at its place (its `Reader`, advanced by each item it is
-given) and publishes the pieces of its output to the stream after it, which the journal's
-client leg and any HTTP-reading fault nearer the client read. A fault passed over is
-given nothing, and the pipeline feeds only the streams after non-publishing rewriters
-(`Pipeline._fed_after`), so stepping aside after a head would leave both behind; the
-tests below pin what must hold whoever changes that: every answer of a keep-alive or
-pipelined connection rewritten, interim and bodiless answers handled as now, and the
-client leg carrying every body piece.
+"""set_header steps aside for response bodies (`Fault.body_aside`): the pipeline passes
+it over for bytes that are all body of the response under way at its place, keeps its
+reader in step and publishes the pieces for it (moved by what its head rewrites added),
+so the journal's client leg and the faults nearer the client read every body piece. These
+pin what that must keep: every answer of a keep-alive or pipelined connection rewritten,
+interim and bodiless answers handled as before, the client leg carrying every body piece,
+and the same bytes and pieces as a set_header given every item, over every split.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from faults.testing import TimedItem, replay
 from middlebox.core.fault import Fault, FaultContext, Pipeline
 from middlebox.core.framed import LegRecord
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item
-from tests.faults.httpprops import SSE_HEAD, request, sse_chunks
+from tests.faults.httpprops import SSE_HEAD, request, spread_splits, sse_chunks
 
 BARE_HEAD = SSE_HEAD.replace(b"x-accel-buffering: no\r\n", b"")
 SET = b"X-Accel-Buffering: no\r\n"
@@ -37,12 +33,16 @@ def with_field(head: bytes) -> bytes:
 def bench_path() -> tuple[Pipeline, SetHeader, list[Item]]:
     """`make bench`'s three faults; the items set_header is given are recorded."""
     header = SetHeader()
+    return recorded(header)
+
+
+def recorded(header: SetHeader) -> tuple[Pipeline, SetHeader, list[Item]]:
     given: list[Item] = []
     inner = header.on_item
 
     def on_item(item: Item, now: float) -> list[Item]:
         given.append(item)
-        assert header.aside == frozenset()  # never stepping aside, before or after a head
+        assert header.aside == frozenset()  # never passed over for requests
         return inner(item, now)
 
     header.on_item = on_item  # type: ignore[method-assign]
@@ -71,9 +71,14 @@ def test_every_response_byte_of_a_keep_alive_connection_reaches_it_and_each_head
     assert down_bytes(out) == (
         with_field(BARE_HEAD) + b"".join(body) + with_field(LENGTH_HEAD) + b"hello"
     )
+    # the body's bytes before its end pass it by: it is given the heads and the ends
     assert [i for i in given if i.direction is DOWN] == [
-        i for _, i in timeline if i.direction is DOWN
+        Chunk(DOWN, BARE_HEAD),
+        Chunk(DOWN, body[-1]),
+        Chunk(DOWN, LENGTH_HEAD + b"hel"),
+        Chunk(DOWN, b"lo"),
     ]
+    assert body[-1] == b"0\r\n\r\n"
     assert [r.details["message"] for r in header.reports] == [0, 1]
     assert header.aside == frozenset()
 
@@ -127,7 +132,7 @@ def test_bodiless_and_interim_answers_are_handled_as_before() -> None:
 
 
 def test_the_client_leg_it_publishes_to_carries_every_body_piece() -> None:
-    # What stepping aside would lose: nothing feeds the stream after it but its publish.
+    # Nothing feeds the stream after it but its publish, passed over or not.
     pipeline, header, _ = bench_path()
     pipeline.bind(FaultContext(rng=random.Random(0)))
     framing = pipeline.framing
@@ -148,3 +153,59 @@ def test_the_client_leg_it_publishes_to_carries_every_body_piece() -> None:
         (0, len(with_field(BARE_HEAD)) + len(b"".join(body)))
     ]
     assert header.aside == frozenset()
+
+
+def client_leg(
+    header: SetHeader, reads: list[bytes], aside: bool
+) -> tuple[bytes, list[object], int]:
+    """The bytes out, the client leg's pieces (kind, message, offset, data, SSE lines) and
+    how many response items set_header was given, with its body aside or without."""
+    pipeline = Pipeline([Latency(delay=0.0), header, IdleReaper(timeout=600.0)])
+    pipeline.bind(FaultContext(rng=random.Random(0)))
+    if not aside:
+        header.body_aside = None
+    framing = pipeline.framing
+    assert framing is not None
+    framing.want_sse()
+    pieces: list[object] = []
+    framing.leg("client")[1].listen(
+        lambda e: pieces.append(
+            (e.piece.kind, e.piece.message, e.piece.offset, e.piece.data, e.lines)
+        )
+    )
+    calls = 0
+    inner = header.on_item
+
+    def counted(item: Item, now: float) -> list[Item]:
+        nonlocal calls
+        calls += item.direction is DOWN
+        return inner(item, now)
+
+    header.on_item = counted  # type: ignore[method-assign]
+    out: list[Item] = list(pipeline.on_open(0.0))
+    out += pipeline.on_item(Chunk(UP, request() + request(path="/v1/completions")), 0.0)
+    for step, data in enumerate(reads):
+        out += pipeline.on_item(Chunk(DOWN, data), 0.1 + step / 100)
+    out += pipeline.on_item(Eof(DOWN), 1.0)
+    sent = b"".join(i.data for i in out if isinstance(i, Chunk) and i.direction is DOWN)
+    return sent, pieces, calls
+
+
+def test_passed_over_or_given_every_item_the_bytes_and_the_client_legs_pieces_are_the_same() -> (
+    None
+):
+    # Every two-way split and a spread of three-way splits of a keep-alive pair of answers
+    # (an SSE stream, then a length body), and one read per chunk: the bytes out and the
+    # pieces the leg after it hears, offsets and SSE lines included.
+    body = sse_chunks(2)
+    wire = BARE_HEAD + b"".join(body) + LENGTH_HEAD + b"hello"
+    expected = with_field(BARE_HEAD) + b"".join(body) + with_field(LENGTH_HEAD) + b"hello"
+    per_chunk = [BARE_HEAD, *body, LENGTH_HEAD, b"hel", b"lo"]
+    splits = [per_chunk, *spread_splits(wire)]
+    for reads in splits:
+        sent, pieces, calls = client_leg(SetHeader(), reads, aside=True)
+        assert (sent, pieces) == client_leg(SetHeader(), reads, aside=False)[:2], reads
+        assert sent == expected
+        assert calls <= len(reads) + 1
+    # one read per chunk: the three body chunks before the last and "hel" pass it by
+    assert client_leg(SetHeader(), per_chunk, aside=True)[2] == len(per_chunk) + 1 - 4
