@@ -6,9 +6,10 @@ header; compared in constant time):
 - `GET /`: the page (static package data, its script and style inlined: one request, no
   CDN, nothing to build);
 - `GET /feed`: Server-Sent Events, `event: update` with the connection list whenever the
-  model moved, coalesced to at most one per FEED_INTERVAL (10 a second), and at least one a
-  second (a stall is the absence of change); `event: drill` with the drill's state when it
-  changes;
+  model moved, coalesced to at most one per FEED_INTERVAL (10 a second), further apart while
+  the pages' work (the list, the details they ask) would pass FEED_CPU_SHARE of a core, and
+  at least one a second (a stall is the absence of change); each carries its spacing
+  (`feed_interval`); `event: drill` with the drill's state when it changes;
 - `GET /api/connections` (`?all=1`: every one held, not the newest 60), `GET
   /api/streams/{id}`: the same list, and one stream's two sides;
 - `GET /api/presets`: the presets a fault list may add; `GET /api/drill`: the drill's state;
@@ -54,7 +55,7 @@ FEED_IDLE = 1.0  # an update at least this often: the classifier's clock moves
 # The pages' work (the list, the streams they open) may take this share of one core: past
 # it updates come less often than FEED_INTERVAL (never less than once per FEED_IDLE), so a
 # busy proxy spends its CPU relaying, and the feed slows rather than the streams.
-FEED_CPU_SHARE = 0.01
+FEED_CPU_SHARE = 0.005
 REQUEST_TIMEOUT = 10.0
 MAX_REQUEST_BODY = 64 * 1024
 
@@ -128,10 +129,10 @@ class Console:
             return cached[2]
         began = self.cpu_clock()
         self.listings += 1
-        body = json.dumps(
-            {**self.model.listing(now), "scenario": self.proxy.scenario.name},
-            separators=(",", ":"),
-        ).encode()
+        listing = self.model.listing(now)
+        # the spacing this update came at: the page says how live it is
+        listing.update(scenario=self.proxy.scenario.name, feed_interval=round(self.interval, 3))
+        body = json.dumps(listing, separators=(",", ":")).encode()
         self._cached = (self.model.version, now, body)
         # this update's cost (the list, and the details asked since the last one) sets how
         # soon the next may come: cost / interval stays within FEED_CPU_SHARE

@@ -4,6 +4,7 @@ fake CPU clock on a virtual clock)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 import pytest
@@ -95,7 +96,7 @@ def test_the_list_and_a_detail_are_built_once_while_the_model_has_not_moved() ->
 
 @pytest.mark.parametrize(
     ("cost", "interval"),
-    [(0.0, FEED_INTERVAL), (0.004, 0.4), (0.05, FEED_IDLE)],
+    [(0.0, FEED_INTERVAL), (0.002, 0.4), (0.05, FEED_IDLE)],
 )
 async def test_the_feed_slows_when_its_work_would_pass_its_cpu_share(
     mock_clock: trio.testing.MockClock, cost: float, interval: float
@@ -110,6 +111,7 @@ async def test_the_feed_slows_when_its_work_would_pass_its_cpu_share(
     console = Console(a_proxy(), cpu_clock=cpu)
     updates = await feed_updates(console, 4.0)
     assert console.interval == pytest.approx(interval)
+    assert json.loads(console.listing())["feed_interval"] == pytest.approx(interval)
     assert 4.0 / interval - 1 <= updates <= 4.0 / interval + 1
 
 
