@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from middlebox.observe.requests import arrivals
+from middlebox.observe.requests import BURST_GAP, arrivals
 from middlebox.report.diagnosis import LATE_FIRST_TOKEN_MS, LUMPY_TOKENS_PER_BURST
 
 # Nothing on either side of an open, unfinished stream for this long is a stall (vLLM
@@ -51,13 +51,16 @@ CLIENT_LEFT = frozenset({"read_fin", "read_rst"})
 @dataclass(frozen=True)
 class Side:
     """One side of a stream: when each token arrived there (sorted), whether its terminal
-    mark ([DONE], message_stop, a terminal Responses event) was seen, and its bytes."""
+    mark ([DONE], message_stop, a terminal Responses event) was seen, and its bytes.
+    `bursts`: how many bursts `tokens` form (`arrivals`), when the caller counted them as
+    the tokens came (`count_bursts`); None: counted here."""
 
     tokens: tuple[float, ...] = ()
     done: bool = False
     first_byte: float | None = None
     last_byte: float | None = None
     bytes: int = 0
+    bursts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,22 @@ class Finding:
 def tokens_per_burst(times: tuple[float, ...]) -> float | None:
     bursts = len(arrivals(times))
     return len(times) / bursts if bursts else None
+
+
+def count_bursts(bursts: int | None, last: float | None, at: float) -> int | None:
+    """The bursts sorted times form once `at` follows `last` (`arrivals`' rule, one token at
+    a time); None once they are not sorted (`arrivals` sorts them: count afresh)."""
+    if bursts is None or last is None:
+        return 1 if bursts is not None else None
+    if at < last:
+        return None
+    return bursts + 1 if at - last > BURST_GAP else bursts
+
+
+def _per_burst(side: Side) -> float | None:
+    if side.bursts is None:
+        return tokens_per_burst(side.tokens)
+    return len(side.tokens) / side.bursts if side.bursts else None
 
 
 def largest_gap(times: tuple[float, ...], start: float) -> float | None:
@@ -190,8 +209,8 @@ def _held(facts: StreamFacts, now: float) -> Finding | None:
 def _lumps(facts: StreamFacts) -> Finding | None:
     """Afterwards: the client's tokens in fewer, bigger bursts than the upstream sent them."""
     client = facts.client.tokens
-    per_burst = tokens_per_burst(client)
-    source = tokens_per_burst(facts.upstream.tokens) or 1.0
+    per_burst = _per_burst(facts.client)
+    source = _per_burst(facts.upstream) or 1.0
     if per_burst is None or per_burst < LUMPY_TOKENS_PER_BURST or source >= LUMPY_TOKENS_PER_BURST:
         return None
     bursts = arrivals(client)

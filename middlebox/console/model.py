@@ -28,8 +28,9 @@ from __future__ import annotations
 import bisect
 import itertools
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from middlebox.console.classify import (
     CLIENT_LEFT,
@@ -37,6 +38,7 @@ from middlebox.console.classify import (
     Side,
     StreamFacts,
     classify,
+    count_bursts,
     ending,
     largest_gap,
     ttft,
@@ -45,6 +47,9 @@ from middlebox.core.dialects import dialect_for, read
 from middlebox.core.framed import FramedStream, LegRecord, is_event_stream
 from middlebox.core.stream import Direction
 from middlebox.observe.journal import ConnectionJournal
+from middlebox.observe.requests import arrivals
+
+T = TypeVar("T")
 
 MAX_CONNECTIONS = 200
 # Connections a listing carries (the newest): what a page shows at once; each costs a
@@ -89,6 +94,9 @@ class _SideState:
     total: int = 0
     tokens: array[float] = field(default_factory=lambda: array("d"))
     token_count: int = 0
+    # the bursts `tokens` form, counted as they come: a listing ten times a second reads
+    # it instead of walking every token (`classify.Side.bursts`)
+    bursts: int | None = 0
     done: bool = False
     status: int | None = None
 
@@ -103,6 +111,8 @@ class _SideState:
     def token(self, at: float) -> None:
         if len(self.tokens) >= MAX_TIMES:
             del self.tokens[1::2]
+            self.bursts = len(arrivals(self.tokens)) if self.bursts is not None else None
+        self.bursts = count_bursts(self.bursts, self.tokens[-1] if self.tokens else None, at)
         self.tokens.append(at)
         self.token_count += 1
 
@@ -129,11 +139,16 @@ class LiveConnection:
     version: int = 0
     _records_read: int = 0
     _faults_read: int = 0
+    _closed: bool = False  # both legs ended (read once per pull, asked per summary)
+    # a closed connection's summary, kept while nothing it is made of moves: once both legs
+    # ended its findings no longer depend on `now` (no stall, nothing held, the upstream's
+    # end known), so a listing ten times a second does not re-classify the finished ones
+    _summary: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    summaries: int = 0  # summaries computed (not reused): what the cache saves is counted
 
     @property
     def closed(self) -> bool:
-        legs = {leg for leg, _, _, _ in self.ends}
-        return legs == {"client", "upstream"}
+        return self._closed
 
     @property
     def framed(self) -> bool:
@@ -166,6 +181,7 @@ class LiveConnection:
             elif op == "read" and leg == "client":
                 self.request_bytes = offset + size
         self._records_read = len(records)
+        self._closed = {leg for leg, _, _, _ in self.ends} == {"client", "upstream"}
         for report in faults[self._faults_read : self._faults_read + MAX_FAULT_MARKS]:
             if len(self.faults) < MAX_FAULT_MARKS:
                 self.faults.append((report.time, report.fault, report.action))
@@ -252,10 +268,22 @@ class LiveConnection:
             first_byte=state.times[0] if state.times else None,
             last_byte=state.times[-1] if state.times else None,
             bytes=state.total,
+            bursts=state.bursts,
         )
 
     def summary(self, now: float) -> dict[str, Any]:
+        up, client = self.sides["upstream"], self.sides["client"]
+        key = (self.version, self.framed, up.token_count, client.token_count, up.done, client.done)
+        if self._summary is not None and self._summary[0] == key:
+            return self._summary[1]
         facts = self.facts()
+        summary = self._summarise(facts, now)
+        if self.closed and (facts.client_end is not None or facts.client_left is not None):
+            self._summary = (key, summary)
+        return summary
+
+    def _summarise(self, facts: StreamFacts, now: float) -> dict[str, Any]:
+        self.summaries += 1
         if self.framed:
             findings = classify(facts, now)
             kinds, words = [f.kind for f in findings], [f.words for f in findings]
@@ -298,15 +326,12 @@ class LiveConnection:
             **self.summary(now),
             "sides": {
                 name: {
-                    "tokens": _thin([round(t - start, 4) for t in self.sides[name].tokens]),
-                    "bytes": _thin(
-                        [
-                            [round(t - start, 4), offset]
-                            for offset, t in zip(
-                                self.sides[name].starts, self.sides[name].times, strict=True
-                            )
-                        ]
-                    ),
+                    # thinned first: a long stream's thousands of times are not all rounded
+                    "tokens": [round(t - start, 4) for t in _thin(self.sides[name].tokens)],
+                    "bytes": [
+                        [round(self.sides[name].times[i] - start, 4), self.sides[name].starts[i]]
+                        for i in _thin(range(len(self.sides[name].starts)))
+                    ],
                     "ttft": _rounded(ttft(side, start)),
                     "largest_gap": _rounded(largest_gap(side.tokens, start)),
                     "done": side.done,
@@ -335,7 +360,7 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def _thin(points: list[Any]) -> list[Any]:
+def _thin(points: Sequence[T]) -> Sequence[T]:
     """At most MAX_POINTS of `points`, evenly picked, the last one always kept."""
     if len(points) <= MAX_POINTS:
         return points

@@ -6,9 +6,10 @@ header; compared in constant time):
 - `GET /`: the page (static package data, its script and style inlined: one request, no
   CDN, nothing to build);
 - `GET /feed`: Server-Sent Events, `event: update` with the connection list whenever the
-  model moved, coalesced to at most one per FEED_INTERVAL (10 a second), and at least one a
-  second (a stall is the absence of change); `event: drill` with the drill's state when it
-  changes;
+  model moved, coalesced to at most one per FEED_INTERVAL (10 a second), further apart while
+  the pages' work (the list, the details they ask) would pass FEED_CPU_SHARE of a core, and
+  at least one a second (a stall is the absence of change); each carries its spacing
+  (`feed_interval`); `event: drill` with the drill's state when it changes;
 - `GET /api/connections` (`?all=1`: every one held, not the newest 60), `GET
   /api/streams/{id}`: the same list, and one stream's two sides;
 - `GET /api/presets`: the presets a fault list may add; `GET /api/drill`: the drill's state;
@@ -27,6 +28,7 @@ import dataclasses
 import hmac
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -50,6 +52,10 @@ log = logging.getLogger("middlebox.console.server")
 
 FEED_INTERVAL = 0.1  # at most 10 updates a second, whatever the proxy carries
 FEED_IDLE = 1.0  # an update at least this often: the classifier's clock moves
+# The pages' work (the list, the streams they open) may take this share of one core: past
+# it updates come less often than FEED_INTERVAL (never less than once per FEED_IDLE), so a
+# busy proxy spends its CPU relaying, and the feed slows rather than the streams.
+FEED_CPU_SHARE = 0.005
 REQUEST_TIMEOUT = 10.0
 MAX_REQUEST_BODY = 64 * 1024
 
@@ -75,7 +81,15 @@ class Console:
     presets: tuple[str, ...] = ()
     drill: Callable[[], dict[str, Any] | None] = lambda: None
     clock: Callable[[], float] = trio.current_time
+    cpu_clock: Callable[[], float] = time.thread_time
+    # the feed's current spacing: FEED_INTERVAL, longer while the pages' work would
+    # otherwise pass FEED_CPU_SHARE
+    interval: float = FEED_INTERVAL
+    listings: int = 0  # connection lists built (not reused)
+    details: int = 0  # stream details built (not reused)
     _cached: tuple[int, float, bytes] | None = None
+    _detail: tuple[int, int, float, bytes] | None = None
+    _spent: float = 0.0  # CPU seconds of page work since the last list was built
 
     def __post_init__(self) -> None:
         self.api = ControlApi(self.proxy, self.token)
@@ -113,11 +127,39 @@ class Console:
         cached = self._cached
         if cached is not None and cached[0] == self.model.version and now - cached[1] < FEED_IDLE:
             return cached[2]
-        body = json.dumps(
-            {**self.model.listing(now), "scenario": self.proxy.scenario.name},
-            separators=(",", ":"),
-        ).encode()
+        began = self.cpu_clock()
+        self.listings += 1
+        listing = self.model.listing(now)
+        # the spacing this update came at: the page says how live it is
+        listing.update(scenario=self.proxy.scenario.name, feed_interval=round(self.interval, 3))
+        body = json.dumps(listing, separators=(",", ":")).encode()
         self._cached = (self.model.version, now, body)
+        # this update's cost (the list, and the details asked since the last one) sets how
+        # soon the next may come: cost / interval stays within FEED_CPU_SHARE
+        spent = self._spent + self.cpu_clock() - began
+        self.interval = min(FEED_IDLE, max(FEED_INTERVAL, spent / FEED_CPU_SHARE))
+        self._spent = 0.0
+        return body
+
+    def detail(self, ident: int) -> bytes | None:
+        """One stream's detail as JSON; the same answer again while the model has not moved
+        and within the feed's interval (a page asks once per update it gets)."""
+        now = self.clock()
+        cached = self._detail
+        if (
+            cached is not None
+            and cached[:2] == (ident, self.model.version)
+            and now - cached[2] < self.interval
+        ):
+            return cached[3]
+        began = self.cpu_clock()
+        found = self.model.stream(ident, now)
+        if found is None:
+            return None
+        self.details += 1
+        body = json.dumps(found, separators=(",", ":")).encode()
+        self._detail = (ident, self.model.version, now, body)
+        self._spent += self.cpu_clock() - began
         return body
 
     async def answer(
@@ -135,10 +177,10 @@ class Console:
             return Response(200, self.listing(), "application/json")
         if method == "GET" and path.startswith("/api/streams/"):
             ident = path.rsplit("/", 1)[1]
-            found = self.model.stream(int(ident), self.clock()) if ident.isdigit() else None
+            found = self.detail(int(ident)) if ident.isdigit() else None
             if found is None:
                 return Response.json(404, {"error": f"no connection {ident} held"})
-            return Response.json(200, found)
+            return Response(200, found, "application/json")
         if method == "GET" and path == "/api/presets":
             return Response.json(200, {"presets": list(self.presets)})
         if method == "GET" and path == "/api/drill":
@@ -155,7 +197,8 @@ class Console:
             await trio.sleep(FEED_INTERVAL)
 
     async def feed(self, stream: trio.SocketStream, connection: h11.Connection) -> None:
-        """The live feed: an update when the model moved, at most every FEED_INTERVAL."""
+        """The live feed: an update when the model moved, at most every FEED_INTERVAL (less
+        often while the pages' work would pass FEED_CPU_SHARE of a core)."""
         head = connection.send(
             h11.Response(
                 status_code=200,
@@ -181,7 +224,7 @@ class Console:
                 out += b"event: drill\ndata: " + drill.encode() + b"\n\n"
             if out:
                 await stream.send_all(connection.send(h11.Data(data=out)) or b"")
-            await trio.sleep(FEED_INTERVAL)
+            await trio.sleep(self.interval)
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
         connection = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)

@@ -231,6 +231,8 @@
     feed.addEventListener("update", (event) => {
       const data = JSON.parse(event.data);
       connections = data.connections;
+      // the proxy spaces updates further apart while the page's work would cost it CPU
+      $("feed-state").textContent = `live, ${Math.round(1 / data.feed_interval)} updates/s`;
       $("held").textContent = data.held > connections.length
         ? `the newest ${connections.length} of ${data.held} held` : "";
       if ($("scenario").textContent !== "scenario: " + data.scenario) loadFaults();
