@@ -8,11 +8,14 @@ directory), so the harness costs a fraction of a core and stays out of the way.
 
 Every load loop is bounded in count and time, every process we start is stopped by its
 PID, and listen ports sit below the ephemeral range (net.ipv4.ip_local_port_range starts
-at 32768) so thousands of outgoing connections never collide with them.
+at 32768) so thousands of outgoing connections never collide with them. Those ports are
+fixed, so one bench runs at a time on a machine: a second one waits on a lock file
+(`BENCH_LOCK`) rather than measure another run's processes, or share their cores.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -30,6 +33,7 @@ from typing import Any
 from bench.procs import Proc, cpu_ns, process_tree, rss_kib, wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCH_LOCK = Path(tempfile.gettempdir()) / "middlebox-bench.lock"
 C_SOURCES = Path(__file__).resolve().parent / "c"
 UPSTREAM_PORT = 7301
 PROXY_PORT = 7302
@@ -683,7 +687,20 @@ def ensure_nginx(log: Callable[[str], None]) -> None:
     # stop, and it does not touch our ports, so it is left alone.
 
 
+@contextmanager
+def machine_to_itself(log: Callable[[str], None]) -> Iterator[None]:
+    """Hold `BENCH_LOCK` while measuring: the ports are fixed and the numbers are only
+    worth something with no other bench on the cores."""
+    with open(BENCH_LOCK, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"another bench holds {BENCH_LOCK}; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def run_suite(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
     ensure_nginx(log)
-    with tempfile.TemporaryDirectory(prefix="middlebox-bench-") as tmp:
+    with machine_to_itself(log), tempfile.TemporaryDirectory(prefix="middlebox-bench-") as tmp:
         return Bench(Path(tmp), settings, log).run()
