@@ -27,15 +27,25 @@ def main() -> int:
         "no bulk, results in the temporary directory)",
     )
     parser.add_argument("--paths", help="comma-separated path names for a partial run")
+    parser.add_argument(
+        "--bulk",
+        action="store_true",
+        help="a partial run also measures bulk transfers and connection setup on its paths "
+        "(`--streams ''` for those alone)",
+    )
     args = parser.parse_args()
     settings = Settings()
-    partial = bool(args.streams or args.paths)
+    partial = args.streams is not None or bool(args.paths)
     if partial:
         settings = Settings(
-            streams=tuple(int(n) for n in args.streams.split(",")) if args.streams else (100,),
+            streams=(
+                tuple(int(n) for n in args.streams.split(",") if n)
+                if args.streams is not None
+                else (100,)
+            ),
             ladder=(),
             only_paths=tuple(args.paths.split(",")) if args.paths else (),
-            bulk=False,
+            bulk=args.bulk,
         )
     if args.quick:
         settings = Settings(

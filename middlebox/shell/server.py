@@ -698,12 +698,14 @@ def client_mss(client: socket.socket) -> int | None:
 
 
 async def answer_alone(client: socket.socket, stage: Fault) -> None:
-    """Drive `stage` with the client's side alone (there is no upstream): what it sends
-    toward the client is written, and its first end (a FIN or an RST) ends the connection
-    (the caller closes the socket; an RST is armed here)."""
-    out = stage.on_open(trio.current_time())
+    """Drive `stage` with the client's side alone (there is no upstream), through a
+    `Pipeline` as a relay drives its path: what it sends toward the client is written,
+    its wake time bounds the wait for the client, and its first end (a FIN or an RST)
+    ends the connection (the caller closes the socket; an RST is armed here)."""
+    pipeline = Pipeline([stage])  # bound already: routing is all
+    effects = pipeline.open(trio.current_time())
     while True:
-        for item in out:
+        for item in effects.items:
             if item.direction is not Direction.DOWNSTREAM:
                 continue  # nothing can reach an upstream that is not there
             if isinstance(item, Chunk):
@@ -717,13 +719,12 @@ async def answer_alone(client: socket.socket, stage: Fault) -> None:
             else:
                 arm_reset(client)
                 return
-        due = stage.deadline()
         received: Item | None = None
-        with trio.move_on_at(math.inf if due is None else due):
+        with trio.move_on_at(math.inf if effects.wake is None else effects.wake):
             received = await receive_item(client)
         now = trio.current_time()
-        out = stage.on_deadline(now) if received is None else stage.on_item(received, now)
-        if received is not None and not isinstance(received, Chunk) and not out:
+        effects = pipeline.wake(now) if received is None else pipeline.feed(received, now)
+        if received is not None and not isinstance(received, Chunk) and not effects.items:
             return  # the client ended and the stage has nothing to say
 
 
