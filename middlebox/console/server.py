@@ -13,6 +13,9 @@ header; compared in constant time):
 - `GET /api/connections` (`?all=1`: every one held, not the newest 60), `GET
   /api/streams/{id}`: the same list, and one stream's two sides;
 - `GET /api/presets`: the presets a fault list may add; `GET /api/drill`: the drill's state;
+- `GET /api/stats`: what the pages cost, measured by the console itself: `page_cpu_s`, the
+  CPU seconds (the proxy thread's clock) of every feed's turns and of every answer to a
+  page's request, summed since the start; this request is the measurer's, not counted;
 - anything else (`/faults`, `/scenario`, `/metrics`...): the control API's own routes
   (`shell.control.ControlApi`), so an edit from the page is the edit `curl` makes, with the
   loader's file:line problems in its answer.
@@ -87,6 +90,12 @@ class Console:
     interval: float = FEED_INTERVAL
     listings: int = 0  # connection lists built (not reused)
     details: int = 0  # stream details built (not reused)
+    # CPU seconds spent on the pages' behalf: each feed's turns (the list, the drill, the
+    # frame) and each page request's answer (its dispatch, the list or detail, the
+    # response's bytes), timed between the points where the task yields, so no other
+    # task's CPU is counted; the refresh that runs with or without a page is not in it
+    page_cpu: float = 0.0
+    pages: int = 0  # feeds attached now
     _cached: tuple[int, float, bytes] | None = None
     _detail: tuple[int, int, float, bytes] | None = None
     _spent: float = 0.0  # CPU seconds of page work since the last list was built
@@ -185,6 +194,9 @@ class Console:
             return Response.json(200, {"presets": list(self.presets)})
         if method == "GET" and path == "/api/drill":
             return Response.json(200, {"drill": self.drill()})
+        if method == "GET" and path == "/api/stats":
+            stats = {"page_cpu_s": self.page_cpu, "pages": self.pages}
+            return Response.json(200, {**stats, "listings": self.listings, "details": self.details})
         if self.token:  # the page's token, as the control API takes it
             headers = {**headers, "authorization": f"Bearer {self.token}"}
         return await self.api.answer(method, target, headers, body)
@@ -199,6 +211,14 @@ class Console:
     async def feed(self, stream: trio.SocketStream, connection: h11.Connection) -> None:
         """The live feed: an update when the model moved, at most every FEED_INTERVAL (less
         often while the pages' work would pass FEED_CPU_SHARE of a core)."""
+        self.pages += 1
+        try:
+            await self._feed(stream, connection)
+        finally:
+            self.pages -= 1
+
+    async def _feed(self, stream: trio.SocketStream, connection: h11.Connection) -> None:
+        began = self.cpu_clock()
         head = connection.send(
             h11.Response(
                 status_code=200,
@@ -210,9 +230,11 @@ class Console:
                 ],
             )
         )
+        self.page_cpu += self.cpu_clock() - began
         await stream.send_all(head or b"")
         sent_version, sent_at, drill_sent = -1, -FEED_IDLE, ""
         while True:
+            began = self.cpu_clock()
             now = self.clock()
             out = b""
             if self.model.version != sent_version or now - sent_at >= FEED_IDLE:
@@ -222,8 +244,10 @@ class Console:
             if drill != drill_sent:
                 drill_sent = drill
                 out += b"event: drill\ndata: " + drill.encode() + b"\n\n"
-            if out:
-                await stream.send_all(connection.send(h11.Data(data=out)) or b"")
+            data = (connection.send(h11.Data(data=out)) or b"") if out else b""
+            self.page_cpu += self.cpu_clock() - began
+            if data:
+                await stream.send_all(data)
             await trio.sleep(self.interval)
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
@@ -234,6 +258,7 @@ class Console:
                     request, body = await _read(connection, stream)
                 if bound.cancelled_caught or request is None:
                     return
+                began = self.cpu_clock()
                 headers = {
                     name.decode("latin-1").lower(): value.decode("latin-1")
                     for name, value in request.headers
@@ -242,16 +267,23 @@ class Console:
                 target = request.target.decode("latin-1")
                 path = target.split("?", 1)[0].rstrip("/")
                 if method == "GET" and path == "/feed" and self.authorised(headers, target):
+                    self.page_cpu += self.cpu_clock() - began
                     await self.feed(stream, connection)
                     return
                 if body is None:
                     response = Response.json(413, {"error": "body too large"})
                 else:
+                    if method == "PUT" and path == "/scenario":
+                        # the upload is parsed off the loop (ControlApi.answer awaits a
+                        # thread): time only this task's own turns around it
+                        self.page_cpu += self.cpu_clock() - began
                     try:
                         response = await self.answer(method, target, headers, body)
                     except Exception as error:  # a bug must not take the console down
                         log.exception("console request failed")
                         response = Response.json(500, {"error": repr(error)})
+                    if method == "PUT" and path == "/scenario":
+                        began = self.cpu_clock()
                 keep = body is not None
                 out = connection.send(
                     h11.Response(
@@ -268,6 +300,8 @@ class Console:
                 )
                 out = (out or b"") + (connection.send(h11.Data(data=response.body)) or b"")
                 out += connection.send(h11.EndOfMessage()) or b""
+                if path != "/api/stats":  # the measurer's own request is not a page's work
+                    self.page_cpu += self.cpu_clock() - began
                 await stream.send_all(out)
                 if connection.our_state is h11.MUST_CLOSE or not keep:
                     return
