@@ -46,8 +46,10 @@ from middlebox.shell.control import (
     ControlledProxy,
     Response,
     check_control_access,
+    read_request,
     reason_phrase,
     serve_control,
+    serve_http,
 )
 from middlebox.shell.server import Address, relay_clock_offset, run_proxy
 
@@ -255,7 +257,7 @@ class Console:
         try:
             while True:
                 with trio.move_on_after(REQUEST_TIMEOUT) as bound:
-                    request, body = await _read(connection, stream)
+                    request, body = await read_request(connection, stream, MAX_REQUEST_BODY)
                 if bound.cancelled_caught or request is None:
                     return
                 began = self.cpu_clock()
@@ -320,40 +322,15 @@ def _query(target: str) -> dict[str, str]:
     return {key: value for key, _, value in pairs}
 
 
-async def _read(
-    connection: h11.Connection, stream: trio.SocketStream
-) -> tuple[h11.Request | None, bytes | None]:
-    request: h11.Request | None = None
-    body = bytearray()
-    while True:
-        event = connection.next_event()
-        if event is h11.NEED_DATA:
-            data = await stream.receive_some(65536)
-            connection.receive_data(data)
-            if not data and request is None:
-                return None, None
-            continue
-        if isinstance(event, h11.Request):
-            request = event
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > MAX_REQUEST_BODY:
-                return request, None
-        elif isinstance(event, h11.EndOfMessage):
-            return request, bytes(body)
-        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
-            return None, None
-
-
 async def serve_console(
     console: Console, address: Address, *, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
-    listeners = await trio.open_tcp_listeners(address.port, host=address.host)
-    port = listeners[0].socket.getsockname()[1]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(console.refresh_forever)
-        task_status.started(port)
-        await trio.serve_listeners(console.serve_connection, listeners, handler_nursery=nursery)
+    await serve_http(
+        console.serve_connection,
+        address,
+        alongside=console.refresh_forever,
+        task_status=task_status,
+    )
 
 
 def check_ui_access(address: Address, token: str | None) -> None:
