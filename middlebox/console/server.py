@@ -14,8 +14,9 @@ header; compared in constant time):
   /api/streams/{id}`: the same list, and one stream's two sides;
 - `GET /api/presets`: the presets a fault list may add; `GET /api/drill`: the drill's state;
 - `GET /api/stats`: what the pages cost, measured by the console itself: `page_cpu_s`, the
-  CPU seconds (the proxy thread's clock) of every feed's turns and of every answer to a
-  page's request, summed since the start; this request is the measurer's, not counted;
+  CPU seconds (the proxy thread's clock) of every feed's turns and of every answer the
+  console gives (a page's or a `curl`'s alike), summed since the start; this request is
+  the measurer's, not counted;
 - anything else (`/faults`, `/scenario`, `/metrics`...): the control API's own routes
   (`shell.control.ControlApi`), so an edit from the page is the edit `curl` makes, with the
   loader's file:line problems in its answer.
@@ -276,8 +277,9 @@ class Console:
                     response = Response.json(413, {"error": "body too large"})
                 else:
                     if method == "PUT" and path == "/scenario":
-                        # the upload is parsed off the loop (ControlApi.answer awaits a
-                        # thread): time only this task's own turns around it
+                        # the upload waits for a parse slot and is parsed in a child
+                        # process (ControlApi.parse_upload): this task yields meanwhile,
+                        # so only its own turns before and after are timed
                         self.page_cpu += self.cpu_clock() - began
                     try:
                         response = await self.answer(method, target, headers, body)
