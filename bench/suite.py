@@ -2,9 +2,11 @@
 
 Paths: `direct` (the load client talks to the upstream: the physical limit), middlebox
 pass-through with one and two workers, middlebox with three cheap faults, and nginx
-with `proxy_buffering off` as the reference proxy. The upstream and the load client are
-the single-threaded epoll C programs in bench/c/ (compiled here into a temporary
-directory), so the harness costs a fraction of a core and stays out of the way.
+with `proxy_buffering off` as the reference proxy; the console (`--ui`) without and with a
+page, at CONSOLE_STREAMS in alternating pairs, its page judged by the share of CPU the
+console counts for it and by the median pair (`console_pairs`). The upstream and the load
+client are the single-threaded epoll C programs in bench/c/ (compiled here into a
+temporary directory), so the harness costs a fraction of a core and stays out of the way.
 
 Every load loop is bounded in count and time, every process we start is stopped by its
 PID, and listen ports sit below the ephemeral range (net.ipv4.ip_local_port_range starts
