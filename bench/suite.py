@@ -2,9 +2,11 @@
 
 Paths: `direct` (the load client talks to the upstream: the physical limit), middlebox
 pass-through with one and two workers, middlebox with three cheap faults, and nginx
-with `proxy_buffering off` as the reference proxy. The upstream and the load client are
-the single-threaded epoll C programs in bench/c/ (compiled here into a temporary
-directory), so the harness costs a fraction of a core and stays out of the way.
+with `proxy_buffering off` as the reference proxy; the console (`--ui`) without and with a
+page, at CONSOLE_STREAMS in alternating pairs, its page judged by the share of CPU the
+console counts for it and by the median pair (`console_pairs`). The upstream and the load
+client are the single-threaded epoll C programs in bench/c/ (compiled here into a
+temporary directory), so the harness costs a fraction of a core and stays out of the way.
 
 Every load loop is bounded in count and time, every process we start is stopped by its
 PID, and listen ports sit below the ephemeral range (net.ipv4.ip_local_port_range starts
@@ -16,10 +18,12 @@ fixed, so one bench runs at a time on a machine: a second one waits on a lock fi
 from __future__ import annotations
 
 import fcntl
+import http.client
 import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +42,12 @@ C_SOURCES = Path(__file__).resolve().parent / "c"
 UPSTREAM_PORT = 7301
 PROXY_PORT = 7302
 UI_PORT = 7303
+# The console's cost is judged at this count, in this many alternating pairs of windows
+# (no page, a page, no page, a page...): one pair's ratio moves more with the shared
+# machine's load than the 10% it judges.
+CONSOLE_STREAMS = 500
+CONSOLE_PAIRS = 3
+CONSOLE_PATHS = ("middlebox_ui_idle", "middlebox_ui")
 # Streams at which latency, CPU and memory are reported, then the saturation ladder.
 LATENCY_STREAMS = (1, 100, 500, 1000)
 LADDER = (1500, 2000, 2500)
@@ -309,6 +319,7 @@ http {{
             started = time.monotonic()
             cpu0 = harness0 = 0
             rss_open = 0
+            page0: float | None = None
             window_start = time.monotonic()
             harness = [client.pid, upstream.pid]
             result: dict[str, Any] = {}
@@ -316,11 +327,13 @@ http {{
                 if line.startswith("measure_start"):
                     pids = proc.tree() if proc else []
                     rss_open = rss_kib(pids)
+                    page0 = page_cpu_s() if path.name in CONSOLE_PATHS else None
                     cpu0, harness0 = cpu_ns(pids), cpu_ns(harness)
                     window_start = time.monotonic()
                 elif line.startswith("{"):
                     elapsed = time.monotonic() - window_start
                     cpu1, harness1 = cpu_ns(pids), cpu_ns(harness)
+                    page1 = page_cpu_s() if page0 is not None else None
                     result = json.loads(line)
                     frames = max(result["frames"], 1)
                     result["proxy_cpu_us_per_frame"] = (
@@ -331,6 +344,11 @@ http {{
                     result["rss_kib_before"] = rss_before
                     result["rss_kib_open"] = rss_open
                     result["rss_kib_per_stream"] = (rss_open - rss_before) / n if proc else 0.0
+                    if page0 is not None and page1 is not None:
+                        # the console's own count of its pages' CPU in the same window
+                        page = page1 - page0
+                        result["page_cpu_s"] = page
+                        result["page_share"] = page / max((cpu1 - cpu0) / 1e9 - page, 1e-9)
                     for beside in self.beside:  # the page's feed, for its update rate
                         beside.stop()
                 if time.monotonic() - started > bound:
@@ -349,6 +367,64 @@ http {{
                 result["feed_kib_per_s"] = round(feed["bytes"] / 1024 / seconds, 1)
                 del self.feed_stats[out]
         return result
+
+    def against_direct(
+        self, row: dict[str, Any], direct: dict[str, Any], path: Path_, upstream: Proc
+    ) -> dict[str, Any]:
+        """The row with its latency added to the direct path's; a miss of the saturation
+        bound measured once more (not for paired rows: the pairs are the repeats)."""
+        added(row, direct)
+        if row["added_p99_ms"] >= SATURATION_P99_MS and "pair" not in row:
+            # The machine is shared: a miss is measured once more and the
+            # better run kept, by the same rule for every path.
+            again = self.streams(path, row["streams"], upstream)
+            if "p99_ms" in again and again["p99_ms"] < row["p99_ms"]:
+                added(again, direct)
+                again["repeated"] = True
+                return again
+        return row
+
+    def console_pairs(
+        self, idle: Path_, page: Path_, n: int, upstream: Proc
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The console without and with a page, in CONSOLE_PAIRS alternating pairs of
+        windows: each pair's CPU-per-frame ratio, their median, and the page's share of the
+        proxy's CPU as the console counts it (docs/ui.md). The rows kept for the stream
+        table are the median pair's."""
+        pairs = [(self.streams(idle, n, upstream), self.streams(page, n, upstream))]
+        while len(pairs) < CONSOLE_PAIRS:
+            pairs.append((self.streams(idle, n, upstream), self.streams(page, n, upstream)))
+        measured = []
+        for without, with_page in pairs:
+            ratio = with_page["proxy_cpu_us_per_frame"] / max(
+                without["proxy_cpu_us_per_frame"], 1e-9
+            )
+            measured.append(
+                {
+                    "ratio": round(ratio, 3),
+                    "page_share": round(with_page.get("page_share", float("nan")), 4),
+                    "no_page_cpu_s": without.get("page_cpu_s"),
+                    "load_average": with_page["load_average"],
+                }
+            )
+            self.log(
+                f"console pair {len(measured)}: page/no page {ratio:.3f}x, the page's own "
+                f"CPU {measured[-1]['page_share']:.1%} of the proxy's, "
+                f"load {with_page['load_average']}"
+            )
+        ratios = [m["ratio"] for m in measured]
+        median = statistics.median(ratios)
+        middle = min(range(len(pairs)), key=lambda i: abs(ratios[i] - median))
+        rows = list(pairs[middle])
+        for row in rows:
+            row["pair"] = f"median of {len(pairs)} pairs"
+        summary = {
+            "streams": n,
+            "pairs": measured,
+            "median_ratio": round(median, 3),
+            "page_share": round(statistics.median(m["page_share"] for m in measured), 4),
+        }
+        return rows, summary
 
     def bulk(
         self, path: Path_, connections: int, size: int, seconds: float, limit: int
@@ -407,24 +483,26 @@ http {{
                 if not any(path.name != "direct" for path in todo):
                     break
                 direct: dict[str, Any] | None = None
+                names = {path.name: path for path in todo}
+                paired = n == CONSOLE_STREAMS and all(name in names for name in CONSOLE_PATHS)
                 for path in todo:
-                    row = self.streams(path, n, upstream)
+                    if paired and path.name == CONSOLE_PATHS[1]:
+                        continue  # measured in pairs with the first
+                    if paired and path.name == CONSOLE_PATHS[0]:
+                        rows, results["console"] = self.console_pairs(
+                            path, names[CONSOLE_PATHS[1]], n, upstream
+                        )
+                    else:
+                        rows = [self.streams(path, n, upstream)]
+                    for row in rows:
+                        if direct is not None and "p99_ms" in row:
+                            row = self.against_direct(row, direct, names[row["path"]], upstream)
+                            if row["added_p99_ms"] > STOP_CLIMBING_P99_MS:
+                                climbing.discard(row["path"])
+                        results["stream"].append(row)
+                        self.log(stream_line(row))
                     if path.name == "direct":
-                        direct = row
-                    elif direct is not None and "p99_ms" in row:
-                        added(row, direct)
-                        if row["added_p99_ms"] >= SATURATION_P99_MS:
-                            # The machine is shared: a miss is measured once more and the
-                            # better run kept, by the same rule for every path.
-                            again = self.streams(path, n, upstream)
-                            if "p99_ms" in again and again["p99_ms"] < row["p99_ms"]:
-                                added(again, direct)
-                                again["repeated"] = True
-                                row = again
-                        if row["added_p99_ms"] > STOP_CLIMBING_P99_MS:
-                            climbing.discard(path.name)
-                    results["stream"].append(row)
-                    self.log(stream_line(row))
+                        direct = rows[0]
             # The journal would keep every bulk byte and the preset's HTTP/1.0 upstream leg
             # closes after each response: bulk runs on the paths it compares.
             bulk_paths = [p for p in paths if p.name in BULK_PATHS] if s.bulk else []
@@ -446,6 +524,19 @@ http {{
         results["targets"] = targets(results)
         results["duration_s"] = round(time.monotonic() - started, 1)
         return results
+
+
+def page_cpu_s() -> float | None:
+    """The console's own count of the CPU seconds its pages cost (`GET /api/stats`), or
+    None when it does not answer."""
+    ui = http.client.HTTPConnection("127.0.0.1", UI_PORT, timeout=5)
+    try:
+        ui.request("GET", "/api/stats")
+        return float(json.loads(ui.getresponse().read())["page_cpu_s"])
+    except (OSError, ValueError, KeyError, http.client.HTTPException):
+        return None
+    finally:
+        ui.close()
 
 
 def added(row: dict[str, Any], direct: dict[str, Any]) -> None:
@@ -578,18 +669,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             2.0,
             "ms",
         )
-    page = _row(stream, "middlebox_ui", streams=500)
-    idle = _row(stream, "middlebox_ui_idle", streams=500)
-    if page is not None and idle is not None:
-        _ratio_target(
-            out,
-            "a live console page costs <= 10% CPU per frame (500 streams, --ui with the page "
-            "against --ui without)",
-            page["proxy_cpu_us_per_frame"],
-            idle["proxy_cpu_us_per_frame"],
-            1.1,
-            "µs/frame",
-        )
+    page = _row(stream, "middlebox_ui", streams=CONSOLE_STREAMS)
+    console = results.get("console")
+    if page is not None and console is not None:
+        out.append(console_target(console))
         if "feed_updates_per_s" in page:
             out.append(
                 {
@@ -620,6 +703,22 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "MB/s",
         )
     return out
+
+
+def console_target(console: dict[str, Any]) -> dict[str, Any]:
+    """The page's cost: its direct CPU as the console counts it, and the CPU per frame of
+    alternating pairs without and with it; met when both hold (docs/ui.md says why)."""
+    pairs = console["pairs"]
+    shares = ", ".join(f"{p['page_share']:.1%}" for p in pairs)
+    ratios = ", ".join(f"{p['ratio']:.2f}" for p in pairs)
+    return {
+        "target": f"a live console page costs <= 10% of the proxy's CPU "
+        f"({console['streams']} streams, --ui with the page against --ui without)",
+        "measured": f"the page's own CPU {console['page_share']:.1%} of the rest (median of "
+        f"{len(pairs)} windows: {shares}); CPU per frame with / without, median of "
+        f"{len(pairs)} alternating pairs {console['median_ratio']:.2f}x ({ratios})",
+        "met": console["page_share"] <= 0.10 and console["median_ratio"] <= 1.10,
+    }
 
 
 def machine() -> dict[str, Any]:

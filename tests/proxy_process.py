@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import AnyStr
 
 START_BOUND = 60.0  # seconds: a bound for a loaded machine, not a measurement
 
@@ -54,15 +55,18 @@ def exchange(port: int, data: bytes, timeout: float = 10.0) -> bytes:
 
 
 def stop(
-    process: subprocess.Popen[bytes] | subprocess.Popen[str], how: int = signal.SIGTERM
-) -> None:
-    """Signal the process (its own PID) and reap it; kill it if it outlives the bound."""
+    process: subprocess.Popen[AnyStr], how: int = signal.SIGTERM, bound: float = 30.0
+) -> AnyStr | None:
+    """Signal the process (its own PID) and reap it, killed if it outlives `bound` seconds;
+    what it wrote to its stdout pipe (None without one), read to the end so a full pipe
+    cannot hold it."""
     process.send_signal(how)
     try:
-        process.communicate(timeout=30)
+        output: AnyStr | None = process.communicate(timeout=bound)[0]
     except subprocess.TimeoutExpired:
         process.kill()
-        process.communicate(timeout=10)
+        output = process.communicate(timeout=10)[0]
+    return output
 
 
 @contextmanager

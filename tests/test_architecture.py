@@ -244,6 +244,20 @@ def room_of_name(name: str) -> str | None:
     return "middlebox"
 
 
+@cache
+def parsed(source: str) -> ast.Module:
+    """A module's syntax tree, parsed once however many rules read it (none changes it)."""
+    return ast.parse(source)
+
+
+def shell_modules(sources: Sources) -> Iterator[tuple[str, ast.Module]]:
+    """(path, syntax tree) of each module in the shell room: the one walk of the shell's
+    sources that the rules about the shell share."""
+    for path, source in sources.items():
+        if room_of_path(path) == "shell":
+            yield path, parsed(source)
+
+
 def matches(name: str, prefixes: Iterable[str]) -> str | None:
     return next((p for p in prefixes if name == p or name.startswith(p + ".")), None)
 
@@ -439,10 +453,8 @@ def counters_by_name(sources: Sources) -> list[str]:
     computed at run time, and no arithmetic on a `getattr`, where a misspelt counter
     would be a new attribute or a silent default rather than mypy's error."""
     found = []
-    for path, source in sources.items():
-        if room_of_path(path) != "shell":
-            continue
-        for node in ast.walk(ast.parse(source)):
+    for path, tree in shell_modules(sources):
+        for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 named = len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
                 if node.func.id == "setattr" and not named:
@@ -474,10 +486,7 @@ def commands_outside_apply(sources: Sources) -> list[str]:
     shell code calls an `H2Fault`'s hook itself, and none outside a function named `apply`
     tells one `Command` from another (a second place that performs commands)."""
     found = []
-    for path, source in sources.items():
-        if room_of_path(path) != "shell":
-            continue
-        tree = ast.parse(source)
+    for path, tree in shell_modules(sources):
         in_apply: set[int] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "apply":
@@ -666,10 +675,7 @@ def any_in_proxy_signatures(sources: Sources) -> list[str]:
     returns one (`run_proxy`, `run_workers` ...) are typed, so a misspelt or mistyped
     option fails in mypy rather than in a running proxy (no `**options: Any`)."""
     found = []
-    for path, source in sources.items():
-        if not path.startswith("middlebox/shell/"):
-            continue
-        tree = ast.parse(source)
+    for path, tree in shell_modules(sources):
         classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
         proxies = set(PROXY_TYPES)
         grew = True
@@ -953,6 +959,20 @@ def test_seeded_randomness_and_now_are_what_pure_rooms_use() -> None:
 )
 def test_a_counter_kept_by_name_in_the_shell_is_caught(body: str) -> None:
     assert counters_by_name({"middlebox/shell/x.py": body})
+
+
+def test_the_shell_rules_walk_the_shell_room_alone_parsing_each_module_once() -> None:
+    shell = "def apply(x):\n    return x\n"
+    sources = {
+        "middlebox/shell/a.py": shell,
+        "middlebox/shell/tls/b.py": "B = 1\n",
+        "middlebox/core/shell.py": "C = 1\n",
+        "faults/shell.py": "D = 1\n",
+    }
+    walked = dict(shell_modules(sources))
+    assert list(walked) == ["middlebox/shell/a.py", "middlebox/shell/tls/b.py"]
+    assert walked["middlebox/shell/a.py"] is parsed(shell)  # the same tree for every rule
+    assert ast.unparse(walked["middlebox/shell/tls/b.py"]) == "B = 1"
 
 
 def test_counters_by_attribute_and_reading_fields_by_name_are_allowed() -> None:

@@ -13,6 +13,10 @@ header; compared in constant time):
 - `GET /api/connections` (`?all=1`: every one held, not the newest 60), `GET
   /api/streams/{id}`: the same list, and one stream's two sides;
 - `GET /api/presets`: the presets a fault list may add; `GET /api/drill`: the drill's state;
+- `GET /api/stats`: what the pages cost, measured by the console itself: `page_cpu_s`, the
+  CPU seconds (the proxy thread's clock) of every feed's turns and of every answer the
+  console gives (a page's or a `curl`'s alike), summed since the start; this request is
+  the measurer's, not counted;
 - anything else (`/faults`, `/scenario`, `/metrics`...): the control API's own routes
   (`shell.control.ControlApi`), so an edit from the page is the edit `curl` makes, with the
   loader's file:line problems in its answer.
@@ -43,8 +47,10 @@ from middlebox.shell.control import (
     ControlledProxy,
     Response,
     check_control_access,
+    read_request,
     reason_phrase,
     serve_control,
+    serve_http,
 )
 from middlebox.shell.server import Address, relay_clock_offset, run_proxy
 
@@ -87,6 +93,12 @@ class Console:
     interval: float = FEED_INTERVAL
     listings: int = 0  # connection lists built (not reused)
     details: int = 0  # stream details built (not reused)
+    # CPU seconds spent on the pages' behalf: each feed's turns (the list, the drill, the
+    # frame) and each page request's answer (its dispatch, the list or detail, the
+    # response's bytes), timed between the points where the task yields, so no other
+    # task's CPU is counted; the refresh that runs with or without a page is not in it
+    page_cpu: float = 0.0
+    pages: int = 0  # feeds attached now
     _cached: tuple[int, float, bytes] | None = None
     _detail: tuple[int, int, float, bytes] | None = None
     _spent: float = 0.0  # CPU seconds of page work since the last list was built
@@ -185,6 +197,9 @@ class Console:
             return Response.json(200, {"presets": list(self.presets)})
         if method == "GET" and path == "/api/drill":
             return Response.json(200, {"drill": self.drill()})
+        if method == "GET" and path == "/api/stats":
+            stats = {"page_cpu_s": self.page_cpu, "pages": self.pages}
+            return Response.json(200, {**stats, "listings": self.listings, "details": self.details})
         if self.token:  # the page's token, as the control API takes it
             headers = {**headers, "authorization": f"Bearer {self.token}"}
         return await self.api.answer(method, target, headers, body)
@@ -199,6 +214,14 @@ class Console:
     async def feed(self, stream: trio.SocketStream, connection: h11.Connection) -> None:
         """The live feed: an update when the model moved, at most every FEED_INTERVAL (less
         often while the pages' work would pass FEED_CPU_SHARE of a core)."""
+        self.pages += 1
+        try:
+            await self._feed(stream, connection)
+        finally:
+            self.pages -= 1
+
+    async def _feed(self, stream: trio.SocketStream, connection: h11.Connection) -> None:
+        began = self.cpu_clock()
         head = connection.send(
             h11.Response(
                 status_code=200,
@@ -210,9 +233,11 @@ class Console:
                 ],
             )
         )
+        self.page_cpu += self.cpu_clock() - began
         await stream.send_all(head or b"")
         sent_version, sent_at, drill_sent = -1, -FEED_IDLE, ""
         while True:
+            began = self.cpu_clock()
             now = self.clock()
             out = b""
             if self.model.version != sent_version or now - sent_at >= FEED_IDLE:
@@ -222,8 +247,10 @@ class Console:
             if drill != drill_sent:
                 drill_sent = drill
                 out += b"event: drill\ndata: " + drill.encode() + b"\n\n"
-            if out:
-                await stream.send_all(connection.send(h11.Data(data=out)) or b"")
+            data = (connection.send(h11.Data(data=out)) or b"") if out else b""
+            self.page_cpu += self.cpu_clock() - began
+            if data:
+                await stream.send_all(data)
             await trio.sleep(self.interval)
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
@@ -231,9 +258,10 @@ class Console:
         try:
             while True:
                 with trio.move_on_after(REQUEST_TIMEOUT) as bound:
-                    request, body = await _read(connection, stream)
+                    request, body = await read_request(connection, stream, MAX_REQUEST_BODY)
                 if bound.cancelled_caught or request is None:
                     return
+                began = self.cpu_clock()
                 headers = {
                     name.decode("latin-1").lower(): value.decode("latin-1")
                     for name, value in request.headers
@@ -242,16 +270,24 @@ class Console:
                 target = request.target.decode("latin-1")
                 path = target.split("?", 1)[0].rstrip("/")
                 if method == "GET" and path == "/feed" and self.authorised(headers, target):
+                    self.page_cpu += self.cpu_clock() - began
                     await self.feed(stream, connection)
                     return
                 if body is None:
                     response = Response.json(413, {"error": "body too large"})
                 else:
+                    if method == "PUT" and path == "/scenario":
+                        # the upload waits for a parse slot and is parsed in a child
+                        # process (ControlApi.parse_upload): this task yields meanwhile,
+                        # so only its own turns before and after are timed
+                        self.page_cpu += self.cpu_clock() - began
                     try:
                         response = await self.answer(method, target, headers, body)
                     except Exception as error:  # a bug must not take the console down
                         log.exception("console request failed")
                         response = Response.json(500, {"error": repr(error)})
+                    if method == "PUT" and path == "/scenario":
+                        began = self.cpu_clock()
                 keep = body is not None
                 out = connection.send(
                     h11.Response(
@@ -268,6 +304,8 @@ class Console:
                 )
                 out = (out or b"") + (connection.send(h11.Data(data=response.body)) or b"")
                 out += connection.send(h11.EndOfMessage()) or b""
+                if path != "/api/stats":  # the measurer's own request is not a page's work
+                    self.page_cpu += self.cpu_clock() - began
                 await stream.send_all(out)
                 if connection.our_state is h11.MUST_CLOSE or not keep:
                     return
@@ -286,40 +324,15 @@ def _query(target: str) -> dict[str, str]:
     return {key: value for key, _, value in pairs}
 
 
-async def _read(
-    connection: h11.Connection, stream: trio.SocketStream
-) -> tuple[h11.Request | None, bytes | None]:
-    request: h11.Request | None = None
-    body = bytearray()
-    while True:
-        event = connection.next_event()
-        if event is h11.NEED_DATA:
-            data = await stream.receive_some(65536)
-            connection.receive_data(data)
-            if not data and request is None:
-                return None, None
-            continue
-        if isinstance(event, h11.Request):
-            request = event
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > MAX_REQUEST_BODY:
-                return request, None
-        elif isinstance(event, h11.EndOfMessage):
-            return request, bytes(body)
-        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
-            return None, None
-
-
 async def serve_console(
     console: Console, address: Address, *, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
-    listeners = await trio.open_tcp_listeners(address.port, host=address.host)
-    port = listeners[0].socket.getsockname()[1]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(console.refresh_forever)
-        task_status.started(port)
-        await trio.serve_listeners(console.serve_connection, listeners, handler_nursery=nursery)
+    await serve_http(
+        console.serve_connection,
+        address,
+        alongside=console.refresh_forever,
+        task_status=task_status,
+    )
 
 
 def check_ui_access(address: Address, token: str | None) -> None:

@@ -6,7 +6,8 @@ environments alone or in pairs): a scenario's clients start at once, and a dozen
 interpreters importing litellm, LangChain or Chromium side by side on a small machine would
 eat the scenarios' client bounds and turn slow imports into hangs. `--update` keeps the
 columns of clients not named, and the rows of scenarios not run, from the last run's
-matrix.json (refresh one library, or one scenario's row). Before a
+matrix.json (refresh one library, or one scenario's row); a column keeps its own date
+unless every row it holds was run again, and says how many were and when (`column_ran`). Before a
 client runs, its environment is prepared outside every bound (`BUILTIN_CLIENTS[name]`
 builds a locked Python environment, the Node launcher's `ready` runs `npm ci`).
 
@@ -184,8 +185,10 @@ def run_matrix(
     cells: dict[str, dict[str, dict[str, Any]]] = {}
     scenarios: list[str] = []
     earlier_cells: dict[str, dict[str, dict[str, Any]]] = {}
+    earlier_ran: dict[str, str] = {}
     if earlier is not None:
         earlier_cells = earlier["cells"]
+        earlier_ran = {row["name"]: row.get("ran", "") for row in earlier["clients"]}
         rows = [row for row in earlier["clients"] if row["name"] not in names]
         cells = {row["name"]: earlier["cells"][row["name"]] for row in rows}
         scenarios = list(earlier["scenarios"])
@@ -207,11 +210,22 @@ def run_matrix(
                 scenarios.append(scenario["name"])
         ran = f"{started:%Y-%m-%d %H:%M}-{datetime.datetime.now(datetime.UTC):%H:%M} UTC"
         for name in group:
-            # an update over some scenarios keeps the client's other rows
-            cells[name] = {**earlier_cells.get(name, {}), **cells_of(document, name)}
-            rows.append(client_row(name, ran))
+            # an update over some scenarios keeps the client's other rows, and their date
+            before, fresh = earlier_cells.get(name, {}), cells_of(document, name)
+            cells[name] = {**before, **fresh}
+            rows.append(client_row(name, column_ran(earlier_ran.get(name, ""), before, fresh, ran)))
         on_client(matrix_document(targets, jobs, rows, scenarios, cells))
     return matrix_document(targets, jobs, rows, scenarios, cells)
+
+
+def column_ran(earlier: str, before: dict[str, Any], fresh: dict[str, Any], ran: str) -> str:
+    """When a client's column was measured: `ran` (this run) when this run measured every
+    row the column holds; otherwise the column's own date (`earlier`), with the rows this
+    run measured and when."""
+    if all(scenario in fresh for scenario in before):
+        return ran
+    rows = len(before.keys() | fresh.keys())
+    return f"{earlier or '?'}; {len(fresh)} of {rows} rows {ran}"
 
 
 def matrix_document(

@@ -45,7 +45,7 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -564,7 +564,7 @@ class ControlApi:
         try:
             while True:
                 with trio.move_on_after(REQUEST_TIMEOUT) as bound:
-                    request, body = await _read_request(connection, stream)
+                    request, body = await read_request(connection, stream)
                 if bound.cancelled_caught or request is None:
                     return
                 if body is None:
@@ -657,10 +657,11 @@ def _body_value(body: bytes) -> Any:
         raise EditError(400, f"the body must be a JSON or YAML mapping: {first}") from None
 
 
-async def _read_request(
-    connection: h11.Connection, stream: trio.SocketStream
+async def read_request(
+    connection: h11.Connection, stream: trio.SocketStream, limit: int = MAX_BODY
 ) -> tuple[h11.Request | None, bytes | None]:
-    """The next request and its body (None when the body is too large)."""
+    """The next request and its body (None when the body is over `limit` bytes); (None,
+    None) when the peer closed or sent no request."""
     request: h11.Request | None = None
     body = bytearray()
     while True:
@@ -675,7 +676,7 @@ async def _read_request(
             request = event
         elif isinstance(event, h11.Data):
             body += event.data
-            if len(body) > MAX_BODY:
+            if len(body) > limit:
                 return request, None
         elif isinstance(event, h11.EndOfMessage):
             return request, bytes(body)
@@ -683,14 +684,28 @@ async def _read_request(
             return None, None
 
 
-async def serve_control(
-    api: ControlApi, address: Address, *, task_status: Any = trio.TASK_STATUS_IGNORED
+async def serve_http(
+    handler: Callable[[trio.SocketStream], Awaitable[None]],
+    address: Address,
+    *,
+    alongside: Callable[[], Awaitable[None]] | None = None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Listen on `address` and run `handler` for each connection (and `alongside`, if given,
+    for as long); started with the port bound (`address.port` 0: the one chosen)."""
     listeners = await trio.open_tcp_listeners(address.port, host=address.host)
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
+        if alongside is not None:
+            nursery.start_soon(alongside)
         task_status.started(port)
-        await trio.serve_listeners(api.serve_connection, listeners, handler_nursery=nursery)
+        await trio.serve_listeners(handler, listeners, handler_nursery=nursery)
+
+
+async def serve_control(
+    api: ControlApi, address: Address, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    await serve_http(api.serve_connection, address, task_status=task_status)
 
 
 def check_control_access(address: Address, token: str | None) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 
 from middlebox.clients import chromium_path
 from tests.console.chromium import chromium_page
+from tests.proxy_process import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 START_BOUND = 60.0  # seconds: a bound for a loaded machine, not a measurement
@@ -58,12 +58,7 @@ def started(*args: str) -> Iterator[subprocess.Popen[str]]:
     try:
         yield process
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, bound=15)
 
 
 @contextmanager

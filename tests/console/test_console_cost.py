@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+import h11
 import pytest
 import trio
 import trio.testing
@@ -167,3 +168,76 @@ def test_a_smooth_stream_is_listed_without_walking_its_tokens(
     model.refresh()
     assert model.listing(2.2)["connections"][0]["kinds"] == ["buffering"]
     assert walked == [1]
+
+
+async def request(console: Console, *targets: str) -> list[bytes]:
+    """Ask `targets` in turn on one keep-alive connection to the console (a memory stream);
+    the answers' bodies."""
+    server, client = trio.testing.memory_stream_pair()
+    them = h11.Connection(h11.CLIENT)
+    bodies: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(console.serve_connection, server)
+        for target in targets:
+            await client.send_all(
+                them.send(h11.Request(method="GET", target=target, headers=[("host", "x")])) or b""
+            )
+            await client.send_all(them.send(h11.EndOfMessage()) or b"")
+            body = bytearray()
+            while not isinstance(event := them.next_event(), h11.EndOfMessage):
+                if event is h11.NEED_DATA:
+                    them.receive_data(await client.receive_some(65536))
+                elif isinstance(event, h11.Data):
+                    body += event.data
+            bodies.append(bytes(body))
+            them.start_next_cycle()
+        nursery.cancel_scope.cancel()
+    return bodies
+
+
+async def test_the_console_counts_the_pages_cpu_and_nothing_else(
+    mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a fake CPU clock that only the model's work moves: the refresh (done with or
+    without a page) costs 1 s a call, a list 0.1 ms, a detail 0.01 ms. The pages' total is
+    every list and detail the feed and the requests made, and no refresh."""
+    mock_clock.autojump_threshold = 0
+    cpu = [0.0]
+    calls = {"refresh": 0, "listing": 0, "stream": 0}
+    console = Console(a_proxy(), cpu_clock=lambda: cpu[0])
+    two_streams(console.model)
+
+    def costing(name: str, cost: float) -> None:
+        inner = getattr(console.model, name)
+
+        def costly(*args: object, **kwargs: object) -> object:
+            calls[name] += 1
+            cpu[0] += cost
+            return inner(*args, **kwargs)
+
+        monkeypatch.setattr(console.model, name, costly)
+
+    costing("refresh", 1.0)
+    costing("listing", 1e-4)
+    costing("stream", 1e-5)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(console.refresh_forever)
+        await trio.sleep(2.0)  # no page attached: the refreshes cost, the pages nothing
+        assert calls["refresh"] >= 20 and console.page_cpu == 0.0
+        (stats,) = await request(console, "/api/stats")  # the measurer's: not a page's
+        assert json.loads(stats)["page_cpu_s"] == 0.0 and json.loads(stats)["pages"] == 0
+        assert console.page_cpu == 0.0
+        # a page: its feed for 2 s, meanwhile its detail asked twice and the list once
+        nursery.start_soon(feed_updates, console, 2.0)
+        await trio.sleep(1.0)
+        assert console.pages == 1
+        await request(console, "/api/streams/2", "/api/connections", "/api/streams/1")
+        await trio.sleep(1.5)
+        assert console.pages == 0
+        nursery.cancel_scope.cancel()
+    assert calls["listing"] >= 10 and calls["stream"] == 2
+    assert calls["refresh"] >= 40  # it ran all along, between the page's turns
+    expected = 1e-4 * calls["listing"] + 1e-5 * calls["stream"]
+    assert console.page_cpu == pytest.approx(expected)
+    (stats,) = await request(console, "/api/stats")
+    assert json.loads(stats)["page_cpu_s"] == pytest.approx(expected)

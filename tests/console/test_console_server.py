@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from middlebox.compose import PROXY_STAGES
-from middlebox.console.server import FEED_INTERVAL, Console, serve_console
+from middlebox.console.server import FEED_INTERVAL, MAX_REQUEST_BODY, Console, serve_console
 from middlebox.run.serve import LIBRARY_SCENARIOS
 from middlebox.shell.control import ControlledProxy, pass_through
 from middlebox.shell.server import Address, ProxyConfig, listen
@@ -178,3 +178,13 @@ async def test_the_feed_sends_at_most_ten_updates_a_second(
     # nothing moves: one update a second keeps the clock going
     quiet = Console(proxy, cpu_clock=lambda: 0.0)
     assert await feed_updates(quiet, 2.05, busy=False) == 3
+
+
+async def test_a_body_over_the_console_s_limit_is_refused_unread() -> None:
+    async with console_running() as (console, _, ui_port):
+        over = await http(ui_port, "POST", "/faults", b"x" * (MAX_REQUEST_BODY + 1))
+        assert over[0] == 413 and json.loads(over[1]) == {"error": "body too large"}
+        # at the limit the body is read and the control API's own route answers it
+        at = await http(ui_port, "POST", "/faults", b"x" * MAX_REQUEST_BODY)
+        assert at[0] == 400 and "body too large" not in at[1].decode()
+        assert console.proxy.scenario.path == ()

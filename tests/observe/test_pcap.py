@@ -23,14 +23,21 @@ LISTEN, UPSTREAM = 9000, 8000
 
 async def journal_of_a_reset_stream(path: Path) -> None:
     """One request through the proxy; the upstream resets after the first event."""
+    assert await journal_of_a_stream(path, "rst") == "rst"
+
+
+async def journal_of_a_stream(path: Path, end: str = "complete") -> str:
+    """One request through the proxy, the upstream ending as `end` says (tests/shell/support
+    `sse_upstream`); its journal written to `path`; how the client's side ended."""
     with trio.fail_after(10):
-        async with controlled(end="rst") as run:
+        async with controlled(end=end) as run:
             status, body, ended = await http(run.proxy_port, "POST", "/v1/x", b"{}")
-            assert (status, ended) == (200, "rst") and EVENTS[0] in body
+            assert status == 200 and EVENTS[0] in body
             with trio.move_on_after(2):
                 while run.proxy.active:
                     await trio.sleep(0.01)
             run.proxy.store.write_ndjson(path)
+    return ended
 
 
 def tcp_packets(pcap: Path) -> list[object]:
@@ -86,13 +93,7 @@ async def test_a_clean_close_has_a_fin_each_way_after_the_last_byte(
     from scapy.layers.inet import TCP
 
     journal = tmp_path / "ok.ndjson"
-    with trio.fail_after(10):
-        async with controlled() as run:
-            assert (await http(run.proxy_port, "POST", "/v1/x", b"{}"))[2] == "fin"
-            with trio.move_on_after(2):
-                while run.proxy.active:
-                    await trio.sleep(0.01)
-            run.proxy.store.write_ndjson(journal)
+    assert await journal_of_a_stream(journal) == "fin"
     pcap = tmp_path / "ok.pcap"
     write_pcap(journal, pcap, listen_port=LISTEN, upstream_port=UPSTREAM)
     packets = tcp_packets(pcap)
@@ -168,6 +169,10 @@ def journal_lines() -> list[dict[str, object]]:
     ]  # fmt: skip
 
 
+def write_journal(path: Path, lines: list[dict[str, object]]) -> None:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
 def comments_by_payload(pcap: Path) -> list[tuple[int, bytes, list[str]]]:
     """(source port, payload, comments) of every packet, read back with scapy."""
     from scapy.layers.inet import TCP
@@ -183,7 +188,7 @@ def test_fault_decisions_and_sse_boundaries_become_comments_on_their_packets(
     tmp_path: Path,
 ) -> None:
     journal = tmp_path / "j.ndjson"
-    journal.write_text("".join(json.dumps(line) + "\n" for line in journal_lines()))
+    write_journal(journal, journal_lines())
     pcap = tmp_path / "j.pcapng"
     write_pcap(journal, pcap, listen_port=LISTEN, upstream_port=UPSTREAM)
     packets = comments_by_payload(pcap)
@@ -214,7 +219,7 @@ def test_fault_decisions_and_sse_boundaries_become_comments_on_their_packets(
 def test_a_decision_after_the_last_packet_says_how_far_from_it_it_was(tmp_path: Path) -> None:
     lines = [line for line in journal_lines() if line.get("type") != "end"]
     journal = tmp_path / "late.ndjson"
-    journal.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_journal(journal, lines)
     pcap = tmp_path / "late.pcapng"
     write_pcap(journal, pcap, listen_port=LISTEN, upstream_port=UPSTREAM)
     last = comments_by_payload(pcap)[-1]
@@ -224,7 +229,7 @@ def test_a_decision_after_the_last_packet_says_how_far_from_it_it_was(tmp_path: 
 
 def test_classic_pcap_has_the_packets_without_comments(tmp_path: Path) -> None:
     journal = tmp_path / "j.ndjson"
-    journal.write_text("".join(json.dumps(line) + "\n" for line in journal_lines()))
+    write_journal(journal, journal_lines())
     count = write_pcap(journal, tmp_path / "j.pcap", listen_port=LISTEN, upstream_port=UPSTREAM)
     packets = comments_by_payload(tmp_path / "j.pcap")
     assert len(packets) == count and not any(notes for _, _, notes in packets)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -374,3 +375,29 @@ def test_the_committed_table_names_every_client_with_its_version_and_every_scena
     assert [name for name in scenarios if name not in rows] == [], "run `make matrix`"
     for name in ("openai-v1", "openai-v2", "litellm", "langchain-openai"):
         assert envs.library_version(name) in header, name
+
+
+def test_an_update_keeps_each_columns_own_date_unless_the_column_was_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = fake_suite(monkeypatch, "complete", True)
+    earlier = two_client_matrix()
+    earlier["clients"][0]["ran"] = "2026-11-30 10:00-11:00 UTC"
+    earlier["clients"][1]["ran"] = "2026-11-30 11:00-11:30 UTC"
+    # a whole column run again (its rows, and the new one) takes this run's date
+    earlier["cells"]["raw"] = {"healthy-baseline": {"cell": "HANG 1/1", "verdicts": ["hang"]}}
+    earlier["clients"].append({**earlier["clients"][1], "name": "raw", "ran": "2026-11-29"})
+    updated = matrix.run_matrix(
+        ["x/"], ["resilient", "raw"], jobs=1, report_dir=tmp_path, earlier=earlier
+    )
+    assert calls == [["resilient", "raw"]]
+    ran = {row["name"]: row["ran"] for row in updated["clients"]}
+    # not run: its own date, untouched
+    assert ran["aiohttp-naive"] == "2026-11-30 10:00-11:00 UTC"
+    # one row of three run: the column's own date, and the row's
+    assert re.fullmatch(
+        r"2026-11-30 11:00-11:30 UTC; 1 of 3 rows \d{4}-\d\d-\d\d \d\d:\d\d-\d\d:\d\d UTC",
+        ran["resilient"],
+    ), ran["resilient"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d-\d\d:\d\d UTC", ran["raw"]), ran["raw"]
+    assert "2026-11-29" not in ran["raw"]

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 
+import pytest
 import trio
 from trio.testing import MockClock
 
@@ -98,13 +99,23 @@ async def settled(check: Callable[[], Awaitable[bool]]) -> None:
 CHAT = b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}"
 
 
-async def test_an_invalid_upstream_head_reaches_the_client_as_nginx_s_502_and_is_counted(
-    autojump_clock: MockClock,
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(b"HTTP/1.1 200 OK\r\nBad\rHeader: x\r\n\r\nsecret body", id="invalid-head"),
+        # "upstream prematurely closed connection while reading response header from upstream"
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Type: text/event", id="closed-mid-head"),
+        pytest.param(b"", id="closed-without-a-byte"),
+    ],
+)
+async def test_an_upstream_without_a_whole_valid_head_gives_the_client_nginx_s_502_only(
+    autojump_clock: MockClock, answer: bytes
 ) -> None:
     with trio.fail_after(10):
-        async with proxied(b"HTTP/1.1 200 OK\r\nBad\rHeader: x\r\n\r\nsecret body") as run:
+        async with proxied(answer) as run:
             data, ended = await raw(run.proxy_port, CHAT)
             assert data == error_response(502) and ended == "fin"
+            assert run.upstream.requests == 1
             await settled(lambda: _equals(run, "middlebox_unframeable_responses_total", 1))
 
 
@@ -117,27 +128,6 @@ async def test_a_broken_chunked_body_after_the_head_ends_in_a_close_without_the_
             data, ended = await raw(run.proxy_port, CHAT)
             assert data == SSE_HEAD + chunk(EVENT) and ended == "fin"
             await settled(lambda: _equals(run, "middlebox_unframeable_responses_total", 1))
-
-
-async def test_an_upstream_that_closes_mid_head_gives_the_client_nginx_s_502_only(
-    autojump_clock: MockClock,
-) -> None:
-    # "upstream prematurely closed connection while reading response header from upstream"
-    with trio.fail_after(10):
-        async with proxied(b"HTTP/1.1 200 OK\r\nContent-Type: text/event") as run:
-            data, ended = await raw(run.proxy_port, CHAT)
-            assert data == error_response(502) and ended == "fin"
-            assert run.upstream.requests == 1
-            await settled(lambda: _equals(run, "middlebox_unframeable_responses_total", 1))
-
-
-async def test_an_upstream_that_closes_without_a_byte_gives_the_client_nginx_s_502(
-    autojump_clock: MockClock,
-) -> None:
-    with trio.fail_after(10):
-        async with proxied(b"") as run:
-            data, ended = await raw(run.proxy_port, CHAT)
-            assert data == error_response(502) and ended == "fin"
 
 
 async def test_a_smuggled_request_gets_400_nothing_upstream_and_is_counted(

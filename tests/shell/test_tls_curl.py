@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from middlebox.scenario.model import Scenario, TlsOptions
 from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from middlebox.shell.tls import LocalCA
 from tests.harness import needs
+from tests.proxy_process import stop
 
 CURL = shutil.which("curl")
 pytestmark = needs(CURL, "curl")
@@ -152,12 +152,7 @@ def test_middlebox_proxy_tls_names_its_ca_and_curl_http2_trusts_it(
         assert events[-1] == b"data: [DONE]"
         assert len(events) >= 12  # role, the tokens, finish, usage and [DONE]
     finally:
-        proxy.send_signal(signal.SIGTERM)
-        try:
-            proxy.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proxy.kill()
-            proxy.wait()
+        stop(proxy, bound=15)
     assert proxy.returncode == 0
 
 
@@ -193,12 +188,7 @@ def test_tls_with_two_workers_serves_curl_http2_from_one_ca_and_counts_every_con
             assert done.returncode == 0, done.stderr
             assert done.stdout.endswith(b"data: [DONE]\n\n2")
     finally:
-        proxy.send_signal(signal.SIGTERM)
-        try:
-            output = proxy.communicate(timeout=20)[0].decode()
-        except subprocess.TimeoutExpired:
-            proxy.kill()
-            output = proxy.communicate()[0].decode()
+        output = (stop(proxy, bound=20) or b"").decode()
     assert proxy.returncode == 0, output
     assert "stopped: connections accepted: 6 " in output, output
 
