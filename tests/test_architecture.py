@@ -478,13 +478,17 @@ COMMANDS = frozenset(kind.__name__ for kind in typing.get_args(Command))
 H2_HOOKS = frozenset(
     name for name, value in vars(H2Fault).items() if callable(value) and not name.startswith("_")
 )
+# A stream fault's item hooks: the shell reaches them only through a `Pipeline`'s
+# open/feed/wake, which answer with `Effects`.
+FAULT_HOOKS = frozenset({"on_open", "on_item", "on_deadline"})
 
 
 def commands_outside_apply(sources: Sources) -> list[str]:
     """One effect vocabulary: the shell hears what a connection's faults want only as
     `Effects` from their driver (`Pipeline`, `H2Faults`) and does it in an `apply`. So no
-    shell code calls an `H2Fault`'s hook itself, and none outside a function named `apply`
-    tells one `Command` from another (a second place that performs commands)."""
+    shell code calls a fault's item hook or an `H2Fault`'s hook itself, and none outside a
+    function named `apply` tells one `Command` from another (a second place that performs
+    commands)."""
     found = []
     for path, tree in shell_modules(sources):
         in_apply: set[int] = set()
@@ -497,6 +501,9 @@ def commands_outside_apply(sources: Sources) -> list[str]:
             if isinstance(node.func, ast.Attribute) and node.func.attr in H2_HOOKS:
                 found.append(f"{path}:{node.lineno}: an HTTP/2 fault's {node.func.attr} called "
                              "outside H2Faults")  # fmt: skip
+            if isinstance(node.func, ast.Attribute) and node.func.attr in FAULT_HOOKS:
+                found.append(f"{path}:{node.lineno}: a fault's {node.func.attr} called "
+                             "outside a Pipeline")  # fmt: skip
             named = isinstance(node.func, ast.Name) and node.func.id == "isinstance"
             if named and len(node.args) == 2 and id(node) not in in_apply:
                 kinds = node.args[1]
@@ -997,6 +1004,10 @@ def test_counters_by_attribute_and_reading_fields_by_name_are_allowed() -> None:
         "def opened(self, stream_id, now):\n"
         "    for fault in self.faults:\n        fault.on_stream_open(stream_id, now)\n",
         "def due(self):\n    return min(f.h2_deadline() for f in self.faults)\n",
+        # a stage driven by hand beside the pipeline (a second driver of stream faults)
+        "async def alone(client, stage, now):\n    out = stage.on_open(now)\n",
+        "def fed(stage, item, now):\n    return stage.on_item(item, now)\n",
+        "def woken(stage, now):\n    return stage.on_deadline(now)\n",
     ],
 )
 def test_a_second_place_performing_commands_in_the_shell_is_caught(body: str) -> None:
@@ -1011,6 +1022,8 @@ def test_commands_performed_in_apply_and_other_isinstance_checks_are_allowed() -
             "def read(self, item):\n    return isinstance(item, Chunk)\n"
             "def opened(self, stream_id, now):\n"
             "    self.apply(self.h2.stream_open(stream_id, now))\n"
+            "def alone(self, stage, now):\n"
+            "    return Pipeline([stage]).open(now)\n"
         ),
         # Only the shell performs commands; the faults and the core make them.
         "faults/x.py": "def f(a):\n    return isinstance(a, ResetStream)\n",
