@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Protocol, TypeVar, cast
 
-from middlebox.core.framed import BodyPass, FramedStream, FramingLayout, PathFraming, Position
+from middlebox.core.framed import FramedStream, FramingLayout, ItemPass, PathFraming, Position
 from middlebox.core.scenario_state import SharedState, for_fault
 from middlebox.core.stream import Chunk, Direction, Item
 
@@ -235,7 +235,7 @@ class Fault:
     if it had passed them on; it sets `aside` again when that stops. Not for a direction
     whose framed pieces it reads (`HttpMatched.observe`) or publishes: its place's
     reader or stream would fall behind (that is `body_aside`)."""
-    body_aside: BodyPass | None = field(init=False, repr=False, compare=False, default=None)
+    body_aside: ItemPass | None = field(init=False, repr=False, compare=False, default=None)
     """Set by a fault that reads a direction's framing but needs to see only its heads and
     message ends (a head rewriter): its place in that direction's framed stream. The
     pipeline then passes over it every item of `body_aside.direction` whose bytes are all
@@ -243,7 +243,9 @@ class Fault:
     fault's reader over them and publishes their pieces for it (`BodyPass.passes`), so
     the next head, a message's end or anything the framer holds reaches `on_item` with
     the fault's framing exactly where a call per item would have left it. The fault
-    sets it back to None to see every item again."""
+    sets it back to None to see every item again. Another `ItemPass` may pass over it
+    other items whose `on_item` would only hand them on (a stage that watches a framer's
+    refusal: a read framed whole with none)."""
 
     def bind(self, context: FaultContext) -> None:
         """Attach the per-connection context; called once, before `on_open`."""
@@ -518,10 +520,11 @@ class Pipeline(Fault):
         paused = _NOT_PAUSED
         pausing = self._pausing
         if pausing:
-            paused = _PAUSED[
-                any(f.reading_paused(Direction.UPSTREAM) for f in pausing),
-                any(f.reading_paused(Direction.DOWNSTREAM) for f in pausing),
-            ]
+            up = down = False
+            for fault in pausing:
+                up = up or fault.reading_paused(Direction.UPSTREAM)
+                down = down or fault.reading_paused(Direction.DOWNSTREAM)
+            paused = _PAUSED[up, down]
         wake = self.deadline() if self._timed else None
         return Effects(items, wake, paused, not self._faults, ended)
 
@@ -588,14 +591,20 @@ class Pipeline(Fault):
         return out
 
     def on_item(self, item: Item, now: float) -> list[Item]:
-        out: list[Item] = []
-        if not self.faults:
+        faults = self._faults
+        if not faults:
             return [item]
-        if self.framing is not None:
-            _feed(self.framing.entry(item.direction), item)
-        self._onward(
-            0 if item.direction is Direction.UPSTREAM else len(self._faults) - 1, item, now, out
-        )
+        out: list[Item] = []
+        framing = self.framing
+        upstream = item.direction is Direction.UPSTREAM
+        if framing is not None:
+            # the stream what enters the path in this direction is framed into (`entry`)
+            stream = framing.up_at[0] if upstream else framing.down_at[framing.size]
+            if isinstance(item, Chunk):
+                stream.feed(item.data)
+            else:
+                stream.feed_eof()
+        self._onward(0 if upstream else len(faults) - 1, item, now, out)
         return out
 
     def on_deadline(self, now: float) -> list[Item]:

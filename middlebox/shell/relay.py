@@ -350,7 +350,8 @@ class Relay:
     def _wake_readers(self) -> None:
         """Something changed that may unpause reading: wake parked reader tasks, and
         give paused hub sockets their readiness back."""
-        self._state_lot.unpark_all()
+        if self._state_lot:  # a reader task parked (no hub): unparking none costs a call
+            self._state_lot.unpark_all()
         if self._hub_paused:
             for side in (self.client, self.upstream):
                 if side.leg in self._hub_paused and not self._reading_paused(side):
