@@ -348,9 +348,8 @@ class Relay:
         self._hub_paused.discard(side.leg)
 
     def _wake_readers(self) -> None:
-        """Something changed that may unpause reading: wake parked reader tasks, and
-        give paused hub sockets their readiness back."""
-        if self._state_lot:  # a reader task parked (no hub): unparking none costs a call
+        """Reading may resume: wake parked reader tasks, give paused hub sockets readiness back."""
+        if self._state_lot:  # reader tasks parked (no hub); there are none on the hub's path
             self._state_lot.unpark_all()
         if self._hub_paused:
             for side in (self.client, self.upstream):
