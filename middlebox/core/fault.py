@@ -413,7 +413,8 @@ class Effects:
     items: list[Item]
     """To write, in order, each toward the peer its direction goes to."""
     wake: float | None = None
-    """When to call `Pipeline.wake` next; None: no fault wants waking."""
+    """When to call `Pipeline.wake` next, at the latest (`Pipeline.feed` may keep an earlier
+    one: that wake finds nothing due); None: no fault wants waking."""
     paused: frozenset[Direction] = _NOT_PAUSED
     """The sources whose socket to stop reading now (`Fault.reading_paused`); reading
     resumes when a later call's effects leave a source out."""
@@ -449,6 +450,10 @@ class Pipeline(Fault):
         self.layout: PipelineLayout | None = None  # what `bind` bound it with
         # (id of a fault, direction) -> the stream its output there is framed into
         self._fed_after: dict[tuple[int, Direction], FramedStream] = {}
+        # The last call's effects, and whether this call reached a fault's hook: a call
+        # that only passed items over faults stepping aside keeps them (see `feed`).
+        self._effects: Effects | None = None
+        self._reached = False
 
     @property
     def faults(self) -> list[Fault]:
@@ -463,6 +468,7 @@ class Pipeline(Fault):
             if id(fault) not in kept:
                 fault.leave()
         self._faults = list(faults)
+        self._effects = None
         self._overrides()
 
     def _overrides(self) -> None:
@@ -484,6 +490,7 @@ class Pipeline(Fault):
         `finished` leaves the pipeline, one that has `connection_closed` ends the
         connection (`Effects`)."""
         self.stages = tuple(stages)
+        self._effects = None
 
     # ------------------------------------------------------------- the shell's calls
 
@@ -492,8 +499,21 @@ class Pipeline(Fault):
         return self.effects(self.on_open(now))
 
     def feed(self, item: Item, now: float) -> Effects:
-        """`on_item`, and what the connection must do."""
-        return self.effects(self.on_item(item, now))
+        """`on_item`, and what the connection must do.
+
+        When the item only passed over faults stepping aside (`Fault.aside`, an
+        `ItemPass`: nearly every body read of a stream), no hook ran, so no stage
+        finished or closed, no fault started or stopped pausing and no deadline came
+        nearer or went (a pass may only move one later: a read timer re-armed): the last
+        call's effects hold, with these items. Their wake may then be earlier than the
+        faults' deadline now; `wake` at that time finds nothing due and answers the
+        later one, as a lazy timer does."""
+        self._reached = False
+        items = self.on_item(item, now)
+        last = self._effects
+        if self._reached or last is None:
+            return self.effects(items)
+        return Effects(items, last.wake, last.paused, last.passthrough, last.ended)
 
     def wake(self, now: float) -> Effects:
         """`on_deadline` if a fault is due by `now`, and what the connection must do."""
@@ -526,7 +546,8 @@ class Pipeline(Fault):
                 down = down or fault.reading_paused(Direction.DOWNSTREAM)
             paused = _PAUSED[up, down]
         wake = self.deadline() if self._timed else None
-        return Effects(items, wake, paused, not self._faults, ended)
+        effects = self._effects = Effects(items, wake, paused, not self._faults, ended)
+        return effects
 
     def __repr__(self) -> str:
         return f"Pipeline({self.faults!r})"
@@ -667,6 +688,7 @@ class Pipeline(Fault):
         faults = self._faults
         count = len(faults)
         fed_after = self._fed_after
+        self._reached = True
         while True:
             fault = faults[index]
             emitted = fault.on_item(item, now)

@@ -484,6 +484,9 @@ class ItemPass:
     `on_item` would have done when that hands the item on unchanged, and answers True;
     for any other item it does nothing and answers False, and the fault is called. One
     method, not a call per check: it runs for every item that reaches such a fault.
+    What it does may move the fault's deadline later (a read timer re-armed), never
+    earlier or to or from none, and changes nothing else the pipeline's effects read
+    (pausing, a stage's flags): those stay as the last hook left them (`Pipeline.feed`).
     `BodyPass` is the one for a message's body bytes."""
 
     __slots__ = ()

@@ -26,7 +26,7 @@ from faults.idle_reaper import IdleReaper
 from faults.latency import Latency
 from faults.set_header import SetHeader
 from middlebox.compose import PROXY_STAGES
-from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline
+from middlebox.core.fault import Fault, FaultContext, FaultReport, Pipeline, proxy_stages
 from middlebox.core.framed import BodyRun, FramedStream
 from middlebox.core.http1 import PieceKind
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
@@ -54,6 +54,7 @@ def bench_path(*, fast: bool = True) -> tuple[Pipeline, list[FaultReport]]:
     pipeline = Pipeline(faults)
     reports: list[FaultReport] = []
     pipeline.bind(FaultContext(1, random.Random(0), reports.append))
+    pipeline.set_stages(proxy_stages(pipeline.faults))
     if not fast:
         for fault in faults:
             if isinstance(fault, FailClosedResponse):
@@ -204,3 +205,43 @@ def test_fail_closed_sees_responses_again_once_it_closed() -> None:
     assert [r.action for r in reports if r.fault == "fail_closed"] == ["refused"]
     assert pipeline.on_item(Chunk(DOWN, SSE_HEAD), 1.0) == []  # closed: nothing goes on
     assert out
+
+
+def full_effects(pipeline: Pipeline, items: list[Item]) -> tuple[object, ...]:
+    effects = pipeline.effects(items)
+    return (effects.items, effects.wake, effects.paused, effects.passthrough, effects.ended)
+
+
+def test_a_read_that_only_passes_over_keeps_the_last_effects_and_a_wake_no_later() -> None:
+    pipeline, _ = bench_path()
+    (reaper,) = [f for f in pipeline.faults if isinstance(f, IdleReaper)]
+    pipeline.feed(Chunk(UP, REQUEST), 0.0)
+    head = pipeline.feed(Chunk(DOWN, SSE_HEAD), 1.0)  # reaches the faults: computed afresh
+    assert head.wake == 601.0
+    passed = pipeline.feed(Chunk(DOWN, CHUNK), 5.0)  # passes over every fault
+    assert passed.items == [Chunk(DOWN, CHUNK)]
+    assert reaper.deadline() == 605.0  # the read re-armed the timer ...
+    assert passed.wake == 601.0  # ... and the effects kept the earlier wake
+    assert (passed.paused, passed.passthrough, passed.ended) == (
+        head.paused,
+        head.passthrough,
+        head.ended,
+    )
+    # the wake at 601 finds nothing due and answers the deadline now, as computed afresh
+    woken = pipeline.wake(601.0)
+    assert woken.items == [] and woken.wake == 605.0
+    assert full_effects(pipeline, []) == ([], 605.0, woken.paused, False, False)
+    # the timer then fires where a call per read would have fired it
+    fired = pipeline.wake(605.0)
+    assert fired.items[-2:] == [Eof(DOWN), Eof(UP)] and fired.wake is None
+    assert [r.action for r in reaper.reports] == ["timed_out"]
+
+
+def test_a_read_that_reaches_a_fault_computes_the_effects_afresh() -> None:
+    pipeline, _ = bench_path()
+    pipeline.feed(Chunk(UP, REQUEST), 0.0)
+    pipeline.feed(Chunk(DOWN, SSE_HEAD), 1.0)
+    pipeline.feed(Chunk(DOWN, CHUNK), 5.0)
+    # the last chunk ends the response: it reaches the faults, and nothing waits anymore
+    done = pipeline.feed(Chunk(DOWN, b"0\r\n\r\n"), 6.0)
+    assert done.wake is None
