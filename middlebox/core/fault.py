@@ -732,9 +732,11 @@ class Pipeline(Fault):
         """`item` to the fault at `index` or, past the faults stepping aside for its
         direction, the next one; past the last, out."""
         faults = self._faults
+        count = len(faults)
+        fed_after = self._fed_after
         direction = item.direction
         step = 1 if direction is Direction.UPSTREAM else -1
-        while 0 <= index < len(faults):
+        while 0 <= index < count:
             fault = faults[index]
             if direction not in fault.aside:
                 passing = fault.body_aside
@@ -742,8 +744,8 @@ class Pipeline(Fault):
                     self._deliver(index, item, now, out)
                     return
                 # passed over for a body: its reader and what it publishes kept up
-            if self._fed_after:
-                stream = self._fed_after.get((id(fault), direction))
+            if fed_after:
+                stream = fed_after.get((id(fault), direction))
                 if stream is not None:
                     _feed(stream, item)  # it passed the bytes on as they came
             index += step
