@@ -562,15 +562,15 @@ class BodyPass(ItemPass):
         if stream is None or not framed:
             return
         shift = self.shift
-        if not stream.read and self.direction is Direction.DOWNSTREAM:
+        responses = self.direction is Direction.DOWNSTREAM
+        if responses and not (stream._readers or stream._listeners):  # nobody reads it
             # what `publish` does with response body pieces nobody reads: count them
             last = framed[-1].piece
             stream.pass_unread(len(framed), last.offset + len(last.data) + shift)
             return
         index = stream._base + len(stream._log)
         stream.publish(
-            [shifted(entry, shift) for entry in framed] if shift else framed,
-            bodies=self.direction is Direction.DOWNSTREAM,
+            [shifted(entry, shift) for entry in framed] if shift else framed, bodies=responses
         )
         if run is not None:
             first = framed[0].piece.offset + shift
