@@ -79,6 +79,7 @@ class PieceKind(enum.Enum):
 
 
 _HEADER, _BODY, _CRLF = PieceKind.CHUNK_HEADER, PieceKind.BODY, PieceKind.CHUNK_TRAILER_CRLF
+_CRLF_BYTES = b"\r\n"  # the CRLF after chunk data: one object, shared by every whole chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,7 +500,7 @@ class Http1Framer:
                     offset += nl + 1 - pos
                     out.append(new_piece(_BODY, data[nl + 1 : stop], message, offset))
                     offset += chunk
-                    out.append(new_piece(_CRLF, data[stop : stop + 2], message, offset))
+                    out.append(new_piece(_CRLF, _CRLF_BYTES, message, offset))
                     self._offset = offset + 2
                     self._body_received += chunk
                     self._remaining = 0
