@@ -450,9 +450,10 @@ class Pipeline(Fault):
         self.layout: PipelineLayout | None = None  # what `bind` bound it with
         # (id of a fault, direction) -> the stream its output there is framed into
         self._fed_after: dict[tuple[int, Direction], FramedStream] = {}
-        # The last call's effects, and whether this call reached a fault's hook: a call
-        # that only passed items over faults stepping aside keeps them (see `feed`).
-        self._effects: Effects | None = None
+        # The last call's effects but its items (wake, paused, passthrough, ended: not the
+        # items, whose bytes it would keep alive), and whether this call reached a fault's
+        # hook: a call that only passed items over faults stepping aside keeps them (`feed`).
+        self._kept: tuple[float | None, frozenset[Direction], bool, bool] | None = None
         self._reached = False
 
     @property
@@ -468,7 +469,7 @@ class Pipeline(Fault):
             if id(fault) not in kept:
                 fault.leave()
         self._faults = list(faults)
-        self._effects = None
+        self._kept = None
         self._overrides()
 
     def _overrides(self) -> None:
@@ -490,7 +491,7 @@ class Pipeline(Fault):
         `finished` leaves the pipeline, one that has `connection_closed` ends the
         connection (`Effects`)."""
         self.stages = tuple(stages)
-        self._effects = None
+        self._kept = None
 
     # ------------------------------------------------------------- the shell's calls
 
@@ -510,10 +511,10 @@ class Pipeline(Fault):
         later one, as a lazy timer does."""
         self._reached = False
         items = self.on_item(item, now)
-        last = self._effects
-        if self._reached or last is None:
+        kept = self._kept
+        if self._reached or kept is None:
             return self.effects(items)
-        return Effects(items, last.wake, last.paused, last.passthrough, last.ended)
+        return Effects(items, *kept)
 
     def wake(self, now: float) -> Effects:
         """`on_deadline` if a fault is due by `now`, and what the connection must do."""
@@ -546,8 +547,9 @@ class Pipeline(Fault):
                 down = down or fault.reading_paused(Direction.DOWNSTREAM)
             paused = _PAUSED[up, down]
         wake = self.deadline() if self._timed else None
-        effects = self._effects = Effects(items, wake, paused, not self._faults, ended)
-        return effects
+        passthrough = not self._faults
+        self._kept = (wake, paused, passthrough, ended)
+        return Effects(items, wake, paused, passthrough, ended)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.faults!r})"
