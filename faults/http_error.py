@@ -46,7 +46,7 @@ from faults._lib.checks import check_choice
 from faults._lib.items import joined_chunk
 from faults._lib.match import HttpMatched, RequestInfo
 from middlebox.core.fault import Fault, FaultContext, Seconds
-from middlebox.core.framed import BodyPass, Framed
+from middlebox.core.framed import BodyPass, BodyRun, Framed
 from middlebox.core.http1 import PieceKind
 from middlebox.core.responses import error_response, nginx_error_page
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
@@ -336,5 +336,5 @@ class _ServerBody(BodyPass):
         super().__init__(Direction.DOWNSTREAM, fault._flow.responses, None)
         self.fault = fault
 
-    def passed(self, framed: list[Framed], size: int, now: float) -> None:
-        self.fault._down_offset += size
+    def passed(self, framed: list[Framed], run: BodyRun, now: float) -> None:
+        self.fault._down_offset += run.end - run.start

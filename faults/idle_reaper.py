@@ -61,7 +61,7 @@ from faults._lib.ends import (
 from faults._lib.hop_close import HopClose
 from faults._lib.match import RESPONSES, HttpMatched
 from middlebox.core.fault import Fault, FaultContext, Seconds
-from middlebox.core.framed import BodyPass, Framed, FramedStream
+from middlebox.core.framed import BodyPass, BodyRun, Framed, FramedStream
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item, Reset
 
 AfterHeaders = Literal["close", "reset", "finish"]
@@ -185,8 +185,8 @@ class _BodyReads(BodyPass):
         super().__init__(Direction.DOWNSTREAM, reaper._flow.responses, publish)
         self.reaper = reaper
 
-    def passed(self, framed: list[Framed], size: int, now: float) -> None:
+    def passed(self, framed: list[Framed], run: BodyRun, now: float) -> None:
         reaper = self.reaper
         reaper._read(now)
-        reaper._progress.feed(size, [entry.piece for entry in framed], 0)
-        self.publish_passed(framed)
+        reaper._progress.feed_body(run.end - run.start, run.body, run.whole_chunks)
+        self.publish_passed(framed, run)

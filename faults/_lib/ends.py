@@ -105,3 +105,13 @@ class ResponseProgress:
             self.started = True
             self.between_chunks = False
         return done
+
+    def feed_body(self, size: int, body: int, whole_chunks: bool) -> None:
+        """`feed` for `size` wire bytes that are all body of the response under way (data
+        and chunk lines, no head, not its end, nothing held: `BodyRun`), `body` of them
+        data: the same state, counted without walking the pieces."""
+        if size:
+            self.offset += size
+            self.started = True
+            self.body += body
+            self.between_chunks = whole_chunks

@@ -29,6 +29,8 @@ from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
 
 from .refusing import RefusingStage
 
+_RESPONSES = frozenset({DOWN})
+
 
 @dataclass
 class FailClosed(RefusingStage):
@@ -45,6 +47,9 @@ class FailClosed(RefusingStage):
         if position is not None:
             self._framer = position.up.http
             self._responses = position.down.http
+            if self._framer is not None:
+                # it watches requests only: a response goes on as it came until it closes
+                self.aside = _RESPONSES
 
     def on_item(self, item: Item, now: float) -> list[Item]:
         settled = self.settled(item, UP)
@@ -75,6 +80,7 @@ class FailClosed(RefusingStage):
             self._discarding = True
             return out
         self.connection_closed = True
+        self.aside = frozenset()  # closed: nothing more goes anywhere, responses included
         answered = self._responses is not None and self._responses.message > refusal.message
         started = self._responses is not None and (
             self._responses.in_head or self._responses.in_body

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from middlebox.core.fault import FaultContext, StageEvent
+from middlebox.core.framed import ItemPass
 from middlebox.core.http1 import Http1Framer, Refusal
 from middlebox.core.responses import error_response
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
@@ -79,6 +80,10 @@ class FailClosedResponse(RefusingStage):
         if position is not None:
             self._framer = position.down.http
             self._requests = position.up.http
+            if self._framer is not None:
+                # nearly every read is framed whole with no refusal: the pipeline passes
+                # the stage over for it without a call (`_WholeReads`)
+                self.body_aside = _WholeReads(self)
 
     def on_item(self, item: Item, now: float) -> list[Item]:
         if item.direction is UP and not isinstance(item, Chunk) and not self.connection_closed:
@@ -163,3 +168,34 @@ class FailClosedResponse(RefusingStage):
             return [*out, Chunk(DOWN, error_response(INVALID_HEADER_STATUS)), Eof(DOWN), Eof(UP)]
         self.report(now, "closed", status=None, **details)
         return [*out, Eof(DOWN), Eof(UP)]  # its head went on: only the close
+
+
+class _WholeReads(ItemPass):
+    """fail_closed_response passed over for a response read the framer took whole with no
+    refusal and nothing held here: `on_item`'s usual read (it counts the bytes as passed
+    on and hands the read on); anything else (an end, a refusal, held bytes, a closed or
+    discarding stage) reaches `on_item`."""
+
+    __slots__ = ("stage",)
+
+    def __init__(self, stage: FailClosedResponse) -> None:
+        self.stage = stage
+
+    def passes(self, item: Item, now: float) -> bool:
+        if item.direction is not DOWN or type(item) is not Chunk:
+            return False
+        stage = self.stage
+        framer = stage._framer
+        if (
+            framer is None
+            or framer.refusal is not None
+            or stage.connection_closed
+            or stage._discarding
+            or stage._held
+        ):
+            return False
+        offset = framer.offset
+        if offset != stage._passed + len(item.data):
+            return False
+        stage._passed = offset
+        return True

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Protocol, TypeVar, cast
 
-from middlebox.core.framed import BodyPass, FramedStream, FramingLayout, PathFraming, Position
+from middlebox.core.framed import FramedStream, FramingLayout, ItemPass, PathFraming, Position
 from middlebox.core.scenario_state import SharedState, for_fault
 from middlebox.core.stream import Chunk, Direction, Item
 
@@ -235,7 +235,7 @@ class Fault:
     if it had passed them on; it sets `aside` again when that stops. Not for a direction
     whose framed pieces it reads (`HttpMatched.observe`) or publishes: its place's
     reader or stream would fall behind (that is `body_aside`)."""
-    body_aside: BodyPass | None = field(init=False, repr=False, compare=False, default=None)
+    body_aside: ItemPass | None = field(init=False, repr=False, compare=False, default=None)
     """Set by a fault that reads a direction's framing but needs to see only its heads and
     message ends (a head rewriter): its place in that direction's framed stream. The
     pipeline then passes over it every item of `body_aside.direction` whose bytes are all
@@ -243,7 +243,9 @@ class Fault:
     fault's reader over them and publishes their pieces for it (`BodyPass.passes`), so
     the next head, a message's end or anything the framer holds reaches `on_item` with
     the fault's framing exactly where a call per item would have left it. The fault
-    sets it back to None to see every item again."""
+    sets it back to None to see every item again. Another `ItemPass` may pass over it
+    other items whose `on_item` would only hand them on (a stage that watches a framer's
+    refusal: a read framed whole with none)."""
 
     def bind(self, context: FaultContext) -> None:
         """Attach the per-connection context; called once, before `on_open`."""
@@ -411,7 +413,8 @@ class Effects:
     items: list[Item]
     """To write, in order, each toward the peer its direction goes to."""
     wake: float | None = None
-    """When to call `Pipeline.wake` next; None: no fault wants waking."""
+    """When to call `Pipeline.wake` next, at the latest (`Pipeline.feed` may keep an earlier
+    one: that wake finds nothing due); None: no fault wants waking."""
     paused: frozenset[Direction] = _NOT_PAUSED
     """The sources whose socket to stop reading now (`Fault.reading_paused`); reading
     resumes when a later call's effects leave a source out."""
@@ -447,6 +450,11 @@ class Pipeline(Fault):
         self.layout: PipelineLayout | None = None  # what `bind` bound it with
         # (id of a fault, direction) -> the stream its output there is framed into
         self._fed_after: dict[tuple[int, Direction], FramedStream] = {}
+        # The last call's effects but its items (wake, paused, passthrough, ended: not the
+        # items, whose bytes it would keep alive), and whether this call reached a fault's
+        # hook: a call that only passed items over faults stepping aside keeps them (`feed`).
+        self._kept: tuple[float | None, frozenset[Direction], bool, bool] | None = None
+        self._reached = False
 
     @property
     def faults(self) -> list[Fault]:
@@ -461,6 +469,7 @@ class Pipeline(Fault):
             if id(fault) not in kept:
                 fault.leave()
         self._faults = list(faults)
+        self._kept = None
         self._overrides()
 
     def _overrides(self) -> None:
@@ -482,6 +491,7 @@ class Pipeline(Fault):
         `finished` leaves the pipeline, one that has `connection_closed` ends the
         connection (`Effects`)."""
         self.stages = tuple(stages)
+        self._kept = None
 
     # ------------------------------------------------------------- the shell's calls
 
@@ -490,8 +500,21 @@ class Pipeline(Fault):
         return self.effects(self.on_open(now))
 
     def feed(self, item: Item, now: float) -> Effects:
-        """`on_item`, and what the connection must do."""
-        return self.effects(self.on_item(item, now))
+        """`on_item`, and what the connection must do.
+
+        When the item only passed over faults stepping aside (`Fault.aside`, an
+        `ItemPass`: nearly every body read of a stream), no hook ran, so no stage
+        finished or closed, no fault started or stopped pausing and no deadline came
+        nearer or went (a pass may only move one later: a read timer re-armed): the last
+        call's effects hold, with these items. Their wake may then be earlier than the
+        faults' deadline now; `wake` at that time finds nothing due and answers the
+        later one, as a lazy timer does."""
+        self._reached = False
+        items = self.on_item(item, now)
+        kept = self._kept
+        if self._reached or kept is None:
+            return self.effects(items)
+        return Effects(items, *kept)
 
     def wake(self, now: float) -> Effects:
         """`on_deadline` if a fault is due by `now`, and what the connection must do."""
@@ -518,12 +541,15 @@ class Pipeline(Fault):
         paused = _NOT_PAUSED
         pausing = self._pausing
         if pausing:
-            paused = _PAUSED[
-                any(f.reading_paused(Direction.UPSTREAM) for f in pausing),
-                any(f.reading_paused(Direction.DOWNSTREAM) for f in pausing),
-            ]
+            up = down = False
+            for fault in pausing:
+                up = up or fault.reading_paused(Direction.UPSTREAM)
+                down = down or fault.reading_paused(Direction.DOWNSTREAM)
+            paused = _PAUSED[up, down]
         wake = self.deadline() if self._timed else None
-        return Effects(items, wake, paused, not self._faults, ended)
+        passthrough = not self._faults
+        self._kept = (wake, paused, passthrough, ended)
+        return Effects(items, wake, paused, passthrough, ended)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.faults!r})"
@@ -588,14 +614,20 @@ class Pipeline(Fault):
         return out
 
     def on_item(self, item: Item, now: float) -> list[Item]:
-        out: list[Item] = []
-        if not self.faults:
+        faults = self._faults
+        if not faults:
             return [item]
-        if self.framing is not None:
-            _feed(self.framing.entry(item.direction), item)
-        self._onward(
-            0 if item.direction is Direction.UPSTREAM else len(self._faults) - 1, item, now, out
-        )
+        out: list[Item] = []
+        framing = self.framing
+        upstream = item.direction is Direction.UPSTREAM
+        if framing is not None:
+            # the stream what enters the path in this direction is framed into (`entry`)
+            stream = framing.up_at[0] if upstream else framing.down_at[framing.size]
+            if isinstance(item, Chunk):
+                stream.feed(item.data)
+            else:
+                stream.feed_eof()
+        self._onward(0 if upstream else len(faults) - 1, item, now, out)
         return out
 
     def on_deadline(self, now: float) -> list[Item]:
@@ -658,6 +690,7 @@ class Pipeline(Fault):
         faults = self._faults
         count = len(faults)
         fed_after = self._fed_after
+        self._reached = True
         while True:
             fault = faults[index]
             emitted = fault.on_item(item, now)
@@ -701,9 +734,11 @@ class Pipeline(Fault):
         """`item` to the fault at `index` or, past the faults stepping aside for its
         direction, the next one; past the last, out."""
         faults = self._faults
+        count = len(faults)
+        fed_after = self._fed_after
         direction = item.direction
         step = 1 if direction is Direction.UPSTREAM else -1
-        while 0 <= index < len(faults):
+        while 0 <= index < count:
             fault = faults[index]
             if direction not in fault.aside:
                 passing = fault.body_aside
@@ -711,8 +746,8 @@ class Pipeline(Fault):
                     self._deliver(index, item, now, out)
                     return
                 # passed over for a body: its reader and what it publishes kept up
-            if self._fed_after:
-                stream = self._fed_after.get((id(fault), direction))
+            if fed_after:
+                stream = fed_after.get((id(fault), direction))
                 if stream is not None:
                     _feed(stream, item)  # it passed the bytes on as they came
             index += step

@@ -50,9 +50,11 @@ from middlebox.core.stream import Chunk, Direction, Item
 
 __all__ = [
     "BodyPass",
+    "BodyRun",
     "Framed",
     "FramedStream",
     "FramingLayout",
+    "ItemPass",
     "LegRecord",
     "PathFraming",
     "Reader",
@@ -122,6 +124,9 @@ class FramedStream:
         self._sse: dict[int, SseFramer] = {}
         self._body: dict[int, int] = {}
         self._counted = False
+        # The last stretch checked for a body pass (`BodyPass.passes`), kept so the next
+        # place in step with it (or the stream a place published it to) is not scanned again
+        self._body_run: BodyRun | None = None
         # pairing (Http1Exchange's job across the two directions)
         self.responses_to: list[FramedStream] = []  # request stream -> response streams
         self.tunnels: list[FramedStream] = []  # response stream -> request streams
@@ -148,19 +153,21 @@ class FramedStream:
         if self.http is not None:
             self._add(self.http.feed_eof())
 
-    def publish(self, framed: list[Framed]) -> None:
+    def publish(self, framed: list[Framed], bodies: bool = False) -> None:
         """Pieces a fault constructed for bytes it wrote (their offsets in this stream).
         What the framer would have learnt from them is learnt here too: a request's head
         and body (the faults past read them to decide), the method its response answers
-        (a HEAD's has no body) and a 101's tunnel."""
+        (a HEAD's has no body) and a 101's tunnel. `bodies`: they are all a response's
+        body pieces, which teach nothing."""
         if not framed:
             return
-        for entry in framed:
-            piece = entry.piece
-            if piece.head is not None:
-                self._head(piece.message, piece.head)
-            elif piece.kind is PieceKind.BODY and self.direction is Direction.UPSTREAM:
-                self._keep_body(piece)
+        if not bodies:
+            for entry in framed:
+                piece = entry.piece
+                if piece.head is not None:
+                    self._head(piece.message, piece.head)
+                elif piece.kind is PieceKind.BODY and self.direction is Direction.UPSTREAM:
+                    self._keep_body(piece)
         if self._listeners:
             for entry in framed:
                 self._append(entry)
@@ -213,7 +220,15 @@ class FramedStream:
             return
         if not pieces:
             return
-        framed = [frame(piece) for piece in pieces]
+        if self.direction is Direction.UPSTREAM:
+            framed = [frame(piece) for piece in pieces]
+        else:
+            # with no event stream open (a head may open one) a body piece gains nothing
+            sse = self._sse
+            framed = [
+                Framed(piece) if piece.head is None and not sse else frame(piece)
+                for piece in pieces
+            ]
         if self._readers:
             self._log.extend(framed)
         else:
@@ -411,7 +426,76 @@ class Reader:
         return out
 
 
-class BodyPass:
+class BodyRun:
+    """One stretch of a framed stream checked for a body pass: the log's pieces from
+    sequence number `index` that start before stream offset `end`, read from offset
+    `start` by a place in message `message`. `body` is the stretch's body bytes (chunk
+    data, not chunk lines), or -1 when it is not all body of that message (a head, the
+    message's end, another message, a chunk line cut at `end`); `whole_chunks` says it
+    ends after a chunk's CRLF. The log's piece at a sequence number never changes, so a
+    verdict holds for every place that reaches the same stretch in the same state: the
+    pipeline's places in step on one stream share it, and a place that passes the bytes
+    on as they came hands it to the stream it publishes to (moved by its shift)."""
+
+    __slots__ = ("body", "end", "index", "message", "start", "whole_chunks")
+
+    def __init__(
+        self, index: int, start: int, end: int, message: int, body: int, whole_chunks: bool
+    ) -> None:
+        self.index = index
+        self.start = start
+        self.end = end
+        self.message = message
+        self.body = body
+        self.whole_chunks = whole_chunks
+
+    @classmethod
+    def scan(cls, stream: FramedStream, index: int, start: int, end: int, message: int) -> BodyRun:
+        """The verdict on the stretch, from the log (RFC 9112 §7.1: data and the chunk
+        lines around it are body; a last chunk or trailers end the message)."""
+        body_kind, header = PieceKind.BODY, PieceKind.CHUNK_HEADER
+        crlf = PieceKind.CHUNK_TRAILER_CRLF
+        log = stream._log
+        body = 0
+        kind = None
+        for position in range(index - stream._base, len(log)):
+            piece = log[position].piece
+            if piece.offset >= end:
+                break
+            kind = piece.kind
+            if kind is body_kind:
+                if piece.end_of_message or piece.message != message:
+                    return cls(index, start, end, message, -1, False)
+                # the part of it in the stretch (a read may end, or have started, inside it)
+                body += min(end, piece.offset + len(piece.data)) - max(start, piece.offset)
+            elif (
+                (kind is not header and kind is not crlf)
+                or piece.end_of_message
+                or piece.message != message
+                or piece.offset + len(piece.data) > end
+            ):
+                return cls(index, start, end, message, -1, False)
+        return cls(index, start, end, message, body, kind is crlf)
+
+
+class ItemPass:
+    """What a fault that steps aside for some items does with one the pipeline passes it
+    over for (`Fault.body_aside`): `passes(item, now)` does for `item` what the fault's
+    `on_item` would have done when that hands the item on unchanged, and answers True;
+    for any other item it does nothing and answers False, and the fault is called. One
+    method, not a call per check: it runs for every item that reaches such a fault.
+    What it does may move the fault's deadline later (a read timer re-armed), never
+    earlier or to or from none, and changes nothing else the pipeline's effects read
+    (pausing, a stage's flags): those stay as the last hook left them (`Pipeline.feed`).
+    `BodyPass` is the one for a message's body bytes."""
+
+    __slots__ = ()
+
+    def passes(self, item: Item, now: float) -> bool:
+        return False
+
+
+class BodyPass(ItemPass):
     """A fault's place in one direction's framed stream, kept in step while the pipeline
     passes that fault over for the rest of a message's body (`Fault.body_aside`).
 
@@ -432,11 +516,11 @@ class BodyPass:
 
     def passes(self, item: Item, now: float) -> bool:
         """Pass the fault over for `item` if its bytes are all body of the message under
-        way here, framed whole with nothing held before or after them (RFC 9112 §7.1:
-        data and the chunk lines around it; a last chunk or trailers end the message).
+        way here, framed whole with nothing held before or after them (`BodyRun`).
         False, with nothing done, for another direction, an end of stream, a head, the
-        message's end, bytes the framer holds, or a chunk line cut at either edge. One
-        method, not a call per check: it runs for every item that reaches such a fault."""
+        message's end, bytes the framer holds, or a chunk line cut at either edge. The
+        verdict on the stretch is made once: a place in step with one that asked before
+        (or fed by one that passed the same bytes on) reuses it."""
         if item.direction is not self.direction or type(item) is not Chunk:
             return False
         reader = self.reader
@@ -448,44 +532,52 @@ class BodyPass:
         limit = start + size
         if limit > stream.emitted or stream._eof_at is not None:
             return False  # the framer holds part of these bytes, or the stream is ending
+        index = reader.index
         message = reader.message
-        body, header, crlf = PieceKind.BODY, PieceKind.CHUNK_HEADER, PieceKind.CHUNK_TRAILER_CRLF
-        log = stream._log
-        for index in range(reader.index - stream._base, len(log)):
-            piece = log[index].piece
-            if piece.offset >= limit:
-                break
-            kind = piece.kind
-            if (
-                piece.end_of_message
-                or piece.message != message
-                or (kind is not body and kind is not header and kind is not crlf)
-                or (kind is not body and piece.offset + len(piece.data) > limit)
-            ):
-                return False
-        self.passed(reader.advance(size), size, now)
+        run = stream._body_run
+        if (
+            run is None
+            or run.index != index
+            or run.start != start
+            or run.end != limit
+            or run.message != message
+        ):
+            run = stream._body_run = BodyRun.scan(stream, index, start, limit, message)
+        if run.body < 0:
+            return False
+        reader.cursor = limit  # `advance(size)`, a call fewer
+        self.passed(reader._take(limit, False), run, now)
         return True
 
-    def passed(self, framed: list[Framed], size: int, now: float) -> None:
-        """What the fault does with `size` body bytes reaching it at `now`, passed on as
-        they came: publish their pieces (`publish_passed`). A fault that also keeps count
-        of them (a read timer) extends this; it runs once per item passed over."""
-        self.publish_passed(framed)
+    def passed(self, framed: list[Framed], run: BodyRun, now: float) -> None:
+        """What the fault does with the body bytes of `run` reaching it at `now`, passed
+        on as they came: publish their pieces (`publish_passed`). A fault that also keeps
+        count of them (a read timer) extends this; it runs once per item passed over."""
+        self.publish_passed(framed, run)
 
-    def publish_passed(self, framed: list[Framed]) -> None:
+    def publish_passed(self, framed: list[Framed], run: BodyRun | None = None) -> None:
         """Body pieces this place passes on as they came: to the stream after it, moved
-        by `shift`; counted without being made when nobody reads that stream."""
+        by `shift`; counted without being made when nobody reads that stream. With the
+        stretch's verdict (`run`), the stream after it gets it too, moved the same way."""
         stream = self.publish
         if stream is None or not framed:
             return
         shift = self.shift
-        if not shift:
-            stream.publish(framed)
-        elif not stream.read:
+        responses = self.direction is Direction.DOWNSTREAM
+        if responses and not (stream._readers or stream._listeners):  # nobody reads it
+            # what `publish` does with response body pieces nobody reads: count them
             last = framed[-1].piece
             stream.pass_unread(len(framed), last.offset + len(last.data) + shift)
-        else:
-            stream.publish([shifted(entry, shift) for entry in framed])
+            return
+        index = stream._base + len(stream._log)
+        stream.publish(
+            [shifted(entry, shift) for entry in framed] if shift else framed, bodies=responses
+        )
+        if run is not None:
+            first = framed[0].piece.offset + shift
+            stream._body_run = BodyRun(
+                index, first, run.end + shift, run.message, run.body, run.whole_chunks
+            )
 
 
 def shifted(entry: Framed, shift: int) -> Framed:

@@ -78,6 +78,10 @@ class PieceKind(enum.Enum):
     OPAQUE = "opaque"
 
 
+_HEADER, _BODY, _CRLF = PieceKind.CHUNK_HEADER, PieceKind.BODY, PieceKind.CHUNK_TRAILER_CRLF
+_CRLF_BYTES = b"\r\n"  # the CRLF after chunk data: one object, shared by every whole chunk
+
+
 @dataclass(frozen=True, slots=True)
 class Head:
     """A parsed start line and header section; field names and values keep their case
@@ -487,6 +491,21 @@ class Http1Framer:
                 chunk = int(match.group(1), 16)
                 if chunk == 0 or chunk > MAX_BODY_SIZE:
                     return pos
+                stop = nl + 1 + chunk
+                if stop + 1 < size and data[stop] == _CR and data[stop + 1] == _LF:
+                    # A whole chunk in this read (an SSE frame's usual shape): its line,
+                    # data and CRLF at once, the pieces and state the steps below make.
+                    message, offset = self._message, self._offset
+                    out.append(new_piece(_HEADER, data[pos : nl + 1], message, offset))
+                    offset += nl + 1 - pos
+                    out.append(new_piece(_BODY, data[nl + 1 : stop], message, offset))
+                    offset += chunk
+                    out.append(new_piece(_CRLF, _CRLF_BYTES, message, offset))
+                    self._offset = offset + 2
+                    self._body_received += chunk
+                    self._remaining = 0
+                    pos = stop + 2
+                    continue
                 pos = self._cut(out, PieceKind.CHUNK_HEADER, data, pos, nl + 1 - pos, False)
                 self._remaining = chunk
                 self._state = _State.CHUNK_DATA

@@ -348,9 +348,9 @@ class Relay:
         self._hub_paused.discard(side.leg)
 
     def _wake_readers(self) -> None:
-        """Something changed that may unpause reading: wake parked reader tasks, and
-        give paused hub sockets their readiness back."""
-        self._state_lot.unpark_all()
+        """Reading may resume: wake parked reader tasks, give paused hub sockets readiness back."""
+        if self._state_lot:  # reader tasks parked (no hub); there are none on the hub's path
+            self._state_lot.unpark_all()
         if self._hub_paused:
             for side in (self.client, self.upstream):
                 if side.leg in self._hub_paused and not self._reading_paused(side):

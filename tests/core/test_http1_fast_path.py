@@ -95,6 +95,9 @@ def test_a_content_length_body_read_whole_is_the_read_itself() -> None:
         CHUNKED_HEAD + b"5;ext=1\r\nhello\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n"
         b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nwxyz",
         CHUNKED_HEAD + b"4\r\nabcdXX",  # chunk data not followed by CRLF: degraded
+        # whole chunks in one read, then one whose data ends in a CR without its LF
+        CHUNKED_HEAD + b"4\r\nabcd\r\n2;x\r\nef\r\n4\r\nghij\rX",
+        CHUNKED_HEAD + b"4\r\nabcd\r\n4\r\nefgh\n1\r\nz\r\n0\r\n\r\n",  # a bare LF
         CHUNKED_HEAD + b"zz\r\n",  # a malformed chunk-size line
         CHUNKED_HEAD + b"FFFFFFFFFFFFFFFFFFFF\r\n",  # a chunk too large
         b"HTTP/1.1 200 OK\r\n\r\nuntil the close",  # read until close
