@@ -9,7 +9,7 @@ from faults._lib.items import joined_chunk
 from faults._lib.match import REQUESTS, RESPONSES, HttpMatched
 from middlebox.core.fault import FaultContext
 from middlebox.core.framed import BodyPass, Framed, shifted
-from middlebox.core.http1 import Head, Piece, serialize_head
+from middlebox.core.http1 import Head, new_piece, serialize_head
 from middlebox.core.stream import Chunk, Direction, Item
 
 HeaderDirection = Literal["response", "request"]
@@ -106,7 +106,7 @@ class HeadRewriter(HttpMatched):
             parts.append(data)
             out_framed.append(
                 Framed(
-                    Piece(
+                    new_piece(
                         piece.kind,
                         data,
                         piece.message,

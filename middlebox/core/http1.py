@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from middlebox.core.stream import Direction
@@ -89,6 +89,12 @@ class Head:
     target: str | None = None
     status: int | None = None
     reason: str | None = None
+    # The fields' values by lower-cased name, built on the first lookup: the framer, the
+    # faults and the journal ask a head for several fields each (its framing, Connection,
+    # what a rewrite sets), and a dict answers each without a scan of every field.
+    _by_name: dict[str, tuple[str, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False, hash=False
+    )
 
     @property
     def is_request(self) -> bool:
@@ -101,8 +107,10 @@ class Head:
 
     def header_values(self, name: str) -> list[str]:
         """All values of the fields named `name` (case-insensitive), in order."""
-        lname = name.lower()
-        return [v for n, v in self.headers if n.lower() == lname]
+        by_name = self._by_name
+        if by_name is None:
+            by_name = _fields_by_name(self)
+        return list(by_name.get(name.lower(), ()))
 
     def header(self, name: str) -> str | None:
         """The field's values joined with ", " (RFC 9110 §5.3), or None when absent."""
@@ -136,6 +144,22 @@ class Head:
         if "close" in conn:
             return False
         return self.version != "HTTP/1.0" or "keep-alive" in conn
+
+
+_SET_BY_NAME = Head._by_name.__set__  # type: ignore[misc,union-attr]  # the slot's own setter
+
+
+def _fields_by_name(head: Head) -> dict[str, tuple[str, ...]]:
+    """The head's index (`Head._by_name`), built now if it is not yet."""
+    by_name = head._by_name
+    if by_name is None:
+        by_name = {}
+        for name, value in head.headers:
+            key = name.lower()
+            seen = by_name.get(key)
+            by_name[key] = (value,) if seen is None else (*seen, value)
+        _SET_BY_NAME(head, by_name)
+    return by_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,9 +484,10 @@ class Http1Framer:
     def _cut_direct(self, data: bytes, out: list[Piece]) -> int:
         """The fast path for bytes whose boundaries are known (content-length and chunk
         data, chunk-size lines and the CRLF after chunk data, bodies read until close,
-        tunnels) when nothing is held: pieces are slices of `data` itself. Returns how
-        many bytes it cut; anything else (a head, trailers, a line cut short, a last or
-        malformed chunk) is left to `_step`, which decides it exactly as before."""
+        tunnels) and a head read whole (`_cut_head`) when nothing is held: pieces are
+        slices of `data` itself. Returns how many bytes it cut; anything else (a head cut
+        short, trailers, a line cut short, a last or malformed chunk) is left to `_step`,
+        which decides it exactly as before."""
         pos = 0
         size = len(data)
         while pos < size:
@@ -503,6 +528,11 @@ class Http1Framer:
                 pos = self._cut(out, PieceKind.BODY, data, pos, size - pos, False)
             elif state is _State.OPAQUE:
                 pos = self._cut(out, PieceKind.OPAQUE, data, pos, size - pos, False)
+            elif state is _State.HEAD:
+                taken = self._cut_head(data, pos, out)
+                if taken == pos:
+                    return pos
+                pos = taken
             else:
                 return pos
         return pos
@@ -653,6 +683,45 @@ class Http1Framer:
             mode, length = self._body_mode(head)
         except _Malformed as exc:
             return self._degrade(str(exc), exc.status, start_line=exc.start_line)
+        self._took_head(out, head, mode, length, None, end)
+        return True
+
+    def _cut_head(self, data: bytes, pos: int, out: list[Piece]) -> int:
+        """`_cut_direct` for a head that `data` holds whole from `pos`, ending in CRLF
+        CRLF, with no blank line before it (a client's or an upstream's head, read in one
+        go): parsed once from the read, its piece a slice of it. Returns the position
+        after it, or `pos` to leave anything else (a head cut short, one the parser
+        refuses) to `_step`, which decides it exactly as before."""
+        end = data.find(b"\r\n\r\n", pos)
+        if end < 0:
+            return pos
+        stop = end + 4
+        if stop - pos > MAX_HEAD_BYTES:
+            return pos
+        raw = data if pos == 0 and stop == len(data) else data[pos:stop]
+        try:
+            head = _parse_head(raw, self.role)
+            mode, length = self._body_mode(head)
+        except _Malformed:
+            # Refused the buffered way, with its reason. A blank line before the start
+            # line (skipped the buffered way) or an earlier one ending the head (bare LF
+            # line ends) puts an empty line where a start or field line must be, which
+            # the parser refuses, as it refuses a bare CR: such heads come here too.
+            return pos
+        self._took_head(out, head, mode, length, raw, stop - pos)
+        return stop
+
+    def _took_head(
+        self,
+        out: list[Piece],
+        head: Head,
+        mode: _State,
+        length: int,
+        raw: bytes | None,
+        size: int,
+    ) -> None:
+        """The state a parsed head leaves and its piece: the first `size` bytes of the
+        buffer, or `raw` (cut from a read with nothing held)."""
         self._head = head
         if not head.is_interim and not head.keep_alive and mode is not _State.OPAQUE:
             self._closed = True
@@ -665,7 +734,11 @@ class Http1Framer:
         elif self.role == "request":
             self._method = head.method
         ends = mode in (_State.HEAD, _State.OPAQUE) and not head.is_interim
-        self._emit(out, PieceKind.HEAD, end, head=head, end=ends)
+        if raw is None:
+            self._emit(out, PieceKind.HEAD, size, head=head, end=ends)
+        else:
+            out.append(new_piece(PieceKind.HEAD, raw, self._message, self._offset, head, ends))
+            self._offset += size
         if head.is_interim:
             self._interim = True
         elif mode is _State.HEAD:
@@ -676,7 +749,6 @@ class Http1Framer:
         else:
             self._state = mode
             self._remaining = length
-        return True
 
     def _body_mode(self, head: Head) -> tuple[_State, int]:
         """How the body after `head` is delimited (RFC 9112 §6.3); HEAD means none."""
@@ -804,19 +876,26 @@ def rebuilt_head(
     pairs = list(set_headers.items()) if isinstance(set_headers, Mapping) else list(set_headers)
     new = {n.lower(): (n, v) for n, v in pairs}
     removed = {n.lower() for n in remove_headers}
-    fields: list[tuple[str, str]] = []
-    placed: set[str] = set()
-    for name, value in head.headers:
-        key = name.lower()
-        if key in removed or key in placed:
-            continue
-        if key in new:
-            placed.add(key)
-            fields.append((name, new[key][1]))
-        else:
-            fields.append((name, value))
-    fields += [nv for key, nv in new.items() if key not in placed and key not in removed]
-    return replace(head, headers=tuple(fields))
+    headers = head.headers
+    if removed or any(key in new for key in _fields_by_name(head)):
+        fields: list[tuple[str, str]] = []
+        placed: set[str] = set()
+        for name, value in headers:
+            key = name.lower()
+            if key in removed or key in placed:
+                continue
+            if key in new:
+                placed.add(key)
+                fields.append((name, new[key][1]))
+            else:
+                fields.append((name, value))
+        fields += [nv for key, nv in new.items() if key not in placed and key not in removed]
+        headers = tuple(fields)
+    else:
+        headers += tuple(new.values())  # only new names (set_header's usual case): appended
+    # the start line as it was (what `dataclasses.replace` would copy, without its
+    # generic machinery: a head is rewritten on every response of a set_header path)
+    return Head(head.version, headers, head.method, head.target, head.status, head.reason)
 
 
 def serialize_head(head: Head) -> bytes:
