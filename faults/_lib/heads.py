@@ -48,10 +48,13 @@ class HeadRewriter(HttpMatched):
         super().bind(context)
         target = self._target
         framing = context.framing
+        # A message's end needs nothing of it either (`ends`): a Content-Length body read
+        # whole passes it by too.
         self._body = BodyPass(
             target,
             self._flow.reader(target),
             framing.publish.get(target) if framing is not None else None,
+            ends=True,
         )
         if target is Direction.DOWNSTREAM and framing is not None:
             # A request is held until decided (`gate_framed`), so only responses' bodies

@@ -420,22 +420,35 @@ class BodyPass:
     pieces they complete go on to the stream it publishes to (`publish`), moved by
     `shift` (how much its earlier writes, a rewritten head, changed the stream's
     length). For anything else it does nothing and answers False, so the fault is given
-    the item itself, with its reader exactly where it left it."""
+    the item itself, with its reader exactly where it left it.
 
-    __slots__ = ("direction", "publish", "reader", "shift")
+    `ends`: the body piece that ends a message may pass too (a Content-Length body's last
+    bytes, RFC 9112 §6.3; a 64 KiB response's body is often one read), for a fault whose
+    `passed` does all it does at a message's end; a last chunk and trailers still reach
+    it."""
 
-    def __init__(self, direction: Direction, reader: Reader, publish: FramedStream | None) -> None:
+    __slots__ = ("direction", "ends", "publish", "reader", "shift")
+
+    def __init__(
+        self,
+        direction: Direction,
+        reader: Reader,
+        publish: FramedStream | None,
+        ends: bool = False,
+    ) -> None:
         self.direction = direction
         self.reader = reader
         self.publish = publish
         self.shift = 0
+        self.ends = ends
 
     def passes(self, item: Item, now: float) -> bool:
         """Pass the fault over for `item` if its bytes are all body of the message under
         way here, framed whole with nothing held before or after them (RFC 9112 §7.1:
         data and the chunk lines around it; a last chunk or trailers end the message).
         False, with nothing done, for another direction, an end of stream, a head, the
-        message's end, bytes the framer holds, or a chunk line cut at either edge. One
+        message's end (but its last body piece with `ends`), bytes the framer holds, or a
+        chunk line cut at either edge. One
         method, not a call per check: it runs for every item that reaches such a fault."""
         if item.direction is not self.direction or type(item) is not Chunk:
             return False
@@ -457,7 +470,7 @@ class BodyPass:
                 break
             kind = piece.kind
             if (
-                piece.end_of_message
+                (piece.end_of_message and (kind is not body or not self.ends))
                 or piece.message != message
                 or (kind is not body and kind is not header and kind is not crlf)
                 or (kind is not body and piece.offset + len(piece.data) > limit)
