@@ -61,6 +61,12 @@ _VERSION = re.compile(r"HTTP/1\.[0-9]\Z")
 # Control bytes (NUL, CTLs but HTAB, DEL) that h11 and llhttp's strict mode refuse in a
 # request target, a reason phrase and field values (RFC 9110 §5.5, RFC 9112 §3.2, §4).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# A field line as nearly every sender writes it: a token, a colon, a value without control
+# bytes, its spaces and tabs around it dropped, the CR of its CRLF. It is what the checks of
+# `_parse_fields` accept without a fold; any other line goes through them (and their reasons).
+_FIELD_LINE = re.compile(
+    r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\r?"
+)
 MAX_BODY_SIZE = 2**63 - 1
 """The largest Content-Length or chunk size accepted: nginx's NGX_MAX_OFF_T_VALUE (a
 20-digit length is "client sent invalid Content-Length header", 400)."""
@@ -140,13 +146,45 @@ class Head:
     @property
     def keep_alive(self) -> bool:
         """Whether the connection persists after this message (RFC 9112 §9.3)."""
+        by_name = self._by_name
+        if by_name is None:
+            by_name = _fields_by_name(self)
+        if "connection" not in by_name:
+            return self.version != "HTTP/1.0"  # the usual case: no Connection field
         conn = self.tokens("connection")
         if "close" in conn:
             return False
         return self.version != "HTTP/1.0" or "keep-alive" in conn
 
 
-_SET_BY_NAME = Head._by_name.__set__  # type: ignore[misc,union-attr]  # the slot's own setter
+_SET_HEAD = tuple(
+    getattr(Head, name).__set__
+    for name in ("version", "headers", "method", "target", "status", "reason", "_by_name")
+)
+_SET_BY_NAME = _SET_HEAD[-1]
+
+
+def new_head(
+    version: str,
+    headers: tuple[tuple[str, str], ...],
+    method: str | None = None,
+    target: str | None = None,
+    status: int | None = None,
+    reason: str | None = None,
+) -> Head:
+    """`Head(version, headers, method, target, status, reason)`, made as `new_piece` makes
+    a piece (a frozen dataclass's `__init__` sets each field through `object.__setattr__`;
+    the framer makes a head per message and a rewriter another)."""
+    head: Head = _new(Head)
+    set_version, set_headers, set_method, set_target, set_status, set_reason, set_index = _SET_HEAD
+    set_version(head, version)
+    set_headers(head, headers)
+    set_method(head, method)
+    set_target(head, target)
+    set_status(head, status)
+    set_reason(head, reason)
+    set_index(head, None)
+    return head
 
 
 def _fields_by_name(head: Head) -> dict[str, tuple[str, ...]]:
@@ -723,23 +761,24 @@ class Http1Framer:
         """The state a parsed head leaves and its piece: the first `size` bytes of the
         buffer, or `raw` (cut from a read with nothing held)."""
         self._head = head
-        if not head.is_interim and not head.keep_alive and mode is not _State.OPAQUE:
+        interim = head.is_interim
+        if not interim and not head.keep_alive and mode is not _State.OPAQUE:
             self._closed = True
         if head.method == "CONNECT":
             # nginx answers CONNECT 405 and closes (ngx_http_process_request_header): a
             # reverse proxy opens no tunnel. The framer still frames what follows.
             self._refuse("CONNECT method", 405)
-        if self.role == "response" and not head.is_interim:
+        if self.role == "response" and not interim:
             self._method = self._methods.pop(0) if self._methods else "GET"
         elif self.role == "request":
             self._method = head.method
-        ends = mode in (_State.HEAD, _State.OPAQUE) and not head.is_interim
+        ends = (mode is _State.HEAD or mode is _State.OPAQUE) and not interim
         if raw is None:
             self._emit(out, PieceKind.HEAD, size, head=head, end=ends)
         else:
             out.append(new_piece(PieceKind.HEAD, raw, self._message, self._offset, head, ends))
             self._offset += size
-        if head.is_interim:
+        if interim:
             self._interim = True
         elif mode is _State.HEAD:
             self._next_message()
@@ -763,9 +802,10 @@ class Http1Framer:
             # tunnel only when a 2xx answers it (`start_tunnel`), never before: bytes
             # sent ahead of the answer are the next request as far as a proxy knows.
             return _State.HEAD, 0
-        codings = head.header_values("transfer-encoding")
+        by_name = _fields_by_name(head)
+        codings = by_name.get("transfer-encoding")
         if codings:
-            if head.header_values("content-length"):
+            if "content-length" in by_name:
                 # RFC 9112 §6.1: an intermediary must not forward both; nginx: 400 for a
                 # request, 502 ("upstream sent both") for a response.
                 raise _Malformed("Content-Length and Transfer-Encoding together")
@@ -806,6 +846,10 @@ def _parse_fields(lines: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """Field lines (line ends already split off) into (name, value) pairs."""
     fields: list[tuple[str, str]] = []
     for raw in lines:
+        match = _FIELD_LINE.fullmatch(raw)
+        if match is not None:
+            fields.append((match[1], match[2]))  # the usual line, in one step
+            continue
         line = raw[:-1] if raw.endswith("\r") else raw
         if "\r" in line:
             raise _Malformed(f"bare CR in field line {line!r}")
@@ -841,14 +885,14 @@ def _parse_head(raw: bytes, role: Role) -> Head:
             raise _Malformed(f"malformed request line {start!r}")
         if not _VERSION.match(parts[2]):
             raise _Malformed(f"not HTTP/1.x: {start!r}")
-        return Head(version=parts[2], headers=fields, method=parts[0], target=parts[1])
+        return new_head(parts[2], fields, parts[0], parts[1])
     version, _, rest = start.partition(" ")
     code, _, reason = rest.partition(" ")
     if not _VERSION.match(version):
         raise _Malformed(f"not an HTTP/1.x status line: {start!r}", start_line=True)
     if len(code) != 3 or not code.isascii() or not code.isdigit() or code[0] == "0":
         raise _Malformed(f"malformed status code in {start!r}", start_line=True)
-    return Head(version=version, headers=fields, status=int(code), reason=reason)
+    return new_head(version, fields, None, None, int(code), reason)
 
 
 # -- builders for the few faults that rewrite ------------------------------------------
@@ -895,7 +939,7 @@ def rebuilt_head(
         headers += tuple(new.values())  # only new names (set_header's usual case): appended
     # the start line as it was (what `dataclasses.replace` would copy, without its
     # generic machinery: a head is rewritten on every response of a set_header path)
-    return Head(head.version, headers, head.method, head.target, head.status, head.reason)
+    return new_head(head.version, headers, head.method, head.target, head.status, head.reason)
 
 
 def serialize_head(head: Head) -> bytes:

@@ -6,16 +6,21 @@
 - a head's fields looked up by name through its index (`Head.header_values`) give what
   a scan of the fields gives, and the index is no part of the head's value;
 - `rebuilt_head` appending only new names (set_header's usual rewrite) gives what the
-  general rewrite gives.
+  general rewrite gives;
+- a field line taken in one step (`_FIELD_LINE`) gives what the line-by-line checks give,
+  and a line they refuse is refused with their reason.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from middlebox.core import http1
 from middlebox.core.http1 import (
     MAX_HEAD_BYTES,
     Head,
@@ -163,3 +168,31 @@ def test_rebuilt_head_equals_the_general_rewrite(
     assert got == want
     assert serialize_head(got) == serialize_head(want)
     assert got.header_values("x-a") == want.header_values("x-a")
+
+
+def parsed(lines: list[str]) -> object:
+    try:
+        return http1._parse_fields(lines)
+    except http1._Malformed as exc:
+        return ("refused", str(exc))
+
+
+@settings(max_examples=400, deadline=None)
+@example(lines=["X-A: a\r\r"])  # a bare CR after the value
+@example(lines=["X-A: a \t\r", " folded\r"])  # an obs-fold
+@example(lines=["X A: b\r", "X-A:\x7f"])
+@given(
+    lines=st.lists(
+        st.text(alphabet="Ab-_:; \t\r\x00\x7f\x1fé,=(", max_size=12).map(
+            lambda line: line if ":" in line[:4] else "X-A:" + line
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_field_lines_in_one_step_parse_as_the_checks_parse_them(lines: list[str]) -> None:
+    got = parsed(lines)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(http1, "_FIELD_LINE", re.compile(r"(?!)"))  # never matches
+        want = parsed(lines)
+    assert got == want
