@@ -177,16 +177,25 @@ class _BodyReads(BodyPass):
     """idle_reaper's place in the response stream while the pipeline passes it over for a
     body: each read passed over still re-arms its timer at that read's own time (with
     `lazy`, only the reads that move it far enough do) and is counted in its progress
-    (the byte and body byte its report gives), and its pieces go on as they came."""
+    (the byte and body byte its report gives), and its pieces go on as they came. A
+    Content-Length body's last bytes pass it too (`ends`): the answer is complete, so
+    its request stops waiting, as when it is given the read."""
 
     __slots__ = ("reaper",)
 
     def __init__(self, reaper: IdleReaper, publish: FramedStream | None) -> None:
-        super().__init__(Direction.DOWNSTREAM, reaper._flow.responses, publish)
+        super().__init__(Direction.DOWNSTREAM, reaper._flow.responses, publish, ends=True)
         self.reaper = reaper
 
     def passed(self, framed: list[Framed], run: BodyRun, now: float) -> None:
         reaper = self.reaper
         reaper._read(now)
-        reaper._progress.feed_body(run.end - run.start, run.body, run.whole_chunks)
+        progress = reaper._progress
+        if not run.ends:
+            progress.feed_body(run.end - run.start, run.body, run.whole_chunks)
+        else:  # the response's last bytes (`ends`): its request stops waiting
+            waiting = reaper._waiting
+            for message in progress.feed(run.end - run.start, [e.piece for e in framed], 0):
+                if waiting and waiting[0] == message:
+                    waiting.popleft()
         self.publish_passed(framed, run)

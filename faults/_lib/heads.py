@@ -9,7 +9,7 @@ from faults._lib.items import joined_chunk
 from faults._lib.match import REQUESTS, RESPONSES, HttpMatched
 from middlebox.core.fault import FaultContext
 from middlebox.core.framed import BodyPass, Framed, shifted
-from middlebox.core.http1 import Head, Piece, serialize_head
+from middlebox.core.http1 import Head, new_piece, serialize_head
 from middlebox.core.stream import Chunk, Direction, Item
 
 HeaderDirection = Literal["response", "request"]
@@ -48,10 +48,13 @@ class HeadRewriter(HttpMatched):
         super().bind(context)
         target = self._target
         framing = context.framing
+        # A message's end needs nothing of it either (`ends`): a Content-Length body read
+        # whole passes it by too.
         self._body = BodyPass(
             target,
             self._flow.reader(target),
             framing.publish.get(target) if framing is not None else None,
+            ends=True,
         )
         if target is Direction.DOWNSTREAM and framing is not None:
             # A request is held until decided (`gate_framed`), so only responses' bodies
@@ -106,7 +109,7 @@ class HeadRewriter(HttpMatched):
             parts.append(data)
             out_framed.append(
                 Framed(
-                    Piece(
+                    new_piece(
                         piece.kind,
                         data,
                         piece.message,

@@ -223,6 +223,23 @@ class RequestMatch:
         """
         if not self.accepts(request):
             return None
+        return self.take(now, rng, shared, key, epoch)
+
+    @property
+    def filters(self) -> bool:
+        """Whether a filter (method, path, model) reads the request: without one, every
+        request is accepted and `take` decides alone, with no `RequestInfo` made."""
+        return self.method is not None or self.path is not None or self.model is not None
+
+    def take(
+        self,
+        now: float,
+        rng: FaultRandom,
+        shared: SharedState,
+        key: str = "match",
+        epoch: float | None = None,
+    ) -> int | None:
+        """`decide` for a request the filters accept: the window, the index, the coin."""
         if self.windowed:
             # Only a window needs the epoch: without one, no store round trip for it.
             if epoch is None:
@@ -440,20 +457,28 @@ class HttpMatched:
 
     def decide(self, message: int, now: float) -> int | None:
         """Decide request `message` now if not yet decided (None if it has no head)."""
-        if message in self._decisions:
-            return self._decisions[message]
-        request = self._flow.request(message)
-        if request is None:
-            return None
+        decisions = self._decisions
+        if message in decisions:
+            return decisions[message]
+        match = self.match
         fault = self._fault
-        decision = self.match.decide(
-            request, now, fault.rng, fault.context.shared, self._key, self._epoch
-        )
-        self._decisions[message] = decision
+        if match.filters:
+            request = self._flow.request(message)
+            if request is None:
+                return None
+            decision = match.decide(
+                request, now, fault.rng, fault.context.shared, self._key, self._epoch
+            )
+        elif message in self._flow.position.up.request_heads:
+            # nothing to read from the request but that its head arrived
+            decision = match.take(now, fault.rng, fault.context.shared, self._key, self._epoch)
+        else:
+            return None
+        decisions[message] = decision
         # The last DECISIONS_KEPT requests' decisions: a keep-alive connection may carry
         # millions of requests, and the framing keeps as many of their heads (the 64 of
         # `FramedStream.request_heads`) as any response still in flight can need.
-        self._decisions.pop(message - DECISIONS_KEPT, None)
+        decisions.pop(message - DECISIONS_KEPT, None)
         return decision
 
     def selected(self, message: int) -> int | None:

@@ -505,14 +505,16 @@ class Pipeline(Fault):
         When the item only passed over faults stepping aside (`Fault.aside`, an
         `ItemPass`: nearly every body read of a stream), no hook ran, so no stage
         finished or closed, no fault started or stopped pausing and no deadline came
-        nearer or went (a pass may only move one later: a read timer re-armed): the last
-        call's effects hold, with these items. Their wake may then be earlier than the
-        faults' deadline now; `wake` at that time finds nothing due and answers the
-        later one, as a lazy timer does."""
+        nearer (a pass may only move one later, a read timer re-armed, or clear it, a
+        response's end passed over): the last call's effects hold, with these items.
+        Their wake may then be earlier than the faults' deadline now, or stand where
+        none is left; `wake` at that time finds nothing due and answers what is, as a
+        lazy timer does. An end of stream always gets fresh effects: the connection may
+        be over, and a stale wake would hold it open until that time."""
         self._reached = False
         items = self.on_item(item, now)
         kept = self._kept
-        if self._reached or kept is None:
+        if self._reached or kept is None or type(item) is not Chunk:
             return self.effects(items)
         return Effects(items, *kept)
 

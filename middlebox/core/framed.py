@@ -431,16 +431,26 @@ class BodyRun:
     sequence number `index` that start before stream offset `end`, read from offset
     `start` by a place in message `message`. `body` is the stretch's body bytes (chunk
     data, not chunk lines), or -1 when it is not all body of that message (a head, the
-    message's end, another message, a chunk line cut at `end`); `whole_chunks` says it
-    ends after a chunk's CRLF. The log's piece at a sequence number never changes, so a
-    verdict holds for every place that reaches the same stretch in the same state: the
-    pipeline's places in step on one stream share it, and a place that passes the bytes
-    on as they came hands it to the stream it publishes to (moved by its shift)."""
+    message's end other than by a body piece, another message, a chunk line cut at
+    `end`); `whole_chunks` says it ends after a chunk's CRLF; `ends` that a body piece in
+    it ends the message (a Content-Length body's last bytes: only a place whose pass does
+    all its fault does at a message's end takes it, `BodyPass.ends`). The log's piece at
+    a sequence number never changes, so a verdict holds for every place that reaches the
+    same stretch in the same state: the pipeline's places in step on one stream share it,
+    and a place that passes the bytes on as they came hands it to the stream it publishes
+    to (moved by its shift)."""
 
-    __slots__ = ("body", "end", "index", "message", "start", "whole_chunks")
+    __slots__ = ("body", "end", "ends", "index", "message", "start", "whole_chunks")
 
     def __init__(
-        self, index: int, start: int, end: int, message: int, body: int, whole_chunks: bool
+        self,
+        index: int,
+        start: int,
+        end: int,
+        message: int,
+        body: int,
+        whole_chunks: bool,
+        ends: bool = False,
     ) -> None:
         self.index = index
         self.start = start
@@ -448,6 +458,7 @@ class BodyRun:
         self.message = message
         self.body = body
         self.whole_chunks = whole_chunks
+        self.ends = ends
 
     @classmethod
     def scan(cls, stream: FramedStream, index: int, start: int, end: int, message: int) -> BodyRun:
@@ -458,14 +469,16 @@ class BodyRun:
         log = stream._log
         body = 0
         kind = None
+        ends = False
         for position in range(index - stream._base, len(log)):
             piece = log[position].piece
             if piece.offset >= end:
                 break
             kind = piece.kind
             if kind is body_kind:
-                if piece.end_of_message or piece.message != message:
+                if piece.message != message:
                     return cls(index, start, end, message, -1, False)
+                ends = ends or piece.end_of_message
                 # the part of it in the stretch (a read may end, or have started, inside it)
                 body += min(end, piece.offset + len(piece.data)) - max(start, piece.offset)
             elif (
@@ -475,7 +488,7 @@ class BodyRun:
                 or piece.offset + len(piece.data) > end
             ):
                 return cls(index, start, end, message, -1, False)
-        return cls(index, start, end, message, body, kind is crlf)
+        return cls(index, start, end, message, body, kind is crlf, ends)
 
 
 class ItemPass:
@@ -484,8 +497,9 @@ class ItemPass:
     `on_item` would have done when that hands the item on unchanged, and answers True;
     for any other item it does nothing and answers False, and the fault is called. One
     method, not a call per check: it runs for every item that reaches such a fault.
-    What it does may move the fault's deadline later (a read timer re-armed), never
-    earlier or to or from none, and changes nothing else the pipeline's effects read
+    What it does may move the fault's deadline later (a read timer re-armed) or clear
+    it (a response's end passed over), never earlier or from none, and changes nothing
+    else the pipeline's effects read
     (pausing, a stage's flags): those stay as the last hook left them (`Pipeline.feed`).
     `BodyPass` is the one for a message's body bytes."""
 
@@ -504,23 +518,36 @@ class BodyPass(ItemPass):
     pieces they complete go on to the stream it publishes to (`publish`), moved by
     `shift` (how much its earlier writes, a rewritten head, changed the stream's
     length). For anything else it does nothing and answers False, so the fault is given
-    the item itself, with its reader exactly where it left it."""
+    the item itself, with its reader exactly where it left it.
 
-    __slots__ = ("direction", "publish", "reader", "shift")
+    `ends`: the body piece that ends a message may pass too (a Content-Length body's last
+    bytes, RFC 9112 §6.3; a 64 KiB response's body is often one read), for a fault whose
+    `passed` does all it does at a message's end; a last chunk and trailers still reach
+    it."""
 
-    def __init__(self, direction: Direction, reader: Reader, publish: FramedStream | None) -> None:
+    __slots__ = ("direction", "ends", "publish", "reader", "shift")
+
+    def __init__(
+        self,
+        direction: Direction,
+        reader: Reader,
+        publish: FramedStream | None,
+        ends: bool = False,
+    ) -> None:
         self.direction = direction
         self.reader = reader
         self.publish = publish
         self.shift = 0
+        self.ends = ends
 
     def passes(self, item: Item, now: float) -> bool:
         """Pass the fault over for `item` if its bytes are all body of the message under
         way here, framed whole with nothing held before or after them (`BodyRun`).
         False, with nothing done, for another direction, an end of stream, a head, the
-        message's end, bytes the framer holds, or a chunk line cut at either edge. The
-        verdict on the stretch is made once: a place in step with one that asked before
-        (or fed by one that passed the same bytes on) reuses it."""
+        message's end (but its last body piece with `ends`), bytes the framer holds, or a
+        chunk line cut at either edge. The verdict on the stretch is made once: a place in
+        step with one that asked before (or fed by one that passed the same bytes on)
+        reuses it."""
         if item.direction is not self.direction or type(item) is not Chunk:
             return False
         reader = self.reader
@@ -543,7 +570,7 @@ class BodyPass(ItemPass):
             or run.message != message
         ):
             run = stream._body_run = BodyRun.scan(stream, index, start, limit, message)
-        if run.body < 0:
+        if run.body < 0 or (run.ends and not self.ends):
             return False
         reader.cursor = limit  # `advance(size)`, a call fewer
         self.passed(reader._take(limit, False), run, now)
@@ -576,7 +603,7 @@ class BodyPass(ItemPass):
         if run is not None:
             first = framed[0].piece.offset + shift
             stream._body_run = BodyRun(
-                index, first, run.end + shift, run.message, run.body, run.whole_chunks
+                index, first, run.end + shift, run.message, run.body, run.whole_chunks, run.ends
             )
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from middlebox.core.stream import Direction
@@ -61,6 +61,12 @@ _VERSION = re.compile(r"HTTP/1\.[0-9]\Z")
 # Control bytes (NUL, CTLs but HTAB, DEL) that h11 and llhttp's strict mode refuse in a
 # request target, a reason phrase and field values (RFC 9110 §5.5, RFC 9112 §3.2, §4).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# A field line as nearly every sender writes it: a token, a colon, a value without control
+# bytes, its spaces and tabs around it dropped, the CR of its CRLF. It is what the checks of
+# `_parse_fields` accept without a fold; any other line goes through them (and their reasons).
+_FIELD_LINE = re.compile(
+    r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\r?"
+)
 MAX_BODY_SIZE = 2**63 - 1
 """The largest Content-Length or chunk size accepted: nginx's NGX_MAX_OFF_T_VALUE (a
 20-digit length is "client sent invalid Content-Length header", 400)."""
@@ -93,6 +99,12 @@ class Head:
     target: str | None = None
     status: int | None = None
     reason: str | None = None
+    # The fields' values by lower-cased name, built on the first lookup: the framer, the
+    # faults and the journal ask a head for several fields each (its framing, Connection,
+    # what a rewrite sets), and a dict answers each without a scan of every field.
+    _by_name: dict[str, tuple[str, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False, hash=False
+    )
 
     @property
     def is_request(self) -> bool:
@@ -105,8 +117,10 @@ class Head:
 
     def header_values(self, name: str) -> list[str]:
         """All values of the fields named `name` (case-insensitive), in order."""
-        lname = name.lower()
-        return [v for n, v in self.headers if n.lower() == lname]
+        by_name = self._by_name
+        if by_name is None:
+            by_name = _fields_by_name(self)
+        return list(by_name.get(name.lower(), ()))
 
     def header(self, name: str) -> str | None:
         """The field's values joined with ", " (RFC 9110 §5.3), or None when absent."""
@@ -136,10 +150,58 @@ class Head:
     @property
     def keep_alive(self) -> bool:
         """Whether the connection persists after this message (RFC 9112 §9.3)."""
+        by_name = self._by_name
+        if by_name is None:
+            by_name = _fields_by_name(self)
+        if "connection" not in by_name:
+            return self.version != "HTTP/1.0"  # the usual case: no Connection field
         conn = self.tokens("connection")
         if "close" in conn:
             return False
         return self.version != "HTTP/1.0" or "keep-alive" in conn
+
+
+_SET_HEAD = tuple(
+    getattr(Head, name).__set__
+    for name in ("version", "headers", "method", "target", "status", "reason", "_by_name")
+)
+_SET_BY_NAME = _SET_HEAD[-1]
+
+
+def new_head(
+    version: str,
+    headers: tuple[tuple[str, str], ...],
+    method: str | None = None,
+    target: str | None = None,
+    status: int | None = None,
+    reason: str | None = None,
+) -> Head:
+    """`Head(version, headers, method, target, status, reason)`, made as `new_piece` makes
+    a piece (a frozen dataclass's `__init__` sets each field through `object.__setattr__`;
+    the framer makes a head per message and a rewriter another)."""
+    head: Head = _new(Head)
+    set_version, set_headers, set_method, set_target, set_status, set_reason, set_index = _SET_HEAD
+    set_version(head, version)
+    set_headers(head, headers)
+    set_method(head, method)
+    set_target(head, target)
+    set_status(head, status)
+    set_reason(head, reason)
+    set_index(head, None)
+    return head
+
+
+def _fields_by_name(head: Head) -> dict[str, tuple[str, ...]]:
+    """The head's index (`Head._by_name`), built now if it is not yet."""
+    by_name = head._by_name
+    if by_name is None:
+        by_name = {}
+        for name, value in head.headers:
+            key = name.lower()
+            seen = by_name.get(key)
+            by_name[key] = (value,) if seen is None else (*seen, value)
+        _SET_BY_NAME(head, by_name)
+    return by_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,9 +526,10 @@ class Http1Framer:
     def _cut_direct(self, data: bytes, out: list[Piece]) -> int:
         """The fast path for bytes whose boundaries are known (content-length and chunk
         data, chunk-size lines and the CRLF after chunk data, bodies read until close,
-        tunnels) when nothing is held: pieces are slices of `data` itself. Returns how
-        many bytes it cut; anything else (a head, trailers, a line cut short, a last or
-        malformed chunk) is left to `_step`, which decides it exactly as before."""
+        tunnels) and a head read whole (`_cut_head`) when nothing is held: pieces are
+        slices of `data` itself. Returns how many bytes it cut; anything else (a head cut
+        short, trailers, a line cut short, a last or malformed chunk) is left to `_step`,
+        which decides it exactly as before."""
         pos = 0
         size = len(data)
         while pos < size:
@@ -522,6 +585,11 @@ class Http1Framer:
                 pos = self._cut(out, PieceKind.BODY, data, pos, size - pos, False)
             elif state is _State.OPAQUE:
                 pos = self._cut(out, PieceKind.OPAQUE, data, pos, size - pos, False)
+            elif state is _State.HEAD:
+                taken = self._cut_head(data, pos, out)
+                if taken == pos:
+                    return pos
+                pos = taken
             else:
                 return pos
         return pos
@@ -672,20 +740,64 @@ class Http1Framer:
             mode, length = self._body_mode(head)
         except _Malformed as exc:
             return self._degrade(str(exc), exc.status, start_line=exc.start_line)
+        self._took_head(out, head, mode, length, None, end)
+        return True
+
+    def _cut_head(self, data: bytes, pos: int, out: list[Piece]) -> int:
+        """`_cut_direct` for a head that `data` holds whole from `pos`, ending in CRLF
+        CRLF, with no blank line before it (a client's or an upstream's head, read in one
+        go): parsed once from the read, its piece a slice of it. Returns the position
+        after it, or `pos` to leave anything else (a head cut short, one the parser
+        refuses) to `_step`, which decides it exactly as before."""
+        end = data.find(b"\r\n\r\n", pos)
+        if end < 0:
+            return pos
+        stop = end + 4
+        if stop - pos > MAX_HEAD_BYTES:
+            return pos
+        raw = data if pos == 0 and stop == len(data) else data[pos:stop]
+        try:
+            head = _parse_head(raw, self.role)
+            mode, length = self._body_mode(head)
+        except _Malformed:
+            # Refused the buffered way, with its reason. A blank line before the start
+            # line (skipped the buffered way) or an earlier one ending the head (bare LF
+            # line ends) puts an empty line where a start or field line must be, which
+            # the parser refuses, as it refuses a bare CR: such heads come here too.
+            return pos
+        self._took_head(out, head, mode, length, raw, stop - pos)
+        return stop
+
+    def _took_head(
+        self,
+        out: list[Piece],
+        head: Head,
+        mode: _State,
+        length: int,
+        raw: bytes | None,
+        size: int,
+    ) -> None:
+        """The state a parsed head leaves and its piece: the first `size` bytes of the
+        buffer, or `raw` (cut from a read with nothing held)."""
         self._head = head
-        if not head.is_interim and not head.keep_alive and mode is not _State.OPAQUE:
+        interim = head.is_interim
+        if not interim and not head.keep_alive and mode is not _State.OPAQUE:
             self._closed = True
         if head.method == "CONNECT":
             # nginx answers CONNECT 405 and closes (ngx_http_process_request_header): a
             # reverse proxy opens no tunnel. The framer still frames what follows.
             self._refuse("CONNECT method", 405)
-        if self.role == "response" and not head.is_interim:
+        if self.role == "response" and not interim:
             self._method = self._methods.pop(0) if self._methods else "GET"
         elif self.role == "request":
             self._method = head.method
-        ends = mode in (_State.HEAD, _State.OPAQUE) and not head.is_interim
-        self._emit(out, PieceKind.HEAD, end, head=head, end=ends)
-        if head.is_interim:
+        ends = (mode is _State.HEAD or mode is _State.OPAQUE) and not interim
+        if raw is None:
+            self._emit(out, PieceKind.HEAD, size, head=head, end=ends)
+        else:
+            out.append(new_piece(PieceKind.HEAD, raw, self._message, self._offset, head, ends))
+            self._offset += size
+        if interim:
             self._interim = True
         elif mode is _State.HEAD:
             self._next_message()
@@ -695,7 +807,6 @@ class Http1Framer:
         else:
             self._state = mode
             self._remaining = length
-        return True
 
     def _body_mode(self, head: Head) -> tuple[_State, int]:
         """How the body after `head` is delimited (RFC 9112 §6.3); HEAD means none."""
@@ -710,9 +821,10 @@ class Http1Framer:
             # tunnel only when a 2xx answers it (`start_tunnel`), never before: bytes
             # sent ahead of the answer are the next request as far as a proxy knows.
             return _State.HEAD, 0
-        codings = head.header_values("transfer-encoding")
+        by_name = _fields_by_name(head)
+        codings = by_name.get("transfer-encoding")
         if codings:
-            if head.header_values("content-length"):
+            if "content-length" in by_name:
                 # RFC 9112 §6.1: an intermediary must not forward both; nginx: 400 for a
                 # request, 502 ("upstream sent both") for a response.
                 raise _Malformed("Content-Length and Transfer-Encoding together")
@@ -753,6 +865,10 @@ def _parse_fields(lines: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """Field lines (line ends already split off) into (name, value) pairs."""
     fields: list[tuple[str, str]] = []
     for raw in lines:
+        match = _FIELD_LINE.fullmatch(raw)
+        if match is not None:
+            fields.append((match[1], match[2]))  # the usual line, in one step
+            continue
         line = raw[:-1] if raw.endswith("\r") else raw
         if "\r" in line:
             raise _Malformed(f"bare CR in field line {line!r}")
@@ -788,14 +904,14 @@ def _parse_head(raw: bytes, role: Role) -> Head:
             raise _Malformed(f"malformed request line {start!r}")
         if not _VERSION.match(parts[2]):
             raise _Malformed(f"not HTTP/1.x: {start!r}")
-        return Head(version=parts[2], headers=fields, method=parts[0], target=parts[1])
+        return new_head(parts[2], fields, parts[0], parts[1])
     version, _, rest = start.partition(" ")
     code, _, reason = rest.partition(" ")
     if not _VERSION.match(version):
         raise _Malformed(f"not an HTTP/1.x status line: {start!r}", start_line=True)
     if len(code) != 3 or not code.isascii() or not code.isdigit() or code[0] == "0":
         raise _Malformed(f"malformed status code in {start!r}", start_line=True)
-    return Head(version=version, headers=fields, status=int(code), reason=reason)
+    return new_head(version, fields, None, None, int(code), reason)
 
 
 # -- builders for the few faults that rewrite ------------------------------------------
@@ -823,19 +939,26 @@ def rebuilt_head(
     pairs = list(set_headers.items()) if isinstance(set_headers, Mapping) else list(set_headers)
     new = {n.lower(): (n, v) for n, v in pairs}
     removed = {n.lower() for n in remove_headers}
-    fields: list[tuple[str, str]] = []
-    placed: set[str] = set()
-    for name, value in head.headers:
-        key = name.lower()
-        if key in removed or key in placed:
-            continue
-        if key in new:
-            placed.add(key)
-            fields.append((name, new[key][1]))
-        else:
-            fields.append((name, value))
-    fields += [nv for key, nv in new.items() if key not in placed and key not in removed]
-    return replace(head, headers=tuple(fields))
+    headers = head.headers
+    if removed or any(key in new for key in _fields_by_name(head)):
+        fields: list[tuple[str, str]] = []
+        placed: set[str] = set()
+        for name, value in headers:
+            key = name.lower()
+            if key in removed or key in placed:
+                continue
+            if key in new:
+                placed.add(key)
+                fields.append((name, new[key][1]))
+            else:
+                fields.append((name, value))
+        fields += [nv for key, nv in new.items() if key not in placed and key not in removed]
+        headers = tuple(fields)
+    else:
+        headers += tuple(new.values())  # only new names (set_header's usual case): appended
+    # the start line as it was (what `dataclasses.replace` would copy, without its
+    # generic machinery: a head is rewritten on every response of a set_header path)
+    return new_head(head.version, headers, head.method, head.target, head.status, head.reason)
 
 
 def serialize_head(head: Head) -> bytes:

@@ -25,6 +25,7 @@ class HeadsOnly(Fault):
 
     name: ClassVar[str] = "heads_only"
     aside_bodies: bool = True
+    pass_ends: bool = False  # the BodyPass's `ends`: a body's last piece may pass it too
     given: list[bytes] = field(init=False, repr=False, default_factory=list)
     ends: list[Item] = field(init=False, repr=False, default_factory=list)
     pieces: list[Framed] = field(init=False, repr=False, default_factory=list)
@@ -36,7 +37,7 @@ class HeadsOnly(Fault):
     def bind(self, context: FaultContext) -> None:
         super().bind(context)
         assert context.framing is not None
-        self.passing = BodyPass(DOWN, context.framing.down.reader(), None)
+        self.passing = BodyPass(DOWN, context.framing.down.reader(), None, ends=self.pass_ends)
         if self.aside_bodies:
             self.body_aside = self.passing
 
@@ -81,6 +82,24 @@ def test_a_length_body_is_passed_over_and_the_next_head_reaches_it() -> None:
     ]
     assert fault.pieces[2].piece.offset == len(LENGTH_HEAD) + 10
     assert fault.pieces[1].piece.data == b"89"
+
+
+def test_with_ends_a_length_body_s_last_bytes_pass_it_too_but_not_a_head_or_a_last_chunk() -> None:
+    fault = HeadsOnly(pass_ends=True)
+    downs = [LENGTH_HEAD, b"01234", b"56789", LENGTH_HEAD + b"abc", b"defg", b"hij" + CHUNKED_HEAD]
+    downs += [encode_chunk(b"data: a\n\n"), LAST_CHUNK_BYTES]
+    out = run(fault, downs, REQUEST * 3)
+    assert out == b"".join(downs)
+    # the ends pass it by; a read with the next head in it, and the last chunk, do not
+    assert fault.given == [LENGTH_HEAD, LENGTH_HEAD + b"abc", b"hij" + CHUNKED_HEAD, downs[-1]]
+    # its reader kept up: every piece once, in order, the heads whole
+    assert sum(len(e.piece.data) for e in fault.pieces) == len(b"".join(downs)) - 10 - 4 - 14
+    heads = [e.piece for e in fault.pieces if e.piece.kind is PieceKind.HEAD]
+    assert [(h.message, h.offset) for h in heads] == [
+        (0, 0),
+        (1, len(LENGTH_HEAD) + 10),
+        (2, 2 * len(LENGTH_HEAD) + 20),
+    ]
 
 
 def test_a_pipelined_second_message_in_the_same_read_as_a_body_reaches_it() -> None:

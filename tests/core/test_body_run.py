@@ -245,3 +245,30 @@ def test_a_read_that_reaches_a_fault_computes_the_effects_afresh() -> None:
     # the last chunk ends the response: it reaches the faults, and nothing waits anymore
     done = pipeline.feed(Chunk(DOWN, b"0\r\n\r\n"), 6.0)
     assert done.wake is None
+
+
+class _AsideTimer(Fault):
+    """A fault stepping aside for both directions whose deadline a pass may clear (as
+    idle_reaper's does when a response's last bytes pass it by)."""
+
+    name = "aside_timer"
+
+    def __init__(self) -> None:
+        self.aside = frozenset({UP, DOWN})
+        self.due: float | None = 10.0
+
+    def deadline(self) -> float | None:
+        return self.due
+
+
+def test_an_end_of_stream_gets_fresh_effects_where_a_read_keeps_the_last() -> None:
+    timer = _AsideTimer()
+    pipeline = Pipeline([timer])
+    pipeline.bind(FaultContext(1, random.Random(0)))
+    assert pipeline.open(0.0).wake == 10.0
+    timer.due = None  # a pass cleared it: no hook ran, so nothing recomputed it
+    read = pipeline.feed(Chunk(DOWN, b"x"), 1.0)
+    assert read.items == [Chunk(DOWN, b"x")] and read.wake == 10.0  # kept: a lazy wake
+    # an end may be the connection's last item: a stale wake would hold it open until 10
+    end = pipeline.feed(Eof(DOWN), 2.0)
+    assert end.items == [Eof(DOWN)] and end.wake is None

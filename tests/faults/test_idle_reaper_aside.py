@@ -141,3 +141,26 @@ def test_passed_over_or_given_every_read_it_times_out_and_reports_the_same() -> 
             assert passed[1]  # the stalled second answer timed out
             fewer += passed[2] < given[2]
     assert fewer > 0  # some reads were all body and passed it by
+
+
+def test_a_length_body_s_end_passes_it_by_and_disarms_it_as_a_read_given_to_it_does() -> None:
+    # Two pipelined requests, their Content-Length answers' ends each in a read of its
+    # own (passed over), a keep-alive gap, then a third request whose answer stalls: the
+    # timer is disarmed by each end, so the only timeout is the third's, as when the
+    # reaper is given every read.
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    timeline: list[TimedItem] = [
+        (0.0, Chunk(UP, request() + request())),
+        (0.5, Chunk(DOWN, head + b"he")),
+        (0.6, Chunk(DOWN, b"llo")),
+        (0.7, Chunk(DOWN, head)),
+        (0.8, Chunk(DOWN, b"hello")),
+        (5.0, Chunk(UP, request())),
+        (5.5, Chunk(DOWN, head + b"h")),
+    ]
+    passed = outcome(IdleReaper(timeout=1.0), timeline, aside=True)
+    given = outcome(IdleReaper(timeout=1.0), timeline, aside=False)
+    assert passed[:2] == given[:2]
+    ((time, action, details),) = passed[1]  # type: ignore[misc]
+    assert (time, action, details["response"], details["body_byte"]) == (6.5, "timed_out", 2, 1)
+    assert passed[2] == given[2] - 2  # both ends passed it by

@@ -71,12 +71,12 @@ def test_every_response_byte_of_a_keep_alive_connection_reaches_it_and_each_head
     assert down_bytes(out) == (
         with_field(BARE_HEAD) + b"".join(body) + with_field(LENGTH_HEAD) + b"hello"
     )
-    # the body's bytes before its end pass it by: it is given the heads and the ends
+    # the body's bytes pass it by, a Content-Length body's last ones too: it is given
+    # the heads and a chunked body's last chunk
     assert [i for i in given if i.direction is DOWN] == [
         Chunk(DOWN, BARE_HEAD),
         Chunk(DOWN, body[-1]),
         Chunk(DOWN, LENGTH_HEAD + b"hel"),
-        Chunk(DOWN, b"lo"),
     ]
     assert body[-1] == b"0\r\n\r\n"
     assert [r.details["message"] for r in header.reports] == [0, 1]
@@ -207,5 +207,6 @@ def test_passed_over_or_given_every_item_the_bytes_and_the_client_legs_pieces_ar
         assert (sent, pieces) == client_leg(SetHeader(), reads, aside=False)[:2], reads
         assert sent == expected
         assert calls <= len(reads) + 1
-    # one read per chunk: the three body chunks before the last and "hel" pass it by
-    assert client_leg(SetHeader(), per_chunk, aside=True)[2] == len(per_chunk) + 1 - 4
+    # one read per chunk: the three body chunks before the last, "hel" and "lo" (the
+    # length body's end) pass it by
+    assert client_leg(SetHeader(), per_chunk, aside=True)[2] == len(per_chunk) + 1 - 5
