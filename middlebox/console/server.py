@@ -47,8 +47,9 @@ from middlebox.shell.control import (
     ControlledProxy,
     Response,
     check_control_access,
+    encode_response,
+    next_cycle,
     read_request,
-    reason_phrase,
     serve_control,
     serve_http,
 )
@@ -289,29 +290,11 @@ class Console:
                     if method == "PUT" and path == "/scenario":
                         began = self.cpu_clock()
                 keep = body is not None
-                out = connection.send(
-                    h11.Response(
-                        status_code=response.status,
-                        reason=reason_phrase(response.status).encode(),
-                        headers=[
-                            ("content-type", response.content_type),
-                            ("content-length", str(len(response.body))),
-                            ("cache-control", "no-store"),
-                            *response.headers,
-                            *([] if keep else [("connection", "close")]),
-                        ],
-                    )
-                )
-                out = (out or b"") + (connection.send(h11.Data(data=response.body)) or b"")
-                out += connection.send(h11.EndOfMessage()) or b""
+                out = encode_response(connection, response, keep, (("cache-control", "no-store"),))
                 if path != "/api/stats":  # the measurer's own request is not a page's work
                     self.page_cpu += self.cpu_clock() - began
                 await stream.send_all(out)
-                if connection.our_state is h11.MUST_CLOSE or not keep:
-                    return
-                try:
-                    connection.start_next_cycle()
-                except h11.LocalProtocolError:
+                if not next_cycle(connection, keep):
                     return
         except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
             return

@@ -585,32 +585,50 @@ class ControlApi:
                         log.exception("control request failed")
                         response = Response.json(500, {"error": repr(error)})
                 keep = body is not None and connection.our_role is h11.SERVER
-                out = connection.send(
-                    h11.Response(
-                        status_code=response.status,
-                        # h11 leaves the reason empty unless told; curl -i and people read it
-                        reason=reason_phrase(response.status).encode(),
-                        headers=[
-                            ("content-type", response.content_type),
-                            ("content-length", str(len(response.body))),
-                            *response.headers,
-                            *([] if keep else [("connection", "close")]),
-                        ],
-                    )
-                )
-                out = (out or b"") + (connection.send(h11.Data(data=response.body)) or b"")
-                out += connection.send(h11.EndOfMessage()) or b""
-                await stream.send_all(out)
-                if connection.our_state is h11.MUST_CLOSE or not keep:
-                    return
-                try:
-                    connection.start_next_cycle()
-                except h11.LocalProtocolError:
+                await stream.send_all(encode_response(connection, response, keep))
+                if not next_cycle(connection, keep):
                     return
         except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
             return
         finally:
             await stream.aclose()
+
+
+def encode_response(
+    connection: h11.Connection,
+    response: Response,
+    keep: bool,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    """`response` as `connection` sends it, whole: head (with `extra` headers, and
+    `Connection: close` unless `keep`), body and end."""
+    out = connection.send(
+        h11.Response(
+            status_code=response.status,
+            # h11 leaves the reason empty unless told; curl -i and people read it
+            reason=reason_phrase(response.status).encode(),
+            headers=[
+                ("content-type", response.content_type),
+                ("content-length", str(len(response.body))),
+                *extra,
+                *response.headers,
+                *([] if keep else [("connection", "close")]),
+            ],
+        )
+    )
+    out = (out or b"") + (connection.send(h11.Data(data=response.body)) or b"")
+    return out + (connection.send(h11.EndOfMessage()) or b"")
+
+
+def next_cycle(connection: h11.Connection, keep: bool) -> bool:
+    """Whether the connection takes another request after the response just sent."""
+    if connection.our_state is h11.MUST_CLOSE or not keep:
+        return False
+    try:
+        connection.start_next_cycle()
+    except h11.LocalProtocolError:
+        return False
+    return True
 
 
 UPLOAD_NAME = "<PUT /scenario>"
