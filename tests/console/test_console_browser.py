@@ -18,20 +18,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from middlebox.clients import chromium_path
 from tests.console.chromium import chromium_page
+from tests.harness import needs
 from tests.proxy_process import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 START_BOUND = 60.0  # seconds: a bound for a loaded machine, not a measurement
 MODEL = "middlebox/emulated-7b"
 
-needs_chromium = pytest.mark.skipif(
-    chromium_path() is None and not os.environ.get("CI"),
-    reason="chromium is not installed (CI installs it: .ci/run)",
-)
+needs_chromium = needs(chromium_path(), "chromium")
 
 
 def first_line(process: subprocess.Popen[str], pattern: str) -> re.Match[str]:

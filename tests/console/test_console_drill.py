@@ -16,15 +16,13 @@ import pytest
 from middlebox.clients import chromium_path
 from middlebox.run.drills import console_state, live_banner, save_result, start
 from tests.console.chromium import chromium_page
+from tests.harness import needs
 
 pytestmark = pytest.mark.e2e
 
 CUT_SHOWN_WITHIN = 1.0  # seconds, the acceptance bound: the feed updates every 0.1 s
 
-needs_chromium = pytest.mark.skipif(
-    chromium_path() is None and not os.environ.get("CI"),
-    reason="chromium is not installed (CI installs it: .ci/run)",
-)
+needs_chromium = needs(chromium_path(), "chromium")
 
 
 async def cut_stream(base_url: str, model: str) -> float:
