@@ -28,6 +28,9 @@ import trio
 # read sees the FIN or RST and the write its EPIPE.
 _READABLE_EVENTS = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 _WRITABLE_EVENTS = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
+# Sockets whose writes wait for the end of a turn before they go out together: enough to
+# batch a busy turn's writes, few enough that the first waits at most a few callbacks.
+WRITE_BATCH = 16
 
 
 class ReadHub:
@@ -60,6 +63,10 @@ class ReadHub:
         self.tickets: dict[int, Callable[[], None]] = {}
         self.next_ticket = 0
         self.waiting: trio.CancelScope | None = None
+        # Inside a turn (callbacks running), a relay's writes wait in `pending_writes`
+        # (`write_soon`) and go out together at the turn's end, or every WRITE_BATCH.
+        self.in_turn = False
+        self.pending_writes: list[Callable[[], None]] = []
 
     def _watch(self, fd: int, mask: int) -> None:
         """Watch `fd` for `mask`; with no events and no reader left, forget it."""
@@ -126,6 +133,20 @@ class ReadHub:
             del self.writable[fd]
             self._watch(fd, self.masks.get(fd, 0) & ~select.EPOLLOUT)
 
+    def write_soon(self, callback: Callable[[], None]) -> bool:
+        """Inside a turn, queue `callback` (a relay's flush) for the turn's end and answer
+        True; outside one (a handler task, a control request), answer False: write now."""
+        if not self.in_turn:
+            return False
+        self.pending_writes.append(callback)
+        return True
+
+    def _write_pending(self) -> None:
+        while self.pending_writes:
+            pending, self.pending_writes = self.pending_writes, []
+            for callback in pending:
+                callback()
+
     def schedule(self, due: float, callback: Callable[[], None]) -> int:
         """Call `callback` (in the hub's task) once trio's clock reaches `due`; returns
         the ticket that `cancel` takes."""
@@ -166,6 +187,26 @@ class ReadHub:
             heapq.heappop(timers)  # cancelled: dropped when it reaches the top
         return timers[0][0] if timers else math.inf
 
+    def _turn(self) -> None:
+        """The due deadlines, then every ready socket's callbacks; the writes they make
+        go out at the end, WRITE_BATCH sockets at a time (see `write_soon`)."""
+        if self.timers:
+            self._fire_due()
+        pending = self.pending_writes
+        for fd, events in self.epoll.poll(0, 1024):
+            if events & _WRITABLE_EVENTS:
+                # Writes first: a drained outbox may unpause the other side.
+                callback = self.writable.get(fd)
+                if callback is not None:
+                    callback()
+            if events & _READABLE_EVENTS:
+                callback = self.callbacks.get(fd)
+                if callback is not None:
+                    callback()
+            if len(pending) >= WRITE_BATCH:
+                self._write_pending()
+                pending = self.pending_writes
+
     async def run(self) -> None:
         try:
             with self.scope:
@@ -176,18 +217,12 @@ class ReadHub:
                         self.waiting = waiting
                         await trio.lowlevel.wait_readable(self.epoll.fileno())
                     self.waiting = None
-                    if self.timers:
-                        self._fire_due()
-                    for fd, events in self.epoll.poll(0, 1024):
-                        if events & _WRITABLE_EVENTS:
-                            # Writes first: a drained outbox may unpause the other side.
-                            callback = self.writable.get(fd)
-                            if callback is not None:
-                                callback()
-                        if events & _READABLE_EVENTS:
-                            callback = self.callbacks.get(fd)
-                            if callback is not None:
-                                callback()
+                    self.in_turn = True
+                    try:
+                        self._turn()
+                    finally:
+                        self.in_turn = False
+                    self._write_pending()
         finally:
             self.waiting = None
             self.epoll.close()

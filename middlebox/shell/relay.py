@@ -10,11 +10,12 @@ locks (the design's "one driver"). Only without an fd for the hub's epoll (EMFIL
 connection fall back to a task per socket and a timer task, calling the same methods.
 
 The hot path is the anchors' fastest trio variant (shared/reference/performance-anchors.md):
-`recv`/`send` tried first, bytes written straight from the read's callback when the outbox
-is empty, and a read shorter than the buffer taken as a drained socket (nginx's
-`ngx_unix_recv` clears `rev->ready` on a short read for the same reason). With an empty
-pipeline a chunk read goes straight to the other side's outbox, unwrapped and unrouted
-(`on_item` would be the identity); ends still go through the pipeline.
+`recv`/`send` tried first, and a read shorter than the buffer taken as a drained socket
+(nginx's `ngx_unix_recv` clears `rev->ready` on a short read for the same reason). With an
+empty pipeline a chunk read is sent from the read's callback, unrouted; ends still go
+through the pipeline. What a pipeline call gives to write inside the hub's turn is sent at
+the turn's end beside the other sockets' writes (`ReadHub.write_soon`): a peer reading many
+of the proxy's sockets is woken once for several writes, not once each.
 
 Ends are faithful: a FIN read is passed on as a FIN (`shutdown(SHUT_WR)`) and never
 invented; an RST is sent as `SO_LINGER(1, 0)` then close (RFC 793's abort); a peer's RST
@@ -47,6 +48,7 @@ READS_BEFORE_YIELD = 16
 
 # What reading did: drained for now, maybe more, no more (FIN, RST, closed), or paused.
 _DRAINED, _MORE, _OVER, _PAUSED = 0, 1, 2, 3
+_Callback = Callable[[], None]
 
 
 class Relay:
@@ -84,13 +86,12 @@ class Relay:
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._writers: set[str] = set()
-        # The empty pipeline's fast path (module docstring): chunks skip the routing.
-        self.passthrough = not pipeline.faults
+        self.passthrough = not pipeline.faults  # the empty pipeline's fast path (see above)
         self._hub: ReadHub | None = None
         # The hub's callbacks of the sides it reads, and of those waiting for EPOLLOUT.
-        self._hub_callbacks: dict[str, Callable[[], None]] = {}
+        self._hub_callbacks: dict[str, _Callback] = {}
         self._hub_paused: set[str] = set()
-        self._hub_writers: dict[str, Callable[[], None]] = {}
+        self._hub_writers: dict[str, _Callback] = {}
         self._timer_ticket: int | None = None
         self._timer_due: float | None = None  # with the ticket: its entry on the hub's heap
         self._failure: Exception | None = None
@@ -312,9 +313,7 @@ class Relay:
             else:
                 await trio.lowlevel.checkpoint()
 
-    def _hub_callback(
-        self, action: Callable[[Relay, Side], None], side: Side
-    ) -> Callable[[], None]:
+    def _hub_callback(self, action: Callable[[Relay, Side], None], side: Side) -> _Callback:
         """`action(self, side)` as the hub calls it: a bug fails this connection, not the hub."""
 
         def callback() -> None:
@@ -378,28 +377,26 @@ class Relay:
                     side.outbox_bytes += len(item.data)
             else:
                 side.pending_end = item
+            self._write_soon(side)
+
+    def _write_soon(self, side: Side) -> None:
+        """Flush `side` now or, inside the hub's turn, at its end beside the other sockets'
+        writes (`ReadHub.write_soon`): a peer then wakes once for several, not once each."""
+        if side.write_pending:
+            return
+        if self._hub is not None:
+            if side.write_later is None:
+                side.write_later = self._hub_callback(Relay._writable, side)
+            side.write_pending = self._hub.write_soon(side.write_later)
+        if not side.write_pending:
             self._flush(side)
 
     def _flush(self, side: Side) -> None:
         """Write what the socket takes now, without blocking; the hub (or the writer task)
         does the rest when the socket can take more."""
-        sock = side.sock
-        while side.outbox:
-            data = side.outbox[0]
-            try:
-                sent = sock.send(data)
-            except BlockingIOError:
-                break
-            except OSError:
-                self._write_failed(side)
-                return
-            if self.observer is not None:
-                self.observer.wrote(side.leg, side.source.opposite, data[:sent], self.clock())
-            side.outbox_bytes -= sent
-            if sent < len(data):
-                side.outbox[0] = data[sent:]
-                break
-            side.outbox.popleft()
+        if not side.send_queued(self.observer, self.clock):
+            self._write_failed(side)
+            return
         if side.outbox:
             if side.leg in self._writers:
                 side.writer_lot.unpark_all()
@@ -418,12 +415,15 @@ class Relay:
             self._write_end(side, side.pending_end)
 
     def _writable(self, side: Side) -> None:
-        """`side` can take more bytes (the hub's EPOLLOUT or the writer task's wait)."""
-        if side.closed:
+        """`side` can take more bytes (the hub's EPOLLOUT or the writer task's wait), or
+        its writes waited for the end of the hub's turn (`_write_soon`)."""
+        side.write_pending = False
+        if side.closed or self._done.is_set():
             self._unwatch_writable(side)
             return
         self._flush(side)
         self._wake_readers()
+        self._check_done()
 
     async def _write_loop(self, side: Side) -> None:
         while True:
@@ -487,7 +487,7 @@ class Relay:
     def _check_done(self) -> None:
         """Done when nothing more can move: both peers stopped sending to us (or a stage
         ended the connection and both ends it sent are written), the pipeline holds
-        nothing it will release, and every outbox is empty."""
+        nothing it will release, and every outbox is empty and no write waits."""
         if self._done.is_set():
             return
         client, upstream = self.client, self.upstream
@@ -495,6 +495,6 @@ class Relay:
             self._ended and client.write_done and upstream.write_done
         ):
             return
-        if self._wake is not None or client.outbox or upstream.outbox:
-            return
-        self._done.set()
+        pending = client.outbox or upstream.outbox or client.write_pending or upstream.write_pending
+        if self._wake is None and not pending:
+            self._done.set()

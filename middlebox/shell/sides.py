@@ -7,11 +7,13 @@ from __future__ import annotations
 import socket
 import struct
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
 from middlebox.core.stream import Direction, Eof, Reset
+from middlebox.observe.observer import RelayObserver
 
 _LINGER_ABORT = struct.pack("ii", 1, 0)
 
@@ -30,7 +32,32 @@ class Side:
     read_fin: bool = False  # what it sent ended with a FIN, not an RST
     write_done: bool = False
     closed: bool = False
+    # Its writes wait for the end of the hub's turn (`ReadHub.write_soon`); the hub's
+    # callback for that, made on first use.
+    write_pending: bool = False
+    write_later: Callable[[], None] | None = None
     writer_lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+
+    def send_queued(self, observer: RelayObserver | None, clock: Callable[[], float]) -> bool:
+        """Send what the socket takes now of the outbox, without blocking (the observer
+        sees each byte sent); False when the write failed (EPIPE, ECONNRESET)."""
+        sock, outbox = self.sock, self.outbox
+        while outbox:
+            data = outbox[0]
+            try:
+                sent = sock.send(data)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if observer is not None:
+                observer.wrote(self.leg, self.source.opposite, data[:sent], clock())
+            self.outbox_bytes -= sent
+            if sent < len(data):
+                outbox[0] = data[sent:]
+                return True
+            outbox.popleft()
+        return True
 
 
 def arm_reset(sock: socket.socket) -> None:
