@@ -134,6 +134,7 @@ class Relay:
             for side in (self.client, self.upstream):
                 self._leave_hub(side)
                 self._unwatch_writable(side)
+                side.write_later = None  # it holds this relay: no cycle left for the GC
                 if not side.closed:
                     side.closed = True
                     trio.lowlevel.notify_closing(side.sock)
@@ -380,11 +381,10 @@ class Relay:
             self._write_soon(side)
 
     def _write_soon(self, side: Side) -> None:
-        """Flush `side` now or, inside the hub's turn, at its end beside the other sockets'
-        writes (`ReadHub.write_soon`): a peer then wakes once for several, not once each."""
+        """Flush `side` now, or at the end of the hub's turn with others' (`write_soon`)."""
         if side.write_pending:
             return
-        if self._hub is not None:
+        if self._hub is not None and not self.passthrough:
             if side.write_later is None:
                 side.write_later = self._hub_callback(Relay._writable, side)
             side.write_pending = self._hub.write_soon(side.write_later)
