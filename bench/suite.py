@@ -616,9 +616,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": held.get(name, 0) >= 2000,
             }
         )
-        # CPU per frame against pass-through at the largest count both measured
+        # CPU per frame against pass-through at 1000 streams, or the largest count both
+        # measured below it: a path that held 1000 climbs the ladder until its worker
+        # saturates, and a saturated worker's CPU per frame is one core over the frames
+        # delivered (it reads several frames a wake-up), which says nothing of its cost.
         counts = sorted(
-            {r["streams"] for r in stream if r["path"] == name and r["streams"] > 1}
+            {r["streams"] for r in stream if r["path"] == name and 1 < r["streams"] <= 1000}
             & {r["streams"] for r in stream if r["path"] == "middlebox"}
         )
         if counts:
@@ -633,6 +636,15 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 2.0,
                 "µs/frame",
             )
+            # the preset holds frames until 4 KiB fill by design: no latency target for it
+            if name == "middlebox_faults" and counts[-1] == 1000 and "added_p99_ms" in faulted:
+                out.append(
+                    {
+                        "target": f"{what} adds < 5 ms p99 at 1000 streams, one worker",
+                        "measured": f"{faulted['added_p99_ms']:.2f} ms",
+                        "met": faulted["added_p99_ms"] < SATURATION_P99_MS,
+                    }
+                )
     if mb is not None and nginx is not None:
         _ratio_target(
             out,
@@ -700,6 +712,14 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             bulk["middlebox_faults"]["mb_per_s"],
             bulk["nginx"]["mb_per_s"],
             -1.0,
+            "MB/s",
+        )
+        _ratio_target(
+            out,
+            "64 KiB responses through the three-fault path >= 0.75x nginx's MB/s",
+            bulk["middlebox_faults"]["mb_per_s"],
+            bulk["nginx"]["mb_per_s"],
+            -0.75,
             "MB/s",
         )
     return out
