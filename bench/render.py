@@ -82,7 +82,7 @@ def render(results: dict[str, Any]) -> str:
         "",
         "### Bulk and connection setup",
         "",
-        "| path | 64 KiB responses, 8 conns, MB/s | one connection, "
+        "| path | 64 KiB responses, 8 conns, MB/s (median of the runs) | one connection, "
         f"{results['bulk_big'][0]['size'] >> 20 if results['bulk_big'] else 0} MiB, MB/s | "
         "new connections/s (16 at once) | setup+response p50 / p99 ms |",
         "|---|---:|---:|---:|---:|",
@@ -93,8 +93,10 @@ def render(results: dict[str, Any]) -> str:
     for name in [n for n in labels if n in bulk or n in conn]:
         r = bulk.get(name, {})
         c = conn.get(name, {})
+        runs = r.get("runs")
+        spread = f" ({', '.join(f'{run:.0f}' for run in runs)})" if runs else ""
         lines.append(
-            f"| {labels.get(name, name)} | {_f(r.get('mb_per_s'), 0)} | "
+            f"| {labels.get(name, name)} | {_f(r.get('mb_per_s'), 0)}{spread} | "
             f"{_f(big.get(name, {}).get('mb_per_s'), 0)} | {_f(c.get('per_s'), 0)} | "
             f"{_f(c.get('p50_ms'), 2)} / {_f(c.get('p99_ms'), 2)} |"
         )
