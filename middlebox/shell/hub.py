@@ -6,9 +6,11 @@ level-triggered (no re-arm per read), and when sockets are readable the hub runs
 relays' callbacks synchronously in one task wake-up, the way an asyncio protocol or
 nginx's event loop handles readiness; it halved the CPU per frame of a loaded
 pass-through relay against a reader task per socket. Bytes a socket did not take whole
-wait for EPOLLOUT on the same epoll set (nginx's write event). A relay's next deadline
-goes on the hub's one deadline heap (nginx's timer tree, with its lazy re-arm: a deadline
-that only moves later keeps its entry), served by the same wait as readiness. So a
+wait for EPOLLOUT on the same epoll set (nginx's write event); what a faulted relay writes
+during a turn waits for the turn's end and goes out with the other sockets' writes
+(`write_soon`), so a peer reading many sockets is woken once for several. A relay's next
+deadline goes on the hub's one deadline heap (nginx's timer tree, with its lazy re-arm: a
+deadline that only moves later keeps its entry), served by the same wait as readiness. So a
 hub-served connection is its handler's task alone, without reader, writer or timer tasks
 or a nursery of its own (trio's nursery, cancel scope and teardown were the largest part
 of a connection's setup in a profile under `loadc connect`).
