@@ -445,8 +445,8 @@ http {{
     def bulk_rounds(self, paths: list[Path_], seconds: float) -> list[dict[str, Any]]:
         """64 KiB responses on each path, BULK_ROUNDS times with the paths in turn; each
         path's row is its median run (`runs`: every run's MB/s). One 2 s run of a path
-        moves by half between runs on this shared machine (nginx read 344-830 MB/s in
-        the same hour), so a ratio of two single runs could meet or miss by luck."""
+        can move by half on this shared machine, so a ratio of two single runs could
+        meet or miss by luck."""
         runs: dict[str, list[dict[str, Any]]] = {path.name: [] for path in paths}
         for _ in range(BULK_ROUNDS):
             for path in paths:
