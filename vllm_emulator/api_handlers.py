@@ -67,7 +67,7 @@ class Stored:
             return wire.dumps(self.head.body(status, [], None)).encode()
         return apis.response_body(self.head, self.item_id, entry.texts[0] if entry.texts else "",
                                   entry.finish_reason, entry.prompt_tokens,
-                                  entry.completion_tokens)  # fmt: skip
+                                  entry.completion_tokens, entry.stream)  # fmt: skip
 
 
 async def _admit(

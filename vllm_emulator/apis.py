@@ -438,6 +438,15 @@ def message_item(item_id: str, text: str | None, status: str = "completed") -> d
             "type": "message", "phase": None}  # fmt: skip
 
 
+def response_output(item_id: str, text: str, streamed: bool) -> list[dict[str, Any]]:
+    """A finished response's `output`. A streamed one holds the items its stream sent
+    (responses_full_generator: `output = context.streamed_output_items`), so steps that made no
+    text leave it empty; otherwise it is the message, whose content is empty without text."""
+    if streamed and not text:
+        return []
+    return [message_item(item_id, text)]
+
+
 def response_body(
     head: ResponseHead,
     item_id: str,
@@ -445,10 +454,12 @@ def response_body(
     finish_reason: str | None,
     input_tokens: int,
     output_tokens: int,
+    streamed: bool = False,
 ) -> bytes:
     """A finished response (non-streaming POST, or GET of a stored one)."""
     incomplete = finish_reason == "length"
-    body = head.body("incomplete" if incomplete else "completed", [message_item(item_id, text)],
+    body = head.body("incomplete" if incomplete else "completed",
+                     response_output(item_id, text, streamed),
                      responses_usage(input_tokens, output_tokens), incomplete)  # fmt: skip
     return wire.dumps(body).encode()
 
@@ -547,7 +558,8 @@ class ResponsesEncoder:
                 "item": message_item(self.item_id, text), "output_index": 0}))  # fmt: skip
         incomplete = self._finish == "length"
         final = self.head.body(
-            "incomplete" if incomplete else "completed", [message_item(self.item_id, text)],
+            "incomplete" if incomplete else "completed",
+            response_output(self.item_id, text, streamed=True),
             responses_usage(self.prompt_tokens, self._tokens), incomplete,
         )  # fmt: skip
         frames.append(self._event("response.completed", {"response": final}))

@@ -222,7 +222,7 @@ def test_retrieving_stored_responses_answers_as_vllm_does(
     steps: dict[str, list[Exchange]] = {}
     for url in (vllm_server.url, emulator.url):
         # A foreground response is stored when it ends; a cancel of it is refused.
-        post = wirecompare.fetch(url, "POST", "/v1/responses", response())
+        post = wirecompare.fetch_sampled(url, "POST", "/v1/responses", response())
         response_id = json.loads(post.body)["id"]
         got = wirecompare.fetch(url, "GET", f"/v1/responses/{response_id}")
         assert json.loads(got.body)["output"] == json.loads(post.body)["output"]

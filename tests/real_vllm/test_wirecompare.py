@@ -8,7 +8,10 @@ shown to fail the comparison.
 
 from __future__ import annotations
 
+import http.server
+import json
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -198,10 +201,11 @@ def recorded(name: str) -> Exchange:
     return exchange((STREAMS / name).read_bytes())
 
 
-def emulated_response(pieces: list[str], limit: int) -> bytes:
+def emulated_response(pieces: list[str], limit: int, temperature: float | None = 0) -> bytes:
     # The recording's request: max_output_tokens 3, temperature 0, streamed.
-    request = {"model": "chat", "input": "hello", "max_output_tokens": limit, "temperature": 0,
-               "stream": True}  # fmt: skip
+    request = {"model": "chat", "input": "hello", "max_output_tokens": limit, "stream": True}
+    if temperature is not None:
+        request["temperature"] = temperature
     head = apis.ResponseHead("resp_0123456789abcdef", 1700000000, "chat", request, False, limit)
     encoder = apis.ResponsesEncoder(head, "msg_0123456789abcdef", prompt_tokens=9)
     frames = encoder.start()
@@ -253,3 +257,97 @@ def test_a_changed_field_in_the_emulators_responses_or_messages_fails_the_compar
     changed = body.replace(before, after, 1)
     assert changed != body
     assert wirecompare.compare(real, exchange(changed)) != []
+
+
+# ------------------------------------------------------------------ answers without text
+
+# A real 0.32.0 answer to cases.response() whose 4 sampled tokens decoded to no text.
+REAL_RESPONSE_NO_TEXT = (
+    b'{"id":"resp_8649c40d91af2f69","created_at":1796461828,"incomplete_details":{"reason":'
+    b'"max_output_tokens"},"output":[{"id":"msg_abdd3852a7dbab4e","content":[],"role":'
+    b'"assistant","status":"completed","type":"message","phase":null}],"status":"incomplete",'
+    b'"text":null,"usage":{"input_tokens":27,"output_tokens":4,"total_tokens":31}}'
+)
+JSON_HEADERS = (("content-type", "application/json"),)
+
+
+def test_an_answer_whose_sampled_tokens_made_no_text_is_told_apart_from_one_with_text() -> None:
+    # Where it must be seen: generated tokens, no text, in each API's form.
+    for name in (
+        "no-text/vllm-0.32-responses-no-text.sse",
+        "no-text/vllm-0.32-messages-no-text.sse",
+    ):
+        assert wirecompare.sampled_no_text(recorded(name)), name
+    no_text = Exchange("HTTP/1.1 200 OK", JSON_HEADERS, REAL_RESPONSE_NO_TEXT)
+    assert wirecompare.sampled_no_text(no_text)
+    # Where it must not: text (a few deltas, held-back steps among them), a tool call's
+    # arguments, an error, and a 200 that generated nothing (a queued background response).
+    for name in ("vllm-0.32-responses-max-output-tokens.sse", "vllm-0.32-messages-max-tokens.sse",
+                 "vllm-0.32-responses-named-tool-as-text.sse"):  # fmt: skip
+        assert not wirecompare.sampled_no_text(recorded(name)), name
+    assert not wirecompare.sampled_no_text(real())
+    with_text = REAL_RESPONSE_NO_TEXT.replace(
+        b'"content":[]', b'"content":[{"annotations":[],"text":"Cli","type":"output_text"}]'
+    )
+    assert not wirecompare.sampled_no_text(Exchange("HTTP/1.1 200 OK", JSON_HEADERS, with_text))
+    call = b'{"output":[{"arguments":"{}","type":"function_call"}],"usage":{"output_tokens":4}}'
+    assert not wirecompare.sampled_no_text(Exchange("HTTP/1.1 200 OK", JSON_HEADERS, call))
+    error = b'{"error":{"message":"","type":"BadRequestError"},"usage":{"output_tokens":4}}'
+    refused = Exchange("HTTP/1.1 400 Bad Request", JSON_HEADERS, error)
+    assert not wirecompare.sampled_no_text(refused)
+    queued = b'{"output":[],"status":"queued","usage":null}'
+    assert not wirecompare.sampled_no_text(Exchange("HTTP/1.1 200 OK", JSON_HEADERS, queued))
+
+
+def test_the_emulator_writes_an_answer_without_text_as_vllm_does() -> None:
+    # Steps that add no text send no event: no message item in a Responses stream, no text
+    # block in a Messages one. The emulator's own text is never empty, which is why the tier
+    # asks again when vLLM's is (fetch_sampled); the shape itself is modelled and compared here.
+    real = recorded("no-text/vllm-0.32-responses-no-text.sse")
+    emulated = exchange(emulated_response(["", "", "", ""], 4, temperature=None))
+    assert wirecompare.compare(real, emulated) == []
+    assert wirecompare.compare(real, exchange(emulated_response(["", "a", "", ""], 4, None)))
+    # Stored, it keeps the empty output; a non-streamed one has its message, content empty.
+    head = apis.ResponseHead("resp_0123456789abcdef", 1700000000, "chat", {}, False, 4)
+    for streamed, output in ((True, []), (False, json.loads(REAL_RESPONSE_NO_TEXT)["output"])):
+        body = apis.response_body(head, "msg_abdd3852a7dbab4e", "", "length", 27, 4, streamed)
+        assert json.loads(body)["output"] == output
+    real = recorded("no-text/vllm-0.32-messages-no-text.sse")
+    assert wirecompare.compare(real, exchange(emulated_message(["", "", "", ""]))) == []
+    assert wirecompare.compare(real, exchange(emulated_message(["", "", "x", ""])))
+
+
+def test_fetch_sampled_asks_again_while_no_text_came_and_stops_at_resamples() -> None:
+    answers: list[bytes] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = answers.pop(0) if answers else REAL_RESPONSE_NO_TEXT
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            seen.append(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    seen: list[bytes] = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with_text = REAL_RESPONSE_NO_TEXT.replace(b'"content":[]', b'"content":"Cli"')
+        answers[:] = [REAL_RESPONSE_NO_TEXT, REAL_RESPONSE_NO_TEXT, with_text]
+        got = wirecompare.fetch_sampled(url, "POST", "/v1/responses", {"input": "x"})
+        assert got.body == with_text and len(seen) == 3
+        seen.clear()
+        got = wirecompare.fetch_sampled(url, "POST", "/v1/responses", {"input": "x"})
+        assert got.body == REAL_RESPONSE_NO_TEXT and len(seen) == wirecompare.RESAMPLES
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

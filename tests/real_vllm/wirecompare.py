@@ -76,6 +76,61 @@ def fetch(
         conn.close()
 
 
+# The tier's model samples at temperature 1 where a request names none, and about one answer
+# in fifty of its 4 random tokens decodes to no text (byte pieces the detokeniser holds back,
+# special tokens it skips). vLLM then writes no text part: a Responses message with
+# `"content":[]` (serving.py `if final_output.text`), a stream without `output_item.added`,
+# a Messages answer without a text block. Which text the model samples is masked; whether it
+# sampled any is part of the same draw, so such an answer is asked for again.
+RESAMPLES = 8
+OUTPUT_COUNT_KEYS = ("completion_tokens", "output_tokens")
+
+
+def _json_values(exchange: Exchange) -> list[Any]:
+    """The body's JSON document, or each SSE frame's."""
+    if exchange.content_type.startswith("text/event-stream"):
+        payloads = [frame.partition(b"data: ")[2] for frame in frames(exchange.body)]
+    else:
+        payloads = [exchange.body]
+    values = []
+    for payload in payloads:
+        try:
+            values.append(json.loads(payload))
+        except ValueError:
+            continue
+    return values
+
+
+def _leaves(value: Any, key: str | None = None) -> list[tuple[str | None, Any]]:
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, k)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v, key)]
+    return [(key, value)]
+
+
+def sampled_no_text(exchange: Exchange) -> bool:
+    """A successful answer that generated tokens and carries no text of them, nor arguments."""
+    status = exchange.status_line.split(" ")
+    if len(status) < 2 or not status[1].startswith("2"):
+        return False
+    leaves = [leaf for value in _json_values(exchange) for leaf in _leaves(value)]
+    generated = any(k in OUTPUT_COUNT_KEYS and isinstance(v, int) and v > 0 for k, v in leaves)
+    text = any(k in TEXT_KEYS | {"arguments"} and isinstance(v, str) and v for k, v in leaves)
+    return generated and not text
+
+
+def fetch_sampled(
+    url: str, method: str = "GET", path: str = "/", body: Any = None, timeout: float = 120.0
+) -> Exchange:
+    """`fetch`, asked again (at most RESAMPLES times) while the model sampled no text."""
+    for _ in range(RESAMPLES):
+        answer = fetch(url, method, path, body, timeout)
+        if not sampled_no_text(answer):
+            break
+    return answer
+
+
 def _host_port(url: str) -> tuple[str, int]:
     match = re.match(r"^http://([^/:]+):(\d+)", url)
     if not match:
