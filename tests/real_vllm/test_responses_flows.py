@@ -88,12 +88,23 @@ def read_stream(
 
 
 def has_sequence(number: int) -> Callable[[bytes], bool]:
-    return lambda data: f'"sequence_number":{number},'.encode() in data
+    """Event `number` has come whole (its blank line too: a read may end inside it)."""
+    marker = f'"sequence_number":{number},'.encode()
+
+    def came(data: bytes) -> bool:
+        at = data.find(marker)
+        return at >= 0 and data.find(b"\n\n", at) >= 0
+
+    return came
 
 
 def events(data: bytes) -> list[dict[str, Any]]:
+    """The whole events in `data`; a read stopped by `until` may end inside the next one."""
+    whole = wirecompare.frames(data)
+    if whole and whole[-1] == b"<unterminated>":
+        whole = whole[:-2]
     out = []
-    for frame in wirecompare.frames(data):
+    for frame in whole:
         _, _, payload = frame.partition(b"data: ")
         if payload.startswith(b"{"):
             out.append(json.loads(payload))
@@ -106,8 +117,9 @@ def stored(url: str, response_id: str, wait_for_end: bool = True) -> dict[str, A
     while True:
         got = wirecompare.fetch(url, "GET", f"/v1/responses/{response_id}")
         answer: dict[str, Any] = json.loads(got.body)
-        if not wait_for_end or answer.get("status") != "queued" or time.monotonic() > deadline:
+        if not wait_for_end or answer.get("status") != "queued":
             return answer
+        assert time.monotonic() < deadline, f"{url}: {response_id} still queued after 120 s"
         time.sleep(0.2)
 
 
