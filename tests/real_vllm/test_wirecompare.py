@@ -324,12 +324,12 @@ def test_fetch_sampled_asks_again_while_no_text_came_and_stops_at_resamples() ->
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             body = answers.pop(0) if answers else REAL_RESPONSE_NO_TEXT
+            seen.append(body)  # before the answer goes out: the client may check at once
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
-            seen.append(body)
 
         def log_message(self, *args: object) -> None:
             pass
