@@ -9,7 +9,6 @@ shown to fail the comparison.
 from __future__ import annotations
 
 import http.server
-import json
 import re
 import threading
 from pathlib import Path
@@ -262,12 +261,7 @@ def test_a_changed_field_in_the_emulators_responses_or_messages_fails_the_compar
 # ------------------------------------------------------------------ answers without text
 
 # A real 0.32.0 answer to cases.response() whose 4 sampled tokens decoded to no text.
-REAL_RESPONSE_NO_TEXT = (
-    b'{"id":"resp_8649c40d91af2f69","created_at":1796461828,"incomplete_details":{"reason":'
-    b'"max_output_tokens"},"output":[{"id":"msg_abdd3852a7dbab4e","content":[],"role":'
-    b'"assistant","status":"completed","type":"message","phase":null}],"status":"incomplete",'
-    b'"text":null,"usage":{"input_tokens":27,"output_tokens":4,"total_tokens":31}}'
-)
+REAL_RESPONSE_NO_TEXT = (STREAMS / "no-text" / "vllm-0.32-responses-no-text.json").read_bytes()
 JSON_HEADERS = (("content-type", "application/json"),)
 
 
@@ -307,11 +301,16 @@ def test_the_emulator_writes_an_answer_without_text_as_vllm_does() -> None:
     emulated = exchange(emulated_response(["", "", "", ""], 4, temperature=None))
     assert wirecompare.compare(real, emulated) == []
     assert wirecompare.compare(real, exchange(emulated_response(["", "a", "", ""], 4, None)))
-    # Stored, it keeps the empty output; a non-streamed one has its message, content empty.
-    head = apis.ResponseHead("resp_0123456789abcdef", 1700000000, "chat", {}, False, 4)
-    for streamed, output in ((True, []), (False, json.loads(REAL_RESPONSE_NO_TEXT)["output"])):
-        body = apis.response_body(head, "msg_abdd3852a7dbab4e", "", "length", 27, 4, streamed)
-        assert json.loads(body)["output"] == output
+    # Not streamed, a message with empty content; streamed and then retrieved, no output.
+    for streamed, name in ((False, "vllm-0.32-responses-no-text.json"),
+                           (True, "vllm-0.32-responses-no-text-streamed-stored.json")):  # fmt: skip
+        real = exchange((STREAMS / "no-text" / name).read_bytes(), JSON_HEADERS)
+        request = {"model": "chat", "input": "hello", "max_output_tokens": 4, "stream": streamed}
+        head = apis.ResponseHead("resp_0123456789abcdef", 1700000000, "chat", request, False, 4)
+        body = apis.response_body(head, "msg_0123456789abcdef", "", "length", 27, 4, streamed)
+        assert wirecompare.compare(real, exchange(body, JSON_HEADERS)) == [], name
+        other = apis.response_body(head, "msg_0123456789abcdef", "", "length", 27, 4, not streamed)
+        assert wirecompare.compare(real, exchange(other, JSON_HEADERS)), name
     real = recorded("no-text/vllm-0.32-messages-no-text.sse")
     assert wirecompare.compare(real, exchange(emulated_message(["", "", "", ""]))) == []
     assert wirecompare.compare(real, exchange(emulated_message(["", "", "x", ""])))

@@ -89,16 +89,11 @@ OUTPUT_COUNT_KEYS = ("completion_tokens", "output_tokens")
 def _json_values(exchange: Exchange) -> list[Any]:
     """The body's JSON document, or each SSE frame's."""
     if exchange.content_type.startswith("text/event-stream"):
-        payloads = [frame.partition(b"data: ")[2] for frame in frames(exchange.body)]
-    else:
-        payloads = [exchange.body]
-    values = []
-    for payload in payloads:
-        try:
-            values.append(json.loads(payload))
-        except ValueError:
-            continue
-    return values
+        return frame_values(exchange.body)
+    try:
+        return [json.loads(exchange.body)]
+    except ValueError:
+        return []
 
 
 def _leaves(value: Any, key: str | None = None) -> list[tuple[str | None, Any]]:
@@ -255,18 +250,25 @@ def stream_shape(body: bytes) -> tuple[list[Any], list[Any]]:
     return kept, content
 
 
+def frame_values(body: bytes) -> list[Any]:
+    """Each SSE frame's `data:` JSON, in order; a frame without one (`[DONE]`, a comment, a
+    frame a read cut short) is left out."""
+    values = []
+    for frame in frames(body):
+        try:
+            values.append(json.loads(frame.partition(b"data: ")[2]))
+        except ValueError:
+            continue
+    return values
+
+
 def sequence_numbers(body: bytes) -> list[int]:
     """The `sequence_number` of each Responses event, in order."""
-    numbers = []
-    for frame in frames(body):
-        _, _, payload = frame.partition(b"data: ")
-        try:
-            number = json.loads(payload).get("sequence_number")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(number, int):
-            numbers.append(number)
-    return numbers
+    return [
+        value["sequence_number"]
+        for value in frame_values(body)
+        if isinstance(value, dict) and isinstance(value.get("sequence_number"), int)
+    ]
 
 
 def _sequence_difference(want: bytes, got: bytes, prefix: str) -> str | None:
