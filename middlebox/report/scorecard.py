@@ -236,8 +236,9 @@ def matrix(
 
 
 TAKES_LEGEND = (
-    "Taken again (against a real server a failed take is taken again, up to three takes, and "
-    "the least disturbed counts: middlebox.run.takes):"
+    "Taken again (a failed take against a real server, or one that failed against the emulator "
+    "only on a wall-clock bound, is taken again, up to three takes, and the least disturbed "
+    "counts: middlebox.run.takes):"
 )
 
 

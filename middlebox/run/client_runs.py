@@ -96,6 +96,8 @@ class ClientRun:
     # take of this client with its disturbance (middlebox.run.takes)
     workdir: Path | None = None
     takes: list[dict[str, Any]] = field(default_factory=list)
+    # a re-take's own emulator's ledger (None: the scenario's, shared by its clients)
+    ledger: list[dict[str, Any]] | None = None
 
 
 def tls_client_env(scenario: Scenario, port: int) -> dict[str, str]:

@@ -192,8 +192,8 @@ class ClientScore:
     # cross-checks that do not fail the run: a client's self-reported attempts that
     # differ from what the wire shows
     notes: list[str] = field(default_factory=list)
-    # against a real server: each take of this client, when a failed one was taken
-    # again (middlebox.run.takes), with its disturbance and whether it was kept
+    # each take of this client, when a failed one was taken again (middlebox.run.takes),
+    # with its disturbance and whether it was kept
     takes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
