@@ -69,8 +69,12 @@ HOST_VALUES: tuple[HostValue, ...] = (
         "vllm/platforms/cpu.py:631-660",
         "masked",
         "other kernels round differently, so greedy text and token ids may differ between hosts; "
-        "text and token counts are masked, and the stop-string case takes its stop string from "
-        "each server's own text",
+        "text and token counts are masked; the stop-string case takes its stop string from "
+        "each server's own text, for the first prompt whose greedy answer has a letter on both; "
+        "the cases that need an end by EOS (`completed`, `end_turn`) ask the first of "
+        "`tests/real_vllm/cases.py` `NATURAL_PROMPTS` whose greedy answer ends by EOS within 64 "
+        "tokens, with text, on that server (`wirecompare.first_ending_by_eos`; on the tier's "
+        "host 4 of the first 15 do)",
     ),
     HostValue(
         "threads (torch.get_num_threads, the OpenMP binding by core count)",

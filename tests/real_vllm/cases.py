@@ -27,8 +27,37 @@ def completion(**fields: Any) -> dict[str, Any]:
 
 # A prompt vLLM's test model answers in ~21 tokens at temperature 0 (then EOS), so a
 # response ends `completed` / `end_turn` within 64 tokens; the emulator's natural length in
-# the tier is set below that (test_conformance.py).
+# the tier is set below that (test_conformance.py). The model's weights are random, so its
+# greedy path is the host's: where a CPU's kernels round a close argmax the other way, SHORT
+# may run to the cut. Its cases then ask the first of NATURAL_PROMPTS that ends by EOS with
+# text on this server (`natural_prompt`): on the tier's host 4 of the first 15 do, so
+# 30 leave about one host in 10,000 without one, if hosts' paths are independent.
 SHORT = "Say hello."
+NATURAL_PROMPTS = (
+    SHORT, "Name a colour.", "Say goodbye.", "Greet me.", "Hi.", "Say yes.", "Count to three.",
+    "Thanks!", "What is 2+2?", "Reply with one word.", "Good morning.", "Tell me a joke.",
+    "Say ok.", "Name a fruit.", "Hello there.", "Name an animal.", "Say thank you.",
+    "What day is it?", "Pick a number.", "Say something short.", "Name a city.", "Good night.",
+    "How are you?", "Describe the sky.", "Name a tree.", "Say welcome.", "What is water?",
+    "Name a planet.", "Say please.", "Give me a word.",
+)  # fmt: skip
+
+
+def asking(body: Any, prompt: str) -> Any:
+    """`body` with SHORT replaced by `prompt` (a Responses `input`, a Messages message)."""
+    if body == SHORT:
+        return prompt
+    if isinstance(body, dict):
+        return {key: asking(value, prompt) for key, value in body.items()}
+    if isinstance(body, list):
+        return [asking(value, prompt) for value in body]
+    return body
+
+
+def asks_short(body: Any) -> bool:
+    return bool(asking(body, "") != body)
+
+
 TOOL = {"type": "function", "name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}  # fmt: skip
 

@@ -22,7 +22,16 @@ import pytest
 
 from realvllm.serve import Server
 from tests.real_vllm import wirecompare
-from tests.real_vllm.cases import CASES, MAX_MODEL_LEN, MODEL, chat
+from tests.real_vllm.cases import (
+    CASES,
+    MAX_MODEL_LEN,
+    MODEL,
+    NATURAL_PROMPTS,
+    USER,
+    asking,
+    asks_short,
+    chat,
+)
 from tests.real_vllm.conftest import RESULTS, Emulator
 
 # (case glob, regex the difference matches, why it is not fixed in the profile)
@@ -65,24 +74,51 @@ def emulator(middlebox_bin: str, tmp_path_factory: pytest.TempPathFactory) -> It
         (RESULTS / "conformance.txt").write_text("\n".join(_report) + "\n")
 
 
+@pytest.fixture(scope="module")
+def natural_prompt(vllm_server: Server) -> str:
+    """The first of cases.NATURAL_PROMPTS this server's greedy path ends by EOS, with text."""
+    prompt = wirecompare.first_ending_by_eos(vllm_server.url, MODEL, NATURAL_PROMPTS)
+    assert prompt is not None, f"none of {len(NATURAL_PROMPTS)} prompts ends by EOS here"
+    return prompt
+
+
 @pytest.mark.parametrize(("case", "method", "path", "body"), CASES, ids=[c[0] for c in CASES])
 def test_the_emulator_answers_each_request_as_vllm_does(
-    vllm_server: Server, emulator: Emulator, case: str, method: str, path: str, body: object
+    vllm_server: Server,
+    emulator: Emulator,
+    request: pytest.FixtureRequest,
+    case: str,
+    method: str,
+    path: str,
+    body: object,
 ) -> None:
+    if asks_short(body):  # a case that needs an end by EOS: this host's prompt for one
+        body = asking(body, request.getfixturevalue("natural_prompt"))
     real = wirecompare.fetch_sampled(vllm_server.url, method, path, body)
     emulated = wirecompare.fetch_sampled(emulator.url, method, path, body)
     assert _unexplained(case, wirecompare.compare(real, emulated, case)) == []
 
 
-def _stop_string(url: str) -> str:
-    """A piece of what greedy decoding generates for this request on this server."""
+def _stop_string(url: str, messages: list[dict[str, str]]) -> str | None:
+    """A letter inside what greedy decoding generates for these messages on this server
+    (None: no letter there, byte pieces or punctuation only)."""
     body = wirecompare.fetch(
-        url, "POST", "/v1/chat/completions", chat(max_tokens=12, temperature=0)
+        url, "POST", "/v1/chat/completions", chat(messages=messages, max_tokens=12, temperature=0)
     )
     text: str = json.loads(body.body)["choices"][0]["message"]["content"]
     clean = [i for i in range(1, len(text) - 1) if text[i].isalpha() and text[i] != "\ufffd"]
-    assert clean, f"no usable character in {text!r}"
-    return text[clean[len(clean) // 2]]
+    return text[clean[len(clean) // 2]] if clean else None
+
+
+def _stop_strings(real: str, emulated: str) -> tuple[list[dict[str, str]], str, str]:
+    """Messages whose greedy answer has a letter on both servers (cases.USER first; the
+    model's greedy path is the host's), and each server's stop string for them."""
+    asked = [USER, *([{"role": "user", "content": p}] for p in NATURAL_PROMPTS)]
+    for messages in asked:
+        stops = _stop_string(real, messages), _stop_string(emulated, messages)
+        if stops[0] is not None and stops[1] is not None:
+            return messages, stops[0], stops[1]
+    pytest.fail(f"no letter in the greedy answer to any of {len(asked)} prompts")
 
 
 def test_a_matched_stop_string_ends_both_streams_alike(
@@ -90,10 +126,10 @@ def test_a_matched_stop_string_ends_both_streams_alike(
 ) -> None:
     # Each server's own text decides the stop string (greedy decoding repeats it), so both end
     # with finish_reason "stop" and the matched string as stop_reason.
+    messages, *stops = _stop_strings(vllm_server.url, emulator.url)
     answers = []
-    for url in (vllm_server.url, emulator.url):
-        stop = _stop_string(url)
-        request = chat(max_tokens=12, temperature=0, stream=True, stop=[stop])
+    for url, stop in zip((vllm_server.url, emulator.url), stops, strict=True):
+        request = chat(messages=messages, max_tokens=12, temperature=0, stream=True, stop=[stop])
         answers.append(wirecompare.fetch(url, "POST", "/v1/chat/completions", request))
     assert b'"finish_reason":"stop"' in answers[0].body, answers[0].body[-600:]
     assert (

@@ -9,6 +9,7 @@ shown to fail the comparison.
 from __future__ import annotations
 
 import http.server
+import json
 import re
 import threading
 from pathlib import Path
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.real_vllm import wirecompare
+from tests.real_vllm.cases import CASES, MODEL, NATURAL_PROMPTS, SHORT, asking, asks_short
+from tests.real_vllm.conftest import Emulator
 from tests.real_vllm.wirecompare import Exchange
 from vllm_emulator import apis, wire
 from vllm_emulator.metrics import Registry, declare_profile_families
@@ -350,3 +353,36 @@ def test_fetch_sampled_asks_again_while_no_text_came_and_stops_at_resamples() ->
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def test_a_case_asks_this_hosts_natural_prompt_in_place_of_short_and_others_ask_as_written() -> (
+    None
+):
+    for _, _, _, body in CASES:
+        asked = asking(body, "Greet me.")
+        assert asks_short(body) == (asked != body)
+        assert SHORT not in json.dumps(asked) if isinstance(body, dict) else asked == body
+    short = [name for name, _, _, body in CASES if asks_short(body)]
+    assert short == ["responses-nonstream-completed", "responses-stream-completed",
+                     "messages-nonstream-end-turn", "messages-stream-end-turn"]  # fmt: skip
+    assert asking({"input": SHORT, "n": 1}, "Hi.") == {"input": "Hi.", "n": 1}
+    assert asking({"messages": [{"role": "user", "content": SHORT}]}, "Hi.") == {
+        "messages": [{"role": "user", "content": "Hi."}]
+    }
+
+
+@pytest.mark.parametrize(("shortest", "ends"), [(13, True), (70, False)])
+def test_a_prompt_counts_as_ending_by_eos_only_where_the_server_ends_it_within_the_cut(
+    middlebox_bin: str, tmp_path: Path, shortest: int, ends: bool
+) -> None:
+    # the emulator's greedy answers end by EOS after 13-20 tokens, or after 70-80: past 64
+    config = {"profile": "vllm-0.32", "model": MODEL, "itl": 0.0005, "prefill_overhead": 0.001,
+              "natural_ends": True, "natural_length_min": shortest,
+              "natural_length_max": shortest + 10}  # fmt: skip
+    emulator = Emulator(middlebox_bin, config, tmp_path)
+    try:
+        assert wirecompare.ends_by_eos_with_text(emulator.url, MODEL, SHORT) is ends
+        found = wirecompare.first_ending_by_eos(emulator.url, MODEL, NATURAL_PROMPTS[:2])
+        assert found == (SHORT if ends else None)
+    finally:
+        emulator.stop()

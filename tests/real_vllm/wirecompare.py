@@ -23,6 +23,7 @@ import http.client
 import json
 import re
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -436,3 +437,26 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def ends_by_eos_with_text(url: str, model: str, prompt: str, cut: int = 64) -> bool:
+    """Greedy decoding of `prompt` on this server ends by EOS within `cut` tokens, with
+    text, in both APIs the conformance cases ask it in (one chat template: the same tokens)."""
+    asked = [
+        ("/v1/responses", {"input": prompt, "max_output_tokens": cut}),
+        ("/v1/messages", {"messages": [{"role": "user", "content": prompt}], "max_tokens": cut}),
+    ]
+    for path, fields in asked:
+        answer = json.loads(fetch(url, "POST", path, {"model": model, **fields,
+                                                       "temperature": 0}).body)  # fmt: skip
+        texts = [part.get("text") for item in answer.get("output", [answer])
+                 for part in item.get("content") or []]  # fmt: skip
+        ended = answer.get("status") == "completed" or answer.get("stop_reason") == "end_turn"
+        if not (ended and any(texts)):
+            return False
+    return True
+
+
+def first_ending_by_eos(url: str, model: str, prompts: Sequence[str]) -> str | None:
+    """The first prompt whose greedy answer ends by EOS with text here (None: none does)."""
+    return next((p for p in prompts if ends_by_eos_with_text(url, model, p)), None)
