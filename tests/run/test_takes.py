@@ -262,6 +262,9 @@ def test_against_the_emulator_a_wall_clock_failure_is_taken_again_alone_on_a_fre
     assert [t["why_not"] for t in takes] == ["server.tokens_wasted min 1: got 0"] * 3
     assert sum(t["kept"] for t in takes) == 1
     assert scores["httpx-sse"].takes == []  # met: taken once
+    card = scorecard(SuiteOutcome([outcome], None, ["raw", "httpx-sse"]).document(), colour=False)
+    assert _words(TAKES_LEGEND) in _words(card)
+    assert "retaken/raw: take 1" in card and "retaken/httpx-sse: take" not in card
     # each re-take ran against an emulator of its own, started in its folder
     for number in (2, 3):
         assert (workdir / f"take-{number}" / "emulator.log").exists()
