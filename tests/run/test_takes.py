@@ -230,6 +230,11 @@ def test_against_the_emulator_only_a_failure_on_the_wall_clock_is_taken_again() 
     assert not clocked_failure(_score())
     assert not clocked_failure(_score(("server.tokens_wasted", False), ("client.complete", False)))
     assert not clocked_failure(_score(("client.hangs", False)))
+    # bursts and times are read off the clock too
+    for name in ("client.tokens_per_burst", "client.bursts", "client.perceived_ttft_ms",
+                 "server.tokens_per_burst", "client.delivered_tokens_per_burst"):  # fmt: skip
+        assert clocked_failure(_score((name, False), ("client.complete", True))), name
+    assert not clocked_failure(_score(("client.tokens_per_burst", False), ("client.text", False)))
 
 
 def _run_on_the_emulator(tmp_path: Path, expect: dict[str, Any], clients: list[str]) -> Any:
