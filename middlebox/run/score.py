@@ -1020,8 +1020,10 @@ def real_server_metrics(
 
     `client_left` maps a request tag to when its client left (the result's `ended_at`).
     `to_client` (`response_answers` of the client leg) says what of a background response
-    crossed the client leg: one left running never reached its client with what the proxy
-    read of it after a handoff held and then reset the connection, so that is its waste too.
+    crossed the client leg, as `background_waste` reads it for the emulator: one whose end
+    its client was never sent wasted what it made past what crossed, even where the proxy
+    read it to its end (a handoff held the connection and then reset it, and the client
+    created another), and it was left running for nobody.
     """
     ours = _generations(exchanges)
     out: dict[str, Any] = {
@@ -1063,18 +1065,25 @@ def real_server_metrics(
             read = sum(1 for t in generation.token_times if t <= cutoff)
             counted = max(counter_at(samples, cutoff) - base, read)
             wasted = max(tokens - round(counted), 0)
-            reached = (to_client or {}).get(exchange.response_id or "")
-            left_running = not generation.finished and generation.cancelled_at is None
-            if exchange.background and left_running and reached is not None:
-                wasted = max(wasted, tokens - reached.token_events)
+        if exchange.background and to_client is not None:
+            # What crossed the client leg, as `background_waste` judges the emulator's: a
+            # response whose end its client was sent wasted nothing; otherwise what it made
+            # past what reached the client went to nobody, whether or not the proxy read it
+            # to its end (a handoff's outage: the proxy read all of it, then reset the
+            # client's connection, and the client created another).
+            reached = to_client.get(exchange.response_id or "")
+            if reached is None or reached.reason in (None, "cancelled"):
+                wasted = max(wasted, tokens - (reached.token_events if reached else 0))
         # an earlier background response still running for nobody counted in this window
         spill = int(min(max(unread - wasted, 0), running))
         running -= spill
         out["server.tokens_wasted"] += wasted + spill
         limit = _max_tokens(exchange.body)
         if exchange.background:
-            if gone is not None and not generation.finished and generation.cancelled_at is None:
+            let_go = gone is not None and not generation.finished
+            if let_go and generation.cancelled_at is None:
                 running += float("inf") if limit is None else max(limit - tokens + spill, 0)
+            if (let_go or wasted) and generation.cancelled_at is None:
                 out["server.background_left_running"] += 1
             closed = generation.cancelled_at  # the close is no abort: the cancel is
         else:

@@ -338,6 +338,12 @@ def test_a_real_background_response_read_by_the_proxy_but_not_the_client_is_wast
     measured = real_server_metrics([held], samples(spans, 10.4), {}, to_client)
     assert measured["server.tokens_wasted"] == 40 - 2
     assert measured["server.background_left_running"] == 1
+    # the same when the proxy read its end too: the outage held it, and the client leg
+    # carried two deltas before the reset (a real server faster than the paced stream)
+    ran_out = leg("generation", 10.0, closed_at=10.25, finished=True, token_times=reads(10.0, 40))
+    measured = real_server_metrics([ran_out], samples(spans, 10.4), {}, to_client)
+    assert measured["server.tokens_wasted"] == 40 - 2
+    assert measured["server.background_left_running"] == 1
     # the same response whose every delta crossed the client leg and ended there wasted none
     whole = response_answers([create(EVENTS)])
     assert whole["resp_1"].finished
