@@ -535,10 +535,10 @@ async def retaken_on_the_emulator(
 ) -> tuple[list[ClientRun], list[dict[str, Any]]]:
     """The runs, with each that failed only on the wall clock (`clocked_failure`) taken
     again alone, up to three takes, the least disturbed counting (middlebox.run.takes):
-    the emulator keeps its schedule only while the machine does (a vanish whose FIN
-    reached it while its process waited 90 ms for a core: 6 tokens due in that time
-    were made at once, for nobody). The ledger comes back with a kept re-take's entries
-    in place of that client's first ones, for the report's timelines."""
+    the emulator keeps its schedule only while the machine does (client-vanishes beside
+    three busy loops: the two tokens due while it waited 33 ms for a core were made in
+    the turn that read the vanish's FIN, for nobody). The ledger comes back with a kept
+    re-take's entries in place of that client's first ones, for the report's timelines."""
     kept_runs: list[ClientRun] = []
     for run in runs:
         score = score_run(outcome, run, clients, ledger, expect)
