@@ -112,8 +112,13 @@ def sampled_no_text(exchange: Exchange) -> bool:
         return False
     leaves = [leaf for value in _json_values(exchange) for leaf in _leaves(value)]
     generated = any(k in OUTPUT_COUNT_KEYS and isinstance(v, int) and v > 0 for k, v in leaves)
-    text = any(k in TEXT_KEYS | {"arguments"} and isinstance(v, str) and v for k, v in leaves)
-    return generated and not text
+    return generated and not carries_text(exchange)
+
+
+def carries_text(exchange: Exchange) -> bool:
+    """The answer (a body, or a stream's frames) carries generated text or tool arguments."""
+    leaves = [leaf for value in _json_values(exchange) for leaf in _leaves(value)]
+    return any(k in TEXT_KEYS | {"arguments"} and isinstance(v, str) and v for k, v in leaves)
 
 
 def fetch_sampled(
@@ -447,12 +452,10 @@ def ends_by_eos_with_text(url: str, model: str, prompt: str, cut: int = 64) -> b
         ("/v1/messages", {"messages": [{"role": "user", "content": prompt}], "max_tokens": cut}),
     ]
     for path, fields in asked:
-        answer = json.loads(fetch(url, "POST", path, {"model": model, **fields,
-                                                       "temperature": 0}).body)  # fmt: skip
-        texts = [part.get("text") for item in answer.get("output", [answer])
-                 for part in item.get("content") or []]  # fmt: skip
-        ended = answer.get("status") == "completed" or answer.get("stop_reason") == "end_turn"
-        if not (ended and any(texts)):
+        answer = fetch(url, "POST", path, {"model": model, **fields, "temperature": 0})
+        said = json.loads(answer.body)
+        ended = said.get("status") == "completed" or said.get("stop_reason") == "end_turn"
+        if not (ended and carries_text(answer)):
             return False
     return True
 
