@@ -6,13 +6,12 @@ Against the emulator a scenario's text and shape are a function of its seed, but
 pace is the machine's: the emulator makes each token when it is due, and a process that
 waited for a core makes every token due meanwhile at once, before it reads the FIN that
 came in that time (client-vanishes beside three busy loops: two tokens, made 0.2 ms
-before the disconnect was read, after a 33 ms wait; in CI, with Chromium on the same
-cores, 6 against the scenario's bound of 3). So a take that failed only on a wall-clock
-bound is taken again, alone, against a fresh emulator with the same seed. Against a
-real vLLM on shared cores nothing is a function of the seed: vLLM's API server falls
-behind its engine for hundreds of milliseconds
-at a time (a 479 ms gap between two token chunks, then 29 of them in one read, right
-after the client of abandon-through-haproxy-default had left: a proxy that learns of the
+before the disconnect was read, after a 33 ms wait). So a take that failed only on a
+wall-clock bound is taken again, alone, against a fresh emulator with the same seed.
+Against a real vLLM on shared cores nothing is a function of the seed: vLLM's API server
+falls behind its engine for hundreds of milliseconds at a time (a 479 ms gap between two
+token chunks, then 29 of them in one read, right after the client of
+abandon-through-haproxy-default had left: a proxy that learns of the
 leave from a failed write learns it at the server's next write, so the waste is the
 server's stall), and the proxy's own process can be woken late (client-vanishes/raw: a
 vanish's FIN toward vLLM went out 486 ms after the fault fired, 0.4-3 ms in every other
