@@ -138,14 +138,17 @@ class LazyRandom:
     a fault draws exactly the numbers `random.Random(seed)` would: replays unchanged.
     """
 
-    def __init__(self, seed: int) -> None:
-        self._seed_later: int | None = seed
+    def __init__(self, seed: int | str | SeedAt) -> None:
+        self._seed_later: int | str | SeedAt | None = seed
         self._generator: random.Random | None = None
 
     def _generate(self) -> random.Random:
         generator = self._generator
         if generator is None:
-            generator = self._generator = random.Random(self._seed_later)
+            seed = self._seed_later
+            if isinstance(seed, SeedAt):
+                seed = seed.connection.seed_at(seed.index)
+            generator = self._generator = random.Random(seed)
             self._seed_later = None
             # The draws' bound methods on this object: an instance attribute comes before
             # the class's methods below, so later draws call the generator's C methods.
@@ -178,6 +181,49 @@ class LazyRandom:
         if callable(value):
             self.__dict__[name] = value  # the bound method: found directly from now on
         return value
+
+
+class ConnectionRandom(LazyRandom):
+    """A connection's generator, `random.Random(seed)`, made on its first use like any
+    `LazyRandom`; `Pipeline.bind` takes from it each fault's seed, its next 64-bit draw,
+    without making it (`fault_random`). A pass-through connection's faults (the proxy's
+    own stages) never draw, so setup no longer seeds the 624-word state for each one
+    (about 4% of a connection's CPU under `loadc connect`). When it is made, it draws the
+    seeds it handed out first, in order: each fault, and any draw from this generator
+    itself afterwards, gets the number an eager `random.Random(seed)` would have given."""
+
+    def __init__(self, seed: int | str) -> None:
+        super().__init__(seed)
+        self._drawn: list[int] = []
+        self._handed = 0
+
+    def fault_random(self) -> LazyRandom:
+        """A generator seeded by this one's next 64-bit draw, made when the fault draws."""
+        index = self._handed
+        self._handed += 1
+        if self._generator is not None:
+            self._drawn.append(self._generator.getrandbits(64))
+            return LazyRandom(self._drawn[index])
+        return LazyRandom(SeedAt(self, index))
+
+    def seed_at(self, index: int) -> int:
+        self._generate()
+        return self._drawn[index]
+
+    def _generate(self) -> random.Random:
+        generator = super()._generate()
+        drawn = self._drawn
+        while len(drawn) < self._handed:
+            drawn.append(generator.getrandbits(64))
+        return generator
+
+
+@dataclass(frozen=True, slots=True)
+class SeedAt:
+    """The `index`-th seed a `ConnectionRandom` handed out, drawn when it is needed."""
+
+    connection: ConnectionRandom
+    index: int
 
 
 @dataclass(slots=True)
@@ -589,12 +635,17 @@ class Pipeline(Fault):
             }
         self.framing = framing
         connection_id, report, mss = context.connection_id, context.report, context.client_mss
-        draw = context.rng.getrandbits
+        rng = context.rng
+        if isinstance(rng, ConnectionRandom):
+            seeded = rng.fault_random  # each seed drawn when that fault first draws
+        else:
+            draw = rng.getrandbits
+            seeded = lambda: LazyRandom(draw(64))  # noqa: E731
         for index, fault in enumerate(faults):
             fault.bind(
                 FaultContext(
                     connection_id,
-                    LazyRandom(draw(64)),
+                    seeded(),
                     report,
                     for_fault(
                         shared[index] if shared is not None else context.shared,

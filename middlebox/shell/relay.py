@@ -137,7 +137,8 @@ class Relay:
                 side.write_later = None  # it holds this relay: no cycle left for the GC
                 if not side.closed:
                     side.closed = True
-                    trio.lowlevel.notify_closing(side.sock)
+                    if self._hub is None:  # no trio task waits on a socket the hub reads
+                        trio.lowlevel.notify_closing(side.sock)
                     side.sock.close()
             if self._hub is not None:
                 release_read_hub(self._hub)
@@ -152,8 +153,7 @@ class Relay:
         self._check_done()
 
     def between_messages(self) -> bool:
-        """An idle kept-alive connection, which graceful shutdown closes at once as nginx
-        does: no outbox waits and the path holds no message (`Pipeline.between_messages`)."""
+        """Idle between messages (graceful shutdown closes it at once, as nginx does)."""
         outbox = self.client.outbox or self.upstream.outbox
         return not outbox and self.pipeline.between_messages()
 

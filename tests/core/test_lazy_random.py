@@ -8,7 +8,13 @@ import random
 import pytest
 
 from faults.latency import Latency
-from middlebox.core.fault import FaultContext, FaultRandom, LazyRandom, Pipeline
+from middlebox.core.fault import (
+    ConnectionRandom,
+    FaultContext,
+    FaultRandom,
+    LazyRandom,
+    Pipeline,
+)
 
 
 def draws(rng: random.Random) -> list[object]:
@@ -87,3 +93,33 @@ def test_both_generators_a_fault_may_hold_are_fault_randoms_and_a_draw_seeds_onc
         assert getattr(lazy, name) == getattr(generator, name)
         assert getattr(lazy, name).__self__ is generator
     assert lazy._generate() is generator  # seeded once
+
+
+def bound_faults(rng: FaultRandom, count: int = 4) -> list[Latency]:
+    faults = [Latency(delay=0.01, jitter=0.005) for _ in range(count)]
+    Pipeline(faults).bind(FaultContext(rng=rng))
+    return faults
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3], [3, 1, 0, 2], [2], []])
+def test_a_connection_generator_hands_out_seeds_without_seeding_and_draws_what_eager_does(
+    order: list[int],
+) -> None:
+    lazy, eager = ConnectionRandom("7:1"), random.Random("7:1")
+    lazy_faults, eager_faults = bound_faults(lazy), bound_faults(eager)
+    assert lazy._generator is None  # bound, and nothing seeded: no fault drew
+    for index in order:
+        assert draws(lazy_faults[index].rng) == draws(eager_faults[index].rng)
+    # the connection's own draws come after the seeds it handed out, as eager ones do
+    assert draws(lazy) == draws(eager)
+    for index in range(4):
+        assert draws(lazy_faults[index].rng) == draws(eager_faults[index].rng)
+
+
+def test_a_seed_handed_out_after_the_connection_generator_is_made_is_drawn_at_once() -> None:
+    lazy, eager = ConnectionRandom(11), random.Random(11)
+    first, first_eager = bound_faults(lazy, 2), bound_faults(eager, 2)
+    assert lazy.random() == eager.random()  # made now: the two seeds first, then this
+    second, second_eager = bound_faults(lazy, 2), bound_faults(eager, 2)
+    for lazy_fault, eager_fault in zip(second + first, second_eager + first_eager, strict=True):
+        assert draws(lazy_fault.rng) == draws(eager_fault.rng)
