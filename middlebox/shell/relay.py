@@ -64,8 +64,9 @@ class Relay:
         clock: Callable[[], float] = trio.current_time,
         stages: Sequence[ProxyStage] = (),
     ) -> None:
-        client.setblocking(False)
-        upstream.setblocking(False)
+        for sock in (client, upstream):  # the server's are already: no ioctl again
+            if sock.getblocking():
+                sock.setblocking(False)
         self.client = Side("client", client, Direction.UPSTREAM)
         self.upstream = Side("upstream", upstream, Direction.DOWNSTREAM)
         if not isinstance(pipeline, Pipeline):
@@ -203,8 +204,7 @@ class Relay:
             self._nursery.start_soon(self._timer_loop)
 
     def _arm_hub_timer(self, due: float) -> None:
-        """Put the pipeline's deadline on the hub's heap. An entry due no later stays:
-        it fires early, finds the deadline moved and re-arms (see ReadHub)."""
+        """The pipeline's deadline on the hub's heap; an entry due no later stays (ReadHub)."""
         assert self._hub is not None
         if self._timer_due is not None and self._timer_due <= due:
             return

@@ -388,9 +388,14 @@ class ProxyServer(ServerCounters):
                 self._accept_scope = accept_scope
                 self._listener = listener
                 task_status.started(listener.getsockname()[1])
+                # socket.py's `accept` turns the listener's family and type into enums
+                # (two Enum calls a connection); the C accept and the family taken once
+                # make the same socket.
+                family = listener.family
                 while True:
                     try:
-                        client, _ = listener.accept()
+                        fd, _ = listener._accept()  # type: ignore[attr-defined]
+                        client = socket.socket(family, socket.SOCK_STREAM, 0, fd)
                     except BlockingIOError:
                         await trio.lowlevel.wait_readable(listener)
                         continue
