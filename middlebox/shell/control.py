@@ -63,10 +63,10 @@ from middlebox.scenario.convert import ScenarioError
 from middlebox.scenario.model import Scenario
 from middlebox.shell import fault_edits, scenario_parse
 from middlebox.shell.fault_edits import EditError
+from middlebox.shell.live import LiveConnection
 from middlebox.shell.scenario_parse import Parsed
 from middlebox.shell.server import (
     Address,
-    LiveConnection,
     ProxyServer,
     relay_clock_offset,
     run_proxy,

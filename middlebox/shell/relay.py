@@ -1,21 +1,19 @@
 """The per-connection relay: the thin trio shell around a pure fault pipeline.
 
 Two raw non-blocking sockets (client, upstream), read by the process's read hub
-(shell/hub.py), written at once or, when a socket would block, when the hub sees it
-writable again; the pipeline is woken at its deadline by the hub's deadline heap. Each
-pipeline call (`Pipeline.open`, `feed`, `wake`) answers with its `Effects`, and one
-`apply` does them: no polling of the pipeline between calls. Calls happen synchronously
-between awaits, so one piece of code drives the pipeline at a time and its faults need no
-locks (the design's "one driver"). Only without an fd for the hub's epoll (EMFILE) does a
-connection fall back to a task per socket and a timer task, calling the same methods.
+(shell/hub.py), written at once or when the hub sees a socket writable again; the hub's
+deadline heap wakes the pipeline. Each pipeline call (`Pipeline.open`, `feed`, `wake`)
+answers with its `Effects`, and one `apply` does them. Calls happen synchronously, so one
+piece of code drives the pipeline at a time and its faults need no locks (the design's
+"one driver"). `run` waits for the end in its caller's task; `start_on_hub` needs no task
+(shell/hub_connection.py). Only without an fd for the hub's epoll (EMFILE) does a relay
+fall back to a task per socket and a timer task, calling the same methods.
 
-The hot path is the anchors' fastest trio variant (shared/reference/performance-anchors.md):
-`recv`/`send` tried first, and a read shorter than the buffer taken as a drained socket
-(nginx's `ngx_unix_recv` clears `rev->ready` on a short read for the same reason). With an
-empty pipeline a chunk read is sent from the read's callback, unrouted; ends still go
-through the pipeline. What a pipeline call gives to write inside the hub's turn is sent at
-the turn's end beside the other sockets' writes (`ReadHub.write_soon`): a peer reading many
-of the proxy's sockets is woken once for several writes, not once each.
+`recv`/`send` are tried first, and a read shorter than the buffer is a drained socket
+(nginx's `ngx_unix_recv` clears `rev->ready` on a short read). With an empty pipeline a
+read is sent from the read's callback, unrouted. A pipeline call's writes inside the hub's
+turn go out at the turn's end with other sockets' (`ReadHub.write_soon`): a peer reading
+many of the proxy's sockets is woken once for several writes.
 
 Ends are faithful: a FIN read is passed on as a FIN (`shutdown(SHUT_WR)`) and never
 invented; an RST is sent as `SO_LINGER(1, 0)` then close (RFC 793's abort); a peer's RST
@@ -37,11 +35,10 @@ from middlebox.core.fault import Effects, Fault, Pipeline, ProxyStage
 from middlebox.core.stream import Chunk, Direction, Eof, Item, Reset
 from middlebox.observe.observer import RelayObserver
 from middlebox.shell.hub import ReadHub, acquire_read_hub, release_read_hub
-from middlebox.shell.sides import Side, abort
+from middlebox.shell.sides import UNPARKED, Side, abort
 
 READ_SIZE = 64 * 1024
-# Bytes queued toward one peer before we stop reading from the other: bounded memory
-# per connection, and backpressure reaches the sender as TCP's window closing.
+# Queued toward one peer before we stop reading the other: TCP's window is backpressure.
 HIGH_WATER = 256 * 1024
 # Reads in a row before yielding, so a bulk transfer cannot starve the other connections.
 READS_BEFORE_YIELD = 16
@@ -77,25 +74,25 @@ class Relay:
         self.clock = clock
         self._incoming: deque[Item] = deque()
         self._draining = False
-        # The last effects' wake time, paused sources and end (see Effects).
-        self._wake: float | None = None
+        self._wake: float | None = None  # the last effects' (Effects), as the next two
         self._paused: frozenset[Direction] = frozenset()
         self._ended = False
         self._timer_scope: trio.CancelScope | None = None
         self._timer_started = False
-        self._state_lot = trio.lowlevel.ParkingLot()
-        self._done = trio.Event()
+        self._state_lot = UNPARKED  # reader tasks' own, made by `run` if it needs them
+        self._done: trio.Event | None = None  # what `run` waits for (see _finish)
+        self.finished = False
         self._nursery: trio.Nursery | None = None
         self._writers: set[str] = set()
         self.passthrough = not pipeline.faults  # the empty pipeline's fast path (see above)
         self._hub: ReadHub | None = None
-        # The hub's callbacks of the sides it reads, and of those waiting for EPOLLOUT.
-        self._hub_callbacks: dict[str, _Callback] = {}
+        self._hub_callbacks: dict[str, _Callback] = {}  # reading sides (_hub_writers: EPOLLOUT)
         self._hub_paused: set[str] = set()
         self._hub_writers: dict[str, _Callback] = {}
         self._timer_ticket: int | None = None
         self._timer_due: float | None = None  # with the ticket: its entry on the hub's heap
-        self._failure: Exception | None = None
+        self.failure: Exception | None = None
+        self.on_done: Callable[[], None] | None = None  # see start_on_hub
 
     def destination(self, direction: Direction) -> Side:
         return self.upstream if direction is Direction.UPSTREAM else self.client
@@ -103,52 +100,62 @@ class Relay:
     async def run(self) -> None:
         try:
             try:
-                self._hub = acquire_read_hub()
+                hub: ReadHub | None = acquire_read_hub()
             except OSError:  # no fd for the hub's epoll (EMFILE): tasks read instead
-                self._hub = None
-            if self._hub is None:
+                hub = None
+            done = self._done = trio.Event()
+            if hub is None:
+                self._state_lot = trio.lowlevel.ParkingLot()
+                for side in (self.client, self.upstream):
+                    side.writer_lot = trio.lowlevel.ParkingLot()
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     nursery.start_soon(self._read_loop, self.client)
                     nursery.start_soon(self._read_loop, self.upstream)
                     self._run(self.pipeline.open(self.clock()))
-                    await self._done.wait()
+                    await done.wait()
                     nursery.cancel_scope.cancel()
             else:
-                # The hub reads, writes and wakes the pipeline: this task waits for the end
-                # with no nursery (a nursery's setup and teardown were the largest part of
-                # a connection's); a hub callback's error comes back through `_fail`.
-                for side in (self.client, self.upstream):
-                    self._join_hub(side)
-                self._run(self.pipeline.open(self.clock()))
+                self.start_on_hub(hub)
                 try:
-                    await self._done.wait()
+                    await done.wait()
                 except trio.Cancelled:
-                    # One schedule point first, as a nursery's exit has: the hub reads what
-                    # came with the cancel (an h2 session resets a stream's socket, then
-                    # cancels its relay), so a peer's RST still goes on as an RST.
+                    # One schedule point first, as a nursery's exit has: the hub reads an RST
+                    # that came with the cancel (an h2 session's reset), and passes it on.
                     await trio.lowlevel.cancel_shielded_checkpoint()
                     raise
         finally:
-            if self._timer_ticket is not None and self._hub is not None:
-                self._hub.cancel(self._timer_ticket)
-            for side in (self.client, self.upstream):
-                self._leave_hub(side)
-                self._unwatch_writable(side)
-                side.write_later = None  # it holds this relay: no cycle left for the GC
-                if not side.closed:
-                    side.closed = True
-                    if self._hub is None:  # no trio task waits on a socket the hub reads
-                        trio.lowlevel.notify_closing(side.sock)
-                    side.sock.close()
-            if self._hub is not None:
-                release_read_hub(self._hub)
-        if self._failure is not None:
-            raise self._failure
+            self.close()
+        if self.failure is not None:
+            raise self.failure
+
+    def start_on_hub(self, hub: ReadHub) -> None:
+        """Relay on `hub` (acquired for it; `close` releases it) with no task of its own;
+        `on_done` is called once nothing more can move (or `failure`): then `close`."""
+        self._hub = hub
+        for side in (self.client, self.upstream):
+            self._join_hub(side)
+        self._run(self.pipeline.open(self.clock()))
+
+    def close(self) -> None:
+        """Leave the hub and close both sockets (with an RST where one was armed)."""
+        if self._timer_ticket is not None and self._hub is not None:
+            self._hub.cancel(self._timer_ticket)
+        for side in (self.client, self.upstream):
+            self._leave_hub(side)
+            self._unwatch_writable(side)
+            side.write_later = None  # it holds this relay: no cycle left for the GC
+            if not side.closed:
+                side.closed = True
+                if self._hub is None:  # no trio task waits on a socket the hub reads
+                    trio.lowlevel.notify_closing(side.sock)
+                side.sock.close()
+        if self._hub is not None:
+            release_read_hub(self._hub)
+            self._hub = None
 
     def inject(self, items: list[Item]) -> None:
-        """Send items to the sockets past the pipeline: the proxy's own answer (nginx's
-        504 on a read timeout), which no fault on the path delays or changes."""
+        """Write items past the pipeline: the proxy's own answer (nginx's 504), unfaulted."""
         self._write_items(items)
         self._wake_readers()
         self._check_done()
@@ -157,8 +164,6 @@ class Relay:
         """Idle between messages (graceful shutdown closes it at once, as nginx does)."""
         outbox = self.client.outbox or self.upstream.outbox
         return not outbox and self.pipeline.between_messages()
-
-    # ------------------------------------------------------------ the pipeline
 
     def _feed(self, item: Item) -> None:
         """One item to the pipeline; those that come while we apply (an RST) wait in line."""
@@ -180,8 +185,7 @@ class Relay:
         self._check_done()
 
     def apply(self, effects: Effects) -> None:
-        """Do what a pipeline call asked: write its items, keep its wake time (on the hub's
-        heap or the timer task's scope) and paused sources; an empty path goes pass-through."""
+        """Do what a pipeline call asked: its items, wake time, pauses; an empty path passes."""
         self._write_items(effects.items)
         self._paused = effects.paused
         self._ended = effects.ended
@@ -216,7 +220,7 @@ class Relay:
     def _on_hub_timer(self) -> None:
         self._timer_ticket = None
         self._timer_due = None
-        if not self._done.is_set():
+        if not self.finished:
             try:
                 self._run(self.pipeline.wake(self.clock()))
             except Exception as error:  # a bug must fail this connection, not the hub
@@ -231,15 +235,12 @@ class Relay:
             self._timer_scope = None
             self._run(self.pipeline.wake(self.clock()))
 
-    # ------------------------------------------------------------------ reading
-
     def _reading_paused(self, side: Side) -> bool:
         full = self.destination(side.source).outbox_bytes >= HIGH_WATER
         return full or (not self.passthrough and side.source in self._paused)
 
     def _read_some(self, side: Side) -> int:
-        """Up to READS_BEFORE_YIELD reads: _DRAINED, _OVER, _PAUSED, or _MORE (the hub's
-        level-triggered readiness or the reader task comes back after the others' turn)."""
+        """Up to READS_BEFORE_YIELD reads: _DRAINED, _OVER, _PAUSED, or _MORE (come back)."""
         for _ in range(READS_BEFORE_YIELD):
             if side.read_done or side.closed:
                 return _OVER
@@ -326,12 +327,12 @@ class Relay:
         return callback
 
     def _fail(self, error: Exception) -> None:
-        """An error in a hub callback: `run` raises it, after closing this relay only."""
-        self._failure = error
+        """An error in a hub callback: `run` raises it (or `failure` keeps it) after closing."""
+        self.failure = error
         for each in (self.client, self.upstream):
             self._leave_hub(each)
             self._unwatch_writable(each)
-        self._done.set()
+        self._finish()
 
     def _join_hub(self, side: Side) -> None:
         if side.read_done or side.closed or self._hub is None:
@@ -358,15 +359,12 @@ class Relay:
                     if side.leg in self._hub_callbacks and self._hub is not None:
                         self._hub.resume(side.sock)
 
-    # ------------------------------------------------------------------ writing
-
     def _write_items(self, items: list[Item]) -> None:
         for item in items:
             side = self.destination(item.direction)
             if side.write_done or side.pending_end is not None:
                 if isinstance(item, Reset) and isinstance(side.pending_end, Eof):
-                    # TCP sends an RST after a FIN (the peer that half-closed has now
-                    # gone): it aborts what is still queued behind the FIN, if anything.
+                    # An RST after a FIN (the half-closed peer has gone) aborts what is queued.
                     side.outbox.clear()
                     side.outbox_bytes = 0
                     if not side.closed:
@@ -392,8 +390,7 @@ class Relay:
             self._flush(side)
 
     def _flush(self, side: Side) -> None:
-        """Write what the socket takes now, without blocking; the hub (or the writer task)
-        does the rest when the socket can take more."""
+        """Write what the socket takes now; the hub (or the writer task) does the rest."""
         if not side.send_queued(self.observer, self.clock):
             self._write_failed(side)
             return
@@ -418,7 +415,7 @@ class Relay:
         """`side` can take more bytes (the hub's EPOLLOUT or the writer task's wait), or
         its writes waited for the end of the hub's turn (`_write_soon`)."""
         side.write_pending = False
-        if side.closed or self._done.is_set():
+        if side.closed or self.finished:
             self._unwatch_writable(side)
             return
         self._flush(side)
@@ -472,23 +469,19 @@ class Relay:
             self._feed(Reset(side.source))
         elif side.read_fin:
             side.read_fin = False
-            # The peer half-closed earlier (its FIN went on) and has now gone altogether:
-            # its kernel's RST travels on too, so the other peer stops sending to nobody
-            # (nginx closes the upstream once a write to the client fails).
+            # The peer half-closed earlier and has now gone: its RST travels on too, so the
+            # other stops sending to nobody (nginx closes the upstream once a write fails).
             self._feed(Reset(side.source))
         self._wake_readers()
-
-    # ----------------------------------------------------------------- the end
 
     def _ended_side(self, side: Side, direction: Direction, kind: str) -> None:
         if self.observer is not None:
             self.observer.ended(side.leg, direction, kind, self.clock())
 
     def _check_done(self) -> None:
-        """Done when nothing more can move: both peers stopped sending to us (or a stage
-        ended the connection and both ends it sent are written), the pipeline holds
-        nothing it will release, and every outbox is empty and no write waits."""
-        if self._done.is_set():
+        """Done when nothing more can move: both peers stopped sending (or a stage ended the
+        connection and both its ends are written), no wake is due and no write waits."""
+        if self.finished:
             return
         client, upstream = self.client, self.upstream
         if not (client.read_done and upstream.read_done) and not (
@@ -497,4 +490,11 @@ class Relay:
             return
         pending = client.outbox or upstream.outbox or client.write_pending or upstream.write_pending
         if self._wake is None and not pending:
+            self._finish()
+
+    def _finish(self) -> None:
+        self.finished = True
+        if self._done is not None:
             self._done.set()
+        if self.on_done is not None:
+            self.on_done()

@@ -73,6 +73,9 @@ from middlebox.observe.metrics import ServerCounters
 from middlebox.observe.observer import RelayObserver
 from middlebox.scenario.model import ProxyOptions, Scenario, TlsOptions
 from middlebox.shell.h2_streams import H2Session, serve_h2
+from middlebox.shell.hub import acquire_read_hub
+from middlebox.shell.hub_connection import HubConnection
+from middlebox.shell.live import LiveConnection
 from middlebox.shell.relay import Relay
 from middlebox.shell.sides import apply_buffer_sizes, arm_reset
 from middlebox.shell.tls import (
@@ -124,8 +127,12 @@ class Address:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+# A numeric upstream's family and socket address, as `connect` takes them.
+Dialled = tuple[socket.AddressFamily, tuple[str, int] | tuple[str, int, int, int]]
+
+
 @functools.lru_cache(maxsize=64)
-def numeric_sockaddr(address: Address) -> tuple[socket.AddressFamily, tuple[Any, ...]] | None:
+def numeric_sockaddr(address: Address) -> Dialled | None:
     """The family and socket address of a numeric host (an IPv4 or IPv6 literal without a
     scope), which needs no resolver call; None for a name. Kept per address: parsing the
     literal (`ipaddress`) cost about 3% of a connection, and a proxy dials one upstream."""
@@ -221,35 +228,6 @@ class ProxyStages(Protocol):
 @runtime_checkable
 class _Stage(ProxyStage, Protocol):
     """`ProxyStage`, checkable at run time: which faults of a pipeline are the proxy's own."""
-
-
-@dataclass(eq=False)
-class LiveConnection:
-    """What shutdown needs to reset one connection: its sockets and its cancel scope."""
-
-    scope: trio.CancelScope
-    sockets: list[socket.socket]
-    relay: Relay | None = None  # once relaying: graceful shutdown asks it if it is idle
-    closing: bool = False
-
-    def close_if_idle(self) -> bool:
-        """A FIN both ways at once when the connection is between messages (nginx's
-        graceful shutdown, `ngx_close_idle_connections`); True when it closed it."""
-        if self.closing or self.relay is None or not self.relay.between_messages():
-            return False
-        self.closing = True
-        for sock in self.sockets:
-            try:
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass  # the peer is gone already
-        self.scope.cancel()  # the relay closes both sockets: nothing is unread, so a FIN
-        return True
-
-    def reset(self) -> None:
-        for sock in self.sockets:
-            arm_reset(sock)
-        self.scope.cancel()
 
 
 @dataclass(frozen=True)
@@ -383,44 +361,92 @@ class ProxyServer(ServerCounters):
         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Accept until `stop_accepting()`, then return once every connection has ended."""
-        async with trio.open_nursery() as nursery:
-            with trio.CancelScope() as accept_scope:
-                self._accept_scope = accept_scope
-                self._listener = listener
-                task_status.started(listener.getsockname()[1])
-                # socket.py's `accept` turns the listener's family and type into enums
-                # (two Enum calls a connection); the C accept and the family taken once
-                # make the same socket.
-                family = listener.family
-                while True:
-                    try:
-                        fd, _ = listener._accept()  # type: ignore[attr-defined]
-                        client = socket.socket(family, socket.SOCK_STREAM, 0, fd)
-                    except BlockingIOError:
-                        await trio.lowlevel.wait_readable(listener)
-                        continue
-                    except OSError as error:  # EMFILE and friends: keep serving the others
-                        # nginx disables accepting for accept_mutex_delay (500 ms) on
-                        # EMFILE/ENFILE; the connection waits in the backlog meanwhile and
-                        # the log gets one line per pause, not one per retry.
-                        self.accept_errors += 1
-                        log.warning("accept failed: %s; pausing accepts", error)
-                        await trio.sleep(ACCEPT_ERROR_PAUSE)
-                        continue
-                    limit = self.connection_limit()
-                    if limit is not None and self.active >= limit:
-                        # Over the limit: close at once, as nginx does when its
-                        # worker_connections run out; the count says how many.
-                        self.connections_refused += 1
-                        client.close()
-                        continue
-                    self.connections_accepted += 1
-                    self.active += 1  # counted here, so a flood cannot outrun the limit
-                    tls = self.config.tls or self.scenario.proxy.tls
-                    if tls is None:
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._accept(listener, nursery, task_status)
+                await self.wait_idle()  # the hub's connections (tasks end with the nursery)
+        finally:
+            for live in list(self.live):
+                if live.on_hub:
+                    live.stop()  # cancelled: as a handler task's relay, its sockets close
+
+    async def _accept(
+        self, listener: socket.socket, nursery: trio.Nursery, task_status: trio.TaskStatus[int]
+    ) -> None:
+        dial_on_hub = self._dials_on_hub()
+        with trio.CancelScope() as accept_scope:
+            self._accept_scope = accept_scope
+            self._listener = listener
+            task_status.started(listener.getsockname()[1])
+            # socket.py's `accept` turns the listener's family and type into enums
+            # (two Enum calls a connection); the C accept and the family taken once
+            # make the same socket.
+            family = listener.family
+            while True:
+                try:
+                    fd, _ = listener._accept()  # type: ignore[attr-defined]
+                    client = socket.socket(family, socket.SOCK_STREAM, 0, fd)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(listener)
+                    continue
+                except OSError as error:  # EMFILE and friends: keep serving the others
+                    # nginx disables accepting for accept_mutex_delay (500 ms) on
+                    # EMFILE/ENFILE; the connection waits in the backlog meanwhile and
+                    # the log gets one line per pause, not one per retry.
+                    self.accept_errors += 1
+                    log.warning("accept failed: %s; pausing accepts", error)
+                    await trio.sleep(ACCEPT_ERROR_PAUSE)
+                    continue
+                limit = self.connection_limit()
+                if limit is not None and self.active >= limit:
+                    # Over the limit: close at once, as nginx does when its
+                    # worker_connections run out; the count says how many.
+                    self.connections_refused += 1
+                    client.close()
+                    continue
+                self.connections_accepted += 1
+                self.active += 1  # counted here, so a flood cannot outrun the limit
+                tls = self.config.tls or self.scenario.proxy.tls
+                if tls is None:
+                    if dial_on_hub is None or not self._serve_on_hub(
+                        client, self.connections_accepted, dial_on_hub, nursery
+                    ):
                         nursery.start_soon(self.handle, client, self.connections_accepted)
-                    else:
-                        nursery.start_soon(self.handle_tls, client, self.connections_accepted, tls)
+                else:
+                    nursery.start_soon(self.handle_tls, client, self.connections_accepted, tls)
+
+    def _dials_on_hub(self) -> Dialled | None:
+        """The upstream's address when plain connections can be served on the read hub with
+        no task (shell/hub_connection.py): a plain numeric upstream, and a server class
+        that does not handle connections its own way (a worker's numbering, the control
+        API's scenario header); None where a task handles each one."""
+        own = type(self).handle is not ProxyServer.handle
+        own = own or type(self)._handle is not ProxyServer._handle
+        if own or self.upstream.tls:
+            return None
+        return numeric_sockaddr(self.upstream)
+
+    def _serve_on_hub(
+        self,
+        client: socket.socket,
+        connection_id: int,
+        address: Dialled,
+        refusals: trio.Nursery,
+    ) -> bool:
+        try:
+            hub = acquire_read_hub()
+        except OSError:  # no fd for the hub's epoll (EMFILE): a task, whose relay reads
+            return False
+        live = LiveConnection(lambda: None, [client], on_hub=True)
+        connection = HubConnection(self, client, connection_id, self.scenario, hub, refusals, live)
+        live.stop = connection.stop
+        self.live.add(live)
+        try:
+            connection.dial(*address)
+        except Exception:  # as the handler task's: this connection fails, the server serves
+            log.exception("connection %d failed", connection_id)
+            connection.stop()
+        return True
 
     def stop_accepting(self) -> None:
         """Close the listener: new connections are refused by the kernel from now on, and
@@ -469,10 +495,11 @@ class ProxyServer(ServerCounters):
 
     async def handle(self, client: socket.socket, connection_id: int) -> None:
         scenario = self.scenario
-        live = LiveConnection(trio.CancelScope(), [client])
+        scope = trio.CancelScope()
+        live = LiveConnection(scope.cancel, [client])
         self.live.add(live)
         try:
-            with live.scope:
+            with scope:
                 if self.upstream.tls:  # the splice to the upstream's TLS runs beside the relay
                     async with trio.open_nursery() as helpers:
                         await self._handle(client, connection_id, scenario, live, helpers)
@@ -481,9 +508,7 @@ class ProxyServer(ServerCounters):
         except Exception:
             log.exception("connection %d failed", connection_id)
         finally:
-            self.live.discard(live)
-            self.active -= 1
-            self._idle.unpark_all()
+            self.connection_closed(live)
             if client.fileno() != -1:  # the relay closes it; a refusal leaves it open
                 trio.lowlevel.notify_closing(client)
                 client.close()
@@ -511,29 +536,52 @@ class ProxyServer(ServerCounters):
             if dialling.cancelled_caught:
                 raise trio.TooSlowError  # nginx's proxy_connect_timeout ran out
         except (OSError, trio.TooSlowError, trio.BrokenResourceError) as error:
-            self.connections_failed += 1
-            log.info(
-                "connection %d: upstream %s unreachable: %s", connection_id, self.upstream, error
-            )
+            self.upstream_unreachable(connection_id, error)
             await self.refuse(client, scenario, connection_id)
             return
+        try:
+            relay = self.new_relay(client, upstream, connection_id, scenario, live)
+            await relay.run()
+        finally:
+            if helpers is not None and upstream.fileno() != -1:
+                upstream.close()  # the relay never ran: end the splice behind it too
+            self.relay_ended(connection_id)
+
+    def new_relay(
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        connection_id: int,
+        scenario: Scenario,
+        live: LiveConnection,
+    ) -> Relay:
+        """The relay of a dialled connection, its pipeline and observer made (`relay_ended`
+        lets go of them, whether or not this returned)."""
         live.sockets.append(upstream)
         observer = self.observer_factory(connection_id, scenario) if self.observer_factory else None
         if observer is not None:
             self._observers[connection_id] = observer
-        try:
-            pipeline = self.make_pipeline(scenario, connection_id)
-            pipeline.set_client_mss(client_mss(client))
-            apply_buffer_sizes(client, upstream, pipeline.socket_buffers())
-            stages = proxy_stages(pipeline.faults)
-            live.relay = Relay(client, upstream, pipeline, observer=observer, stages=stages)
-            await live.relay.run()
-        finally:
-            if helpers is not None and upstream.fileno() != -1:
-                upstream.close()  # the relay never ran: end the splice behind it too
-            self._observers.pop(connection_id, None)
-            if self.connection_ended is not None and observer is not None:
-                self.connection_ended(connection_id)
+        pipeline = self.make_pipeline(scenario, connection_id)
+        pipeline.set_client_mss(client_mss(client))
+        apply_buffer_sizes(client, upstream, pipeline.socket_buffers())
+        stages = proxy_stages(pipeline.faults)
+        live.relay = Relay(client, upstream, pipeline, observer=observer, stages=stages)
+        return live.relay
+
+    def relay_ended(self, connection_id: int) -> None:
+        observer = self._observers.pop(connection_id, None)
+        if self.connection_ended is not None and observer is not None:
+            self.connection_ended(connection_id)
+
+    def upstream_unreachable(self, connection_id: int, error: BaseException) -> None:
+        self.connections_failed += 1
+        log.info("connection %d: upstream %s unreachable: %s", connection_id, self.upstream, error)
+
+    def connection_closed(self, live: LiveConnection) -> None:
+        """A connection's end, counted (graceful shutdown waits for `active` to reach 0)."""
+        self.live.discard(live)
+        self.active -= 1
+        self._idle.unpark_all()
 
     async def handle_tls(self, client: socket.socket, connection_id: int, tls: TlsOptions) -> None:
         """A TLS client: the handshake (bounded like nginx's, by the header timeout), then
@@ -554,10 +602,11 @@ class ProxyServer(ServerCounters):
             if negotiated(stream) == "h2":
                 # Its streams are live connections of their own; this one is what a
                 # shutdown resets (and with it every stream still open).
-                live = LiveConnection(trio.CancelScope(), [client])
+                scope = trio.CancelScope()
+                live = LiveConnection(scope.cancel, [client])
                 self.live.add(live)
                 try:
-                    with live.scope:
+                    with scope:
                         # Only its HTTP/2 faults, bound alone: no framing is made (and left
                         # pending in the journal) for a connection that relays no bytes itself.
                         h2_faults = [

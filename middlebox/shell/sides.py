@@ -16,6 +16,10 @@ from middlebox.core.stream import Direction, Eof, Reset
 from middlebox.observe.observer import RelayObserver
 
 _LINGER_ABORT = struct.pack("ii", 1, 0)
+# On the read hub no task parks: its relays' sides (and the relays) share this lot, which
+# nobody parks on, rather than making a ParkingLot each per connection; a relay that falls
+# back to tasks (no fd for the hub's epoll) gives each its own (`Relay.run`).
+UNPARKED = trio.lowlevel.ParkingLot()
 
 
 @dataclass(eq=False)
@@ -36,7 +40,7 @@ class Side:
     # callback for that, made on first use.
     write_pending: bool = False
     write_later: Callable[[], None] | None = None
-    writer_lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+    writer_lot: trio.lowlevel.ParkingLot = UNPARKED
 
     def send_queued(self, observer: RelayObserver | None, clock: Callable[[], float]) -> bool:
         """Send what the socket takes now of the outbox, without blocking (the observer

@@ -1,0 +1,214 @@
+"""A plain connection served by the read hub from accept to close, with no task of its own.
+
+A connection's handler task (trio's spawn, its cancel scopes, the dial's wait on trio's
+epoll, the wake-up when the relay is done, the teardown) was the largest part of what
+setting a connection up cost the proxy under `loadc connect` after the relay itself moved
+onto the hub (shell/hub.py). Here the accept loop hands a client to a `HubConnection`,
+which dials the upstream without blocking and waits for the connect on the hub's epoll
+(nginx's `ngx_event_connect_peer`: a non-blocking connect, then the write event), bounds
+it with a timer on the hub's heap (`proxy_connect_timeout`), then starts the relay on the
+hub (`Relay.start_on_hub`) and closes it when the relay says it is done. The steps are
+the handler task's (`ProxyServer.handle`), in the same order, with the same counts, logs
+and journal; only a refusal (an unreachable upstream: nginx's 502) runs as a task, as it
+waits on the client.
+
+The server chooses this only for what it covers: a plain client, a plain numeric upstream
+(a name needs the resolver, which waits), a server class that does not handle connections
+its own way, and an fd for the hub's epoll.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from typing import Protocol
+
+import trio
+
+from middlebox.scenario.model import Scenario
+from middlebox.shell.hub import ReadHub, release_read_hub
+from middlebox.shell.live import LiveConnection
+from middlebox.shell.relay import Relay
+
+log = logging.getLogger("middlebox.proxy")
+
+
+class ConnectionHost(Protocol):
+    """What a hub-served connection needs of its server (`ProxyServer`): the handler
+    task's steps, shared with it."""
+
+    def new_relay(
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        connection_id: int,
+        scenario: Scenario,
+        live: LiveConnection,
+    ) -> Relay: ...
+
+    def relay_ended(self, connection_id: int) -> None: ...
+
+    def upstream_unreachable(self, connection_id: int, error: BaseException) -> None: ...
+
+    def connection_closed(self, live: LiveConnection) -> None: ...
+
+    async def refuse(
+        self, client: socket.socket, scenario: Scenario, connection_id: int
+    ) -> None: ...
+
+
+class HubConnection:
+    """One connection: dialling, then relaying (or refusing), then closed."""
+
+    def __init__(
+        self,
+        server: ConnectionHost,
+        client: socket.socket,
+        connection_id: int,
+        scenario: Scenario,
+        hub: ReadHub,
+        refusals: trio.Nursery,
+        live: LiveConnection,
+    ) -> None:
+        self.server = server
+        self.client = client
+        self.connection_id = connection_id
+        self.scenario = scenario
+        self.hub = hub
+        self.refusals = refusals
+        self.live = live
+        self.upstream: socket.socket | None = None
+        self.relay: Relay | None = None
+        self.closed = False
+        # The hub was acquired for this connection: the relay releases it on close, or,
+        # where there is none, `_let_go`.
+        self._holding_hub = True
+        self._relaying = False  # the server made (or tried to make) its relay
+        self._connect_ticket: int | None = None
+        self._on_connected = self._connected  # one bound method: the hub compares callbacks
+        self._refusal: trio.CancelScope | None = None
+
+    def dial(
+        self, family: socket.AddressFamily, sockaddr: tuple[str, int] | tuple[str, int, int, int]
+    ) -> None:
+        """Connect to the upstream without blocking; the relay starts once it is connected."""
+        client = self.client
+        client.setblocking(False)
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            upstream = self.upstream = socket.socket(family, socket.SOCK_STREAM)
+            upstream.setblocking(False)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            upstream.connect(sockaddr)
+        except BlockingIOError:
+            # A loopback connect too comes back EINPROGRESS: the hub watches for the
+            # write event, and its heap bounds the wait (nginx's proxy_connect_timeout).
+            self.hub.watch_writable(upstream, self._on_connected)
+            due = trio.current_time() + self.scenario.proxy.connect_timeout
+            self._connect_ticket = self.hub.schedule(due, self._connect_timed_out)
+            return
+        except OSError as error:
+            self._unreachable(error)
+            return
+        self._start_relay()
+
+    def _connected(self) -> None:
+        upstream = self.upstream
+        assert upstream is not None
+        self._stop_dialling()
+        code = upstream.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
+            self._unreachable(OSError(code, errno.errorcode.get(code, "connect failed")))
+        else:
+            self._start_relay()
+
+    def _connect_timed_out(self) -> None:
+        self._connect_ticket = None
+        self._stop_dialling()
+        self._unreachable(trio.TooSlowError())
+
+    def _stop_dialling(self) -> None:
+        if self.upstream is not None:
+            self.hub.unwatch_writable(self.upstream, self._on_connected)
+        if self._connect_ticket is not None:
+            self.hub.cancel(self._connect_ticket)
+            self._connect_ticket = None
+
+    def _unreachable(self, error: BaseException) -> None:
+        """nginx's answer for an upstream it cannot reach, from a task: it waits on the
+        client (`ProxyServer.refuse`)."""
+        self.server.upstream_unreachable(self.connection_id, error)
+        self._close_upstream()
+        self._let_go()
+        self.refusals.start_soon(self._refuse)
+
+    async def _refuse(self) -> None:
+        try:
+            with trio.CancelScope() as self._refusal:
+                if not self.closed:
+                    await self.server.refuse(self.client, self.scenario, self.connection_id)
+        except Exception:
+            log.exception("connection %d failed", self.connection_id)
+        finally:
+            self._refusal = None
+            self._closed()
+
+    def _start_relay(self) -> None:
+        assert self.upstream is not None
+        self._relaying = True
+        try:
+            relay = self.server.new_relay(
+                self.client, self.upstream, self.connection_id, self.scenario, self.live
+            )
+            relay.on_done = self._relay_done
+            self.relay = relay
+            relay.start_on_hub(self.hub)
+        except Exception:
+            log.exception("connection %d failed", self.connection_id)
+            self.stop()
+
+    def _relay_done(self) -> None:
+        # Called from inside the relay's own callback: the close waits for the hub's next
+        # turn, as the handler task's close waited for its wake-up.
+        self.hub.schedule(trio.current_time(), self.stop)
+
+    def stop(self) -> None:
+        """Close now, whatever it is doing: the relay's end, or shutdown's idle close or
+        reset (`LiveConnection.stop`); a refusal under way is cancelled and closes."""
+        if self.closed:
+            return
+        if self._refusal is not None:
+            self._refusal.cancel()  # its task closes the connection
+            return
+        relay = self.relay
+        if relay is not None:
+            relay.close()  # both sockets, and the hub it holds
+            self._holding_hub = False
+            if relay.failure is not None:
+                log.error("connection %d failed", self.connection_id, exc_info=relay.failure)
+        else:
+            self._stop_dialling()
+            self._close_upstream()
+            self._let_go()
+        if self._relaying:
+            self.server.relay_ended(self.connection_id)
+        self._closed()
+
+    def _close_upstream(self) -> None:
+        if self.upstream is not None and self.upstream.fileno() != -1:
+            self.upstream.close()
+
+    def _let_go(self) -> None:
+        if self._holding_hub and self.relay is None:
+            self._holding_hub = False
+            release_read_hub(self.hub)
+
+    def _closed(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.client.fileno() != -1:
+            trio.lowlevel.notify_closing(self.client)  # a refusal's task may have waited on it
+            self.client.close()
+        self.server.connection_closed(self.live)

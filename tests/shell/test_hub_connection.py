@@ -1,0 +1,220 @@
+"""Plain connections to a numeric upstream are served on the read hub with no task each
+(shell/hub_connection.py), and what a client and the upstream see is what the handler
+task gave them: the same bytes, ends, refusals, counts and closes. A server class that
+handles connections its own way keeps a task per connection."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from middlebox.compose import PROXY_STAGES
+from middlebox.core.fault import Fault
+from middlebox.core.stream import Item
+from middlebox.scenario.model import FaultSpec, Scenario
+from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
+from tests.harness import read_all
+from tests.shell.test_relay_fast_path import open_fds
+
+HEAD = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+
+
+class TaskedServer(ProxyServer):
+    """Handles each connection its own way (as the control API's server does): a task each."""
+
+    async def _handle(self, *args: object, **kwargs: object) -> None:
+        await super()._handle(*args, **kwargs)
+
+
+def handler_tasks() -> int:
+    """Tasks in this run running a connection's handler (`ProxyServer.handle`)."""
+    count = 0
+    todo = [trio.lowlevel.current_root_task()]
+    while todo:
+        task = todo.pop()
+        count += task.name.endswith(".handle")
+        for nursery in task.child_nurseries:
+            todo.extend(nursery.child_tasks)
+    return count
+
+
+async def answer_once(stream: trio.SocketStream) -> None:
+    await stream.receive_some(65536)
+    with contextlib.suppress(trio.BrokenResourceError):
+        await stream.send_all(ANSWER)
+        while await stream.receive_some(65536):  # kept alive until the client leaves
+            pass
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    kind: type[ProxyServer], upstream_port: int, scenario: Scenario | None = None
+) -> AsyncIterator[tuple[ProxyServer, int]]:
+    async with trio.open_nursery() as nursery:
+        config = ProxyConfig(
+            Address("127.0.0.1", upstream_port), scenario or Scenario(name="t"), stages=PROXY_STAGES
+        )
+        server = kind(config)
+        listener = listen(Address("127.0.0.1", 0))
+        port = await nursery.start(server.serve, listener)
+        try:
+            yield server, port
+        finally:
+            nursery.cancel_scope.cancel()
+            listener.close()
+
+
+@pytest.mark.parametrize("kind", [ProxyServer, TaskedServer])
+async def test_plain_connections_are_served_on_the_hub_and_answer_as_a_task_did(
+    kind: type[ProxyServer],
+) -> None:
+    with trio.fail_after(10):
+        async with trio.open_nursery() as outer:
+            listeners = await outer.start(trio.serve_tcp, answer_once, 0)
+            upstream_port = listeners[0].socket.getsockname()[1]
+            async with serving(kind, upstream_port) as (server, port):
+                clients = []
+                for _ in range(3):
+                    client = await trio.open_tcp_stream("127.0.0.1", port)
+                    await client.send_all(HEAD)
+                    received = b""
+                    while len(received) < len(ANSWER):
+                        received += await client.receive_some(65536)
+                    assert received == ANSWER
+                    clients.append(client)
+                on_hub = [live.on_hub for live in server.live]
+                tasks = handler_tasks()
+                for client in clients:
+                    await client.aclose()
+                while server.active:
+                    await trio.sleep(0.01)
+                assert not server.live
+            outer.cancel_scope.cancel()
+    if kind is ProxyServer:
+        assert (on_hub, tasks) == ([True] * 3, 0)
+    else:
+        assert (on_hub, tasks) == ([False] * 3, 3)
+    assert server.connections_accepted == 3
+
+
+def closed_port() -> int:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    return int(port)
+
+
+@pytest.mark.parametrize("kind", [ProxyServer, TaskedServer])
+async def test_an_unreachable_upstream_gets_nginx_s_502_on_the_hub_as_from_a_task(
+    kind: type[ProxyServer],
+) -> None:
+    with trio.fail_after(10):
+        async with serving(kind, closed_port()) as (server, port):
+            client = await trio.open_tcp_stream("127.0.0.1", port)
+            await client.send_all(HEAD)
+            received, end = await read_all(client)
+            while server.active:
+                await trio.sleep(0.01)
+    assert received.startswith(b"HTTP/1.1 502 Bad Gateway\r\n") and end == "fin"
+    assert (server.connections_failed, server.active, len(server.live)) == (1, 0, 0)
+
+
+async def test_a_connect_past_connect_timeout_is_refused_from_the_hub_s_timer(
+    autojump_clock: MockClock,
+) -> None:
+    from tests.reliability.support import blackhole
+
+    listener, fillers = blackhole()
+    scenario = replace(
+        Scenario(name="t"), proxy=replace(Scenario(name="t").proxy, connect_timeout=0.3)
+    )
+    try:
+        async with serving(ProxyServer, listener.getsockname()[1], scenario) as (server, port):
+            with trio.fail_after(5):
+                client = await trio.open_tcp_stream("127.0.0.1", port)
+                await client.send_all(HEAD)
+                started = trio.current_time()
+                assert [live.on_hub for live in server.live] == [True]
+                received, end = await read_all(client)
+                waited = trio.current_time() - started
+    finally:
+        for sock in [listener, *fillers]:
+            sock.close()
+    assert received.startswith(b"HTTP/1.1 502 Bad Gateway\r\n") and end == "fin"
+    assert waited == pytest.approx(0.3)
+    assert server.connections_failed == 1
+
+
+async def test_cancelling_serve_closes_the_hub_s_connections_and_every_fd() -> None:
+    baseline = open_fds()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as outer:
+            listeners = await outer.start(trio.serve_tcp, answer_once, 0)
+            upstream_port = listeners[0].socket.getsockname()[1]
+            async with serving(ProxyServer, upstream_port) as (server, port):
+                client = await trio.open_tcp_stream("127.0.0.1", port)
+                await client.send_all(HEAD)
+                await client.receive_some(65536)
+                assert [live.on_hub for live in server.live] == [True]
+            # serve was cancelled with the connection live: its sockets closed with it
+            assert (server.active, len(server.live)) == (0, 0)
+            received, end = await read_all(client)
+            await client.aclose()
+            outer.cancel_scope.cancel()
+    assert (received, end) == (b"", "fin")
+    assert open_fds() == baseline
+
+
+@dataclass
+class Explodes(Fault):
+    name: ClassVar[str] = "explodes"
+
+    def on_item(self, item: Item, now: float) -> list[Item]:
+        raise RuntimeError("a buggy fault")
+
+
+async def test_a_relay_s_error_on_the_hub_is_logged_and_closes_that_connection_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    builds = iter([[Explodes()], []])
+    scenario = Scenario(name="flaky", path=(FaultSpec(Explodes, {}),))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as outer:
+            listeners = await outer.start(trio.serve_tcp, answer_once, 0)
+            upstream_port = listeners[0].socket.getsockname()[1]
+            async with trio.open_nursery() as nursery:
+                config = ProxyConfig(
+                    Address("127.0.0.1", upstream_port),
+                    scenario,
+                    stages=PROXY_STAGES,
+                    build_faults=lambda _scenario: next(builds),
+                )
+                server = ProxyServer(config)
+                listener = listen(Address("127.0.0.1", 0))
+                port = await nursery.start(server.serve, listener)
+                with caplog.at_level(logging.ERROR, logger="middlebox.proxy"):
+                    broken = await trio.open_tcp_stream("127.0.0.1", port)
+                    await broken.send_all(HEAD)
+                    await read_all(broken)
+                    healthy = await trio.open_tcp_stream("127.0.0.1", port)
+                    await healthy.send_all(HEAD)
+                    received = b""
+                    while len(received) < len(ANSWER):
+                        received += await healthy.receive_some(65536)
+                nursery.cancel_scope.cancel()
+                listener.close()
+            outer.cancel_scope.cancel()
+    assert received == ANSWER
+    failures = [r for r in caplog.records if r.getMessage() == "connection 1 failed"]
+    assert len(failures) == 1 and failures[0].exc_info is not None
+    assert "a buggy fault" in str(failures[0].exc_info[1])
