@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+from collections.abc import Callable
 from typing import Protocol
 
 import trio
@@ -58,6 +59,10 @@ class ConnectionHost(Protocol):
     ) -> None: ...
 
 
+def _closed_already() -> None:
+    """A closed connection's `LiveConnection.stop`: nothing left to stop."""
+
+
 class HubConnection:
     """One connection: dialling, then relaying (or refusing), then closed."""
 
@@ -86,7 +91,8 @@ class HubConnection:
         self._holding_hub = True
         self._relaying = False  # the server made (or tried to make) its relay
         self._connect_ticket: int | None = None
-        self._on_connected = self._connected  # one bound method: the hub compares callbacks
+        # The dial's one bound method (the hub compares callbacks), let go of in `_closed`.
+        self._on_connected: Callable[[], None] | None = None
         self._refusal: trio.CancelScope | None = None
 
     def dial(
@@ -104,6 +110,7 @@ class HubConnection:
         except BlockingIOError:
             # A loopback connect too comes back EINPROGRESS: the hub watches for the
             # write event, and its heap bounds the wait (nginx's proxy_connect_timeout).
+            self._on_connected = self._connected
             self.hub.watch_writable(upstream, self._on_connected)
             due = trio.current_time() + self.scenario.proxy.connect_timeout
             self._connect_ticket = self.hub.schedule(due, self._connect_timed_out)
@@ -129,7 +136,7 @@ class HubConnection:
         self._unreachable(trio.TooSlowError())
 
     def _stop_dialling(self) -> None:
-        if self.upstream is not None:
+        if self.upstream is not None and self._on_connected is not None:
             self.hub.unwatch_writable(self.upstream, self._on_connected)
         if self._connect_ticket is not None:
             self.hub.cancel(self._connect_ticket)
@@ -208,6 +215,13 @@ class HubConnection:
         if self.closed:
             return
         self.closed = True
+        # What refers back to this connection (its relay's callback, its live entry's
+        # stop, its dial's bound method) lets go of it: its objects are freed when the
+        # last reference goes, not by the cyclic collector (thousands a second).
+        self._on_connected = None
+        self.live.stop = _closed_already
+        if self.relay is not None:
+            self.relay.on_done = None
         if self.client.fileno() != -1:
             trio.lowlevel.notify_closing(self.client)  # a refusal's task may have waited on it
             self.client.close()
