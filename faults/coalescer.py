@@ -56,6 +56,9 @@ class Coalescer(Shaped, Fault):
         check_positive("size", self.size)
         check_choice("segment", self.segment, Segment)
 
+    def reads_client_mss(self) -> bool:
+        return self.segment == "auto"
+
     @property
     def _segment(self) -> int:
         """The bytes that make a full segment: `size`, or the link's MSS (`auto`)."""

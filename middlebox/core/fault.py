@@ -328,6 +328,11 @@ class Fault:
         only when some fault or the journal reads them)."""
         return False
 
+    def reads_client_mss(self) -> bool:
+        """True when this fault reads `context.client_mss`: the shell asks the accepted
+        socket for it (a `getsockopt`) only for a path with such a fault."""
+        return False
+
     def changes(self) -> frozenset[Direction]:
         """The directions in which this fault may emit bytes it did not receive in that
         order (rewrite, inject, drop mid-stream). Faults past it read a new stream."""
@@ -710,6 +715,12 @@ class Pipeline(Fault):
         held = any(f.deadline() is not None for f in self._timed if id(f) not in stages)
         return not held and framing.between_messages()
 
+    def reads_client_mss(self) -> bool:
+        layout = self.layout
+        if layout is not None:
+            return layout.reads_client_mss
+        return any(fault.reads_client_mss() for fault in self._faults)
+
     def set_client_mss(self, mss: int | None) -> None:
         """The shell's fact about the client link (`FaultContext.client_mss`), once the
         accepted socket is known, for every fault bound to this connection."""
@@ -817,6 +828,7 @@ class PipelineLayout:
     kinds: tuple[type[Fault], ...]
     framing: FramingLayout | None
     shared_in_process: tuple[bool, ...]
+    reads_client_mss: bool = False
 
     @classmethod
     def of(cls, faults: Sequence[Fault]) -> PipelineLayout:
@@ -835,6 +847,7 @@ class PipelineLayout:
             tuple(type(fault) for fault in faults),
             framing,
             tuple(fault.shared_in_process for fault in faults),
+            any(fault.reads_client_mss() for fault in faults),
         )
 
     def fits(self, faults: Sequence[Fault]) -> bool:

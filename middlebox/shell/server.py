@@ -562,7 +562,8 @@ class ProxyServer(ServerCounters):
         if observer is not None:
             self._observers[connection_id] = observer
         pipeline = self.make_pipeline(scenario, connection_id)
-        pipeline.set_client_mss(client_mss(client))
+        if pipeline.reads_client_mss():
+            pipeline.set_client_mss(client_mss(client))
         apply_buffer_sizes(client, upstream, pipeline.socket_buffers())
         stages = proxy_stages(pipeline.faults)
         live.relay = Relay(client, upstream, pipeline, observer=observer, stages=stages)

@@ -254,3 +254,56 @@ async def test_a_closed_hub_connection_is_freed_without_the_cyclic_collector() -
         gc.enable()
         release_read_hub(hub)
     assert received == ANSWER
+
+
+@pytest.mark.parametrize("segment", ["auto", "size"])
+async def test_the_client_link_s_mss_is_asked_only_for_a_path_that_reads_it(
+    segment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from faults.coalescer import Coalescer
+    from middlebox.shell import server as server_module
+
+    asked: list[int | None] = []
+    original = server_module.client_mss
+
+    def counted(client: socket.socket) -> int | None:
+        asked.append(original(client))
+        return asked[-1]
+
+    monkeypatch.setattr(server_module, "client_mss", counted)
+    built: list[Coalescer] = []
+
+    def build(_scenario: Scenario) -> list[Fault]:
+        built.append(Coalescer(window=0.001, size=1000, segment=segment))
+        return list(built[-1:])
+
+    scenario = Scenario(name="mss", path=(FaultSpec(Coalescer, {"segment": segment}),))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as outer:
+            listeners = await outer.start(trio.serve_tcp, answer_once, 0)
+            upstream_port = listeners[0].socket.getsockname()[1]
+            async with trio.open_nursery() as nursery:
+                config = ProxyConfig(
+                    Address("127.0.0.1", upstream_port),
+                    scenario,
+                    stages=PROXY_STAGES,
+                    build_faults=build,
+                )
+                server = ProxyServer(config)
+                listener = listen(Address("127.0.0.1", 0))
+                port = await nursery.start(server.serve, listener)
+                client = await trio.open_tcp_stream("127.0.0.1", port)
+                await client.send_all(HEAD)
+                received = b""
+                while len(received) < len(ANSWER):
+                    received += await client.receive_some(65536)
+                nursery.cancel_scope.cancel()
+                listener.close()
+            outer.cancel_scope.cancel()
+    assert received == ANSWER
+    (fault,) = built
+    if segment == "auto":
+        assert len(asked) == 1 and asked[0] is not None  # the loopback MSS, 65483 on Linux
+        assert fault.context.client_mss == asked[0] and fault._segment == asked[0]
+    else:
+        assert asked == [] and fault.context.client_mss is None
