@@ -715,6 +715,16 @@ class Pipeline(Fault):
         held = any(f.deadline() is not None for f in self._timed if id(f) not in stages)
         return not held and framing.between_messages()
 
+    def release(self) -> None:
+        """The connection is over (the shell closed it): let go of what ties its faults
+        and framed streams into cycles (each fault's body pass refers back to it, each
+        reader to its stream), so all of it is freed by reference counting with the
+        relay, not by the cyclic collector. Nothing is called on it after this."""
+        for fault in self._faults:
+            fault.body_aside = None
+        if self.framing is not None:
+            self.framing.release()
+
     def reads_client_mss(self) -> bool:
         layout = self.layout
         if layout is not None:

@@ -797,6 +797,16 @@ class PathFraming:
         self.publishes = layout.publishes
         self.streams = [(ups if direction is up else downs)[n] for direction, n in layout.streams]
 
+    def release(self) -> None:
+        """The connection is over: each stream lets go of its readers, which refer back to
+        it (a cycle per place), and of its pair in the other direction (a request stream
+        and its responses' refer to each other), so the streams go with their last
+        reference."""
+        for stream in self.streams:
+            stream._readers.clear()
+            stream.responses_to.clear()
+            stream.tunnels.clear()
+
     def want_sse(self) -> None:
         """Someone (the journal) reads SSE events too: frame them (before any byte)."""
         for stream in self.streams:

@@ -191,6 +191,7 @@ class HubConnection:
         relay = self.relay
         if relay is not None:
             relay.close()  # both sockets, and the hub it holds
+            relay.pipeline.release()
             self._holding_hub = False
             if relay.failure is not None:
                 log.error("connection %d failed", self.connection_id, exc_info=relay.failure)

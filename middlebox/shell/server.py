@@ -541,7 +541,10 @@ class ProxyServer(ServerCounters):
             return
         try:
             relay = self.new_relay(client, upstream, connection_id, scenario, live)
-            await relay.run()
+            try:
+                await relay.run()
+            finally:
+                relay.pipeline.release()
         finally:
             if helpers is not None and upstream.fileno() != -1:
                 upstream.close()  # the relay never ran: end the splice behind it too

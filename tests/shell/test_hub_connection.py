@@ -223,37 +223,65 @@ async def test_a_relay_s_error_on_the_hub_is_logged_and_closes_that_connection_o
     assert "a buggy fault" in str(failures[0].exc_info[1])
 
 
-async def test_a_closed_hub_connection_is_freed_without_the_cyclic_collector() -> None:
+THREE_FAULTS = """
+name: three
+path:
+  - latency: {delay: 0}
+  - set_header: {}
+  - idle_reaper: {timeout: 600s}
+"""
+
+
+@pytest.mark.parametrize("kind", [ProxyServer, TaskedServer])
+@pytest.mark.parametrize("faulted", [False, True], ids=["pass-through", "three faults"])
+async def test_a_closed_connection_is_freed_without_the_cyclic_collector(
+    kind: type[ProxyServer], faulted: bool
+) -> None:
     """What refers back to a connection (its relay's `on_done`, its live entry's `stop`,
-    its dial's callback) lets go at the end, so thousands of connections a second are
-    freed by reference counting, not left for the garbage collector."""
+    its dial's callback) and what ties its pipeline into cycles (each fault's body pass,
+    each framed stream's readers and its pair) let go at the end: thousands of
+    connections a second are freed by reference counting, not left for the collector."""
+    from middlebox.compose import load_text
+
+    scenario = load_text(THREE_FAULTS) if faulted else None
     hub = acquire_read_hub()  # held: the hub outlives the connection, as on a busy proxy
+    gc.collect()
     gc.disable()
     try:
         with trio.fail_after(10):
             async with trio.open_nursery() as outer:
                 listeners = await outer.start(trio.serve_tcp, answer_once, 0)
                 upstream_port = listeners[0].socket.getsockname()[1]
-                async with serving(ProxyServer, upstream_port) as (server, port):
+                async with serving(kind, upstream_port, scenario) as (server, port):
                     client = await trio.open_tcp_stream("127.0.0.1", port)
                     await client.send_all(HEAD)
                     received = b""
-                    while len(received) < len(ANSWER):
+                    while not received.endswith(b"hello"):
                         received += await client.receive_some(65536)
                     (live,) = server.live
-                    connection = weakref.ref(live.stop.__self__)  # type: ignore[attr-defined]
-                    relay = weakref.ref(live.relay)
-                    del live
+                    assert live.relay is not None
+                    framing = live.relay.pipeline.framing
+                    assert (framing is not None) is faulted  # framed: the faults read HTTP
+                    held = [
+                        weakref.ref(live.relay),
+                        weakref.ref(live.relay.pipeline),
+                        *(weakref.ref(stream) for stream in (framing.streams if framing else [])),
+                        *(weakref.ref(fault) for fault in live.relay.pipeline.faults),
+                    ]
+                    if kind is ProxyServer:
+                        held.append(weakref.ref(live.stop.__self__))  # type: ignore[attr-defined]
+                    del live, framing
                     await client.aclose()
                     while server.active:
                         await trio.sleep(0.01)
-                    await trio.sleep(0.01)  # the hub's turn that closed it is over
-                    assert (connection(), relay()) == (None, None)
+                    await trio.sleep(0.01)  # the turn or task that closed it is over
+                    alive = [ref() for ref in held if ref() is not None]
+                    assert alive == []
                 outer.cancel_scope.cancel()
     finally:
         gc.enable()
         release_read_hub(hub)
-    assert received == ANSWER
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n") and received.endswith(b"hello")
 
 
 @pytest.mark.parametrize("segment", ["auto", "size"])
