@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import gc
 import hashlib
 import ipaddress
 import json
@@ -840,6 +841,7 @@ async def run_proxy(
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 port = await nursery.start(server.serve, listener)
+                freeze_startup_heap()
                 if server.config.tick is not None:
                     nursery.start_soon(_ticking, server.config.tick)
                 if ready is not None:
@@ -856,5 +858,15 @@ async def run_proxy(
                 await server.shutdown(grace)
                 nursery.cancel_scope.cancel()
     finally:
+        gc.unfreeze()
         listener.close()
     return server
+
+
+def freeze_startup_heap() -> None:
+    """What exists once the proxy listens (modules, the scenario, the composition, the
+    console) lives as long as the process: frozen (`gc.freeze`), the collector's full
+    passes skip it and scan only what connections made. Under `--ui` at 1000 streams a
+    full pass over that heap was a 43-46 ms pause, twice in a run; frozen, 19-22 ms."""
+    gc.collect()  # what is garbage now is freed, not frozen
+    gc.freeze()
