@@ -32,7 +32,7 @@ from middlebox.shell.hub import ReadHub, release_read_hub
 from middlebox.shell.live import LiveConnection
 from middlebox.shell.relay import Relay
 
-log = logging.getLogger("middlebox.proxy")
+log = logging.getLogger("middlebox.shell.server")  # the handler task's logger: the same lines
 
 
 class ConnectionHost(Protocol):

@@ -205,7 +205,7 @@ async def test_a_relay_s_error_on_the_hub_is_logged_and_closes_that_connection_o
                 server = ProxyServer(config)
                 listener = listen(Address("127.0.0.1", 0))
                 port = await nursery.start(server.serve, listener)
-                with caplog.at_level(logging.ERROR, logger="middlebox.proxy"):
+                with caplog.at_level(logging.ERROR, logger="middlebox.shell.server"):
                     broken = await trio.open_tcp_stream("127.0.0.1", port)
                     await broken.send_all(HEAD)
                     await read_all(broken)
