@@ -320,6 +320,13 @@ class FramedStream:
             del self._log[:drop]
             self._base += drop
 
+    def release(self) -> None:
+        """The connection is over: let go of the readers and the paired streams, which
+        refer back to this one (`PathFraming.release`)."""
+        self._readers.clear()
+        self.responses_to.clear()
+        self.tunnels.clear()
+
 
 class Reader:
     """One place's cursor in a `FramedStream` (see the module docstring)."""
@@ -803,9 +810,7 @@ class PathFraming:
         and its responses' refer to each other), so the streams go with their last
         reference."""
         for stream in self.streams:
-            stream._readers.clear()
-            stream.responses_to.clear()
-            stream.tunnels.clear()
+            stream.release()
 
     def want_sse(self) -> None:
         """Someone (the journal) reads SSE events too: frame them (before any byte)."""

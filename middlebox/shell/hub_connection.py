@@ -1,9 +1,9 @@
 """A plain connection served by the read hub from accept to close, with no task of its own.
 
-A connection's handler task (trio's spawn, its cancel scopes, the dial's wait on trio's
-epoll, the wake-up when the relay is done, the teardown) was the largest part of what
-setting a connection up cost the proxy under `loadc connect` after the relay itself moved
-onto the hub (shell/hub.py). Here the accept loop hands a client to a `HubConnection`,
+A handler task per connection (trio's spawn, its cancel scopes, the dial's wait on trio's
+epoll, the wake-up when the relay is done, the teardown) costs a connection more than the
+rest of its setup, once the relay runs on the hub (shell/hub.py; docs/performance.md,
+"Connection setup"). So the accept loop hands a plain client to a `HubConnection`,
 which dials the upstream without blocking and waits for the connect on the hub's epoll
 (nginx's `ngx_event_connect_peer`: a non-blocking connect, then the write event), bounds
 it with a timer on the hub's heap (`proxy_connect_timeout`), then starts the relay on the
@@ -74,7 +74,6 @@ class HubConnection:
         scenario: Scenario,
         hub: ReadHub,
         refusals: trio.Nursery,
-        live: LiveConnection,
     ) -> None:
         self.server = server
         self.client = client
@@ -82,7 +81,7 @@ class HubConnection:
         self.scenario = scenario
         self.hub = hub
         self.refusals = refusals
-        self.live = live
+        self.live = LiveConnection(self.stop, [client], on_hub=True)
         self.upstream: socket.socket | None = None
         self.relay: Relay | None = None
         self.closed = False

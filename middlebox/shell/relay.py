@@ -74,7 +74,7 @@ class Relay:
         self.clock = clock
         self._incoming: deque[Item] = deque()
         self._draining = False
-        self._wake: float | None = None  # the last effects' (Effects), as the next two
+        self._wake: float | None = None  # the last Effects' wake; _paused, _ended the same
         self._paused: frozenset[Direction] = frozenset()
         self._ended = False
         self._timer_scope: trio.CancelScope | None = None
@@ -240,7 +240,7 @@ class Relay:
         return full or (not self.passthrough and side.source in self._paused)
 
     def _read_some(self, side: Side) -> int:
-        """Up to READS_BEFORE_YIELD reads: _DRAINED, _OVER, _PAUSED, or _MORE (come back)."""
+        """Up to READS_BEFORE_YIELD reads: _DRAINED, _OVER, _PAUSED, or _MORE (read again)."""
         for _ in range(READS_BEFORE_YIELD):
             if side.read_done or side.closed:
                 return _OVER

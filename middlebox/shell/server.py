@@ -438,10 +438,8 @@ class ProxyServer(ServerCounters):
             hub = acquire_read_hub()
         except OSError:  # no fd for the hub's epoll (EMFILE): a task, whose relay reads
             return False
-        live = LiveConnection(lambda: None, [client], on_hub=True)
-        connection = HubConnection(self, client, connection_id, self.scenario, hub, refusals, live)
-        live.stop = connection.stop
-        self.live.add(live)
+        connection = HubConnection(self, client, connection_id, self.scenario, hub, refusals)
+        self.live.add(connection.live)
         try:
             connection.dial(*address)
         except Exception:  # as the handler task's: this connection fails, the server serves
@@ -866,7 +864,7 @@ async def run_proxy(
 def freeze_startup_heap() -> None:
     """What exists once the proxy listens (modules, the scenario, the composition, the
     console) lives as long as the process: frozen (`gc.freeze`), the collector's full
-    passes skip it and scan only what connections made. Under `--ui` at 1000 streams a
-    full pass over that heap was a 43-46 ms pause, twice in a run; frozen, 19-22 ms."""
+    passes skip it and scan only what connections made, so a full pass pauses the relays
+    for half as long (docs/performance.md, "The startup heap frozen")."""
     gc.collect()  # what is garbage now is freed, not frozen
     gc.freeze()

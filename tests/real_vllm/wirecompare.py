@@ -110,14 +110,21 @@ def sampled_no_text(exchange: Exchange) -> bool:
     status = exchange.status_line.split(" ")
     if len(status) < 2 or not status[1].startswith("2"):
         return False
-    leaves = [leaf for value in _json_values(exchange) for leaf in _leaves(value)]
+    leaves = _all_leaves(exchange)
     generated = any(k in OUTPUT_COUNT_KEYS and isinstance(v, int) and v > 0 for k, v in leaves)
-    return generated and not carries_text(exchange)
+    return generated and not _text_in(leaves)
 
 
 def carries_text(exchange: Exchange) -> bool:
     """The answer (a body, or a stream's frames) carries generated text or tool arguments."""
-    leaves = [leaf for value in _json_values(exchange) for leaf in _leaves(value)]
+    return _text_in(_all_leaves(exchange))
+
+
+def _all_leaves(exchange: Exchange) -> list[tuple[str | None, Any]]:
+    return [leaf for value in _json_values(exchange) for leaf in _leaves(value)]
+
+
+def _text_in(leaves: list[tuple[str | None, Any]]) -> bool:
     return any(k in TEXT_KEYS | {"arguments"} and isinstance(v, str) and v for k, v in leaves)
 
 

@@ -12,7 +12,7 @@ import socket
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import trio
@@ -38,6 +38,25 @@ class TaskedServer(ProxyServer):
         await super()._handle(*args, **kwargs)
 
 
+@contextlib.asynccontextmanager
+async def answering() -> AsyncIterator[int]:
+    """An upstream answering each request with ANSWER (`answer_once`); yields its port."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, answer_once, 0)
+        yield listeners[0].socket.getsockname()[1]
+        nursery.cancel_scope.cancel()
+
+
+async def request_through(port: int) -> tuple[trio.SocketStream, bytes]:
+    """A client's request through the proxy at `port`, and its answer read to the body."""
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    await client.send_all(HEAD)
+    received = b""
+    while not received.endswith(b"hello"):
+        received += await client.receive_some(65536)
+    return client, received
+
+
 def handler_tasks() -> int:
     """Tasks in this run running a connection's handler (`ProxyServer.handle`)."""
     count = 0
@@ -60,11 +79,18 @@ async def answer_once(stream: trio.SocketStream) -> None:
 
 @contextlib.asynccontextmanager
 async def serving(
-    kind: type[ProxyServer], upstream_port: int, scenario: Scenario | None = None
+    kind: type[ProxyServer],
+    upstream_port: int,
+    scenario: Scenario | None = None,
+    **options: Any,
 ) -> AsyncIterator[tuple[ProxyServer, int]]:
+    """A `kind` proxy in front of `upstream_port`; `options` are more `ProxyConfig` fields."""
     async with trio.open_nursery() as nursery:
         config = ProxyConfig(
-            Address("127.0.0.1", upstream_port), scenario or Scenario(name="t"), stages=PROXY_STAGES
+            Address("127.0.0.1", upstream_port),
+            scenario or Scenario(name="t"),
+            stages=PROXY_STAGES,
+            **options,
         )
         server = kind(config)
         listener = listen(Address("127.0.0.1", 0))
@@ -191,32 +217,17 @@ async def test_a_relay_s_error_on_the_hub_is_logged_and_closes_that_connection_o
 ) -> None:
     builds = iter([[Explodes()], []])
     scenario = Scenario(name="flaky", path=(FaultSpec(Explodes, {}),))
+    build = lambda _scenario: next(builds)  # noqa: E731
     with trio.fail_after(10):
-        async with trio.open_nursery() as outer:
-            listeners = await outer.start(trio.serve_tcp, answer_once, 0)
-            upstream_port = listeners[0].socket.getsockname()[1]
-            async with trio.open_nursery() as nursery:
-                config = ProxyConfig(
-                    Address("127.0.0.1", upstream_port),
-                    scenario,
-                    stages=PROXY_STAGES,
-                    build_faults=lambda _scenario: next(builds),
-                )
-                server = ProxyServer(config)
-                listener = listen(Address("127.0.0.1", 0))
-                port = await nursery.start(server.serve, listener)
-                with caplog.at_level(logging.ERROR, logger="middlebox.shell.server"):
-                    broken = await trio.open_tcp_stream("127.0.0.1", port)
-                    await broken.send_all(HEAD)
-                    await read_all(broken)
-                    healthy = await trio.open_tcp_stream("127.0.0.1", port)
-                    await healthy.send_all(HEAD)
-                    received = b""
-                    while len(received) < len(ANSWER):
-                        received += await healthy.receive_some(65536)
-                nursery.cancel_scope.cancel()
-                listener.close()
-            outer.cancel_scope.cancel()
+        async with (
+            answering() as upstream_port,
+            serving(ProxyServer, upstream_port, scenario, build_faults=build) as (_server, port),
+        ):
+            with caplog.at_level(logging.ERROR, logger="middlebox.shell.server"):
+                broken = await trio.open_tcp_stream("127.0.0.1", port)
+                await broken.send_all(HEAD)
+                await read_all(broken)
+                _healthy, received = await request_through(port)
     assert received == ANSWER
     failures = [r for r in caplog.records if r.getMessage() == "connection 1 failed"]
     assert len(failures) == 1 and failures[0].exc_info is not None
@@ -307,27 +318,11 @@ async def test_the_client_link_s_mss_is_asked_only_for_a_path_that_reads_it(
 
     scenario = Scenario(name="mss", path=(FaultSpec(Coalescer, {"segment": segment}),))
     with trio.fail_after(10):
-        async with trio.open_nursery() as outer:
-            listeners = await outer.start(trio.serve_tcp, answer_once, 0)
-            upstream_port = listeners[0].socket.getsockname()[1]
-            async with trio.open_nursery() as nursery:
-                config = ProxyConfig(
-                    Address("127.0.0.1", upstream_port),
-                    scenario,
-                    stages=PROXY_STAGES,
-                    build_faults=build,
-                )
-                server = ProxyServer(config)
-                listener = listen(Address("127.0.0.1", 0))
-                port = await nursery.start(server.serve, listener)
-                client = await trio.open_tcp_stream("127.0.0.1", port)
-                await client.send_all(HEAD)
-                received = b""
-                while len(received) < len(ANSWER):
-                    received += await client.receive_some(65536)
-                nursery.cancel_scope.cancel()
-                listener.close()
-            outer.cancel_scope.cancel()
+        async with (
+            answering() as upstream_port,
+            serving(ProxyServer, upstream_port, scenario, build_faults=build) as (_server, port),
+        ):
+            _client, received = await request_through(port)
     assert received == ANSWER
     (fault,) = built
     if segment == "auto":
