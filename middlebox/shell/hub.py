@@ -11,9 +11,15 @@ during a turn waits for the turn's end and goes out with the other sockets' writ
 (`write_soon`), so a peer reading many sockets is woken once for several. A relay's next
 deadline goes on the hub's one deadline heap (nginx's timer tree, with its lazy re-arm: a
 deadline that only moves later keeps its entry), served by the same wait as readiness. So a
-hub-served connection is its handler's task alone, without reader, writer or timer tasks
-or a nursery of its own (trio's nursery, cancel scope and teardown were the largest part
-of a connection's setup in a profile under `loadc connect`).
+relay on the hub has no reader, writer or timer task or nursery of its own (trio's
+nursery, cancel scope and teardown were the largest part of a connection's setup in a
+profile under `loadc connect`), and a plain connection none at all: its connect, its
+close and the listener that accepted it are on the hub too (shell/hub_connection.py).
+
+The hub waits inside trio: its epoll fd is one of trio's. While sockets keep coming ready
+it runs up to TURNS_PER_WAKE turns per wake-up, each a poll of its own set, before it
+goes back to trio's wait; what must follow a turn whole (a connection's close, which may
+not run inside its relay's callback) is queued for the turn's end (`after_turn`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ import trio
 # read sees the FIN or RST and the write its EPIPE.
 _READABLE_EVENTS = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 _WRITABLE_EVENTS = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
+# Turns the hub runs in one wake-up while sockets keep coming ready. A further turn costs
+# one epoll_wait of the hub's own set; going back to trio costs the re-arm of the hub's fd
+# in trio's epoll (a one-shot registration), trio's wait and a task switch, which under a
+# stream of new connections came to more than a tenth of a connection's CPU. The bound
+# keeps trio's other tasks (a refusal, the control API) waiting a few turns at most.
+TURNS_PER_WAKE = 4
 # Sockets whose writes wait for the end of a turn before they go out together: enough to
 # batch a busy turn's writes, few enough that the first waits at most a few callbacks.
 WRITE_BATCH = 16
@@ -69,6 +81,12 @@ class ReadHub:
         # (`write_soon`) and go out together at the turn's end, or every WRITE_BATCH.
         self.in_turn = False
         self.pending_writes: list[Callable[[], None]] = []
+        # What waits for the end of the turn, after its writes (`after_turn`).
+        self.turn_ends: list[Callable[[], None]] = []
+        # Wake-ups from trio, and turns run in them (several while sockets keep coming
+        # ready: TURNS_PER_WAKE).
+        self.wakes = 0
+        self.turns = 0
 
     def _watch(self, fd: int, mask: int) -> None:
         """Watch `fd` for `mask`; with no events and no reader left, forget it."""
@@ -143,6 +161,15 @@ class ReadHub:
         self.pending_writes.append(callback)
         return True
 
+    def after_turn(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once this turn's callbacks and writes are done, before the next
+        turn or sleep (a connection's close, which must not run inside its relay's
+        callback); outside a turn, on the next one."""
+        if self.in_turn:
+            self.turn_ends.append(callback)
+        else:
+            self.schedule(trio.current_time(), callback)
+
     def _write_pending(self) -> None:
         while self.pending_writes:
             pending, self.pending_writes = self.pending_writes, []
@@ -178,8 +205,9 @@ class ReadHub:
             callback = tickets.pop(ticket, None)
             if callback is not None:
                 due.append(callback)
-        # Deadlines set by these callbacks wait for the next turn of the loop (which
-        # yields to trio), so a fault that keeps asking for "now" cannot starve the run.
+        # Deadlines set by these callbacks wait for the next turn, and the hub yields to
+        # trio after TURNS_PER_WAKE turns at most, so a fault that keeps asking for "now"
+        # cannot starve the run.
         for callback in due:
             callback()
 
@@ -189,13 +217,31 @@ class ReadHub:
             heapq.heappop(timers)  # cancelled: dropped when it reaches the top
         return timers[0][0] if timers else math.inf
 
-    def _turn(self) -> None:
+    def _serve(self) -> bool:
+        """One turn (`_turn`), its pending writes, then what waits for its end; whether
+        any socket was ready in it."""
+        self.turns += 1
+        self.in_turn = True
+        try:
+            ready = self._turn()
+        finally:
+            self.in_turn = False
+        self._write_pending()
+        if self.turn_ends:
+            ends, self.turn_ends = self.turn_ends, []
+            for callback in ends:
+                callback()
+        return ready
+
+    def _turn(self) -> bool:
         """The due deadlines, then every ready socket's callbacks; the writes they make
-        go out at the end, WRITE_BATCH sockets at a time (see `write_soon`)."""
+        go out at the end, WRITE_BATCH sockets at a time (see `write_soon`). Whether
+        any socket was ready."""
         if self.timers:
             self._fire_due()
         pending = self.pending_writes
-        for fd, events in self.epoll.poll(0, 1024):
+        ready = self.epoll.poll(0, 1024)
+        for fd, events in ready:
             if events & _WRITABLE_EVENTS:
                 # Writes first: a drained outbox may unpause the other side.
                 callback = self.writable.get(fd)
@@ -208,6 +254,7 @@ class ReadHub:
             if len(pending) >= WRITE_BATCH:
                 self._write_pending()
                 pending = self.pending_writes
+        return bool(ready)
 
     async def run(self) -> None:
         try:
@@ -219,12 +266,10 @@ class ReadHub:
                         self.waiting = waiting
                         await trio.lowlevel.wait_readable(self.epoll.fileno())
                     self.waiting = None
-                    self.in_turn = True
-                    try:
-                        self._turn()
-                    finally:
-                        self.in_turn = False
-                    self._write_pending()
+                    self.wakes += 1
+                    for _ in range(TURNS_PER_WAKE):
+                        if not self._serve():
+                            break
         finally:
             self.waiting = None
             self.epoll.close()

@@ -12,6 +12,11 @@ the handler task's (`ProxyServer.handle`), in the same order, with the same coun
 and journal; only a refusal (an unreachable upstream: nginx's 502) runs as a task, as it
 waits on the client.
 
+The listening socket is on the hub too (`HubListener`): clients are accepted in the hub's
+turns, beside the reads and connects of those it already serves, as nginx's listening
+socket is one more read event of its loop; a task waiting on the listener was woken (trio's
+epoll re-armed, the task scheduled) for every few connections.
+
 The server chooses this only for what it covers: a plain client, a plain numeric upstream
 (a name needs the resolver, which waits), a server class that does not handle connections
 its own way, and an fd for the hub's epoll.
@@ -33,6 +38,10 @@ from middlebox.shell.live import LiveConnection
 from middlebox.shell.relay import Relay
 
 log = logging.getLogger("middlebox.shell.server")  # the handler task's logger: the same lines
+
+# Clients accepted in one turn of the hub at most: a flood of connects waits for the next
+# turn (the listener stays readable) rather than holding up the reads of those served.
+ACCEPTS_PER_TURN = 64
 
 
 class ConnectionHost(Protocol):
@@ -57,6 +66,10 @@ class ConnectionHost(Protocol):
     async def refuse(
         self, client: socket.socket, scenario: Scenario, connection_id: int
     ) -> None: ...
+
+
+def _refuse_after_close(_: object) -> None:
+    """A closed listener's `admit` and `failed`: nothing is accepted after `close`."""
 
 
 def _closed_already() -> None:
@@ -177,7 +190,7 @@ class HubConnection:
     def _relay_done(self) -> None:
         # Called from inside the relay's own callback: the close waits for the hub's next
         # turn, as the handler task's close waited for its wake-up.
-        self.hub.schedule(trio.current_time(), self.stop)
+        self.hub.after_turn(self.stop)
 
     def stop(self) -> None:
         """Close now, whatever it is doing: the relay's end, or shutdown's idle close or
@@ -226,3 +239,76 @@ class HubConnection:
             trio.lowlevel.notify_closing(self.client)  # a refusal's task may have waited on it
             self.client.close()
         self.server.connection_closed(self.live)
+
+
+class HubListener:
+    """A listening socket watched by the read hub: each turn it is readable accepts up to
+    ACCEPTS_PER_TURN clients and hands each to `admit`. An accept that fails (EMFILE)
+    is handed to `failed` and the listener is paused for `pause` seconds (nginx's
+    accept_mutex_delay), the clients waiting in the backlog meanwhile. It holds the hub
+    until `close`, which its owner calls before the listener is closed."""
+
+    def __init__(
+        self,
+        hub: ReadHub,
+        listener: socket.socket,
+        admit: Callable[[socket.socket], None],
+        failed: Callable[[OSError], None],
+        pause: float,
+    ) -> None:
+        self.hub = hub
+        self.listener = listener
+        self.admit = admit
+        self.failed = failed
+        self.pause = pause
+        # socket.py's `accept` turns the listener's family and type into enums (two Enum
+        # calls a connection); the C accept and the family taken once make the same socket.
+        self.family = listener.family
+        self.closed = False
+        self._resume_ticket: int | None = None
+        # The one bound method the hub holds (it compares callbacks by identity).
+        self._on_readable: Callable[[], None] | None = self._ready
+        hub.register(listener, self._on_readable)
+
+    def _ready(self) -> None:
+        listener, family = self.listener, self.family
+        for _ in range(ACCEPTS_PER_TURN):
+            if self.closed:
+                return
+            try:
+                fd, _ = listener._accept()  # type: ignore[attr-defined]
+            except BlockingIOError:
+                return
+            except OSError as error:
+                self.failed(error)
+                self.hub.pause(listener)
+                due = trio.current_time() + self.pause
+                self._resume_ticket = self.hub.schedule(due, self._resume)
+                return
+            client = socket.socket(family, socket.SOCK_STREAM, 0, fd)
+            try:
+                self.admit(client)
+            except Exception:  # a bug must fail this client, not the hub or the listener
+                log.exception("accepted client failed")
+                if client.fileno() != -1:
+                    client.close()
+
+    def _resume(self) -> None:
+        self._resume_ticket = None
+        if not self.closed:
+            self.hub.resume(self.listener)
+
+    def close(self) -> None:
+        """Off the hub (the listener stays open: its owner closes it); the hub let go."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._resume_ticket is not None:
+            self.hub.cancel(self._resume_ticket)
+            self._resume_ticket = None
+        if self.listener.fileno() != -1 and self._on_readable is not None:
+            self.hub.unregister(self.listener, self._on_readable)
+        # What refers back to its owner (the server, through `admit`) is let go.
+        self._on_readable = None
+        self.admit = self.failed = _refuse_after_close
+        release_read_hub(self.hub)

@@ -74,8 +74,8 @@ from middlebox.observe.metrics import ServerCounters
 from middlebox.observe.observer import RelayObserver
 from middlebox.scenario.model import ProxyOptions, Scenario, TlsOptions
 from middlebox.shell.h2_streams import H2Session, serve_h2
-from middlebox.shell.hub import acquire_read_hub
-from middlebox.shell.hub_connection import HubConnection
+from middlebox.shell.hub import ReadHub, acquire_read_hub
+from middlebox.shell.hub_connection import HubConnection, HubListener
 from middlebox.shell.live import LiveConnection
 from middlebox.shell.relay import Relay
 from middlebox.shell.sides import apply_buffer_sizes, arm_reset
@@ -278,6 +278,7 @@ class ProxyServer(ServerCounters):
     _stage_shared: dict[str, SharedState] = field(default_factory=dict, init=False, repr=False)
     _accept_scope: trio.CancelScope | None = field(default=None, init=False, repr=False)
     _listener: socket.socket | None = field(default=None, init=False, repr=False)
+    _hub_listener: HubListener | None = field(default=None, init=False, repr=False)
     _idle: trio.lowlevel.ParkingLot = field(
         default_factory=trio.lowlevel.ParkingLot, init=False, repr=False
     )
@@ -379,6 +380,14 @@ class ProxyServer(ServerCounters):
             self._accept_scope = accept_scope
             self._listener = listener
             task_status.started(listener.getsockname()[1])
+            if dial_on_hub is not None:
+                try:
+                    hub = acquire_read_hub()
+                except OSError:  # no fd for the hub's epoll: this task accepts
+                    hub = None
+                if hub is not None:
+                    await self._accept_on_hub(hub, listener, nursery, dial_on_hub)
+                    return
             # socket.py's `accept` turns the listener's family and type into enums
             # (two Enum calls a connection); the C accept and the family taken once
             # make the same socket.
@@ -386,35 +395,62 @@ class ProxyServer(ServerCounters):
             while True:
                 try:
                     fd, _ = listener._accept()  # type: ignore[attr-defined]
-                    client = socket.socket(family, socket.SOCK_STREAM, 0, fd)
                 except BlockingIOError:
                     await trio.lowlevel.wait_readable(listener)
                     continue
-                except OSError as error:  # EMFILE and friends: keep serving the others
-                    # nginx disables accepting for accept_mutex_delay (500 ms) on
-                    # EMFILE/ENFILE; the connection waits in the backlog meanwhile and
-                    # the log gets one line per pause, not one per retry.
-                    self.accept_errors += 1
-                    log.warning("accept failed: %s; pausing accepts", error)
+                except OSError as error:
+                    self.accept_failed(error)
                     await trio.sleep(ACCEPT_ERROR_PAUSE)
                     continue
-                limit = self.connection_limit()
-                if limit is not None and self.active >= limit:
-                    # Over the limit: close at once, as nginx does when its
-                    # worker_connections run out; the count says how many.
-                    self.connections_refused += 1
-                    client.close()
-                    continue
-                self.connections_accepted += 1
-                self.active += 1  # counted here, so a flood cannot outrun the limit
-                tls = self.config.tls or self.scenario.proxy.tls
-                if tls is None:
-                    if dial_on_hub is None or not self._serve_on_hub(
-                        client, self.connections_accepted, dial_on_hub, nursery
-                    ):
-                        nursery.start_soon(self.handle, client, self.connections_accepted)
-                else:
-                    nursery.start_soon(self.handle_tls, client, self.connections_accepted, tls)
+                self._admit(socket.socket(family, socket.SOCK_STREAM, 0, fd), nursery, dial_on_hub)
+
+    async def _accept_on_hub(
+        self, hub: ReadHub, listener: socket.socket, nursery: trio.Nursery, address: Dialled
+    ) -> None:
+        """The listener watched by the read hub (`HubListener`) until `stop_accepting`:
+        connections are accepted in the hub's turns, beside the reads and connects of
+        those already served there, with no task woken for them."""
+        self._hub_listener = HubListener(
+            hub,
+            listener,
+            lambda client: self._admit(client, nursery, address),
+            self.accept_failed,
+            ACCEPT_ERROR_PAUSE,
+        )
+        try:
+            await trio.sleep_forever()
+        finally:
+            self._hub_listener.close()
+            self._hub_listener = None
+
+    def accept_failed(self, error: OSError) -> None:
+        """EMFILE and friends: counted and logged once per pause, serving the others.
+        nginx disables accepting for accept_mutex_delay (500 ms) on EMFILE/ENFILE; the
+        connection waits in the backlog meanwhile."""
+        self.accept_errors += 1
+        log.warning("accept failed: %s; pausing accepts", error)
+
+    def _admit(
+        self, client: socket.socket, nursery: trio.Nursery, dial_on_hub: Dialled | None
+    ) -> None:
+        """An accepted client: refused over the connection limit, else counted and served
+        on the hub or by a task."""
+        limit = self.connection_limit()
+        if limit is not None and self.active >= limit:
+            # Over the limit: close at once, as nginx does when its
+            # worker_connections run out; the count says how many.
+            self.connections_refused += 1
+            client.close()
+            return
+        self.connections_accepted += 1
+        self.active += 1  # counted here, so a flood cannot outrun the limit
+        tls = self.config.tls or self.scenario.proxy.tls
+        if tls is not None:
+            nursery.start_soon(self.handle_tls, client, self.connections_accepted, tls)
+        elif dial_on_hub is None or not self._serve_on_hub(
+            client, self.connections_accepted, dial_on_hub, nursery
+        ):
+            nursery.start_soon(self.handle, client, self.connections_accepted)
 
     def _dials_on_hub(self) -> Dialled | None:
         """The upstream's address when plain connections can be served on the read hub with
@@ -454,6 +490,8 @@ class ProxyServer(ServerCounters):
             session.drain()
         if self._accept_scope is not None:
             self._accept_scope.cancel()
+        if self._hub_listener is not None:
+            self._hub_listener.close()  # off the hub's epoll before its fd is closed
         if self._listener is not None:
             listener, self._listener = self._listener, None
             trio.lowlevel.notify_closing(listener)

@@ -36,7 +36,7 @@ from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
 from tests.clients.wire_server import END_CHUNK, SSE_HEAD, chat_frame, http_chunk
 from tests.harness import free_port, proxied, read_all, send_in_pieces
 from tests.proxy_process import emulator_process
-from tests.reliability.support import fds_back_to, open_fds
+from tests.reliability.support import fd_baseline, fds_back_to
 from tests.request_readers import KeepAliveRequests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,7 +240,7 @@ async def test_malformed_requests_pass_through_byte_exact(request_bytes: bytes) 
         await stream.send_all(b"upstream decides")
         await stream.send_eof()
 
-    baseline = open_fds()
+    baseline = fd_baseline()
     with trio.fail_after(10):
         async with proxied(upstream) as running:
             client = await running.connect()

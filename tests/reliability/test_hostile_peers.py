@@ -29,9 +29,9 @@ from tests.reliability.support import (
     FULL,
     MIDDLEBOX,
     blackhole,
+    fd_baseline,
     fds_back_to,
     first_line,
-    open_fds,
     rss_bytes,
     settle,
     task_count,
@@ -64,7 +64,7 @@ SLOWLORIS = 300 if FULL else 20
 async def test_slowloris_clients_are_closed_unanswered_at_client_header_timeout(
     autojump_clock: MockClock,
 ) -> None:
-    baseline, tasks = open_fds(), task_count()
+    baseline, tasks = fd_baseline(), task_count()
     upstream_got: list[bytes] = []
 
     async def upstream(stream: trio.SocketStream) -> None:
@@ -211,7 +211,7 @@ async def test_read_timeout_answers_504_when_the_upstream_sends_no_response_head
         _, end = await read_all(stream)  # never answers; sees how the proxy leaves
         upstream_ends.append(end)
 
-    baseline = open_fds()
+    baseline = fd_baseline()
     with trio.fail_after(10):
         async with proxied(mute, options(read_timeout=0.3)) as running:
             client = await running.connect()
@@ -272,7 +272,7 @@ async def test_a_flood_beyond_max_connections_is_closed_and_counted() -> None:
         await release.wait()
         await stream.send_all(b"ok")
 
-    baseline, tasks = open_fds(), task_count()
+    baseline, tasks = fd_baseline(), task_count()
     with trio.fail_after(10):
         async with proxied(holds, options(max_connections=5)) as running:
             held = [await running.connect() for _ in range(5)]
@@ -300,7 +300,7 @@ async def test_the_cli_limit_overrides_the_scenario_s() -> None:
 
 
 async def test_three_hundred_short_connections_leave_no_fd_or_task_behind() -> None:
-    baseline, tasks = open_fds(), task_count()
+    baseline, tasks = fd_baseline(), task_count()
     with trio.fail_after(20):
         async with proxied(answer_once) as running:
 
@@ -359,7 +359,7 @@ async def test_a_client_gone_mid_stream_resets_an_upstream_that_ignores_its_fin(
             upstream_end.append("reset")
 
     chosen = Scenario(name="t", path=(FaultSpec(fault, {}),)) if fault else None
-    baseline = open_fds()
+    baseline = fd_baseline()
     with trio.fail_after(15):
         async with proxied(endless, chosen) as running:
             client = await running.connect()
@@ -379,7 +379,7 @@ async def test_half_closed_clients_still_get_their_whole_response() -> None:
         await stream.send_all(request[::-1] * 100)
         await stream.send_eof()
 
-    baseline = open_fds()
+    baseline = fd_baseline()
     with trio.fail_after(10):
         async with proxied(after_fin) as running:
 
@@ -414,7 +414,7 @@ async def test_an_rst_storm_from_both_sides_leaves_the_proxy_serving_and_leak_fr
             await stream.send_eof()
         await read_all(stream)
 
-    baseline, tasks = open_fds(), task_count()
+    baseline, tasks = fd_baseline(), task_count()
     with trio.fail_after(20):
         async with proxied(upstream) as running:
 

@@ -6,6 +6,7 @@ handles connections its own way keeps a task per connection."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import logging
 import socket
@@ -23,9 +24,10 @@ from middlebox.core.fault import Fault
 from middlebox.core.stream import Item
 from middlebox.scenario.model import FaultSpec, Scenario
 from middlebox.shell.hub import acquire_read_hub, release_read_hub
-from middlebox.shell.server import Address, ProxyConfig, ProxyServer, listen
+from middlebox.shell.hub_connection import ACCEPTS_PER_TURN, HubListener
+from middlebox.shell.server import ACCEPT_ERROR_PAUSE, Address, ProxyConfig, ProxyServer, listen
 from tests.harness import read_all
-from tests.shell.test_relay_fast_path import open_fds
+from tests.reliability.support import fd_baseline, open_fds
 
 HEAD = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
@@ -82,9 +84,11 @@ async def serving(
     kind: type[ProxyServer],
     upstream_port: int,
     scenario: Scenario | None = None,
+    listener: socket.socket | None = None,
     **options: Any,
 ) -> AsyncIterator[tuple[ProxyServer, int]]:
-    """A `kind` proxy in front of `upstream_port`; `options` are more `ProxyConfig` fields."""
+    """A `kind` proxy in front of `upstream_port` (on `listener`, or a new one); `options`
+    are more `ProxyConfig` fields."""
     async with trio.open_nursery() as nursery:
         config = ProxyConfig(
             Address("127.0.0.1", upstream_port),
@@ -93,7 +97,7 @@ async def serving(
             **options,
         )
         server = kind(config)
-        listener = listen(Address("127.0.0.1", 0))
+        listener = listener or listen(Address("127.0.0.1", 0))
         port = await nursery.start(server.serve, listener)
         try:
             yield server, port
@@ -133,6 +137,112 @@ async def test_plain_connections_are_served_on_the_hub_and_answer_as_a_task_did(
     else:
         assert (on_hub, tasks) == ([False] * 3, 3)
     assert server.connections_accepted == 3
+
+
+@pytest.mark.parametrize("kind", [ProxyServer, TaskedServer])
+async def test_the_listener_is_on_the_hub_for_plain_connections_until_accepting_stops(
+    kind: type[ProxyServer],
+) -> None:
+    """A server that serves on the hub has the hub accept for it (the listener's fd among
+    the hub's readers); one with a task per connection keeps its accept task. Either way
+    `stop_accepting` leaves the kernel refusing, and the hub forgets the listener."""
+    listener = listen(Address("127.0.0.1", 0))
+    fd = listener.fileno()
+    with trio.fail_after(10):
+        async with (
+            answering() as upstream_port,
+            serving(kind, upstream_port, listener=listener) as (server, port),
+        ):
+            client, received = await request_through(port)
+            hub = acquire_read_hub()
+            watched = fd in hub.callbacks
+            server.stop_accepting()
+            forgotten = fd not in hub.callbacks and fd not in hub.masks
+            release_read_hub(hub)
+            with pytest.raises(OSError):
+                await trio.open_tcp_stream("127.0.0.1", port)
+            await client.aclose()
+            while server.active:
+                await trio.sleep(0.01)
+    assert received == ANSWER
+    assert watched is (kind is ProxyServer)
+    assert forgotten
+
+
+class RunsOutOfFds(socket.socket):
+    """A listener whose first accept fails as with no fd left (EMFILE)."""
+
+    ran_out = False
+
+    def _accept(self) -> tuple[int, Any]:
+        if not self.ran_out:
+            self.ran_out = True
+            raise OSError(errno.EMFILE, "Too many open files")
+        return super()._accept()  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kind", [ProxyServer, TaskedServer])
+async def test_an_accept_without_an_fd_pauses_accepting_as_nginx_does_then_serves(
+    kind: type[ProxyServer], autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EMFILE on accept: counted, logged once, and accepting waits ACCEPT_ERROR_PAUSE
+    (nginx's accept_mutex_delay) with the client in the backlog, then serves it."""
+    plain = listen(Address("127.0.0.1", 0))
+    listener = RunsOutOfFds(plain.family, socket.SOCK_STREAM, 0, plain.detach())
+    with trio.fail_after(10):
+        async with (
+            answering() as upstream_port,
+            serving(kind, upstream_port, listener=listener) as (server, port),
+        ):
+            started = trio.current_time()
+            client, received = await request_through(port)
+            waited = trio.current_time() - started
+            await client.aclose()
+            while server.active:
+                await trio.sleep(0.01)
+    assert received == ANSWER
+    assert waited == pytest.approx(ACCEPT_ERROR_PAUSE)
+    assert server.accept_errors == 1
+    assert [r.getMessage() for r in caplog.records if "accept failed" in r.getMessage()] == [
+        "accept failed: [Errno 24] Too many open files; pausing accepts"
+    ]
+
+
+async def test_a_turn_of_the_hub_accepts_at_most_a_batch_and_a_bad_client_only_fails_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seventy clients waiting: one turn admits ACCEPTS_PER_TURN, the next the rest (the
+    listener stays readable, level-triggered); a client whose admission raises is closed
+    and logged, and the others are still admitted."""
+    listener = listen(Address("127.0.0.1", 0))
+    hub = acquire_read_hub()
+    admitted: list[socket.socket] = []
+
+    def admit(client: socket.socket) -> None:
+        admitted.append(client)
+        if len(admitted) == 1:
+            raise RuntimeError("a bug admitting one client")
+
+    clients = []
+    try:
+        listening = HubListener(hub, listener, admit, lambda error: None, ACCEPT_ERROR_PAUSE)
+        for _ in range(70):
+            client = socket.socket()
+            client.connect(listener.getsockname())  # the handshake completes in the backlog
+            clients.append(client)
+        turn = hub.callbacks[listener.fileno()]  # what the hub calls when it is readable
+        turn()
+        first = len(admitted)
+        turn()
+        second = len(admitted) - first
+        turn()  # nothing waits: the accept would block, and it returns
+        listening.close()
+    finally:
+        for sock in [listener, *clients, *admitted]:
+            sock.close()
+    assert (first, second) == (ACCEPTS_PER_TURN, 70 - ACCEPTS_PER_TURN)
+    assert admitted[0].fileno() == -1  # the client it failed on is closed
+    assert "accepted client failed" in caplog.text
 
 
 def closed_port() -> int:
@@ -185,7 +295,7 @@ async def test_a_connect_past_connect_timeout_is_refused_from_the_hub_s_timer(
 
 
 async def test_cancelling_serve_closes_the_hub_s_connections_and_every_fd() -> None:
-    baseline = open_fds()
+    baseline = fd_baseline()
     with trio.fail_after(10):
         async with trio.open_nursery() as outer:
             listeners = await outer.start(trio.serve_tcp, answer_once, 0)
