@@ -38,9 +38,10 @@ _READABLE_EVENTS = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 _WRITABLE_EVENTS = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 # Turns the hub runs in one wake-up while sockets keep coming ready. A further turn costs
 # one epoll_wait of the hub's own set; going back to trio costs the re-arm of the hub's fd
-# in trio's epoll (a one-shot registration), trio's wait and a task switch, which under a
-# stream of new connections came to more than a tenth of a connection's CPU. The bound
-# keeps trio's other tasks (a refusal, the control API) waiting a few turns at most.
+# in trio's epoll (a one-shot registration), trio's wait and a task switch: more than a
+# tenth of a connection's CPU under a stream of new connections (docs/performance.md,
+# "Connection setup"). The bound keeps trio's other tasks (a refusal, the control API)
+# waiting a few turns at most.
 TURNS_PER_WAKE = 4
 # Sockets whose writes wait for the end of a turn before they go out together: enough to
 # batch a busy turn's writes, few enough that the first waits at most a few callbacks.

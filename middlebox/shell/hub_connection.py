@@ -14,7 +14,7 @@ waits on the client.
 
 The listening socket is on the hub too (`HubListener`): clients are accepted in the hub's
 turns, beside the reads and connects of those it already serves, as nginx's listening
-socket is one more read event of its loop; a task waiting on the listener was woken (trio's
+socket is one more read event of its loop, rather than by a task that trio wakes (its
 epoll re-armed, the task scheduled) for every few connections.
 
 The server chooses this only for what it covers: a plain client, a plain numeric upstream
@@ -68,8 +68,9 @@ class ConnectionHost(Protocol):
     ) -> None: ...
 
 
-def _refuse_after_close(_: object) -> None:
-    """A closed listener's `admit` and `failed`: nothing is accepted after `close`."""
+def _ignored_after_close(_: object) -> None:
+    """A closed listener's `admit` and `failed`: never called, as nothing is accepted
+    after `close`; they hold no reference back to the listener's owner."""
 
 
 def _closed_already() -> None:
@@ -188,8 +189,8 @@ class HubConnection:
             self.stop()
 
     def _relay_done(self) -> None:
-        # Called from inside the relay's own callback: the close waits for the hub's next
-        # turn, as the handler task's close waited for its wake-up.
+        # Called from inside the relay's own callback: the close waits for the end of the
+        # hub's turn (`after_turn`), as the handler task's close waits for its wake-up.
         self.hub.after_turn(self.stop)
 
     def stop(self) -> None:
@@ -310,5 +311,5 @@ class HubListener:
             self.hub.unregister(self.listener, self._on_readable)
         # What refers back to its owner (the server, through `admit`) is let go.
         self._on_readable = None
-        self.admit = self.failed = _refuse_after_close
+        self.admit = self.failed = _ignored_after_close
         release_read_hub(self.hub)
