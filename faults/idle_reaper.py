@@ -199,3 +199,13 @@ class _BodyReads(BodyPass):
                 if waiting and waiting[0] == message:
                     waiting.popleft()
         self.publish_passed(framed, run)
+
+    def skips(self, direction: Direction) -> bool:
+        # With `lazy`, which reads re-arm the timer depends on every read's time, not
+        # only the last one's: those are passed read by read.
+        return not self.reaper.lazy and super().skips(direction)
+
+    def skipped(self, size: int, body: int, whole_chunks: bool, now: float) -> None:
+        self.reaper._read(now)
+        self.reaper._progress.feed_body(size, body, whole_chunks)
+        super().skipped(size, body, whole_chunks, now)

@@ -47,7 +47,7 @@ from middlebox.core.fault import FaultContext, StageEvent
 from middlebox.core.framed import ItemPass
 from middlebox.core.http1 import Http1Framer, Refusal
 from middlebox.core.responses import error_response
-from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item
+from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item
 
 from .refusing import RefusingStage
 
@@ -199,3 +199,19 @@ class _WholeReads(ItemPass):
             return False
         stage._passed = offset
         return True
+
+    def skips(self, direction: Direction) -> bool:
+        stage = self.stage
+        framer = stage._framer
+        return (
+            direction is DOWN
+            and framer is not None
+            and framer.refusal is None
+            and not stage.connection_closed
+            and not stage._discarding
+            and not stage._held
+            and framer.offset == stage._passed
+        )
+
+    def skipped(self, size: int, body: int, whole_chunks: bool, now: float) -> None:
+        self.stage._passed += size

@@ -31,7 +31,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Protocol, TypeVar, cast
 
-from middlebox.core.framed import FramedStream, FramingLayout, ItemPass, PathFraming, Position
+from middlebox.core.framed import (
+    BodyLane,
+    FramedStream,
+    FramingLayout,
+    ItemPass,
+    PathFraming,
+    Position,
+)
 from middlebox.core.scenario_state import SharedState, for_fault
 from middlebox.core.stream import Chunk, Direction, Item
 
@@ -286,7 +293,9 @@ class Fault:
     fault's reader over them and publishes their pieces for it (`BodyPass.passes`), so
     the next head, a message's end or anything the framer holds reaches `on_item` with
     the fault's framing exactly where a call per item would have left it. The fault
-    sets it back to None to see every item again. Another `ItemPass` may pass over it
+    sets it back to None to see every item again, in one of its hooks (as it sets
+    `aside`): between calls, the pipeline may have passed it over for reads it is told of
+    only when the next call comes (`BodyLane`). Another `ItemPass` may pass over it
     other items whose `on_item` would only hand them on (a stage that watches a framer's
     refusal: a read framed whole with none)."""
 
@@ -503,6 +512,10 @@ class Pipeline(Fault):
         # hook: a call that only passed items over faults stepping aside keeps them (`feed`).
         self._kept: tuple[float | None, frozenset[Direction], bool, bool] | None = None
         self._reached = False
+        # Responses' body reads passed over every fault at once (`BodyLane`), while open;
+        # `_lanes`: the response streams, when the framing's shape allows one at all.
+        self._lane: BodyLane | None = None
+        self._lanes: list[FramedStream] | None = None
 
     @property
     def faults(self) -> list[Fault]:
@@ -512,6 +525,7 @@ class Pipeline(Fault):
     def faults(self, faults: list[Fault]) -> None:
         """The shell takes a stage that stepped aside out of a live pipeline; it lets go
         of its place in the framing (its readers would hold the streams' pieces)."""
+        self._close_lane()
         kept = {id(fault) for fault in faults}
         for fault in self._faults:
             if id(fault) not in kept:
@@ -547,6 +561,27 @@ class Pipeline(Fault):
         """`on_open`, and what the connection must do."""
         return self.effects(self.on_open(now))
 
+    def _close_lane(self) -> None:
+        """Tell the faults what passed them in the lane, before anything else reaches them."""
+        lane = self._lane
+        if lane is not None:
+            self._lane = None
+            lane.close()
+
+    def _open_lane(self) -> None:
+        """A lane for the next response body reads, if every fault and stream allows one
+        (`BodyLane.open`); called after a read passed over all of them."""
+        faults = self._faults
+        places = []
+        for index in range(len(faults) - 1, -1, -1):  # the order a response reaches them
+            fault = faults[index]
+            if Direction.DOWNSTREAM not in fault.aside:
+                if fault.body_aside is None:
+                    return
+                places.append(fault.body_aside)
+        assert self.framing is not None and self._lanes is not None
+        self._lane = BodyLane.open(self.framing.down_at[self.framing.size], self._lanes, places)
+
     def feed(self, item: Item, now: float) -> Effects:
         """`on_item`, and what the connection must do.
 
@@ -558,16 +593,35 @@ class Pipeline(Fault):
         Their wake may then be earlier than the faults' deadline now, or stand where
         none is left; `wake` at that time finds nothing due and answers what is, as a
         lazy timer does. An end of stream always gets fresh effects: the connection may
-        be over, and a stale wake would hold it open until that time."""
+        be over, and a stale wake would hold it open until that time.
+
+        After such a response read, the next ones that are all body of the same message
+        (whole chunks: an SSE stream's frames) go through a `BodyLane` where the faults
+        allow it: out as they came, with those effects, and the faults told the sums
+        before any other call reaches them."""
+        lane = self._lane
+        if lane is not None:
+            kept = self._kept  # set whenever a lane is open
+            if (
+                kept is not None
+                and type(item) is Chunk
+                and item.direction is Direction.DOWNSTREAM
+                and lane.take(item.data, now)
+            ):
+                return Effects([item], *kept)
+            self._close_lane()
         self._reached = False
         items = self.on_item(item, now)
         kept = self._kept
         if self._reached or kept is None or type(item) is not Chunk:
             return self.effects(items)
+        if self._lanes is not None and item.direction is Direction.DOWNSTREAM:
+            self._open_lane()
         return Effects(items, *kept)
 
     def wake(self, now: float) -> Effects:
         """`on_deadline` if a fault is due by `now`, and what the connection must do."""
+        self._close_lane()
         due = self.deadline()
         return self.effects(self.on_deadline(now) if due is not None and due <= now else [])
 
@@ -636,6 +690,11 @@ class Pipeline(Fault):
                 for (index, direction), stream in framing.fed_after.items()
             }
         self.framing = framing
+        self._lanes = None
+        if framing is not None and not any(
+            direction is Direction.DOWNSTREAM for (_, direction) in self._fed_after
+        ):
+            self._lanes = list({id(stream): stream for stream in framing.down_at}.values())
         connection_id, report, mss = context.connection_id, context.report, context.client_mss
         rng = context.rng
         if isinstance(rng, ConnectionRandom):
@@ -662,6 +721,7 @@ class Pipeline(Fault):
             attach(framing)  # the journal listens to the legs instead of re-framing them
 
     def on_open(self, now: float) -> list[Item]:
+        self._close_lane()
         out: list[Item] = []
         for index, fault in enumerate(self.faults):
             for item in fault.on_open(now):
@@ -669,6 +729,7 @@ class Pipeline(Fault):
         return out
 
     def on_item(self, item: Item, now: float) -> list[Item]:
+        self._close_lane()
         faults = self._faults
         if not faults:
             return [item]
@@ -686,6 +747,7 @@ class Pipeline(Fault):
         return out
 
     def on_deadline(self, now: float) -> list[Item]:
+        self._close_lane()
         out: list[Item] = []
         for index, fault in enumerate(self.faults):
             due = fault.deadline()
@@ -695,6 +757,7 @@ class Pipeline(Fault):
         return out
 
     def deadline(self) -> float | None:
+        self._close_lane()
         earliest: float | None = None
         for fault in self._timed:
             due = fault.deadline()
@@ -708,6 +771,7 @@ class Pipeline(Fault):
     def between_messages(self) -> bool:
         """No message under way (the path's framing says) and no fault but the proxy's
         own stages wants waking (holds anything). Unframed, it cannot say: False."""
+        self._close_lane()
         framing = self.framing
         if framing is None:
             return False
@@ -720,6 +784,7 @@ class Pipeline(Fault):
         and framed streams into cycles (each fault's body pass refers back to it, each
         reader to its stream), so all of it is freed by reference counting with the
         relay, not by the cyclic collector. Nothing is called on it after this."""
+        self._lane = None
         for fault in self._faults:
             fault.body_aside = None
         if self.framing is not None:

@@ -49,6 +49,7 @@ from middlebox.core.sse import SseEvent, SseFramer, SseKind, SseLimits, SsePiece
 from middlebox.core.stream import Chunk, Direction, Item
 
 __all__ = [
+    "BodyLane",
     "BodyPass",
     "BodyRun",
     "Framed",
@@ -191,6 +192,27 @@ class FramedStream:
         self._base += count
         self.emitted = end
         self.received = max(self.received, end)
+
+    def skip_body(self, data: bytes) -> int:
+        """Take `data` as body of the message under way without framing pieces of it
+        (`Http1Framer.skip_body`): the payload bytes in it, or -1 with nothing done. Only
+        for a stream nobody listens to and no event stream is framed on: the pipeline's
+        `BodyLane` asks, and moves its readers on itself."""
+        if self.http is None or self._listeners or self._sse or self._eof_at is not None:
+            return -1
+        body = self.http.skip_body(data)
+        if body >= 0:
+            self.received += len(data)
+            self.emitted += len(data)
+            self._body_run = None
+        return body
+
+    def skip(self, size: int) -> None:
+        """`size` more bytes published here as they came, all body, with no piece made:
+        what `publish_passed` would have done for them with nobody listening."""
+        self.emitted += size
+        self.received = max(self.received, self.emitted)
+        self._body_run = None
 
     def publish_end(self) -> None:
         if not self.ended:
@@ -515,6 +537,18 @@ class ItemPass:
     def passes(self, item: Item, now: float) -> bool:
         return False
 
+    def skips(self, direction: Direction) -> bool:
+        """Whether the pipeline may pass this place over for a run of body reads in
+        `direction` and tell it once, after the run (`skipped`), instead of read by read
+        (`BodyLane`): only where what `passes` does for each read adds up, and while this
+        place is in step with the bytes that passed it. False unless a subclass says."""
+        return False
+
+    def skipped(self, size: int, body: int, whole_chunks: bool, now: float) -> None:
+        """What `passes` would have done for reads adding up to `size` bytes, all body of
+        the message under way and none its end (`body` of them payload; `whole_chunks`:
+        they ended after a chunk's CRLF), the last of them at `now`."""
+
 
 class BodyPass(ItemPass):
     """A fault's place in one direction's framed stream, kept in step while the pipeline
@@ -589,6 +623,30 @@ class BodyPass(ItemPass):
         count of them (a read timer) extends this; it runs once per item passed over."""
         self.publish_passed(framed, run)
 
+    def skips(self, direction: Direction) -> bool:
+        """In step in `direction` with nobody reading what it publishes piece by piece;
+        a subclass that extends `passed` must extend `skipped` too, or it is asked read
+        by read."""
+        kind = type(self)
+        if kind.passed is not BodyPass.passed and kind.skipped is BodyPass.skipped:
+            return False
+        reader = self.reader
+        publish = self.publish
+        return (
+            direction is self.direction
+            and not reader.partial
+            and reader.cursor == reader.delivered == reader.stream.emitted
+            and (publish is None or not (publish._listeners or publish._sse))
+        )
+
+    def skipped(self, size: int, body: int, whole_chunks: bool, now: float) -> None:
+        """The reader moved past the bytes, and the stream after it told of them."""
+        reader = self.reader
+        reader.cursor += size
+        reader.delivered += size
+        if self.publish is not None:
+            self.publish.skip(size)
+
     def publish_passed(self, framed: list[Framed], run: BodyRun | None = None) -> None:
         """Body pieces this place passes on as they came: to the stream after it, moved
         by `shift`; counted without being made when nobody reads that stream. With the
@@ -612,6 +670,75 @@ class BodyPass(ItemPass):
             stream._body_run = BodyRun(
                 index, first, run.end + shift, run.message, run.body, run.whole_chunks, run.ends
             )
+
+
+class BodyLane:
+    """A response body passed over every fault at once, read after read, and each place
+    told once when the run ends (`ItemPass.skipped`), instead of read by read.
+
+    It opens after a read passed over every fault of its direction (each stepped aside
+    for it or passed it as body: no hook ran) when every place that passed it can be
+    told later (`ItemPass.skips`), nobody listens to the direction's streams (the
+    journal) and no event stream is framed on them. Each next read is checked against
+    the framer at the path's server end (`FramedStream.skip_body`: whole chunks, or a
+    body's bytes short of its end) and goes out as it came: a read that passes every
+    fault as body of the message under way leaves each exactly as the same reads passed
+    one by one would have, so telling them the sums later is the same (the reads' sizes,
+    payload, and the time of the last, which is what a read timer re-arms from). Any
+    other read, and any other call on the pipeline, closes it first (`close`)."""
+
+    __slots__ = ("body", "entry", "last", "places", "size", "whole_chunks")
+
+    def __init__(self, entry: FramedStream, places: list[ItemPass], whole_chunks: bool) -> None:
+        self.entry = entry
+        self.places = places  # in the order the direction's bytes reach them
+        self.whole_chunks = whole_chunks
+        self.size = 0
+        self.body = 0
+        self.last = 0.0
+
+    @classmethod
+    def open(
+        cls, entry: FramedStream, streams: list[FramedStream], places: list[ItemPass]
+    ) -> BodyLane | None:
+        """The lane on `entry` (the direction's stream at the path's end where its bytes
+        come in) for `places`, if `streams` (all of that direction's) and they allow."""
+        readers = []
+        direction = entry.direction
+        for place in places:
+            if not place.skips(direction):
+                return None
+            if isinstance(place, BodyPass):
+                readers.append(place.reader)
+        for stream in streams:
+            if stream._listeners or stream._sse or stream._eof_at is not None:
+                return None
+            for reader in stream._readers:
+                if reader not in readers:
+                    return None  # a place stepping aside would miss the pieces it keeps
+        http = entry.http
+        if http is None or not http.skips_body:
+            return None
+        return cls(entry, places, http.in_chunks)
+
+    def take(self, data: bytes, now: float) -> bool:
+        """`data`, the next read in the lane's direction, passed over every place as body
+        (True), or not taken, with nothing changed (False: close the lane and feed it)."""
+        body = self.entry.skip_body(data)
+        if body < 0:
+            return False
+        self.size += len(data)
+        self.body += body
+        self.last = now
+        return True
+
+    def close(self) -> None:
+        """Tell each place what passed it since the lane opened."""
+        size = self.size
+        if size:
+            body, whole_chunks, last = self.body, self.whole_chunks, self.last
+            for place in self.places:
+                place.skipped(size, body, whole_chunks, last)
 
 
 def shifted(entry: Framed, shift: int) -> Framed:

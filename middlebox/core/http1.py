@@ -323,6 +323,9 @@ class _State(enum.Enum):
     CLOSED = "closed"  # after a Connection: close message: nothing more should come
 
 
+# Where `skip_body` can take a read: between chunks, or inside a body it cannot end early.
+_SKIPPABLE = frozenset({_State.CHUNK_SIZE, _State.LENGTH, _State.UNTIL_CLOSE})
+
 _BODY_STATES = frozenset(
     {
         _State.LENGTH,
@@ -399,6 +402,16 @@ class Http1Framer:
     def in_body(self) -> bool:
         """The current message's head is done and its body (framing included) is not."""
         return self._state in _BODY_STATES
+
+    @property
+    def in_chunks(self) -> bool:
+        """Between two chunks of a chunked body (the next byte starts a chunk-size line)."""
+        return self._state is _State.CHUNK_SIZE and not self._buf
+
+    @property
+    def skips_body(self) -> bool:
+        """Whether `skip_body` may take the next bytes: inside a body, nothing held."""
+        return self._state in _SKIPPABLE and not self._buf and not self._eof
 
     @property
     def message_complete(self) -> bool:
@@ -484,6 +497,48 @@ class Http1Framer:
         while self._buf and self._step(out):
             pass
         return out
+
+    def skip_body(self, data: bytes) -> int:
+        """Take `data` without cutting pieces if all of it is body of the message under
+        way and none of it ends that message: whole chunks (each its chunk-size line, data
+        and CRLF, none of them the last chunk, exactly as `_cut_direct` cuts one read
+        whole), a Content-Length body's bytes short of its last, or a body read until
+        close. Returns the payload bytes in it (chunk data, not chunk lines), with the
+        framer's offsets moved past it as `feed` would have; -1, with nothing changed,
+        for anything else (then `feed` it)."""
+        state = self._state
+        size = len(data)
+        if self._buf or self._eof or not size:
+            return -1
+        if state is _State.CHUNK_SIZE:
+            body = pos = 0
+            while pos < size:
+                nl = data.find(b"\n", pos)
+                if nl < 0 or nl - pos >= MAX_CHUNK_LINE_BYTES:
+                    return -1
+                match = _CHUNK_LINE.match(data, pos, nl + 1)
+                if match is None:
+                    return -1
+                chunk = int(match.group(1), 16)
+                stop = nl + 1 + chunk
+                if chunk == 0 or chunk > MAX_BODY_SIZE or stop + 1 >= size:
+                    return -1
+                if data[stop] != _CR or data[stop + 1] != _LF:
+                    return -1
+                body += chunk
+                pos = stop + 2
+        elif state is _State.LENGTH:
+            if size >= self._remaining:
+                return -1  # its last bytes end the message: `feed` them
+            self._remaining -= size
+            body = size
+        elif state is _State.UNTIL_CLOSE:
+            body = size
+        else:
+            return -1
+        self._offset += size
+        self._body_received += body
+        return body
 
     def feed_eof(self) -> list[Piece]:
         if self._eof:

@@ -165,14 +165,28 @@ def test_a_fault_that_changes_its_mind_is_given_what_it_asked_for() -> None:
     assert (last.data, last.offset) == (b"fghij", 2 * len(LENGTH_HEAD) + 15)
 
 
-def test_taken_back_between_calls_it_is_given_the_rest_from_where_it_was() -> None:
-    fault = HeadsOnly()
+@dataclass
+class TakesBackAt(HeadsOnly):
+    """HeadsOnly that takes its body pass back at a deadline of its own."""
+
+    at: float = 0.25
+
+    def deadline(self) -> float | None:
+        return self.at if self.body_aside is not None else None
+
+    def on_deadline(self, now: float) -> list[Item]:
+        self.body_aside = None
+        return []
+
+
+def test_taken_back_in_a_later_call_it_is_given_the_rest_from_where_it_was() -> None:
+    fault = TakesBackAt()
     pipeline = Pipeline([fault])
     pipeline.bind(FaultContext(rng=random.Random(0)))
     pipeline.feed(Chunk(UP, REQUEST), 0.0)
     pipeline.feed(Chunk(DOWN, LENGTH_HEAD), 0.1)
     pipeline.feed(Chunk(DOWN, b"01"), 0.2)  # passed over
-    fault.body_aside = None
+    pipeline.wake(0.25)  # it takes its body pass back
     for data in (b"234", b"567", b"89"):
         pipeline.feed(Chunk(DOWN, data), 0.3)
     assert fault.given == [LENGTH_HEAD, b"234", b"567", b"89"]
