@@ -513,9 +513,10 @@ class Pipeline(Fault):
         self._kept: tuple[float | None, frozenset[Direction], bool, bool] | None = None
         self._reached = False
         # Responses' body reads passed over every fault at once (`BodyLane`), while open;
-        # `_lanes`: the response streams, when the framing's shape allows one at all.
+        # `_lanes`: whether the framing's shape allows one at all (`PipelineLayout`).
         self._lane: BodyLane | None = None
-        self._lanes: list[FramedStream] | None = None
+        self._lanes = False
+        self._response_streams: list[FramedStream] | None = None  # made on the first try
 
     @property
     def faults(self) -> list[Fault]:
@@ -525,7 +526,8 @@ class Pipeline(Fault):
     def faults(self, faults: list[Fault]) -> None:
         """The shell takes a stage that stepped aside out of a live pipeline; it lets go
         of its place in the framing (its readers would hold the streams' pieces)."""
-        self._close_lane()
+        if self._lane is not None:
+            self._close_lane()
         kept = {id(fault) for fault in faults}
         for fault in self._faults:
             if id(fault) not in kept:
@@ -571,6 +573,11 @@ class Pipeline(Fault):
     def _open_lane(self) -> None:
         """A lane for the next response body reads, if every fault and stream allows one
         (`BodyLane.open`); called after a read passed over all of them."""
+        framing = self.framing
+        assert framing is not None
+        entry = framing.down_at[framing.size]
+        if not entry.skips_body():
+            return  # the cheap test first: a journal's listener keeps it shut on every read
         faults = self._faults
         places = []
         for index in range(len(faults) - 1, -1, -1):  # the order a response reaches them
@@ -579,8 +586,11 @@ class Pipeline(Fault):
                 if fault.body_aside is None:
                     return
                 places.append(fault.body_aside)
-        assert self.framing is not None and self._lanes is not None
-        self._lane = BodyLane.open(self.framing.down_at[self.framing.size], self._lanes, places)
+        streams = self._response_streams
+        if streams is None:
+            streams = list({id(stream): stream for stream in framing.down_at}.values())
+            self._response_streams = streams
+        self._lane = BodyLane.open(entry, streams, places)
 
     def feed(self, item: Item, now: float) -> Effects:
         """`on_item`, and what the connection must do.
@@ -615,13 +625,14 @@ class Pipeline(Fault):
         kept = self._kept
         if self._reached or kept is None or type(item) is not Chunk:
             return self.effects(items)
-        if self._lanes is not None and item.direction is Direction.DOWNSTREAM:
+        if self._lanes and item.direction is Direction.DOWNSTREAM:
             self._open_lane()
         return Effects(items, *kept)
 
     def wake(self, now: float) -> Effects:
         """`on_deadline` if a fault is due by `now`, and what the connection must do."""
-        self._close_lane()
+        if self._lane is not None:
+            self._close_lane()
         due = self.deadline()
         return self.effects(self.on_deadline(now) if due is not None and due <= now else [])
 
@@ -690,11 +701,7 @@ class Pipeline(Fault):
                 for (index, direction), stream in framing.fed_after.items()
             }
         self.framing = framing
-        self._lanes = None
-        if framing is not None and not any(
-            direction is Direction.DOWNSTREAM for (_, direction) in self._fed_after
-        ):
-            self._lanes = list({id(stream): stream for stream in framing.down_at}.values())
+        self._lanes = layout.response_lanes
         connection_id, report, mss = context.connection_id, context.report, context.client_mss
         rng = context.rng
         if isinstance(rng, ConnectionRandom):
@@ -721,7 +728,8 @@ class Pipeline(Fault):
             attach(framing)  # the journal listens to the legs instead of re-framing them
 
     def on_open(self, now: float) -> list[Item]:
-        self._close_lane()
+        if self._lane is not None:
+            self._close_lane()
         out: list[Item] = []
         for index, fault in enumerate(self.faults):
             for item in fault.on_open(now):
@@ -729,7 +737,8 @@ class Pipeline(Fault):
         return out
 
     def on_item(self, item: Item, now: float) -> list[Item]:
-        self._close_lane()
+        if self._lane is not None:
+            self._close_lane()
         faults = self._faults
         if not faults:
             return [item]
@@ -747,7 +756,8 @@ class Pipeline(Fault):
         return out
 
     def on_deadline(self, now: float) -> list[Item]:
-        self._close_lane()
+        if self._lane is not None:
+            self._close_lane()
         out: list[Item] = []
         for index, fault in enumerate(self.faults):
             due = fault.deadline()
@@ -757,7 +767,8 @@ class Pipeline(Fault):
         return out
 
     def deadline(self) -> float | None:
-        self._close_lane()
+        if self._lane is not None:
+            self._close_lane()
         earliest: float | None = None
         for fault in self._timed:
             due = fault.deadline()
@@ -771,7 +782,8 @@ class Pipeline(Fault):
     def between_messages(self) -> bool:
         """No message under way (the path's framing says) and no fault but the proxy's
         own stages wants waking (holds anything). Unframed, it cannot say: False."""
-        self._close_lane()
+        if self._lane is not None:
+            self._close_lane()
         framing = self.framing
         if framing is None:
             return False
@@ -785,6 +797,7 @@ class Pipeline(Fault):
         reader to its stream), so all of it is freed by reference counting with the
         relay, not by the cyclic collector. Nothing is called on it after this."""
         self._lane = None
+        self._response_streams = None
         for fault in self._faults:
             fault.body_aside = None
         if self.framing is not None:
@@ -904,6 +917,9 @@ class PipelineLayout:
     framing: FramingLayout | None
     shared_in_process: tuple[bool, ...]
     reads_client_mss: bool = False
+    response_lanes: bool = False
+    """Framed, with no response stream fed by the pipeline after a fault: a response body
+    may pass in a `BodyLane` (`Pipeline.feed`)."""
 
     @classmethod
     def of(cls, faults: Sequence[Fault]) -> PipelineLayout:
@@ -923,6 +939,8 @@ class PipelineLayout:
             framing,
             tuple(fault.shared_in_process for fault in faults),
             any(fault.reads_client_mss() for fault in faults),
+            framing is not None
+            and all(direction is not Direction.DOWNSTREAM for _, direction, _ in framing.fed_after),
         )
 
     def fits(self, faults: Sequence[Fault]) -> bool:

@@ -193,6 +193,16 @@ class FramedStream:
         self.emitted = end
         self.received = max(self.received, end)
 
+    def skips_body(self) -> bool:
+        """Whether `skip_body` may take the next bytes (see there)."""
+        http = self.http
+        return (
+            http is not None
+            and http.skips_body
+            and not (self._listeners or self._sse)
+            and self._eof_at is None
+        )
+
     def skip_body(self, data: bytes) -> int:
         """Take `data` as body of the message under way without framing pieces of it
         (`Http1Framer.skip_body`): the payload bytes in it, or -1 with nothing done. Only
@@ -717,7 +727,7 @@ class BodyLane:
                 if reader not in readers:
                     return None  # a place stepping aside would miss the pieces it keeps
         http = entry.http
-        if http is None or not http.skips_body:
+        if http is None or not entry.skips_body():
             return None
         return cls(entry, places, http.in_chunks)
 
