@@ -554,6 +554,8 @@ class Pipeline(Fault):
         """Which of its faults are the proxy's own stages (`ProxyStage`): a stage that has
         `finished` leaves the pipeline, one that has `connection_closed` ends the
         connection (`Effects`)."""
+        if self._lane is not None:
+            self._close_lane()
         self.stages = tuple(stages)
         self._kept = None
 
@@ -777,6 +779,8 @@ class Pipeline(Fault):
         return earliest
 
     def reading_paused(self, source: Direction) -> bool:
+        if self._lane is not None:
+            self._close_lane()
         return any(fault.reading_paused(source) for fault in self._pausing)
 
     def between_messages(self) -> bool:

@@ -635,10 +635,12 @@ class BodyPass(ItemPass):
 
     def skips(self, direction: Direction) -> bool:
         """In step in `direction` with nobody reading what it publishes piece by piece;
-        a subclass that extends `passed` must extend `skipped` too, or it is asked read
-        by read."""
+        a subclass that extends `passed` must extend `skipped` too, and one that changes
+        `passes` or `publish_passed` is asked read by read."""
         kind = type(self)
         if kind.passed is not BodyPass.passed and kind.skipped is BodyPass.skipped:
+            return False
+        if kind.passes is not BodyPass.passes or kind.publish_passed is not BodyPass.publish_passed:
             return False
         reader = self.reader
         publish = self.publish

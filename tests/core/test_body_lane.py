@@ -13,7 +13,8 @@ its response stream, as the journal's, keeps the lane shut), on a virtual clock.
   segmentation, pauses and keep-alive exchanges;
 - where it must open (SSE frames through the bench path: the faults' passes are not
   called read by read) and where it must not (a listener, a lazy read timer, SSE framed
-  for the journal, a fault that sees every read, a fault whose output is framed again)."""
+  for the journal, a fault that sees every read, a fault whose output is framed again,
+  a body pass that does its own work per read)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 from faults.idle_reaper import _BodyReads
 from middlebox.compose import PROXY_STAGES, load_text
 from middlebox.core.fault import Effects, Fault, FaultContext, FaultReport, Pipeline, proxy_stages
-from middlebox.core.framed import BodyLane
+from middlebox.core.framed import BodyLane, BodyPass, BodyRun, Framed
 from middlebox.core.http1 import LAST_CHUNK_BYTES, Http1Framer, PieceKind, encode_chunk
 from middlebox.core.stream import DOWN, UP, Chunk, Eof, Item, Reset
 
@@ -378,3 +379,35 @@ def test_a_read_that_cuts_a_chunk_closes_the_lane_and_the_next_whole_ones_reopen
     assert opened is not None and lanes[7] is None
     assert lanes[8] is not None and lanes[8] is lanes[-1] is not opened
     same_both_ways(text, timeline, until=1.0)
+
+
+class CountsPasses(BodyPass):
+    """Does something of its own for each read it is passed over for (`passes`)."""
+
+    __slots__ = ()
+
+    def passes(self, item: Item, now: float) -> bool:
+        return super().passes(item, now)
+
+
+class CountsPassed(BodyPass):
+    """Extends `passed`, but says nothing of how to be told of reads skipped."""
+
+    __slots__ = ()
+
+    def passed(self, framed: list[Framed], run: BodyRun, now: float) -> None:
+        super().passed(framed, run, now)
+
+
+@pytest.mark.parametrize("kind", [CountsPasses, CountsPassed])
+def test_a_body_pass_that_does_its_own_per_read_work_is_passed_read_by_read(
+    kind: type[BodyPass],
+) -> None:
+    pipeline, _ = pipeline_of(REWRITERS)
+    lanes_before = fed(pipeline, sse_timeline(3))
+    assert lanes_before[-1] is not None  # plain head rewriters: a lane
+    pipeline, _ = pipeline_of(REWRITERS)
+    for fault in pipeline.faults:
+        if type(fault.body_aside) is BodyPass:
+            fault.body_aside.__class__ = kind
+    assert fed(pipeline, sse_timeline(5)) == [None] * 7
