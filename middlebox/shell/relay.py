@@ -37,7 +37,7 @@ from middlebox.observe.observer import RelayObserver
 from middlebox.shell.hub import ReadHub, acquire_read_hub, release_read_hub
 from middlebox.shell.sides import UNPARKED, Side, abort
 
-READ_SIZE = 64 * 1024
+READ_SIZE = 128 * 1024  # what a default receive buffer holds (tcp_rmem): 64 KiB and a head
 # Queued toward one peer before we stop reading the other: TCP's window is backpressure.
 HIGH_WATER = 256 * 1024
 # Reads in a row before yielding, so a bulk transfer cannot starve the other connections.
