@@ -517,6 +517,9 @@ class Pipeline(Fault):
         self._lane: BodyLane | None = None
         self._lanes = False
         self._response_streams: list[FramedStream] | None = None  # made on the first try
+        # The faults refused a lane since a hook last ran: only a hook changes their asides,
+        # so the reads passed over until then are not asked again (`_open_lane`).
+        self._lane_refused = False
 
     @property
     def faults(self) -> list[Fault]:
@@ -579,13 +582,14 @@ class Pipeline(Fault):
         assert framing is not None
         entry = framing.down_at[framing.size]
         if not entry.skips_body():
-            return  # the cheap test first: a journal's listener keeps it shut on every read
+            return  # the cheap test first (a read that ended inside a chunk: the next may do)
         faults = self._faults
         places = []
         for index in range(len(faults) - 1, -1, -1):  # the order a response reaches them
             fault = faults[index]
             if Direction.DOWNSTREAM not in fault.aside:
                 if fault.body_aside is None:
+                    self._lane_refused = True
                     return
                 places.append(fault.body_aside)
         streams = self._response_streams
@@ -593,6 +597,7 @@ class Pipeline(Fault):
             streams = list({id(stream): stream for stream in framing.down_at}.values())
             self._response_streams = streams
         self._lane = BodyLane.open(entry, streams, places)
+        self._lane_refused = self._lane is None
 
     def feed(self, item: Item, now: float) -> Effects:
         """`on_item`, and what the connection must do.
@@ -627,7 +632,7 @@ class Pipeline(Fault):
         kept = self._kept
         if self._reached or kept is None or type(item) is not Chunk:
             return self.effects(items)
-        if self._lanes and item.direction is Direction.DOWNSTREAM:
+        if self._lanes and not self._lane_refused and item.direction is Direction.DOWNSTREAM:
             self._open_lane()
         return Effects(items, *kept)
 
@@ -642,6 +647,7 @@ class Pipeline(Fault):
         """`items` and the state after the call that made them: a stage that has finished
         steps aside (leaves the pipeline) for the rest of the connection. Loops rather
         than generator expressions: this runs after every call, on every connection."""
+        self._lane_refused = False  # a hook may have run: the faults may allow a lane now
         ended = False
         stages = self.stages
         if stages:

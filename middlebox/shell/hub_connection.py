@@ -68,6 +68,15 @@ class ConnectionHost(Protocol):
     ) -> None: ...
 
 
+def accept_client(listener: socket.socket, family: socket.AddressFamily) -> socket.socket:
+    """One client from `listener` (raises as `accept` does: BlockingIOError when none
+    waits). socket.py's `accept` turns the listener's family and type into enums (two
+    Enum calls a connection); the C accept and the family taken once make the same
+    socket."""
+    fd, _ = listener._accept()  # type: ignore[attr-defined]
+    return socket.socket(family, socket.SOCK_STREAM, 0, fd)
+
+
 def _ignored_after_close(_: object) -> None:
     """A closed listener's `admit` and `failed`: never called, as nothing is accepted
     after `close`; they hold no reference back to the listener's owner."""
@@ -262,9 +271,7 @@ class HubListener:
         self.admit = admit
         self.failed = failed
         self.pause = pause
-        # socket.py's `accept` turns the listener's family and type into enums (two Enum
-        # calls a connection); the C accept and the family taken once make the same socket.
-        self.family = listener.family
+        self.family = listener.family  # taken once (`accept_client`)
         self.closed = False
         self._resume_ticket: int | None = None
         # The one bound method the hub holds (it compares callbacks by identity).
@@ -277,7 +284,7 @@ class HubListener:
             if self.closed:
                 return
             try:
-                fd, _ = listener._accept()  # type: ignore[attr-defined]
+                client = accept_client(listener, family)
             except BlockingIOError:
                 return
             except OSError as error:
@@ -286,7 +293,6 @@ class HubListener:
                 due = trio.current_time() + self.pause
                 self._resume_ticket = self.hub.schedule(due, self._resume)
                 return
-            client = socket.socket(family, socket.SOCK_STREAM, 0, fd)
             try:
                 self.admit(client)
             except Exception:  # a bug must fail this client, not the hub or the listener

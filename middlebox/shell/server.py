@@ -75,7 +75,7 @@ from middlebox.observe.observer import RelayObserver
 from middlebox.scenario.model import ProxyOptions, Scenario, TlsOptions
 from middlebox.shell.h2_streams import H2Session, serve_h2
 from middlebox.shell.hub import ReadHub, acquire_read_hub
-from middlebox.shell.hub_connection import HubConnection, HubListener
+from middlebox.shell.hub_connection import HubConnection, HubListener, accept_client
 from middlebox.shell.live import LiveConnection
 from middlebox.shell.relay import Relay
 from middlebox.shell.sides import apply_buffer_sizes, arm_reset
@@ -388,13 +388,10 @@ class ProxyServer(ServerCounters):
                 if hub is not None:
                     await self._accept_on_hub(hub, listener, nursery, dial_on_hub)
                     return
-            # socket.py's `accept` turns the listener's family and type into enums
-            # (two Enum calls a connection); the C accept and the family taken once
-            # make the same socket.
-            family = listener.family
+            family = listener.family  # taken once (`accept_client`)
             while True:
                 try:
-                    fd, _ = listener._accept()  # type: ignore[attr-defined]
+                    client = accept_client(listener, family)
                 except BlockingIOError:
                     await trio.lowlevel.wait_readable(listener)
                     continue
@@ -402,7 +399,7 @@ class ProxyServer(ServerCounters):
                     self.accept_failed(error)
                     await trio.sleep(ACCEPT_ERROR_PAUSE)
                     continue
-                self._admit(socket.socket(family, socket.SOCK_STREAM, 0, fd), nursery, dial_on_hub)
+                self._admit(client, nursery, dial_on_hub)
 
     async def _accept_on_hub(
         self, hub: ReadHub, listener: socket.socket, nursery: trio.Nursery, address: Dialled

@@ -411,3 +411,26 @@ def test_a_body_pass_that_does_its_own_per_read_work_is_passed_read_by_read(
         if type(fault.body_aside) is BodyPass:
             fault.body_aside.__class__ = kind
     assert fed(pipeline, sse_timeline(5)) == [None] * 7
+
+
+def test_faults_that_refused_a_lane_are_not_asked_again_until_a_hook_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[int] = []
+    open_lane = BodyLane.open.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[BodyLane], *args: object) -> BodyLane | None:
+        asked.append(1)
+        return open_lane(cls, *args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(BodyLane, "open", classmethod(counted))
+    pipeline, _ = pipeline_of(LAZY)
+    second = sse_timeline(5)[2:]
+    assert fed(pipeline, sse_timeline(5)) == [None] * 7
+    assert len(asked) == 1  # after the first frame: refused, and not asked per read
+    pipeline.feed(Chunk(DOWN, LAST_CHUNK_BYTES), 1.0)  # the end reaches the reaper's hook
+    pipeline.feed(Chunk(UP, REQUEST), 1.1)
+    pipeline.feed(Chunk(DOWN, SSE_HEAD), 1.2)
+    for now, item in second:
+        pipeline.feed(item, now + 1.0)
+    assert len(asked) == 2  # asked again once after the hooks, for the next response
