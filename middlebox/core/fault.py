@@ -334,7 +334,7 @@ class Fault:
 
     def reads_sse(self) -> bool:
         """True when this fault also reads the SSE lines of event-stream bodies (framed
-        only when some fault or the journal reads them)."""
+        only when some fault reads them)."""
         return False
 
     def reads_client_mss(self) -> bool:
@@ -702,7 +702,7 @@ class Pipeline(Fault):
         framing = None
         if layout.framing is not None:
             # Frame once: each stream of the path is framed by one pass that
-            # every HTTP-aware fault here, and the journal, reads.
+            # every HTTP-aware fault here reads.
             framing = PathFraming.from_layout(layout.framing)
             self._fed_after = {
                 (id(faults[index]), direction): stream
@@ -731,9 +731,6 @@ class Pipeline(Fault):
                     mss,
                 )
             )
-        attach = getattr(context.report, "attach_framing", None)
-        if framing is not None and attach is not None:
-            attach(framing)  # the journal listens to the legs instead of re-framing them
 
     def on_open(self, now: float) -> list[Item]:
         if self._lane is not None:

@@ -1,9 +1,8 @@
 """One framing pass per byte stream of a connection, shared by every reader (pure).
 
 The framers (`middlebox.core.http1`, `middlebox.core.sse`) turn bytes into labelled
-pieces. Running them once per HTTP-aware fault, again in the journal and again in the
-scorer frames the same bytes three to five times; this module frames each stream once
-and lets everyone read the result.
+pieces. Running them once per HTTP-aware fault frames the same bytes once per fault;
+this module frames each stream of the path once and lets every fault read the result.
 
 - `Framed`: one HTTP/1.1 `Piece` plus the SSE lines (`SsePiece`) its body bytes
   complete, and where the piece starts in its message body. Event-stream bodies are
@@ -13,7 +12,8 @@ and lets everyone read the result.
 - `FramedStream`: one direction of one stretch of the path, framed once. It is fed
   either bytes (`feed`/`feed_eof`: the one framing pass) or, by a fault that rewrote
   the bytes and knows what it wrote, the `Framed` pieces of its output (`publish`): no
-  framer runs then. Faults read it through a `Reader` each; the journal listens.
+  framer runs then. Faults read it through a `Reader` each; a listener (`LegRecord`)
+  gets every piece.
 - `Reader`: a cursor in a `FramedStream` for one place in the path. A fault advances it
   by the bytes of each chunk it receives (`advance(n)`) and gets the pieces those bytes
   complete: whole structural pieces (heads, chunk lines) once all their bytes have
@@ -26,8 +26,8 @@ and lets everyone read the result.
   so with no rewriting fault both legs share one framing pass.
 - `LegRecord`: what the journal, the scorer, `record` and the timeline need from one
   leg (heads, SSE events and comments, message ends, request bodies, optionally every
-  piece), collected by listening to that leg's streams, or from captured bytes in one
-  pass (`LegRecord.from_bytes`) when nothing framed them live.
+  piece), from its captured bytes in one pass (`LegRecord.from_bytes`), or by listening
+  to that leg's streams.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ class FramedStream:
         return reader
 
     def listen(self, listener: Listener) -> None:
-        """Call `listener` with every piece from now on (the journal's way in)."""
+        """Call `listener` with every piece from now on."""
         self._listeners.append(listener)
 
     def _add(self, pieces: list[Piece]) -> None:
@@ -690,8 +690,8 @@ class BodyLane:
 
     It opens after a read passed over every fault of its direction (each stepped aside
     for it or passed it as body: no hook ran) when every place that passed it can be
-    told later (`ItemPass.skips`), nobody listens to the direction's streams (the
-    journal) and no event stream is framed on them. Each next read is checked against
+    told later (`ItemPass.skips`), nobody listens to the direction's streams and no
+    event stream is framed on them. Each next read is checked against
     the framer at the path's server end (`FramedStream.skip_body`: whole chunks, or a
     body's bytes short of its end) and goes out as it came: a read that passes every
     fault as body of the message under way leaves each exactly as the same reads passed
@@ -951,11 +951,6 @@ class PathFraming:
         for stream in self.streams:
             stream.release()
 
-    def want_sse(self) -> None:
-        """Someone (the journal) reads SSE events too: frame them (before any byte)."""
-        for stream in self.streams:
-            stream.sse = True
-
     def entry(self, direction: Direction) -> FramedStream:
         """The stream that what enters the path in `direction` is fed to."""
         return self.up_at[0] if direction is Direction.UPSTREAM else self.down_at[self.size]
@@ -1012,7 +1007,7 @@ class LegRecord:
     comment line and message end with its stream offset, the request bodies (first
     REQUEST_BODY_KEEP bytes), and with `keep_pieces` every piece of both directions.
 
-    With a `limit` (the journal's live records) nothing grows with the connection's age:
+    With a `limit` (the journal's records) nothing grows with the connection's age:
     heads, events, ends and per-response comment counts share the limit, and the request
     bodies kept total at most REQUEST_BODIES_KEPT bytes, the oldest dropped first (a
     keep-alive client sending request after request must not grow the proxy)."""

@@ -5,11 +5,12 @@ direction, size, stream offset), how each side ended (FIN, RST, write failure,
 timeout) and every fault decision. It sits on the relay's hot path, so recording is
 an append of a tuple to a list, bounded per connection (drops are counted, never
 blocking); byte capture is optional and bounded too. Protocol boundaries (HTTP
-heads, SSE events) come from the connection's framing (`middlebox.core.framed`): when
-the pipeline frames its streams for an HTTP-aware fault, the journal listens to the two
-legs' streams (`attach_framing`) and frames nothing itself; otherwise it frames the
-captured bytes of each leg once, off the hot path, when they are first asked for
-(`leg`), and the scorer and `record` read that same `LegRecord`. Secrets in
+heads, SSE events) come from framing the captured bytes of each leg once
+(`middlebox.core.framed`), off the hot path, when they are first asked for (`leg`); the
+scorer and `record` read that same `LegRecord`. Not the pipeline's own framing: that is
+what the faults emitted toward a leg, and a fault holding bytes when it resets the
+connection (`handoff`), or a reset that discards what was still unsent, means some of it
+never crossed. Secrets in
 captured heads (Authorization, api-key, cookies) are redacted
 when the journal is written, unless the user asks otherwise.
 
@@ -37,7 +38,7 @@ from typing import IO, Any
 
 from middlebox.core.dialects import EndKind, dialect_for, read
 from middlebox.core.fault import REPORTS_KEPT, FaultReport
-from middlebox.core.framed import LegRecord, PathFraming
+from middlebox.core.framed import LegRecord
 from middlebox.core.stream import Direction
 
 MAX_RECORDS = 200_000
@@ -174,25 +175,15 @@ class ConnectionJournal:
     _time_index: dict[tuple[str, str, int], tuple[list[int], list[float]]] = field(
         default_factory=dict, repr=False
     )
-    _live: dict[str, LegRecord] = field(default_factory=dict, repr=False)
     _framed: dict[tuple[str, bool, bool], LegRecord] = field(default_factory=dict, repr=False)
     # How much `new_lines` has handed out already (the on-disk writer's progress).
     _written_records: int = field(default=0, repr=False)
     _written_faults: int = field(default=0, repr=False)
     _opened_written: bool = field(default=False, repr=False)
 
-    def attach_framing(self, framing: PathFraming) -> None:
-        """Listen to the legs' streams of a pipeline that frames them (frame once)."""
-        framing.want_sse()
-        for leg in LEGS:
-            self._live[leg] = LegRecord(limit=MAX_BOUNDARIES).listen(*framing.leg(leg))
-
     def leg(self, leg: str, *, keep_pieces: bool = False, ended: bool = False) -> LegRecord:
-        """What was framed on `leg`: live from the pipeline's framing, or the captured
-        bytes framed once (and kept: asking again frames nothing)."""
-        live = self._live.get(leg)
-        if live is not None and not keep_pieces:
-            return live
+        """What was framed on `leg`: its captured bytes framed once (and kept: asking
+        again frames nothing)."""
         key = (leg, keep_pieces, ended)
         record = self._framed.get(key)
         if record is None:
@@ -429,9 +420,7 @@ class ConnectionJournal:
         """HTTP heads, message ends and SSE events on each leg (see `leg`)."""
         out: list[dict[str, Any]] = []
         for leg in LEGS:
-            if leg not in self._live and not any(
-                self.captured.get((leg, d.value)) for d in Direction
-            ):
+            if not any(self.captured.get((leg, d.value)) for d in Direction):
                 continue
             record = self.leg(leg)
             for direction in Direction:
@@ -528,8 +517,7 @@ def _jsonable(details: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class JournalSink:
-    """A connection's fault-report sink; a pipeline that frames its streams also hands
-    it its framing (`Pipeline.bind`), so the journal reads the legs from there."""
+    """A connection's fault-report sink: its reports go to its journal, once that is open."""
 
     store: JournalKeeper
     connection_id: int
@@ -539,25 +527,17 @@ class JournalSink:
         if journal is not None:
             journal.fault(report)
 
-    def attach_framing(self, framing: PathFraming) -> None:
-        journal = self.store.journals.get(self.connection_id)
-        if journal is not None:
-            journal.attach_framing(framing)
-        else:  # the server builds the pipeline before the journal: it takes it then
-            self.store.pending_framing[self.connection_id] = framing
-
 
 class JournalKeeper:
     """What both stores of journals (`JournalStore` in memory, `JournalWriter` on disk) do
     for the server: open a connection's journal with their capture, redaction and clock
-    settings (and the pipeline framing that arrived before it), and sink its fault reports."""
+    settings, and sink its fault reports."""
 
     capture: bool
     clock_offset: float | None
     max_capture_bytes: int
     redaction: Redaction
     journals: dict[int, ConnectionJournal]
-    pending_framing: dict[int, PathFraming]
 
     def observer(
         self,
@@ -578,9 +558,6 @@ class JournalKeeper:
             scenario=scenario,
             redaction=self.redaction,
         )
-        framing = self.pending_framing.pop(connection_id, None)
-        if framing is not None:
-            journal.attach_framing(framing)
         self.journals[connection_id] = journal
         self.opened(connection_id)
         return journal
@@ -609,7 +586,6 @@ class JournalStore(JournalKeeper):
     evicted: int = 0
     evicted_dropped: int = 0
     _order: deque[int] = field(default_factory=deque, repr=False)
-    pending_framing: dict[int, PathFraming] = field(default_factory=dict, repr=False)
 
     def opened(self, connection_id: int) -> None:
         self._order.append(connection_id)
@@ -629,7 +605,6 @@ class JournalStore(JournalKeeper):
 
     def clear(self) -> None:
         self.journals.clear()
-        self.pending_framing.clear()
         self._order.clear()
         self.evicted = self.evicted_dropped = 0
 
@@ -669,7 +644,6 @@ class JournalWriter(JournalKeeper):
     max_capture_bytes: int = MAX_CAPTURE_BYTES
     clock_offset: float | None = None
     journals: dict[int, ConnectionJournal] = field(default_factory=dict)
-    pending_framing: dict[int, PathFraming] = field(default_factory=dict, repr=False)
     written_bytes: int = 0
     connections_written: int = 0
     dropped_lines: int = 0
@@ -680,7 +654,6 @@ class JournalWriter(JournalKeeper):
 
     def connection_ended(self, connection_id: int) -> None:
         """Write the rest of a finished connection, flush, and forget it."""
-        self.pending_framing.pop(connection_id, None)
         journal = self.journals.pop(connection_id, None)
         if journal is None:
             return

@@ -301,7 +301,8 @@ def test_no_lane_while_a_listener_or_an_event_stream_framing_reads_the_responses
     listened, _ = pipeline_of(BENCH, read_by_read=True)
     framed_sse, _ = pipeline_of(BENCH)
     assert framed_sse.framing is not None
-    framed_sse.framing.want_sse()  # what the journal asks for before any byte
+    for stream in framed_sse.framing.streams:
+        stream.sse = True  # event streams framed as SSE, as for a fault that reads SSE
     for pipeline in (listened, framed_sse):
         assert fed(pipeline, sse_timeline(5)) == [None] * 7
     assert len(passes) == 2 * 5

@@ -1,5 +1,6 @@
 """Frame once: a connection's streams are framed by one pass each, which every HTTP-aware
-fault in the path, the journal and the scorer read (middlebox/core/framed.py)."""
+fault in the path reads (middlebox/core/framed.py); the journal frames what each leg
+carried (its captured bytes) once, off the hot path, and the scorer reads that."""
 
 from __future__ import annotations
 
@@ -74,9 +75,13 @@ def three_http_faults() -> Pipeline:
     return Pipeline([SetHeader(), SseIds(mode="add"), IdleReaper(timeout=30)])
 
 
-def run_with_journal(pipeline: Pipeline) -> tuple[JournalStore, list[tuple[float, Item]]]:
-    """Replay through `pipeline` with a journal attached as the proxy attaches it, and
-    record each leg's bytes in the journal as the relay would (read in, written out)."""
+def run_with_journal(
+    pipeline: Pipeline, written_down: int | None = None
+) -> tuple[JournalStore, list[tuple[float, Item]]]:
+    """Replay through `pipeline` with a journal as the proxy keeps one (its fault sink),
+    and record each leg's bytes in the journal as the relay would (read in, written out).
+    `written_down`: how many of the chunks the pipeline emits toward the client were
+    written before the client's side reset (None: all of them)."""
     store = JournalStore(capture=True, clock_offset=0.0)
     journal = store.observer(1, 0.0, "frame-once")
     pipeline.bind(FaultContext(1, random.Random(0), store.fault_sink(1)))
@@ -85,14 +90,19 @@ def run_with_journal(pipeline: Pipeline) -> tuple[JournalStore, list[tuple[float
         if isinstance(item, Chunk):
             leg = "client" if item.direction is UP else "upstream"
             journal.read(leg, item.direction, item.data, at)
+    down = 0
     for at, item in out:
         if isinstance(item, Chunk):
+            if item.direction is DOWN:
+                down += 1
+                if written_down is not None and down > written_down:
+                    continue
             leg = "upstream" if item.direction is UP else "client"
             journal.wrote(leg, item.direction, item.data, at)
     return store, out
 
 
-def test_three_http_faults_frame_each_leg_once_and_the_journal_and_scorer_frame_nothing(
+def test_three_http_faults_frame_each_stream_once_and_the_journal_each_leg_once(
     framing_passes: Counter[str],
 ) -> None:
     store, out = run_with_journal(three_http_faults())
@@ -110,8 +120,13 @@ def test_three_http_faults_frame_each_leg_once_and_the_journal_and_scorer_frame_
     assert framing_passes["http.response"] == upstream_bytes + client_bytes - head_growth
     before = framing_passes.copy()
     lines = journal.to_lines()
+    # Off the hot path, the journal frames each leg's captured bytes once...
+    assert framers(framing_passes, "request") - framers(before, "request") == 2
+    assert framers(framing_passes, "response") - framers(before, "response") == 2
+    framed = framing_passes.copy()
+    journal.to_lines()
     counts = analyse_upstream_leg(journal.leg("upstream"))
-    assert framing_passes == before  # the journal and the scorer read, they do not frame
+    assert framing_passes == framed  # ...and keeps it: the scorer reads, it does not frame
     events = [line for line in lines if line["type"] == "sse_event"]
     assert Counter(e["leg"] for e in events) == {"upstream": 5, "client": 5}
     assert [e["id"] for e in events if e["leg"] == "client"] == ["1", "2", "3", "4", "5"]
@@ -125,12 +140,17 @@ def test_three_http_faults_frame_each_leg_once_and_the_journal_and_scorer_frame_
     }
 
 
-def test_the_live_boundaries_equal_those_of_the_captured_bytes_framed_afresh() -> None:
-    store, _ = run_with_journal(three_http_faults())
-    live = store.journals[1]
-    fresh = JournalStore(capture=True, clock_offset=0.0).observer(1, 0.0)
-    fresh.records, fresh.captured, fresh.offsets = live.records, live.captured, live.offsets
-    assert live.boundaries() == fresh.boundaries()
+def test_a_leg_holds_what_crossed_it_not_what_the_faults_emitted_toward_it() -> None:
+    # The head and two events reached the client before its side reset: the faults had
+    # emitted all five (a `handoff` holding bytes through an outage, or a reset
+    # discarding what was unsent, ends the same way), the client leg shows two.
+    store, _ = run_with_journal(three_http_faults(), written_down=3)
+    lines = store.journals[1].to_lines()
+    events = [line for line in lines if line["type"] == "sse_event"]
+    assert [e["id"] for e in events if e["leg"] == "client"] == ["1", "2"]
+    assert sum(e["leg"] == "upstream" for e in events) == 5
+    ends = [line for line in lines if line["type"] == "http_end" and line["leg"] == "client"]
+    assert [end["direction"] for end in ends] == ["upstream"]  # the response never ended
 
 
 def test_pass_through_frames_nothing_until_the_journal_is_read(

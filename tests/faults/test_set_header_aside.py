@@ -16,7 +16,7 @@ from faults.latency import Latency
 from faults.set_header import SetHeader
 from faults.testing import TimedItem, replay
 from middlebox.core.fault import Fault, FaultContext, Pipeline
-from middlebox.core.framed import LegRecord
+from middlebox.core.framed import LegRecord, PathFraming
 from middlebox.core.stream import DOWN, UP, Chunk, Direction, Eof, Item
 from tests.faults.httpprops import SSE_HEAD, request, spread_splits, sse_chunks
 
@@ -131,13 +131,20 @@ def test_bodiless_and_interim_answers_are_handled_as_before() -> None:
     assert [r.details["message"] for r in header.reports] == [0, 1, 2]
 
 
+def frame_sse(framing: PathFraming) -> None:
+    """Frame event-stream bodies as SSE on every stream, before any byte (as for a fault
+    that reads SSE), so a listener on the client leg sees the events it carries."""
+    for stream in framing.streams:
+        stream.sse = True
+
+
 def test_the_client_leg_it_publishes_to_carries_every_body_piece() -> None:
     # Nothing feeds the stream after it but its publish, passed over or not.
     pipeline, header, _ = bench_path()
     pipeline.bind(FaultContext(rng=random.Random(0)))
     framing = pipeline.framing
     assert framing is not None
-    framing.want_sse()  # as the journal does
+    frame_sse(framing)
     record = LegRecord().listen(*framing.leg("client"))
     pipeline.on_open(0.0)
     pipeline.on_item(Chunk(UP, request()), 0.0)
@@ -166,7 +173,7 @@ def client_leg(
         header.body_aside = None
     framing = pipeline.framing
     assert framing is not None
-    framing.want_sse()
+    frame_sse(framing)
     pieces: list[object] = []
     framing.leg("client")[1].listen(
         lambda e: pieces.append(
