@@ -136,6 +136,10 @@ def scenarios(show_dir: bool) -> None:
 def replay(report_file: str, report_dir: str | None) -> None:
     """Rerun a report.json with the same seeds and clients; fail if any verdict differs.
 
+    Also fails where a request's generated or shown text differs, except shown text where
+    the upstream split the same text into other events (its writer lagged: timing, not
+    the seed), which is noted.
+
     \b
     Example:
       middlebox replay reports/latest/report.json
@@ -144,6 +148,8 @@ def replay(report_file: str, report_dir: str | None) -> None:
 
     result = replay_report(Path(report_file), Path(report_dir) if report_dir else None)
     show_scorecard(result.suite.document())
+    for line in result.notes:
+        click.echo(f"replay: note: {line}")
     if result.same:
         click.echo("replay: every verdict identical")
         return

@@ -1,12 +1,19 @@
 """`middlebox replay report.json`: rerun a report's scenarios with its seeds and clients and
 list every verdict that differs, and every request whose generated or shown text differs
 (the report's `run` section holds what a rerun needs; the emulator is seeded by the same
-seed, so the same seed must give the same text, not only the same verdicts)."""
+seed, so the same seed must give the same text, not only the same verdicts).
+
+One difference is the run's timing rather than its seed, and is listed apart as a note:
+shown text that differs where the upstream split the same text into other events (a
+lagging writer merges tokens, in vLLM and the emulator alike, so a fault counting events
+or tokens cuts elsewhere). Both reports must carry the split (`upstream_split`), and it
+must differ in the events both runs had (an upstream reset a moment later sends a few more
+after the cut: the same split); otherwise a shown text that differs is a difference."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +26,8 @@ from middlebox.run.suite import run_suite
 class Replay:
     suite: SuiteOutcome
     differences: list[str]
+    # shown text that differs where the upstream's events did too (`timing_notes`)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def same(self) -> bool:
@@ -47,17 +56,27 @@ def replay_report(report_path: Path, report_dir: Path | None) -> Replay:
             new = after.get(scenario, {}).get(client)
             if old != new:
                 differences.append(f"{scenario}/{client}: was {old}, now {new}")
-    differences += text_differences(document, report_document(suite, run))
-    return Replay(suite, differences)
+    rerun = report_document(suite, run)
+    differences += text_differences(document, rerun)
+    return Replay(suite, differences, timing_notes(document, rerun))
 
 
-def request_texts(document: dict[str, Any]) -> dict[tuple[str, str, int], tuple[str, str]]:
+Texts = tuple[str, str, list[int]]
+
+
+def request_texts(document: dict[str, Any]) -> dict[tuple[str, str, int], Texts]:
     """Per (scenario, client, request index): digests of the text the upstream generated
-    (what the client should have shown) and of the text the client showed."""
+    (what the client should have shown) and of the text the client showed, and how the
+    upstream split it into events (empty in a report written before it was kept)."""
     return {
         (scenario["name"], result["client"], int(request["index"])): (
             str(request.get("expected_digest", "")),
             str(request.get("shown_digest", "")),
+            [
+                int(size)
+                for size in str(request.get("upstream_split") or "").split(",")
+                if size.isdigit()
+            ],
         )
         for scenario in document.get("scenarios", [])
         for result in scenario.get("results", [])
@@ -65,16 +84,51 @@ def request_texts(document: dict[str, Any]) -> dict[tuple[str, str, int], tuple[
     }
 
 
-def text_differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """Requests, present in both reports, whose generated or shown text changed."""
+def split_otherwise(before: list[int], after: list[int]) -> bool:
+    """Whether the upstream split the text into other events in the two runs: an event
+    both runs had added text of another length. Extra events in one run alone (the
+    upstream heard a reset later) are not another split; no split known is none."""
+    return any(old != new for old, new in zip(before, after, strict=False))
+
+
+def _compared(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, str]]:
+    """(what differs, the request) for each request present in both reports whose
+    generated or shown text changed: `generated`, `shown`, or `shown_split` when the
+    upstream split the text otherwise too."""
     old, new = request_texts(before), request_texts(after)
-    differences = []
+    found = []
     # a report written before the digests existed has none to compare
     for key in sorted(k for k in old.keys() & new.keys() if old[k][0] and new[k][0]):
-        (old_expected, old_shown), (new_expected, new_shown) = old[key], new[key]
+        (old_expected, old_shown, old_split), (new_expected, new_shown, new_split) = (
+            old[key],
+            new[key],
+        )
         scenario, client, index = key
+        where = f"{scenario}/{client}: request {index}"
         if old_expected != new_expected:
-            differences.append(f"{scenario}/{client}: request {index}: generated text differs")
+            found.append(("generated", where))
         elif old_shown != new_shown:
-            differences.append(f"{scenario}/{client}: request {index}: shown text differs")
-    return differences
+            timing = split_otherwise(old_split, new_split)
+            found.append(("shown_split" if timing else "shown", where))
+    return found
+
+
+def text_differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Requests, present in both reports, whose generated text changed, or whose shown
+    text changed while the upstream split the text into the same events."""
+    return [
+        f"{where}: {kind} text differs"
+        for kind, where in _compared(before, after)
+        if kind != "shown_split"
+    ]
+
+
+def timing_notes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Requests whose shown text changed where the upstream split the same text into
+    other events: the run's timing (a lagging writer merges tokens), not its seed."""
+    return [
+        f"{where}: shown text differs, and the upstream split the same text into other"
+        " events (its writer lagged and merged tokens: the run's timing, not its seed)"
+        for kind, where in _compared(before, after)
+        if kind == "shown_split"
+    ]

@@ -159,6 +159,10 @@ class RequestScore:
     # the same verdicts
     expected_digest: str = ""
     shown_digest: str = ""
+    # how the upstream split that text into events (`upstream_split`, the lengths
+    # comma-separated: compact in report.json): a shown text that differs where the split
+    # did too is the run's timing, not its seed
+    upstream_split: str = ""
     # Responses-API events its client was sent over the create and resume legs: skipped
     # between two it was sent, and sent twice (`sequence_faults`)
     sequence_gaps: int = 0
@@ -568,6 +572,39 @@ def _retrieves(record: LegRecord, message: int, responses: set[str]) -> bool:
                 path.endswith(f"/responses/{rid}") for rid in responses
             )
     return False
+
+
+SPLIT_KEPT = 512
+"""Events of a request's upstream split kept in the report (`upstream_split`): where a
+fault counting events or tokens lands depends on the first ones."""
+
+
+def upstream_split(traffic: Iterable[UpstreamLeg], tag: str) -> list[int]:
+    """How the upstream split its answers to one logical request into events: per
+    response on the upstream leg to a request carrying `tag` (or a resume of one of its
+    Responses-API responses), in order, the length of the text each event added (the
+    first SPLIT_KEPT). The same seed gives the same text but not the same split: a server
+    whose writer lags merges the tokens made meanwhile into one event (vLLM's
+    RequestOutputCollector; the emulator does the same), so a fault that counts events or
+    tokens then cuts elsewhere and a client shows other text. `replay` tells that apart
+    from the same split giving other text."""
+    legs = [_framed(leg) for leg in traffic]
+    stored = _stored_responses(legs, tag)
+    split: list[int] = []
+    for record in legs:
+        asked = {
+            message
+            for message, _, _, _ in record.heads[Direction.UPSTREAM]
+            if tag in record.request_body(message).decode("utf-8", "replace")
+            or _retrieves(record, message, stored)
+        }
+        texts: dict[int, list[int]] = {}
+        for message, _, meaning in _meanings(record):
+            if message in asked:
+                texts.setdefault(message, []).append(len(meaning.text))
+        for message in sorted(texts):
+            split += texts[message]
+    return split[:SPLIT_KEPT]
 
 
 def finish_flag(
@@ -1187,6 +1224,7 @@ def score_client(
                 finish_flag=finish_flag(client_reason, reached_here, request_result),
                 expected_digest=_digest(expected or ""),
                 shown_digest=_digest(shown_text),
+                upstream_split=",".join(map(str, upstream_split(upstream_traffic, tag))),
                 sequence_gaps=gaps,
                 sequence_repeats=repeats,
             )

@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 
 from middlebox.run.score import (
+    SPLIT_KEPT,
     analyse_upstream,
     evaluate_expect,
     expect_problems,
     request_verdict,
     score_client,
+    upstream_split,
 )
 
 
@@ -341,3 +343,39 @@ def test_a_real_servers_length_reaches_the_finish_reason_comparison() -> None:
     score = score_client("s", "raw", [tag], {"results": [shown("abc")]}, [], traffic, [], [])
     assert score.requests[0].verdict == "complete"
     assert score.requests[0].finish_flag == "length_hidden"
+
+
+def chat_stream(created: int, *texts: str) -> bytes:
+    """A chat completion stream whose events add `texts`, then [DONE]."""
+    events = [
+        json.dumps(
+            {
+                "id": f"chatcmpl-{created}",
+                "created": created,
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+            }
+        ).encode()
+        for text in texts
+    ]
+    return sse_response(*events, b"[DONE]")
+
+
+def test_the_upstream_split_of_a_request_s_text_is_kept_without_ids_or_times() -> None:
+    tag, other = "[middlebox s/raw/0]", "[middlebox s/raw/1]"
+    split = upstream_split([(chat_request(tag), chat_stream(1, "He", "llo", "!"))], tag)
+    assert split == [2, 3, 1, 0]  # [DONE] adds no text
+    # the same split with another id and `created`: the same
+    assert upstream_split([(chat_request(tag), chat_stream(2, "He", "llo", "!"))], tag) == split
+    # the same text with two tokens merged into one event (a lagging writer): another
+    assert upstream_split([(chat_request(tag), chat_stream(1, "Hello", "!"))], tag) == [5, 1, 0]
+    # another request's stream on the leg is not this one's
+    assert upstream_split([(chat_request(other), chat_stream(1, "Hello", "!"))], tag) == []
+    legs = [(chat_request(other), chat_stream(1, "Hello", "!")),
+            (chat_request(tag), chat_stream(1, "He", "llo", "!"))]  # fmt: skip
+    assert upstream_split(legs, tag) == split
+    # bounded: a long answer keeps its first SPLIT_KEPT events
+    long = chat_stream(1, *("t" for _ in range(SPLIT_KEPT + 10)))
+    assert upstream_split([(chat_request(tag), long)], tag) == [1] * SPLIT_KEPT
+    # the scorer keeps it per request, for `replay`
+    score = score_client("s", "raw", [tag], {"results": [shown("Hello!")]}, [], legs[1:], [], [])
+    assert score.requests[0].upstream_split == "2,3,1,0"  # compact in report.json
