@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from middlebox.report.scorecard import verdict_sections
 from middlebox.run.outcome import SuiteOutcome, report_document
@@ -26,7 +26,7 @@ from middlebox.run.suite import run_suite
 class Replay:
     suite: SuiteOutcome
     differences: list[str]
-    # shown text that differs where the upstream's events did too (`timing_notes`)
+    # shown text that differs where the upstream's events did too (`compare_texts`)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -56,9 +56,8 @@ def replay_report(report_path: Path, report_dir: Path | None) -> Replay:
             new = after.get(scenario, {}).get(client)
             if old != new:
                 differences.append(f"{scenario}/{client}: was {old}, now {new}")
-    rerun = report_document(suite, run)
-    differences += text_differences(document, rerun)
-    return Replay(suite, differences, timing_notes(document, rerun))
+    texts = compare_texts(document, report_document(suite, run))
+    return Replay(suite, differences + texts.differences, texts.notes)
 
 
 Texts = tuple[str, str, list[int]]
@@ -91,12 +90,21 @@ def split_otherwise(before: list[int], after: list[int]) -> bool:
     return any(old != new for old, new in zip(before, after, strict=False))
 
 
-def _compared(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, str]]:
-    """(what differs, the request) for each request present in both reports whose
-    generated or shown text changed: `generated`, `shown`, or `shown_split` when the
-    upstream split the text otherwise too."""
+class TextComparison(NamedTuple):
+    """What `replay` finds in two reports' texts: `differences` fail it; `notes` are
+    shown text that differs where the upstream split the same text into other events
+    (the run's timing, not its seed)."""
+
+    differences: list[str]
+    notes: list[str]
+
+
+def compare_texts(before: dict[str, Any], after: dict[str, Any]) -> TextComparison:
+    """Requests present in both reports: a generated text that changed, or a shown text
+    that changed while the upstream split the text into the same events, is a difference;
+    a shown text that changed where the split did too is a note."""
     old, new = request_texts(before), request_texts(after)
-    found = []
+    found = TextComparison([], [])
     # a report written before the digests existed has none to compare
     for key in sorted(k for k in old.keys() & new.keys() if old[k][0] and new[k][0]):
         (old_expected, old_shown, old_split), (new_expected, new_shown, new_split) = (
@@ -106,29 +114,12 @@ def _compared(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, 
         scenario, client, index = key
         where = f"{scenario}/{client}: request {index}"
         if old_expected != new_expected:
-            found.append(("generated", where))
+            found.differences.append(f"{where}: generated text differs")
+        elif old_shown != new_shown and split_otherwise(old_split, new_split):
+            found.notes.append(
+                f"{where}: shown text differs, and the upstream split the same text into other"
+                " events (its writer lagged and merged tokens: the run's timing, not its seed)"
+            )
         elif old_shown != new_shown:
-            timing = split_otherwise(old_split, new_split)
-            found.append(("shown_split" if timing else "shown", where))
+            found.differences.append(f"{where}: shown text differs")
     return found
-
-
-def text_differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """Requests, present in both reports, whose generated text changed, or whose shown
-    text changed while the upstream split the text into the same events."""
-    return [
-        f"{where}: {kind} text differs"
-        for kind, where in _compared(before, after)
-        if kind != "shown_split"
-    ]
-
-
-def timing_notes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """Requests whose shown text changed where the upstream split the same text into
-    other events: the run's timing (a lagging writer merges tokens), not its seed."""
-    return [
-        f"{where}: shown text differs, and the upstream split the same text into other"
-        " events (its writer lagged and merged tokens: the run's timing, not its seed)"
-        for kind, where in _compared(before, after)
-        if kind == "shown_split"
-    ]

@@ -530,15 +530,20 @@ def wire_attempts(client_traffic: Iterable[UpstreamLeg], tag: str) -> int:
     whose body carries its tag, whoever answered them (the upstream, or a fault such as
     a gateway's 429 that never let them through), and its resumes of a background
     response (`GET /v1/responses/{id}`, no body: `_stored_responses`)."""
-    count = 0
     legs = [_framed(leg) for leg in client_traffic]
     responses = _stored_responses(legs, tag)
-    for record in legs:
-        for message, _, _, _ in record.heads[Direction.UPSTREAM]:
-            body = record.request_body(message).decode("utf-8", "replace")
-            if tag in body or _retrieves(record, message, responses):
-                count += 1
-    return count
+    return sum(len(_requests_for(record, tag, responses)) for record in legs)
+
+
+def _requests_for(record: LegRecord, tag: str, responses: set[str]) -> set[int]:
+    """The requests on a leg made for one logical request: its body carries `tag`, or it
+    resumes one of its Responses-API `responses` (`GET /v1/responses/{id}`, no body)."""
+    return {
+        message
+        for message, _, _, _ in record.heads[Direction.UPSTREAM]
+        if tag in record.request_body(message).decode("utf-8", "replace")
+        or _retrieves(record, message, responses)
+    }
 
 
 def _stored_responses(legs: Sequence[LegRecord], tag: str) -> set[str]:
@@ -592,12 +597,7 @@ def upstream_split(traffic: Iterable[UpstreamLeg], tag: str) -> list[int]:
     stored = _stored_responses(legs, tag)
     split: list[int] = []
     for record in legs:
-        asked = {
-            message
-            for message, _, _, _ in record.heads[Direction.UPSTREAM]
-            if tag in record.request_body(message).decode("utf-8", "replace")
-            or _retrieves(record, message, stored)
-        }
+        asked = _requests_for(record, tag, stored)
         texts: dict[int, list[int]] = {}
         for message, _, meaning in _meanings(record):
             if message in asked:

@@ -17,7 +17,7 @@ from middlebox.library import scenario_dir
 from middlebox.run.client_runs import resolve_clients
 from middlebox.run.outcome import RunError, SuiteOutcome
 from middlebox.run.processes import EmulatorProcess, emulator_config
-from middlebox.run.replay import text_differences, timing_notes
+from middlebox.run.replay import compare_texts
 from middlebox.run.suite import proof_problems
 
 LIBRARY = scenario_dir()
@@ -115,15 +115,15 @@ def _report(expected: str, shown: str, split: list[int] | None = None) -> dict[s
 
 
 def test_replay_compares_the_generated_and_shown_text_not_only_the_verdicts() -> None:
-    assert text_differences(_report("a1", "b1"), _report("a1", "b1")) == []
-    assert text_differences(_report("a1", "b1"), _report("a2", "b1")) == [
+    assert compare_texts(_report("a1", "b1"), _report("a1", "b1")).differences == []
+    assert compare_texts(_report("a1", "b1"), _report("a2", "b1")).differences == [
         "s/raw: request 0: generated text differs"
     ]
-    assert text_differences(_report("a1", "b1"), _report("a1", "b2")) == [
+    assert compare_texts(_report("a1", "b1"), _report("a1", "b2")).differences == [
         "s/raw: request 0: shown text differs"
     ]
     # a report from before the digests has nothing to compare
-    assert text_differences(_report("", ""), _report("a1", "b1")) == []
+    assert compare_texts(_report("", ""), _report("a1", "b1")).differences == []
 
 
 TIMING_NOTE = (
@@ -136,23 +136,23 @@ def test_shown_text_that_differs_with_the_upstream_s_split_is_noted_not_failed()
     # The same text, two tokens merged into one event in the rerun (a lagging writer):
     # a counted cut lands elsewhere, so the shown text may differ. Timing: a note.
     merged = (_report("a1", "b1", [2, 3, 1, 4]), _report("a1", "b2", [5, 1, 4]))
-    assert text_differences(*merged) == []
-    assert timing_notes(*merged) == [TIMING_NOTE]
+    assert compare_texts(*merged).differences == []
+    assert compare_texts(*merged).notes == [TIMING_NOTE]
     # The same split, only longer in one run (the upstream heard the reset later), and
     # other shown text: a difference, and no note.
     for split in ([2, 3, 1, 4], [2, 3, 1, 4, 2, 2]):
         pair = (_report("a1", "b1", [2, 3, 1, 4]), _report("a1", "b2", split))
-        assert text_differences(*pair) == ["s/raw: request 0: shown text differs"]
-        assert timing_notes(*pair) == []
+        assert compare_texts(*pair).differences == ["s/raw: request 0: shown text differs"]
+        assert compare_texts(*pair).notes == []
     # Another generated text fails whatever the split; a report without the split (or an
     # upstream that sent no events for it) cannot excuse shown text.
-    assert text_differences(_report("a1", "b1", [2, 3]), _report("a2", "b1", [5])) == [
+    assert compare_texts(_report("a1", "b1", [2, 3]), _report("a2", "b1", [5])).differences == [
         "s/raw: request 0: generated text differs"
     ]
     for before, after in (([], [5, 1]), ([2, 3], []), (None, [5, 1])):
         pair = (_report("a1", "b1", before), _report("a1", "b2", after))
-        assert text_differences(*pair) == ["s/raw: request 0: shown text differs"]
-        assert timing_notes(*pair) == []
+        assert compare_texts(*pair).differences == ["s/raw: request 0: shown text differs"]
+        assert compare_texts(*pair).notes == []
 
 
 def _storm_checks(attempts: int, error: str | None) -> list[bool]:
