@@ -1,6 +1,7 @@
-"""The README stays current: every fault, scenario and command is in its tables, its example
-client really runs under the client contract, every install line names the distribution
-pyproject.toml builds, and the CI section shows the example CI files as they are."""
+"""The README stays current: every fault, scenario and command is in its tables, the choices
+it lists for an option are the option's own, its example client really runs under the client
+contract, every install line names the distribution pyproject.toml builds and every Locust
+line the installed locustfile, and the CI section shows the example CI files as they are."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import re
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 
 from faults import REGISTRY
@@ -47,6 +50,39 @@ def test_every_cli_command_appears_in_the_command_table() -> None:
     table = section("Commands")
     missing = [name for name in main.commands if f"`middlebox {name}" not in table]
     assert not missing, f"commands missing from the README table: {missing}"
+
+
+def choice_lists(text: str, option: str) -> list[list[str]]:
+    """The value lists written after `option` in a table row (`--profile a\\|b`: the table's
+    escaped bar), each as its values."""
+    found = re.findall(rf"{re.escape(option)} ((?:[\w.-]+\\\|)+[\w.-]+)", text)
+    return [values.split("\\|") for values in found]
+
+
+def choice_options(group: click.Group) -> Iterator[tuple[str, set[str]]]:
+    """Every option with fixed choices, in every command and subcommand, and its choices."""
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            yield from choice_options(command)
+        for param in command.params:
+            if isinstance(param, click.Option) and isinstance(param.type, click.Choice):
+                yield from ((name, set(map(str, param.type.choices))) for name in param.opts)
+
+
+def test_every_list_of_choices_in_the_command_table_is_the_commands_own() -> None:
+    table = section("Commands")
+    checked = []
+    for option, choices in choice_options(main):
+        for values in choice_lists(table, option):
+            assert set(values) == choices, f"README lists {option} {values}; it takes {choices}"
+            checked.append(option)
+    assert "--profile" in checked  # the emulator's profiles: one list is checked at least
+
+
+def test_a_list_of_choices_is_read_from_its_table_cell() -> None:
+    cell = "`middlebox emulate [--port P --profile vllm-0.33\\|vllm-0.11]` | the emulator |"
+    assert choice_lists(cell, "--profile") == [["vllm-0.33", "vllm-0.11"]]
+    assert choice_lists(cell, "--port") == []
 
 
 def test_every_scoring_name_is_documented() -> None:
@@ -100,6 +136,13 @@ def test_every_install_line_names_the_distribution_pyproject_builds() -> None:
 def test_an_install_line_naming_another_distribution_is_caught() -> None:
     text = "pip install 'middlebox[redis]'\npipx install llm-middlebox\n`pip install .`"
     assert pip_installs(text) == ["middlebox[redis]", "llm-middlebox"]
+
+
+def test_locust_is_pointed_at_the_installed_locustfile_not_a_checkouts() -> None:
+    texts = {"README.md": README} | {p.name: p.read_text() for p in (ROOT / "docs").glob("*.md")}
+    relative = [where for where, text in texts.items() if "-f middlebox/tools/" in text]
+    assert relative == [], "a pip user has no middlebox/tools/: use $(middlebox load --locustfile)"
+    assert 'locust -f "$(middlebox load --locustfile)"' in section("Install")
 
 
 def test_the_ci_section_shows_the_example_ci_files_as_they_are() -> None:

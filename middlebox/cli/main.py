@@ -3,7 +3,8 @@
 Thin: each command parses its options and calls one importable function; the commands live
 by group in `cli/proxy.py` (the proxy), `cli/run.py` (run, scenarios, replay, drills) and
 `cli/tools.py` (validate, schema, pcap, record, load, probe-upstream); `cli/targets.py` is the
-scenario argument (a path or a library name). `main` is the console script
+scenario argument (a path or a library name), `cli/addresses.py` the HOST:PORT and port
+options (a port out of range is a usage error). `main` is the console script
 (pyproject: `middlebox = "middlebox.cli.main:main"`).
 """
 

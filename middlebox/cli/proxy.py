@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from middlebox.cli.addresses import listen_address, upstream_address
 from middlebox.cli.targets import scenario_file
 
 EPILOG_PROXY = """\b
@@ -36,16 +37,20 @@ UPSTREAM_PROBE_TIMEOUT = 1.0
 # What a failed listen usually means and what to do, by errno (bind(2), listen(2)).
 LISTEN_ADVICE = {
     errno.EADDRINUSE: "address already in use (another proxy or server has it: stop it, or "
-    "pick another --listen port; port 0 picks a free one)",
+    "pick another port; port 0 picks a free one)",
     errno.EACCES: "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE)",
-    errno.EADDRNOTAVAIL: "address not available on this machine (check the --listen host)",
+    errno.EADDRNOTAVAIL: "address not available on this machine (check the host)",
 }
 
 
-def startup_error(error: BaseException, listen_at: str) -> str | None:
-    """A start-up failure in one line (a busy port, a bad address), or None when the
-    error is not one (then the traceback is the useful report). Trio may wrap the
-    OSError in an exception group."""
+def startup_error(error: BaseException, listen_at: str, option: str = "--listen") -> str | None:
+    """A start-up failure in one line (a busy port, a bad address) naming the address and
+    the option that set it, or None when the error is not one (then the traceback is the
+    useful report). Trio may wrap the OSError in an exception group. A ListenError says
+    which of the proxy's listeners failed, and so which option to name; any other OSError
+    is `listen_at`'s, set by `option`."""
+    from middlebox.shell.server import ListenError
+
     found: list[OSError] = []
 
     def walk(exc: BaseException) -> None:
@@ -58,8 +63,10 @@ def startup_error(error: BaseException, listen_at: str) -> str | None:
     if not found:
         return None
     first = found[0]
+    if isinstance(first, ListenError):
+        listen_at, option = str(first.address), f"--{first.role}"
     reason = LISTEN_ADVICE.get(first.errno or 0, first.strerror or str(first))
-    return f"cannot listen on {listen_at}: {reason}"
+    return f"cannot listen on {listen_at} ({option}): {reason}"
 
 
 def upstream_problem(upstream: str, timeout: float = UPSTREAM_PROBE_TIMEOUT) -> str | None:
@@ -109,10 +116,14 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
     "listen_at",
     default="127.0.0.1:9000",
     show_default=True,
+    callback=listen_address,
     help="HOST:PORT to accept clients on (port 0 picks a free port).",
 )
 @click.option(
-    "--upstream", required=True, help="URL of the LLM server, e.g. http://127.0.0.1:8000."
+    "--upstream",
+    required=True,
+    callback=upstream_address,
+    help="URL of the LLM server, e.g. http://127.0.0.1:8000.",
 )
 @click.option(
     "--scenario",
@@ -187,12 +198,14 @@ def ready_file_writer(path: str | None, say: Callable[[str], None]) -> Callable[
 @click.option(
     "--control",
     metavar="HOST:PORT",
+    callback=listen_address,
     help="Serve the control API here (GET /metrics, GET|PUT|DELETE /scenario, "
     "GET /journals...). Loopback unless a token is given.",
 )
 @click.option(
     "--ui",
     metavar="HOST:PORT",
+    callback=listen_address,
     help="Serve the live web console here (docs/ui.md): every stream's two sides as they "
     "flow, the faults firing, and the fault list to edit. Loopback unless a token is given.",
 )

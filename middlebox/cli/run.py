@@ -171,7 +171,10 @@ def drill() -> None:
     """
 
 
-@drill.command("list")
+@drill.command(
+    "list",
+    epilog="\b\nExample:\n  middlebox drill list   # then: middlebox drill start NAME",
+)
 def drill_list() -> None:
     """The drills, and where each one's fix goes."""
     from middlebox.run.drills import listing
@@ -179,7 +182,11 @@ def drill_list() -> None:
     click.echo(listing())
 
 
-@drill.command("hint")
+@drill.command(
+    "hint",
+    epilog="\b\nExamples:\n  middlebox drill hint silent-truncation 1\n"
+    "  middlebox drill hint silent-truncation 4   # the last: the fault revealed",
+)
 @click.argument("name")
 @click.argument("number", type=int)
 def drill_hint(name: str, number: int) -> None:
@@ -245,7 +252,13 @@ def drill_start(
         raise click.ClickException(str(error)) from None
 
 
-@drill.command("check")
+@drill.command(
+    "check",
+    epilog="\b\nExamples:\n"
+    "  middlebox drill check silent-truncation --client-cmd 'python my_client.py'\n"
+    "  middlebox drill check buffered-stream --client-cmd 'python my_client.py' "
+    "--scenario fixed.yaml",
+)
 @click.argument("name")
 @click.option(
     "--client-cmd",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from middlebox.cli.addresses import PORT, listen_address, upstream_address
 from middlebox.cli.targets import scenario_targets
 
 
@@ -55,8 +56,10 @@ def schema() -> None:
 @click.option(
     "-o", "--output", required=True, type=click.Path(dir_okay=False), help="run.pcapng or .pcap"
 )
-@click.option("--listen-port", default=9000, show_default=True, help="Proxy port in the capture.")
-@click.option("--upstream-port", default=8000, show_default=True, help="Upstream port shown.")
+@click.option("--listen-port", default=9000, show_default=True, type=PORT,
+              help="Proxy port in the capture.")  # fmt: skip
+@click.option("--upstream-port", default=8000, show_default=True, type=PORT,
+              help="Upstream port shown.")  # fmt: skip
 def pcap(journal: str, output: str, listen_port: int, upstream_port: int) -> None:
     """Turn a connection journal (NDJSON) into TCP packets for Wireshark or tshark.
 
@@ -75,8 +78,10 @@ def pcap(journal: str, output: str, listen_port: int, upstream_port: int) -> Non
 
 
 @click.command()
-@click.option("--upstream", required=True, help="The real server, e.g. http://127.0.0.1:8000.")
-@click.option("--listen", "listen_at", default="127.0.0.1:9000", show_default=True)
+@click.option("--upstream", required=True, callback=upstream_address,
+              help="The real server, e.g. http://127.0.0.1:8000.")  # fmt: skip
+@click.option("--listen", "listen_at", default="127.0.0.1:9000", show_default=True,
+              callback=listen_address)  # fmt: skip
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Cassette dir.")
 def record(upstream: str, listen_at: str, out: str) -> None:
     """Proxy to a real server and save each response as an emulator cassette.
@@ -88,27 +93,24 @@ def record(upstream: str, listen_at: str, out: str) -> None:
     """
     import trio
 
-    from middlebox.cli.proxy import say
-    from middlebox.shell.server import Address
+    from middlebox.cli.proxy import say, startup_error
+    from middlebox.shell.server import Address, ListenError
     from middlebox.tools.record import record as record_responses
 
-    try:
-        listen_address, upstream_address = Address.parse(listen_at), Address.parse(upstream)
-    except ValueError as error:
-        raise click.ClickException(str(error)) from None
+    listening, recorded = Address.parse(listen_at), Address.parse(upstream)  # checked by click
 
     def ready(port: int) -> None:
-        say(f"recording http://{listen_address.host}:{port} -> {upstream_address}")
+        say(f"recording http://{listening.host}:{port} -> {recorded}")
 
     def saved(path: Path) -> None:
         say(f"saved {path}")
 
     try:
         trio.run(
-            lambda: record_responses(
-                listen_address, upstream_address, Path(out), ready=ready, on_cassette=saved
-            )
+            lambda: record_responses(listening, recorded, Path(out), ready=ready, on_cassette=saved)
         )
+    except ListenError as error:
+        raise click.ClickException(str(startup_error(error, listen_at))) from None
     except KeyboardInterrupt:
         pass
 
@@ -116,7 +118,7 @@ def record(upstream: str, listen_at: str, out: str) -> None:
 @click.command("probe-upstream")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 to stand behind an ingress).")  # fmt: skip
-@click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--port", default=0, show_default=True, type=PORT,
               help="Port; 0 picks a free one (the first stdout line says which).")  # fmt: skip
 @click.option("--keep", default=256, show_default=True, type=click.IntRange(1, 100_000),
               help="Request records kept for GET /probe/requests/ID (the newest).")  # fmt: skip
@@ -138,8 +140,7 @@ def probe_upstream(host: str, port: int, keep: int) -> None:
     try:
         server = ProbeUpstream(host, port, keep=keep)
     except OSError as error:
-        said = str(startup_error(error, f"{host}:{port}"))  # the proxy's advice, our flag
-        raise click.ClickException(said.replace("--listen port", "--port")) from None
+        raise click.ClickException(str(startup_error(error, f"{host}:{port}", "--port"))) from None
     say(f"listening on http://{f'[{host}]' if ':' in host else host}:{server.port}")
     # SIGTERM (docker stop, a Kubernetes pod's end) stops it as Ctrl-C does, exit status 0
     signal.signal(signal.SIGTERM, lambda *_: server.close())
@@ -168,7 +169,7 @@ def probe_upstream(host: str, port: int, keep: int) -> None:
               help="A canary: every SECONDS, a small grid (one hold, one leave), one line "
               "each, and Prometheus gauges at --metrics-listen (docs/fingerprint.md).")  # fmt: skip
 @click.option("--metrics-listen", default="127.0.0.1:9464", show_default=True,
-              metavar="HOST:PORT",
+              metavar="HOST:PORT", callback=listen_address,
               help="Where --watch serves GET /metrics (port 0 picks a free one).")  # fmt: skip
 @click.option("--count", type=click.IntRange(1), metavar="N",
               help="With --watch: stop after N rounds; exit 1 if any failed.")  # fmt: skip
@@ -280,6 +281,16 @@ def watch_path(url: str, interval: float, metrics: str, count: int | None, other
         sys.exit(1)
 
 
+def show_locustfile(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """`load --locustfile`: the path, then exit (before --url is asked for)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from middlebox.tools.load import locustfile_path
+
+    click.echo(locustfile_path())
+    ctx.exit()
+
+
 @click.command()
 @click.option(
     "--url",
@@ -319,6 +330,10 @@ def watch_path(url: str, interval: float, metrics: str, count: int | None, other
     help="After --duration, how long requests in flight may take before they are cut.",
 )
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the report here.")
+@click.option("--locustfile", is_flag=True, expose_value=False, is_eager=True,
+              callback=show_locustfile,
+              help="Print the installed locustfile's path and exit, for "
+              "locust -f \"$(middlebox load --locustfile)\".")  # fmt: skip
 def load(
     url: str,
     streams: int,
@@ -334,12 +349,13 @@ def load(
     """Stream many chat completions at once; report TTFT and ITL percentiles at the client.
 
     Bounded: new requests start for --duration seconds, at most --max-requests in all.
-    For distributed load across machines use Locust with `middlebox/tools/locustfile.py`
+    For distributed load across machines use Locust with the installed locustfile
     (docs/performance.md).
 
     \b
-    Example:
+    Examples:
       middlebox load --url http://127.0.0.1:9000 --streams 200 --duration 30
+      locust -f "$(middlebox load --locustfile)" --host http://127.0.0.1:9000
     """
     from middlebox.tools.load import LoadPlan, load_test
 

@@ -313,6 +313,7 @@ async def serve_console(
     await serve_http(
         console.serve_connection,
         address,
+        role="ui",
         alongside=console.refresh_forever,
         task_status=task_status,
     )

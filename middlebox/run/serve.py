@@ -40,6 +40,7 @@ from middlebox.shell.server import (
     ProxyConfig,
     ProxyServer,
     ProxyStages,
+    listening_as,
     relay_clock_offset,
     run_proxy,
 )
@@ -347,7 +348,8 @@ def _workers_control(address: Address | None, token: str | None) -> WorkersContr
     if address is None:
         return None
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
-    listener = socket.create_server((address.host, address.port), family=family)
+    with listening_as("control", address):
+        listener = socket.create_server((address.host, address.port), family=family)
     listener.setblocking(False)
     return WorkersControl(listener, token=token)
 

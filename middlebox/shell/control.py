@@ -68,6 +68,7 @@ from middlebox.shell.scenario_parse import Parsed
 from middlebox.shell.server import (
     Address,
     ProxyServer,
+    listening_as,
     relay_clock_offset,
     run_proxy,
 )
@@ -706,12 +707,15 @@ async def serve_http(
     handler: Callable[[trio.SocketStream], Awaitable[None]],
     address: Address,
     *,
+    role: str = "control",
     alongside: Callable[[], Awaitable[None]] | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on `address` and run `handler` for each connection (and `alongside`, if given,
-    for as long); started with the port bound (`address.port` 0: the one chosen)."""
-    listeners = await trio.open_tcp_listeners(address.port, host=address.host)
+    for as long); started with the port bound (`address.port` 0: the one chosen). A failed
+    listen is a ListenError naming `role`."""
+    with listening_as(role, address):
+        listeners = await trio.open_tcp_listeners(address.port, host=address.host)
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
         if alongside is not None:

@@ -37,6 +37,7 @@ connection (shell/h2_streams.py). An `https://` upstream is dialled, wrapped in 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import gc
@@ -50,7 +51,7 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -100,6 +101,10 @@ TICK_INTERVAL = 1.0
 SHUTDOWN_IDLE_CHECK = 0.05
 
 
+# The largest TCP port (a 16-bit field).
+MAX_PORT = 65535
+
+
 @dataclass(frozen=True)
 class Address:
     host: str
@@ -116,13 +121,23 @@ class Address:
             if parts.scheme not in ("http", "https"):
                 raise ValueError(f"only http:// and https:// upstreams are supported, got {text!r}")
             tls = parts.scheme == "https"
+            try:
+                port = parts.port
+            except ValueError:  # urlsplit refuses a port out of range or not a number
+                raise ValueError(f"expected a port from 0 to {MAX_PORT}, got {text!r}") from None
             return cls(
-                parts.hostname or "127.0.0.1", parts.port or (443 if tls else default_port), tls
+                parts.hostname or "127.0.0.1",
+                (443 if tls else default_port) if port is None else port,
+                tls,
             )
-        host, sep, port = text.rpartition(":")
-        if not sep or not port.isdigit():
+        host, sep, digits = text.rpartition(":")
+        if not sep or not (digits.isascii() and digits.isdigit()):
             raise ValueError(f"expected HOST:PORT, got {text!r}")
-        return cls(host.strip("[]") or "127.0.0.1", int(port))
+        # bind() would refuse it with a traceback, and the port field of a sockaddr is 16 bits:
+        # a larger number must not reach code that keeps only its low bits.
+        if int(digits) > MAX_PORT:
+            raise ValueError(f"expected a port from 0 to {MAX_PORT}, got {text!r}")
+        return cls(host.strip("[]") or "127.0.0.1", int(digits))
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
@@ -196,13 +211,38 @@ def relay_clock_offset() -> float:
     return time.time() - trio.current_time()
 
 
+class ListenError(OSError):
+    """A listener that did not open (a busy port, an address not on this machine), with
+    which one it was: a proxy opens up to three (`role`: "listen", "control" or "ui", the
+    options that ask for them), and bind(2)'s error alone does not say whose it was."""
+
+    def __init__(self, role: str, address: Address, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror)
+        self.role = role
+        self.address = address
+
+
+@contextlib.contextmanager
+def listening_as(role: str, address: Address) -> Iterator[None]:
+    """An OSError while opening the `role` listener on `address` becomes a ListenError."""
+    try:
+        yield
+    except OSError as error:
+        raise ListenError(role, address, error) from error
+
+
 def listen(address: Address, backlog: int = 1024) -> socket.socket:
     """A listening socket; `backlog` is listen(2)'s queue of completed handshakes (the
     kernel caps it at net.core.somaxconn), nginx's `listen ... backlog=`."""
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((address.host, address.port))
+    with listening_as("listen", address):
+        try:
+            sock.bind((address.host, address.port))
+        except OSError:
+            sock.close()
+            raise
     sock.listen(backlog)
     sock.setblocking(False)
     return sock

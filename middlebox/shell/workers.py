@@ -59,7 +59,13 @@ import trio
 from middlebox.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from middlebox.observe.metrics import Metrics, sum_expositions
 from middlebox.shell.lifetime import die_with_parent
-from middlebox.shell.server import Address, ProxyConfig, ProxyServer, run_proxy
+from middlebox.shell.server import (
+    Address,
+    ProxyConfig,
+    ProxyServer,
+    listening_as,
+    run_proxy,
+)
 from middlebox.shell.state import HostClock, MemoryBackend, scoped
 
 log = logging.getLogger("middlebox.shell.workers")
@@ -269,7 +275,8 @@ def reuseport_listeners(address: Address, count: int, backlog: int = 1024) -> li
             listeners.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((address.host, port))
+            with listening_as("listen", address):
+                sock.bind((address.host, port))
             port = sock.getsockname()[1]
             sock.listen(backlog)
             sock.setblocking(False)

@@ -37,6 +37,12 @@ DEFAULT_MODEL = "middlebox/emulated-7b"
 READ_SIZE = 65536
 
 
+def locustfile_path() -> Path:
+    """The installed locustfile (`locust -f PATH`): beside this module wherever the package
+    is, a wheel's site-packages or a checkout."""
+    return Path(__file__).with_name("locustfile.py")
+
+
 def chat_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     """The OpenAI-style streaming chat request both `middlebox load` and Locust send."""
     return {

@@ -1,15 +1,15 @@
 """A Locust user that streams chat completions through middlebox and reports TTFT and ITL.
 
 Run it as a locustfile (the module is named locustfile so it never shadows the `locust`
-package it imports):
+package it imports; `middlebox load --locustfile` prints where it is installed):
 
-    locust -f middlebox/tools/locustfile.py --host http://127.0.0.1:9000 \
+    locust -f "$(middlebox load --locustfile)" --host http://127.0.0.1:9000 \
         --headless -u 100 -r 20 -t 1m
 
 or spread the users over machines with Locust's master/worker mode (docs/performance.md):
 
-    locust -f middlebox/tools/locustfile.py --master --host http://PROXY:9000
-    locust -f middlebox/tools/locustfile.py --worker --master-host MASTER      # on each machine
+    locust -f "$(middlebox load --locustfile)" --master --host http://PROXY:9000
+    locust -f "$(middlebox load --locustfile)" --worker --master-host MASTER      # on each machine
 
 Besides Locust's own row for the request (time to the response head), every stream
 reports `TTFT` (request sent to the first content event) and one `ITL` entry per gap

@@ -1,12 +1,17 @@
-"""The command line: validate, schema, version and help, as a user runs them."""
+"""The command line: validate, schema, version and help (examples on every command), and
+`load --locustfile`, as a user runs them."""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
+import click
 from click.testing import CliRunner
 
+import middlebox.tools
 from faults import REGISTRY
 from middlebox import __version__
 from middlebox.cli.main import main
@@ -77,3 +82,34 @@ def test_version_and_help_on_every_command() -> None:
         result = runner.invoke(main, [command, "--help"])
         assert result.exit_code == 0, command
         assert "Usage:" in result.output
+
+
+def command_lines(group: click.Group, above: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command and subcommand, as the words that name it."""
+    for name, command in group.commands.items():
+        yield (*above, name)
+        if isinstance(command, click.Group):
+            yield from command_lines(command, (*above, name))
+
+
+def test_every_command_and_subcommand_shows_examples_in_its_help() -> None:
+    lacking = []
+    for words in command_lines(main):
+        shown = CliRunner().invoke(main, [*words, "--help"]).output
+        # an "Example:" or "Examples:" heading, and under it a line running the command itself
+        running = re.escape("middlebox " + " ".join(words))
+        example = re.search(rf"^ +Examples?:\n(?: +.*\n)*? +{running}\b", shown, re.M)
+        if example is None:
+            lacking.append(" ".join(words))
+    assert lacking == []
+    assert ("drill", "check") in set(command_lines(main))  # subcommands are walked too
+
+
+def test_load_prints_the_installed_locustfile_without_needing_a_url() -> None:
+    result = CliRunner().invoke(main, ["load", "--locustfile"])
+    assert result.exit_code == 0, result.output
+    path = Path(result.output.strip())
+    # beside the imported package, where a wheel installs it: never relative to a checkout
+    assert path == Path(middlebox.tools.__file__).parent / "locustfile.py"
+    assert path.is_absolute() and path.is_file()
+    assert "class" in path.read_text() and "HttpUser" in path.read_text()

@@ -361,9 +361,9 @@ def test_the_command_prints_its_port_first_serves_and_says_a_busy_port_in_one_li
             )  # fmt: skip
         assert busy.returncode == 1 and "Traceback" not in busy.stderr
         assert busy.stderr.strip().splitlines() == [
-            f"Error: cannot listen on 127.0.0.1:{busy_port}: address already in use (another "
-            "proxy or server has it: stop it, or pick another --port; port 0 picks a free "
-            "one)"
+            f"Error: cannot listen on 127.0.0.1:{busy_port} (--port): address already in use "
+            "(another proxy or server has it: stop it, or pick another port; port 0 picks a "
+            "free one)"
         ]
     finally:
         stop(process, signal.SIGTERM)
