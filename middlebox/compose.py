@@ -7,7 +7,8 @@ the shell and the runner stay free of any particular fault.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from faults.presets import PRESETS as PRESET_PATHS
 from middlebox.core.fault import Fault
 from middlebox.library import SUFFIXES, scenario_file
 from middlebox.scenario.convert import Problem, ScenarioError
+from middlebox.scenario.expect import client_problems
 from middlebox.scenario.load import load_scenario, load_scenario_text
 from middlebox.scenario.model import ProxyOptions, Scenario
 from middlebox.scenario.presets import preset_text
@@ -81,15 +83,33 @@ def load_text(text: str, name: str = "<string>") -> Scenario:
     )
 
 
-def validate_paths(paths: Iterable[str | Path]) -> tuple[list[Scenario], list[Problem]]:
-    """Load every scenario; return the good ones and every problem found in the rest."""
+class NoScenarioFiles(ValueError):
+    """Paths that hold no scenario file (an empty folder): checking them would check nothing."""
+
+
+def validate_paths(
+    paths: Iterable[str | Path], clients: Collection[str] = ()
+) -> tuple[list[Scenario], list[Problem]]:
+    """Load every scenario; return the good ones and every problem found in the rest.
+
+    An `expect:` block for a client none of `clients` names is a warning on its scenario,
+    not a problem: a run may bring that client with `--client-cmd NAME=COMMAND`."""
+    given = [str(path) for path in paths]
+    files = expand_paths(given)
+    if not files:
+        raise NoScenarioFiles(f"no scenario files in {', '.join(given)}")
     good: list[Scenario] = []
     problems: list[Problem] = []
-    for path in expand_paths(paths):
+    for path in files:
         try:
-            good.append(load(path))
+            scenario = load(path)
         except ScenarioError as error:
             problems.extend(error.problems)
+            continue
+        if clients:
+            unknown = client_problems(scenario, clients)
+            scenario = dataclasses.replace(scenario, warnings=(*scenario.warnings, *unknown))
+        good.append(scenario)
     return good, problems
 
 

@@ -18,7 +18,7 @@ import pytest
 from faults import REGISTRY
 from middlebox.cli.main import main
 from middlebox.library import scenario_dir
-from middlebox.run.score import METRICS
+from middlebox.scenario.expect import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

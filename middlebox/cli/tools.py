@@ -25,9 +25,13 @@ def validate(paths: tuple[str, ...]) -> None:
     Example:
       middlebox validate my-scenarios/ my-incident.yaml
     """
-    from middlebox.compose import validate_paths
+    from middlebox.clients import BUILTIN_CLIENTS
+    from middlebox.compose import NoScenarioFiles, validate_paths
 
-    good, problems = validate_paths(paths)
+    try:
+        good, problems = validate_paths(paths, clients=list(BUILTIN_CLIENTS))
+    except NoScenarioFiles as error:
+        raise click.ClickException(str(error)) from None
     for scenario in good:
         click.echo(f"ok: {scenario.source} ({scenario.name}, {len(scenario.path)} faults)")
         for warning in scenario.warnings:

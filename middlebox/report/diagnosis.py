@@ -66,7 +66,7 @@ class Explanation:
 
 
 # Per metric: what a failed check on it means and what usually fixes it. Metric names are
-# run/score.py's METRICS (the report room reads them as plain names, never imports run).
+# scenario/expect.py's METRICS, which run/score.py computes.
 EXPLAIN: dict[str, Explanation] = {
     "client.silent_truncations": Explanation(
         "the stream ended without finish_reason or [DONE] (a Responses stream without "

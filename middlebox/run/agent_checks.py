@@ -38,24 +38,7 @@ from middlebox.core.framed import LegRecord, is_event_stream
 from middlebox.core.sse import SseEvent
 from middlebox.core.stream import Direction
 from middlebox.observe.journal import ConnectionJournal
-
-AGENT_METRICS: dict[str, str] = {
-    "client.tool_calls_executed": "tool calls the client reported executing, summed",
-    "client.partial_tool_calls_executed": "tool calls executed with arguments that are not the "
-    "complete arguments the upstream sent, or not valid JSON",
-    "client.side_effects_repeated": "extra executions of one logical tool call without one "
-    "idempotency key for all (a retried side effect: an email sent twice)",
-    "client.invalid_json_acted_on": "JSON documents acted on that do not parse or are not the "
-    "complete JSON answer the upstream sent",
-    "client.reasoning_as_answer": "requests whose shown answer contains the upstream's "
-    "reasoning text",
-    "client.reasoning_hidden": "requests whose upstream streamed reasoning the client never "
-    "showed (the user waited without being told)",
-    "client.reasoning_ttft_ms": "time from request start to the first shown reasoning piece "
-    "(list; compare client.perceived_ttft_ms)",
-    "server.tool_call_tokens_wasted": "tool-call argument fragments the upstream sent that "
-    "never reached the client (generated after a cut)",
-}
+from middlebox.scenario.expect import AGENT_METRICS
 
 # Worst first; each replaces the text verdict of its request.
 AGENT_VERDICTS = (

@@ -5,7 +5,8 @@ what error it surfaced), the upstream's ledger (what was generated, when, and
 whether generation stopped when the client left) and the proxy's journal (the bytes
 the upstream sent, to see heartbeats, usage, in-band errors and headers). Outputs are
 plain data: categorical `verdicts` (identical across runs with the same seed) and
-timing `metrics` (which vary with the machine), then the `expect:` checks.
+timing `metrics` (which vary with the machine), then the `expect:` checks. The metric names
+an `expect:` block may check are the scenario format's (`middlebox.scenario.expect`).
 
 Client verdicts per request, worst first: `hang` (no result in bound), `silent_truncation`
 (reported success with less text than generated: the worst outcome a user can get),
@@ -58,75 +59,7 @@ from middlebox.observe.requests import (
     tokens_wasted,
     upstream_tokens_per_burst,
 )
-from middlebox.run.agent_checks import AGENT_METRICS, judge_agents
-
-METRICS: dict[str, str] = {
-    "client.requests": "logical requests the client was asked to make",
-    "client.complete": "requests whose shown text equals what the upstream generated",
-    "client.complete_then_error": "requests whose whole answer was shown, then an error "
-    "surfaced (a real app may discard or retry it)",
-    "client.silent_truncations": "requests reported as successful with text missing",
-    "client.truncations_detected": "requests cut short where the client surfaced an error",
-    "client.errors_reported": "requests that produced no text and surfaced an error",
-    "client.duplicated": "requests whose shown text repeats tokens (a bad resume or retry)",
-    "client.missing_tokens": "requests whose shown text lacks tokens in the middle",
-    "client.mojibake": "requests whose shown text has U+FFFD the upstream never sent",
-    "client.contradicted": "requests whose answer contradicts text already shown (a retry "
-    "redrew or spliced a differently sampled answer)",
-    "client.hangs": "requests with no result within the workload timeout",
-    "client.abandoned": "requests the client abandoned on purpose",
-    "client.resumed": "reconnects with Last-Event-ID",
-    "client.retries": "HTTP attempts beyond the first, summed (counted on the wire)",
-    "client.amplification": "HTTP attempts per logical request, counted on the wire, "
-    "those a fault answered included (largest)",
-    "client.attempts_mismatch": "requests whose self-reported attempts differ from the wire",
-    "client.length_hidden": "requests cut by max_tokens whose finish_reason length reached "
-    "the client, which did not report it as length",
-    "client.stop_invented": "requests the client reported as finish_reason stop where no "
-    "stop reached it",
-    "client.sequence_gaps": "Responses events the client was never sent between two it was "
-    "sent, over a response's create and resume legs (a resume with starting_after past the "
-    "last event it had), summed",
-    "client.sequence_repeats": "Responses events sent to the client again on a resume (a "
-    "starting_after before the last event it had), summed: duplicated text unless the "
-    "client skips them",
-    "client.perceived_ttft_ms": "time from request start to the first shown text (list)",
-    "client.itl_ms": "gaps between shown pieces (list)",
-    "client.largest_gap_ms": "the longest wait between two shown pieces",
-    "client.bursts": "groups of pieces shown within 10 ms of each other, summed",
-    "client.tokens_per_burst": "upstream tokens per burst the client saw (1 = smooth), of "
-    "those generated while it was there",
-    "client.delivered_tokens_per_burst": "token chunks per burst as the path delivered them "
-    "to the client's socket (the client leg of the journal), the client's own reading apart",
-    "client.stall_detect_ms": "time from the last shown piece to a surfaced error (list)",
-    "server.generations": "generations the upstream ran",
-    "server.generations_per_request": "upstream generations per logical request (largest)",
-    "server.tokens_generated": "tokens the upstream generated",
-    "server.tokens_wasted": "tokens generated after the client had gone (ledger, or token "
-    "times after the client stopped reading); a background Responses response only what "
-    "reached no client: after the user gave up without a cancel, after a cancel, or left "
-    "running by a restart, never what a resume read",
-    "server.background_left_running": "background Responses responses that generated for "
-    "nobody, neither read to their end nor cancelled (left by a user who gave up, or by a "
-    "client that created the response again)",
-    "server.aborted": "generations aborted because the client left (a background Responses "
-    "response: by its cancel)",
-    "server.abort_latency_ms": "time from the client leaving (or the cancel) to the abort (list)",
-    "server.heartbeats": "SSE comment lines (keep-alives) the upstream sent",
-    "server.usage_reported": "responses whose stream carried a usage object",
-    "server.inband_errors": 'data: {"error": ...} frames the upstream sent',
-    "server.x_accel_buffering_no": "responses that sent X-Accel-Buffering: no",
-    "server.upstream_ttft_ms": "the upstream's own time to first token (list)",
-    "server.ms_per_token": "a real upstream's decoding pace while the run's requests ran, "
-    "from its token counter (--upstream only: wasted-token bounds are judged at it)",
-    "server.chunks_per_burst": "a real upstream's token chunks per burst at the proxy (the "
-    "10 ms rule on the upstream leg; --upstream only): what the path's delivery to the "
-    "client's socket (client.delivered_tokens_per_burst) is judged against",
-    "server.tokens_per_burst": "the upstream's own lumps: its tokens per burst by the same "
-    "10 ms rule (the emulator's token times; a real server's frames at the proxy): a client "
-    "cannot see a stream smoother than this",
-    **AGENT_METRICS,  # tool calls, JSON answers, reasoning (run/agent_checks.py)
-}
+from middlebox.run.agent_checks import judge_agents
 
 DELIVERED_TOKENS_PER_BURST = "client.delivered_tokens_per_burst"
 """The path's lumps at the client's socket (`delivered_tokens_per_burst`): a buffering hop
@@ -135,8 +68,6 @@ lumps these; a client that holds text back lumps only what it shows."""
 SERVER_TOKENS_PER_BURST = "server.tokens_per_burst"
 """The upstream's own lumpiness, the floor of what a client can see: from the emulator's
 token times, or a real server's frames as they reached the proxy (middlebox.run.suite)."""
-
-CONDITIONS = ("max", "min", "equals", "mean_max", "p50_max", "p95_max", "p99_max")
 
 
 @dataclass
@@ -1340,27 +1271,6 @@ def check_one(name: str, rule: Any, metrics: Mapping[str, Any]) -> list[Check]:
             value = round(value, 2)
         checks.append(Check(name, condition, expected, value, passed))
     return checks
-
-
-def expect_problems(expect: Mapping[str, Any], clients: Iterable[str]) -> list[str]:
-    """Unknown metric names or conditions in an `expect:` block, with the valid choices."""
-    problems = []
-    known_clients = set(clients)
-    for key, rule in expect.items():
-        if key in known_clients and isinstance(rule, dict):
-            problems += expect_problems(rule, ())
-            continue
-        if key not in METRICS:
-            problems.append(f"expect: unknown name {key!r}; valid names: {', '.join(METRICS)}")
-            continue
-        if isinstance(rule, dict):
-            for condition in rule:
-                if condition not in CONDITIONS:
-                    problems.append(
-                        f"expect: {key}: unknown condition {condition!r}; valid: "
-                        f"{', '.join(CONDITIONS)}"
-                    )
-    return problems
 
 
 def evaluate_expect(

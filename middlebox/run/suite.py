@@ -67,7 +67,6 @@ from middlebox.run.score import (
     delivered_tokens_per_burst,
     evaluate_expect,
     exchanges_of,
-    expect_problems,
     real_server_metrics,
     response_answers,
     score_client,
@@ -91,6 +90,7 @@ from middlebox.run.upstream import (
     sampled,
     settled_ledger,
 )
+from middlebox.scenario.expect import client_problems
 from middlebox.scenario.model import Scenario
 from middlebox.scenario.workload import Workload
 from middlebox.shell.server import Address
@@ -349,8 +349,8 @@ async def run_scenario(
     named = [n for n in workload.clients or () if n in SCENARIO_CLIENTS or n in DIALECT_CLIENTS]
     chosen += [ClientSpec(n, list(BUILTIN_CLIENTS[n])) for n in named if n not in given]
     outcome.problems += [
-        f"{scenario.source}: {p}"
-        for p in expect_problems(expect, BUILTIN_CLIENTS.keys() | {c.name for c in clients})
+        str(problem)
+        for problem in client_problems(scenario, [*BUILTIN_CLIENTS, *(c.name for c in clients)])
     ]
     if outcome.problems:
         return outcome

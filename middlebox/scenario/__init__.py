@@ -7,6 +7,7 @@ load      files and text to a Scenario: limits, top-level keys, the fault path
 presets   `- preset: NAME` (and its `set:`) expanded in a path
 schema    the JSON Schema of the format, generated from the registry
 workload  the clients' `workload:` block
+expect    the `expect:` block: its metric names and conditions, checked where they stand
 probe_shape  the probe upstream's stream shapes: knobs, frames and the plan of writes
 fingerprint  what a path did to probe shapes: hold, framing, headers, compression, SSE fields,
              a client's leave, timeouts, a duration cap

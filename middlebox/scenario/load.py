@@ -2,7 +2,8 @@
 
 Files are parsed with PyYAML's SafeLoader (no code execution) into nodes that keep their
 marks, so every error names the file, line and column. Keys are checked against the
-top-level names, the registry (with did-you-mean) and the optional sections the caller
+top-level names, the registry (with did-you-mean; `quiet_faults` against the path too), the
+`expect:` metric names and conditions (`expect.py`) and the optional sections the caller
 allows; duplicate keys are errors, not silently last-one-wins as in plain PyYAML. The
 registry and presets are passed in (the composition root owns faults/).
 """
@@ -26,6 +27,7 @@ from middlebox.scenario.convert import (
     ScenarioError,
     did_you_mean,
 )
+from middlebox.scenario.expect import EXPECT_CLIENTS, check_expect
 from middlebox.scenario.model import FaultSpec, Scenario, scenario_warnings
 from middlebox.scenario.presets import expand_preset, scenario_proxy
 
@@ -208,6 +210,7 @@ def load_scenario_text(
     extra: dict[str, Any] = {}
     path_node: yaml.Node | None = None
     proxy_node: yaml.Node | None = None
+    quiet_node: yaml.Node | None = None
     allowed = [*TOP_LEVEL, *sections]
     for key_node, value_node in convert.mapping_pairs(root, "scenario"):
         key = key_node.value
@@ -221,9 +224,7 @@ def load_scenario_text(
             elif key == "path":
                 path_node = value_node
             elif key == "quiet_faults":
-                values["quiet_faults"] = tuple(
-                    convert.convert(value_node, list[str], "quiet_faults")
-                )
+                quiet_node = value_node  # checked against the path, below
             elif key == "proxy":
                 proxy_node = value_node  # read with the path's presets, below
             elif key in sections:
@@ -234,6 +235,7 @@ def load_scenario_text(
                     else convert.dataclass(value_node, schema, key)
                 )
                 if key == "expect":
+                    extra[EXPECT_CLIENTS] = check_expect(value_node, convert)
                     extra[key], extra[EXPECT_HINTS] = split_hints(extra[key], value_node, problems)
                 extra[key] = resolve_paths(extra[key], key, value_node, file, problems)
             else:
@@ -245,9 +247,16 @@ def load_scenario_text(
     if "name" not in values:
         values["name"] = Path(file).stem if file != "<string>" else "unnamed"
     specs: tuple[FaultSpec, ...] = ()
+    path_problems = len(problems.problems)
     if path_node is not None:
         try:
             specs = load_path(path_node, registry, convert, presets or {})
+        except Invalid:
+            pass
+    if quiet_node is not None:
+        whole_path = specs if len(problems.problems) == path_problems else None
+        try:
+            values["quiet_faults"] = load_quiet_faults(quiet_node, registry, whole_path, convert)
         except Invalid:
             pass
     try:  # a preset's `proxy:` fields, under the scenario's own (scenario/presets.py)
@@ -330,12 +339,7 @@ def load_path(
             continue
         cls = registry.get(name)
         if cls is None:
-            problems.add(
-                name_node,
-                f"{where}: unknown fault {name!r}"
-                + did_you_mean(name, registry)
-                + f"; valid faults: {', '.join(sorted(registry))}",
-            )
+            problems.add(name_node, unknown_fault(name, registry, where))
             continue
         try:
             config = convert.fields_of(config_node, cls, f"{where} {name}")
@@ -346,6 +350,40 @@ def load_path(
         except (TypeError, ValueError) as error:
             problems.add(config_node or name_node, f"{where} {name}: {error}")
     return tuple(specs)
+
+
+def unknown_fault(name: str, registry: Mapping[str, type[Fault]], where: str) -> str:
+    return (
+        f"{where}: unknown fault {name!r}"
+        + did_you_mean(name, registry)
+        + f"; valid faults: {', '.join(sorted(registry))}"
+    )
+
+
+def load_quiet_faults(
+    node: yaml.Node,
+    registry: Mapping[str, type[Fault]],
+    path: tuple[FaultSpec, ...] | None,
+    convert: Converter,
+) -> tuple[str, ...]:
+    """`quiet_faults:`, faults of the path that must not fire. A name that is no fault, or
+    a fault the path does not hold (`path` None: the path has problems of its own, so what
+    it holds is unknown), is a problem: a fault outside the path can never fire, and a run
+    would call the fix it stands for proven while it proved nothing."""
+    names = tuple(convert.convert(node, list[str], "quiet_faults"))
+    declared = [] if path is None else list(dict.fromkeys(spec.name for spec in path))
+    for index, (name, item) in enumerate(zip(names, node.value, strict=True)):
+        where = f"quiet_faults[{index}]"
+        if name not in registry:
+            convert.problems.add(item, unknown_fault(name, registry, where))
+        elif path is not None and name not in declared:
+            convert.problems.add(
+                item,
+                f"{where}: {name!r} is not in this scenario's path, so it can never fire and "
+                "listing it proves nothing; quiet_faults names faults of the path "
+                f"({', '.join(declared) or 'the path is empty'})",
+            )
+    return names
 
 
 def load_scenario(

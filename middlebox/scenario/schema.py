@@ -22,16 +22,13 @@ from typing import Any, Literal
 
 from middlebox.core.fault import Fault, Unit
 from middlebox.scenario.convert import config_fields
+from middlebox.scenario.expect import CONDITIONS
 from middlebox.scenario.model import ProxyOptions
 from middlebox.scenario.units import DURATION_PATTERN, SIZE_PATTERN, format_duration
 
 SCHEMA_ID = "urn:middlebox:scenario:1"
 """The schema's `$id`: a name, not a download address (editors are pointed at the
 committed file); the number changes when a valid scenario stops being valid."""
-
-# The conditions an `expect:` rule may use (run/score.py's CONDITIONS, repeated here
-# because this room never imports run; a test keeps the two equal) and its `hint:`.
-EXPECT_CONDITIONS = ("max", "min", "equals", "mean_max", "p50_max", "p95_max", "p99_max")
 
 
 def json_schema_for_type(tp: Any) -> dict[str, Any]:
@@ -191,7 +188,7 @@ def expect_schema() -> dict[str, Any]:
     conditions: dict[str, Any] = {
         "type": "object",
         "properties": {
-            **{condition: {"type": ["number", "boolean"]} for condition in EXPECT_CONDITIONS},
+            **{condition: {"type": ["number", "boolean"]} for condition in CONDITIONS},
             "hint": {
                 "type": "string",
                 "minLength": 1,

@@ -59,6 +59,61 @@ def test_the_shipped_scenario_library_validates() -> None:
     library = scenario_dir()
     result = CliRunner().invoke(main, ["validate", str(library)])
     assert result.exit_code == 0, result.output
+    assert "names no client" not in result.output  # every block names a built-in client
+
+
+BAD_EXPECT = (
+    "name: bad-five\n"
+    "path:\n"
+    "  - latency: {delay: 100ms}\n"
+    "expect:\n"
+    "  client.silent_truncation: 0\n"
+    "  client.perceived_ttft_ms: {p95max: 500}\n"
+    "  nosuchclient: {client.complete: 1}\n"
+)
+
+
+def test_validate_places_every_expect_problem_and_exits_non_zero(tmp_path: Path) -> None:
+    bad = write(tmp_path, "bad5.yaml", BAD_EXPECT)
+    result = CliRunner().invoke(main, ["validate", bad])
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert [error.split(": expect: ")[0] for error in errors] == [
+        f"error: {bad}:5:3",
+        f"error: {bad}:6:30",
+    ]
+    assert "ok: " not in result.output
+
+
+def test_validate_warns_of_a_block_naming_no_built_in_client_where_it_stands(
+    tmp_path: Path,
+) -> None:
+    own = write(tmp_path, "own.yaml", "name: own\npath: []\nexpect:\n  rwa: {client.complete: 1}\n")
+    result = CliRunner().invoke(main, ["validate", own])
+    assert result.exit_code == 0, result.output  # a run may bring it: --client-cmd rwa=...
+    assert f"warning: {own}:4:3: expect: 'rwa' names no client (did you mean 'raw'?)" in (
+        result.output
+    )
+
+
+def test_run_places_the_expect_problems_before_starting_anything(tmp_path: Path) -> None:
+    bad = write(tmp_path, "bad5.yaml", BAD_EXPECT)
+    result = CliRunner().invoke(main, ["run", bad, "--report", str(tmp_path / "report")])
+    assert result.exit_code == 1
+    assert f"Error: {bad}:5:3: expect: unknown metric 'client.silent_truncation'" in (result.output)
+    assert f"{bad}:6:30: expect: client.perceived_ttft_ms: unknown condition 'p95max'" in (
+        result.output
+    )
+    assert not (tmp_path / "report").exists()
+
+
+def test_validate_of_a_folder_without_scenarios_says_so_and_exits_non_zero(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "notes.txt").write_text("no scenario here\n")
+    result = CliRunner().invoke(main, ["validate", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output == f"Error: no scenario files in {tmp_path}\n"
 
 
 def test_schema_lists_every_registered_fault_with_its_fields() -> None:

@@ -10,18 +10,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from middlebox.compose import load_text
 from middlebox.core.stream import Direction
 from middlebox.observe.journal import ConnectionJournal
 from middlebox.report.scorecard import COLOURS, SEVERITY, SHORT
 from middlebox.run.agent_checks import (
-    AGENT_METRICS,
     AGENT_VERDICTS,
     fragments_read_after_the_client_stopped,
     judge_request,
     reasoning_ttft_ms,
     sent_responses,
 )
-from middlebox.run.score import METRICS, expect_problems, score_client
+from middlebox.run.score import score_client
+from middlebox.scenario.expect import AGENT_METRICS, METRICS
 
 TAG = "[middlebox email/tools-naive/0]"
 ARGS = ['{"to": "ops', '@example.com", ', '"subject": "disk ', 'full"}']
@@ -250,7 +251,8 @@ def test_every_agent_verdict_has_a_scorecard_label_and_every_metric_an_expect_na
     assert SEVERITY.index("acted_on_partial_call") < SEVERITY.index("silent_truncation")
     assert SEVERITY.index("reasoning_hidden") < SEVERITY.index("complete")
     assert set(AGENT_METRICS) <= set(METRICS)
-    assert expect_problems({"client.side_effects_repeated": 0}, ()) == []
+    scenario = load_text("name: s\nexpect: {client.side_effects_repeated: 0}\n")
+    assert scenario.sections["expect"] == {"client.side_effects_repeated": 0}
 
 
 def test_each_agent_verdict_has_a_diagnosis_line_with_a_fix() -> None:

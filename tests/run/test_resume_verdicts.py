@@ -18,7 +18,6 @@ import pytest
 from middlebox.core.dialects import Dialect
 from middlebox.core.framed import LegRecord
 from middlebox.run.score import (
-    METRICS,
     ClientScore,
     Sample,
     UpstreamExchange,
@@ -28,6 +27,7 @@ from middlebox.run.score import (
     score_client,
     sequence_faults,
 )
+from middlebox.scenario.expect import METRICS
 from tests.core.answers import answer_events
 
 TAG = "[middlebox s/openai-responses-resume/0]"

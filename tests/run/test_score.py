@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from middlebox.compose import load_text
 from middlebox.run.score import (
     SPLIT_KEPT,
     analyse_upstream,
     evaluate_expect,
-    expect_problems,
     request_verdict,
     score_client,
     upstream_split,
@@ -145,11 +146,26 @@ def test_a_client_block_overrides_the_top_level_rule_for_that_client_only() -> N
     assert [(c.condition, c.passed) for c in mine] == [("equals", False)]
 
 
-def test_unknown_expect_names_and_conditions_list_the_valid_ones() -> None:
-    problems = expect_problems({"client.silent": 0, "server.tokens_wasted": {"most": 1}}, ["raw"])
-    assert "unknown name 'client.silent'" in problems[0]
-    assert "client.silent_truncations" in problems[0]
-    assert "unknown condition 'most'" in problems[1]
+def test_a_run_refuses_a_block_naming_none_of_its_clients_where_the_block_stands(
+    tmp_path: Path,
+) -> None:
+    import trio
+
+    from middlebox.run.client_runs import ClientSpec
+    from middlebox.run.suite import run_scenario
+
+    text = "name: s\nexpect:\n  mine: {client.complete: 1}\n  rwa: {client.complete: 1}\n"
+    scenario = load_text(text, "s.yaml")
+    mine = ClientSpec("mine", ["true"])
+    # nothing listens at the discard port: the problem is found before anything would run
+    outcome = trio.run(
+        lambda: run_scenario(
+            scenario, [mine], seed=None, upstream_url="http://127.0.0.1:9", workdir=tmp_path
+        )
+    )
+    (problem,) = outcome.problems
+    assert problem.startswith("s.yaml:4:3: expect: 'rwa' names no client (did you mean 'raw'?)")
+    assert not outcome.scores
 
 
 def test_tokens_generated_after_the_client_left_are_waste_even_if_the_server_never_knew() -> None:
@@ -227,7 +243,7 @@ TOO_MANY = (
 
 def test_the_whole_answer_then_an_error_is_its_own_verdict_counted_and_checkable() -> None:
     from middlebox.report.scorecard import SEVERITY
-    from middlebox.run.score import METRICS
+    from middlebox.scenario.expect import METRICS
 
     result = shown("héllo wörld", error="APIConnectionError: Connection error.")
     assert request_verdict("héllo wörld", result) == "complete_then_error"
@@ -239,7 +255,8 @@ def test_the_whole_answer_then_an_error_is_its_own_verdict_counted_and_checkable
     assert score.metrics["client.complete_then_error"] == 1
     assert score.metrics["client.complete"] == 0
     assert "client.complete_then_error" in METRICS
-    assert expect_problems({"client.complete_then_error": 0}, ()) == []
+    scenario = load_text("name: s\nexpect: {client.complete_then_error: 0}\n")
+    assert scenario.sections["expect"] == {"client.complete_then_error": 0}
     checks = evaluate_expect({"client.complete_then_error": 0}, "openai", score.metrics, [])
     assert [check.passed for check in checks] == [False]
     ranked = SEVERITY.index

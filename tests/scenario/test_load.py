@@ -56,12 +56,12 @@ def test_an_unknown_fault_offers_the_closest_name_and_lists_all() -> None:
 
 def test_only_the_sections_the_caller_allows_are_accepted() -> None:
     scenario = load_scenario_text(
-        "path: []\nworkload: {max_tokens: 5}\nexpect: {anything: [1]}\n",
+        "path: []\nworkload: {max_tokens: 5}\nupstream: {anything: [1]}\n",
         REGISTRY,
-        sections={"workload": Workload, "expect": None},
+        sections={"workload": Workload, "upstream": None},
     )
     assert scenario.sections["workload"].max_tokens == 5
-    assert scenario.sections["expect"] == {"anything": [1]}
+    assert scenario.sections["upstream"] == {"anything": [1]}
     (problem,) = problems_of("path: []\nworkload: {max_tokens: 5}\n")
     assert "unknown top-level key 'workload'" in problem
 
@@ -100,3 +100,35 @@ def test_a_fault_set_beyond_what_the_workload_can_produce_is_a_warning_not_an_er
         "max_tokens 10 a stream has at most 14 events",
         "<string>:2:1: path[0] cut: at: 90s is after the workload's timeout (60s): it never fires",
     ]
+
+
+def test_a_misspelled_quiet_fault_offers_the_closest_name_where_it_stands() -> None:
+    (problem,) = problems_of("path: [delay]\nquiet_faults: [dealy]\n")
+    assert problem == (
+        "s.yaml:2:16: quiet_faults[0]: unknown fault 'dealy' (did you mean 'delay'?); "
+        "valid faults: cut, delay"
+    )
+
+
+def test_a_quiet_fault_the_path_does_not_hold_is_an_error_it_could_never_fire() -> None:
+    (problem,) = problems_of("path: [delay]\nquiet_faults: [delay, cut]\n")
+    assert problem == (
+        "s.yaml:2:23: quiet_faults[1]: 'cut' is not in this scenario's path, so it can never "
+        "fire and listing it proves nothing; quiet_faults names faults of the path (delay)"
+    )
+    (empty,) = problems_of("path: []\nquiet_faults: [cut]\n")
+    assert empty.endswith("quiet_faults names faults of the path (the path is empty)")
+
+
+def test_quiet_faults_of_the_path_and_of_its_presets_load() -> None:
+    text = "path:\n  - preset: slow-hop\nquiet_faults: [cut, delay]\n"
+    scenario = load_scenario_text(text, REGISTRY, presets=PRESETS)
+    assert scenario.quiet_faults == ("cut", "delay")
+
+
+def test_quiet_faults_wait_for_a_path_with_problems_to_be_fixed() -> None:
+    # the broken entry may be the very fault listed quiet: only its own problem is reported
+    (problem,) = problems_of("path:\n  - cut: {nosuch: 1}\nquiet_faults: [cut]\n")
+    assert problem.startswith("s.yaml:2:11: path[0] cut: unknown field 'nosuch'")
+    (typo,) = problems_of("path:\n  - cut: {nosuch: 1}\nquiet_faults: [cutt]\n")[1:]
+    assert typo.startswith("s.yaml:3:16: quiet_faults[0]: unknown fault 'cutt'")
