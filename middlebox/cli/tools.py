@@ -58,7 +58,11 @@ def schema() -> None:
 @click.command()
 @click.argument("journal", type=click.Path(exists=True, dir_okay=False))
 @click.option(
-    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="run.pcapng or .pcap"
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="run.pcapng, or run.pcap (no packet comments); no other suffix",
 )
 @click.option("--listen-port", default=9000, show_default=True, type=PORT,
               help="Proxy port in the capture.")  # fmt: skip
@@ -75,9 +79,13 @@ def pcap(journal: str, output: str, listen_port: int, upstream_port: int) -> Non
       middlebox pcap reports/latest/runs/00-x/raw.journal.ndjson -o run.pcapng
       tshark -r run.pcapng -Y 'tcp.flags.reset == 1'
     """
-    from middlebox.observe.pcap import write_pcap
+    from middlebox.observe.journal import JournalError
+    from middlebox.observe.pcap import CaptureError, write_pcap
 
-    count = write_pcap(journal, output, listen_port=listen_port, upstream_port=upstream_port)
+    try:
+        count = write_pcap(journal, output, listen_port=listen_port, upstream_port=upstream_port)
+    except (CaptureError, JournalError) as error:
+        raise click.ClickException(str(error)) from None
     click.echo(f"wrote {count} packets to {output}")
 
 

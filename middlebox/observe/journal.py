@@ -746,32 +746,54 @@ class JournalView:
             self.summary = line
 
 
+class JournalError(ValueError):
+    """A file that is no journal, named with the line where it stops being one."""
+
+
+A_JOURNAL = "a journal (NDJSON: one JSON object a line, as `--journal` writes it) was expected"
+
+
 def read_ndjson(path: str | Path) -> list[JournalView]:
     """Every connection of a journal file, in connection order. A journal written as it
-    went (`JournalWriter`) has each connection's lines in pieces, read as one view."""
+    went (`JournalWriter`) has each connection's lines in pieces, read as one view. A file
+    that is no journal (a report.json, a capture) is a JournalError naming its line."""
     views: dict[int, JournalView] = {}
-    with Path(path).open(encoding="utf-8") as lines:
-        for text in lines:
-            if not text.strip():
-                continue
-            try:
-                line = json.loads(text)
-            except json.JSONDecodeError:
-                if text.endswith("\n"):
-                    raise
-                break  # a last line cut by a SIGKILL mid-write: everything before it holds
-            if "connection" not in line:
-                continue  # the writer's closing `journal` totals
-            cid = int(line["connection"])
-            view = views.setdefault(cid, JournalView(cid))
-            kind = line.get("type")
-            if kind == "open":
-                view.opened_at = float(line.get("time") or 0.0)
-            elif kind == "bytes":
-                view.captured[(line["leg"], line["direction"])] = base64.b64decode(line["base64"])
-            else:
-                view.add(line)
+    try:
+        with Path(path).open(encoding="utf-8") as lines:
+            for number, text in enumerate(lines, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    line = json.loads(text)
+                except json.JSONDecodeError as error:
+                    if number > 1 and not text.endswith("\n"):
+                        break  # a last line cut by a SIGKILL mid-write: everything before holds
+                    raise JournalError(
+                        f"{path}:{number}: not a JSON line ({error.msg}); {A_JOURNAL}"
+                    ) from None
+                if not isinstance(line, dict) or (
+                    "connection" not in line and line.get("type") != "journal"
+                ):
+                    raise JournalError(
+                        f"{path}:{number}: not a journal line (no `connection`); {A_JOURNAL}"
+                    )
+                if "connection" in line:  # else the writer's closing `journal` totals
+                    read_line(views, line)
+    except UnicodeDecodeError as error:
+        raise JournalError(f"{path}: not UTF-8 text (byte {error.start}); {A_JOURNAL}") from None
     return [views[cid] for cid in sorted(views)]
+
+
+def read_line(views: dict[int, JournalView], line: dict[str, Any]) -> None:
+    cid = int(line["connection"])
+    view = views.setdefault(cid, JournalView(cid))
+    kind = line.get("type")
+    if kind == "open":
+        view.opened_at = float(line.get("time") or 0.0)
+    elif kind == "bytes":
+        view.captured[(line["leg"], line["direction"])] = base64.b64decode(line["base64"])
+    else:
+        view.add(line)
 
 
 def facts(views: Iterable[JournalView]) -> dict[str, Any]:

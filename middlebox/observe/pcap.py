@@ -263,14 +263,30 @@ def journal_packets(
     return packets
 
 
+# The capture's format by its file's suffix: what Wireshark and tshark expect of each name.
+CAPTURE_FORMATS = {".pcapng": "pcapng", ".pcap": "pcap"}
+
+
+class CaptureError(ValueError):
+    """An output name whose suffix names no capture format."""
+
+
 def write_pcap(
     journal: str | Path, out: str | Path, *, listen_port: int = 9000, upstream_port: int = 8000
 ) -> int:
-    """Write `out` (pcapng, or classic pcap when it ends in .pcap); returns the packet count."""
+    """Write `out` (pcapng, or classic pcap when it ends in .pcap); returns the packet count.
+    Any other suffix is a CaptureError: a `.txt` holding pcapng would open in no text
+    editor and be found by no capture tool's file filter."""
     from scapy.utils import wrpcap, wrpcapng
 
+    capture_format = CAPTURE_FORMATS.get(Path(out).suffix.lower())
+    if capture_format is None:
+        raise CaptureError(
+            f"{out}: the capture's format comes from its name: end it in .pcapng "
+            "(packets with comments) or .pcap (packets alone)"
+        )
     packets = journal_packets(read_ndjson(journal), listen_port, upstream_port)
-    writer = wrpcap if str(out).endswith(".pcap") else wrpcapng
+    writer = wrpcap if capture_format == "pcap" else wrpcapng
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     writer(str(out), packets)
     return len(packets)

@@ -102,6 +102,36 @@ def test_pcap_writes_packets_from_a_journal(tmp_path: Path) -> None:
     assert (tmp_path / "run.pcapng").stat().st_size > 500
 
 
+def test_pcap_of_a_file_that_is_no_journal_is_one_line_naming_it(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    report.write_text('{"a": 1,\n"b": 2}\n')
+    result = CliRunner().invoke(main, ["pcap", str(report), "-o", str(tmp_path / "x.pcapng")])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {report}:1: not a JSON line")
+    assert result.output.endswith(
+        "a journal (NDJSON: one JSON object a line, as `--journal` writes it) was expected\n"
+    )
+    assert result.output.count("\n") == 1 and result.exception is not None
+    assert isinstance(result.exception, SystemExit)  # no traceback
+
+
+def test_pcap_refuses_an_output_named_for_no_capture_format(tmp_path: Path) -> None:
+    from middlebox.observe.journal import JournalStore
+    from tests.observe.test_journal import one_exchange
+
+    store = JournalStore(capture=True, clock_offset=0.0)
+    one_exchange(store.observer(1, 0.0))
+    store.write_ndjson(tmp_path / "j.ndjson")
+    out = tmp_path / "out.txt"
+    result = CliRunner().invoke(main, ["pcap", str(tmp_path / "j.ndjson"), "-o", str(out)])
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: {out}: the capture's format comes from its name: end it in .pcapng "
+        "(packets with comments) or .pcap (packets alone)\n"
+    )
+    assert not out.exists()
+
+
 def test_drill_list_and_hint() -> None:
     runner = CliRunner()
     listing = runner.invoke(main, ["drill", "list"])

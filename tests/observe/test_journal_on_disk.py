@@ -9,10 +9,13 @@ import base64
 import json
 from pathlib import Path
 
+import pytest
+
 from middlebox.core.stream import DOWN, UP
 from middlebox.observe.journal import (
     DEFAULT_REDACTION,
     ConnectionJournal,
+    JournalError,
     JournalView,
     JournalWriter,
     read_ndjson,
@@ -109,6 +112,32 @@ def test_a_last_line_cut_by_a_sigkill_is_ignored(tmp_path: Path) -> None:
         out.write('{"type":"read","connection":2,"ti')  # no newline: cut mid-write
     (view,) = read_ndjson(path)
     assert view.connection == 1 and view.summary
+
+
+def test_a_file_that_is_no_journal_names_its_first_line_that_is_not_one(tmp_path: Path) -> None:
+    path = tmp_path / "report.json"
+    path.write_text('{\n  "scenarios": []\n}\n')  # pretty-printed JSON, not NDJSON
+    expected = "a journal (NDJSON: one JSON object a line, as `--journal` writes it) was expected"
+    with pytest.raises(JournalError) as caught:
+        read_ndjson(path)
+    assert str(caught.value) == (
+        f"{path}:1: not a JSON line (Expecting property name enclosed in double quotes); "
+        + expected
+    )
+    path.write_text('{"type":"journal","connections":0}\n{"scenarios":[]}\n')
+    with pytest.raises(
+        JournalError, match=r"report\.json:2: not a journal line \(no `connection`\)"
+    ):
+        read_ndjson(path)
+    path.write_text("[1, 2]\n")
+    with pytest.raises(JournalError, match=r"report\.json:1: not a journal line"):
+        read_ndjson(path)
+    path.write_bytes(b"\x0a\x0d\x0d\x0a\xff\xfe")  # a pcapng's first bytes
+    with pytest.raises(JournalError, match=r"report\.json: not UTF-8 text \(byte 4\)"):
+        read_ndjson(path)
+    path.write_text('{"nope": ')  # one cut line is nothing cut from a journal
+    with pytest.raises(JournalError, match=r"report\.json:1: not a JSON line"):
+        read_ndjson(path)
 
 
 def test_close_finishes_the_open_connections(tmp_path: Path) -> None:

@@ -10,11 +10,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import trio
 from trio.testing import MockClock
 
-from middlebox.observe.journal import read_ndjson
-from middlebox.observe.pcap import ISN, write_pcap
+from middlebox.observe.journal import JournalError, read_ndjson
+from middlebox.observe.pcap import ISN, CaptureError, write_pcap
 from tests.harness import needs
 from tests.shell.support import EVENTS, controlled, http
 
@@ -266,3 +267,22 @@ async def test_tshark_shows_each_sse_event_comment_on_the_frame_that_completes_i
         # tshark's relative sequence numbers give the first byte after the SYN 1
         start = int(seq) - 1
         assert int(sport) == port and start <= last_byte < start + int(size), row
+
+
+def test_an_output_named_for_no_capture_format_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    journal = tmp_path / "j.ndjson"
+    write_journal(journal, journal_lines())
+    with pytest.raises(CaptureError, match=r"out\.txt: .* end it in \.pcapng .* or \.pcap"):
+        write_pcap(journal, tmp_path / "out.txt")
+    assert not (tmp_path / "out.txt").exists()
+    assert write_pcap(journal, tmp_path / "UPPER.PCAPNG") > 0  # a suffix's case is not its name
+
+
+def test_a_file_that_is_no_journal_is_refused_before_a_capture_is_written(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"scenarios": []}, indent=2) + "\n")
+    with pytest.raises(JournalError, match=r"report\.json:1: not a JSON line"):
+        write_pcap(report, tmp_path / "run.pcapng")
+    assert not (tmp_path / "run.pcapng").exists()
