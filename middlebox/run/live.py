@@ -108,6 +108,10 @@ class ControlClient:
             raise ValueError("give the control API's URL (or a transport)")
         self.url = url
         self._send = transport or http_transport(url, token)
+        # The faults this client's open blocks hold. The API names a fault only by its
+        # index and its name, and neither is stable (an insert before it moves it, a
+        # change rewrites its options), so each is kept current by this client's own edits.
+        self._held: list[_Held] = []
 
     # -- plumbing
 
@@ -135,44 +139,66 @@ class ControlClient:
         """Add `fault` with `options` (as a scenario writes them: `delay="300ms"`) at
         position `at` (default: the end, nearest the server); returns its index."""
         answer = self.request("POST", "/faults", {"fault": fault, "options": options, "at": at})
-        return int(answer["added"][0])
+        where, count = int(answer["added"][0]), len(answer["added"])
+        for held in self._held:
+            if held.index is not None and held.index >= where:
+                held.index += count
+        return where
 
     def change_fault(self, fault: int | str, **options: Any) -> dict[str, Any]:
         """Merge `options` into one fault's (by index, or by a name used once); an option
         given as None goes back to its default. Returns the fault as it is now."""
         answer = self.request("PATCH", f"/faults/{_reference(fault)}", options)
-        return dict(answer["faults"][answer["changed"]])
+        now = dict(answer["faults"][answer["changed"]])
+        for held in self._held:
+            if held.index == now["index"]:
+                held.options = now["options"]
+        return now
 
     def remove_fault(self, fault: int | str) -> dict[str, Any]:
         """Remove one fault (by index or name); returns what it was."""
-        return dict(self.request("DELETE", f"/faults/{_reference(fault)}")["removed"])
+        gone = dict(self.request("DELETE", f"/faults/{_reference(fault)}")["removed"])
+        for held in self._held:
+            if held.index is not None and held.index >= gone["index"]:
+                held.index = held.index - 1 if held.index > gone["index"] else None
+        return gone
 
     def clear_faults(self) -> None:
         """Remove every fault: the proxy relays byte-exact (its `proxy:` block stays)."""
         self.request("DELETE", "/faults")
+        for held in self._held:
+            held.index = None
 
     @contextmanager
     def fault(self, fault: str, at: int | None = None, **options: Any) -> Iterator[int]:
-        """`add_fault` for the block: the fault is removed on exit, however it ends (the
-        one added, found again by its name and options if others were added meanwhile)."""
+        """`add_fault` for the block: the fault is removed on exit, however it ends, and
+        wherever this client's own edits in the block moved or changed it."""
         index = self.add_fault(fault, at, **options)
-        added = self.faults()[index]
-        try:
-            yield index
-        finally:
-            self.remove_fault(self._find(added, index))
+        with self._holding(self.faults()[index]) as held:
+            try:
+                yield index
+            finally:
+                self.remove_fault(self._find(held))
 
-    def _find(self, entry: dict[str, Any], near: int) -> int:
-        """Where `entry` (a `faults()` item) is now: at `near` if it is still there, else
-        the same fault with the same options nearest to it."""
+    @contextmanager
+    def _holding(self, entry: dict[str, Any]) -> Iterator[_Held]:
+        held = _Held(entry["index"], entry["fault"], entry["options"])
+        self._held.append(held)
+        try:
+            yield held
+        finally:
+            self._held.remove(held)
+
+    def _find(self, held: _Held) -> int:
+        """Where `held` is now: at its index if the fault there is it, else (another
+        client edited the path) the same fault with the same options nearest to it."""
         now = self.faults()
-        same = [
-            f["index"]
-            for f in now
-            if f["fault"] == entry["fault"] and f["options"] == entry["options"]
-        ]
-        if not same:
-            raise ControlError(404, f"the {entry['fault']} fault added here is gone")
+        if held.index is not None and held.index < len(now) and held.matches(now[held.index]):
+            return held.index
+        same = [f["index"] for f in now if held.matches(f)]
+        if held.index is None or not same:
+            raise ControlError(404, f"the {held.fault} fault this block holds is gone")
+        near = held.index
         return int(min(same, key=lambda i: abs(i - near)))
 
     @contextmanager
@@ -180,12 +206,13 @@ class ControlClient:
         """`change_fault` for the block: the fault's options are put back on exit."""
         before = self.request("GET", f"/faults/{_reference(fault)}")
         now = self.change_fault(before["index"], **options)
-        try:
-            yield now
-        finally:
-            restore: dict[str, Any] = {name: None for name in now["options"]}
-            restore.update(before["options"])
-            self.change_fault(self._find(now, before["index"]), **restore)
+        with self._holding(now) as held:
+            try:
+                yield now
+            finally:
+                restore: dict[str, Any] = {name: None for name in held.options}
+                restore.update(before["options"])
+                self.change_fault(self._find(held), **restore)
 
     # -- whole scenarios
 
@@ -258,6 +285,19 @@ class ControlClient:
         """One connection's journal: its NDJSON lines as dicts (secrets redacted)."""
         text = self.request("GET", f"/journals/{int(connection)}")
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@dataclass(eq=False)  # two blocks may hold the same fault (a `changed` inside a `fault`)
+class _Held:
+    """A fault an open block holds: its index (None once this client removed it) and the
+    options it has now."""
+
+    index: int | None
+    fault: str
+    options: dict[str, Any]
+
+    def matches(self, entry: dict[str, Any]) -> bool:
+        return bool(entry["fault"] == self.fault and entry["options"] == self.options)
 
 
 def _reference(fault: int | str) -> str:

@@ -74,41 +74,45 @@ async def test_a_fault_added_for_a_block_fires_on_the_stream_and_is_gone_afterwa
             assert (await in_thread(control.counters))["middlebox_connections_total"] == 0
 
 
-async def test_the_context_managers_undo_on_exit_even_when_the_block_raises() -> None:
+async def scripted(script: Callable[[ControlClient], list[Any]]) -> list[Any]:
+    """What `script` saw, run with a client of a live proxy's control API (its address
+    given without a scheme) off the proxy's loop."""
     with trio.fail_after(20):
         async with controlled() as run:
             control = ControlClient(f"127.0.0.1:{run.control_port}")
+            return list(await in_thread(lambda: script(control)))
 
-            def scripted() -> list[Any]:
-                seen: list[Any] = []
-                control.add_fault("slicer", size=1)
-                with pytest.raises(RuntimeError), control.fault("cut", at=0, count=3):
-                    seen.append([f["fault"] for f in control.faults()])
-                    raise RuntimeError("the test failed inside the block")
-                seen.append([f["fault"] for f in control.faults()])
-                with control.changed("slicer", size=2, max_size=4) as now:
-                    seen.append(now["options"])
-                seen.append(control.faults()[0]["options"])
-                with control.using({"name": "swapped", "path": [fault("latency", delay="2ms")]}):
-                    seen.append(control.active_scenario()["name"])
-                seen.append(control.active_scenario()["document"]["path"])
-                control.clear_faults()
-                with control.using(load_text_scenario()):
-                    seen.append([f["fault"] for f in control.faults()])
-                seen.append(control.active_scenario()["name"])
-                return seen
 
-            seen = await in_thread(scripted)
-            assert seen == [
-                ["cut", "slicer"],
-                ["slicer"],
-                {"size": 2, "max_size": 4},
-                {"size": 1},
-                "swapped",
-                [{"slicer": {"size": 1}}],
-                ["latency"],
-                "pass-through",
-            ]
+async def test_the_context_managers_undo_on_exit_even_when_the_block_raises() -> None:
+    def script(control: ControlClient) -> list[Any]:
+        seen: list[Any] = []
+        control.add_fault("slicer", size=1)
+        with pytest.raises(RuntimeError), control.fault("cut", at=0, count=3):
+            seen.append([f["fault"] for f in control.faults()])
+            raise RuntimeError("the test failed inside the block")
+        seen.append([f["fault"] for f in control.faults()])
+        with control.changed("slicer", size=2, max_size=4) as now:
+            seen.append(now["options"])
+        seen.append(control.faults()[0]["options"])
+        with control.using({"name": "swapped", "path": [fault("latency", delay="2ms")]}):
+            seen.append(control.active_scenario()["name"])
+        seen.append(control.active_scenario()["document"]["path"])
+        control.clear_faults()
+        with control.using(load_text_scenario()):
+            seen.append([f["fault"] for f in control.faults()])
+        seen.append(control.active_scenario()["name"])
+        return seen
+
+    assert await scripted(script) == [
+        ["cut", "slicer"],
+        ["slicer"],
+        {"size": 2, "max_size": 4},
+        {"size": 1},
+        "swapped",
+        [{"slicer": {"size": 1}}],
+        ["latency"],
+        "pass-through",
+    ]
 
 
 def load_text_scenario() -> Any:
@@ -213,8 +217,41 @@ def test_a_block_removes_the_fault_it_added_even_after_others_were_added_before_
             control.add_fault("cut", at=0, count=3)  # and to index 2
         assert control.faults()[2]["options"] == {"delay": "1ms"}
     assert [f["fault"] for f in control.faults()] == ["cut", "slicer"]
-    with pytest.raises(ControlError, match="added here is gone"), control.fault("slicer", size=9):
+    with pytest.raises(ControlError, match="block holds is gone"), control.fault("slicer", size=9):
         control.clear_faults()
+
+
+async def test_a_block_removes_its_fault_after_the_block_changed_its_options() -> None:
+    def script(control: ControlClient) -> list[Any]:
+        seen: list[Any] = []
+        with control.fault("latency", delay="300ms"):  # README's Python API example
+            control.change_fault("latency", delay="1s")
+        seen.append(control.faults())
+        control.add_fault("latency", delay="5ms")
+        with control.fault("latency", at=0, delay="300ms") as index:
+            control.change_fault(index, delay="1s")
+            control.add_fault("slicer", at=0, size=1)  # the block's fault: index 1
+            control.change_fault(1, delay="2s")
+            control.remove_fault("slicer")  # and back at index 0
+            with control.changed(0, delay="3s"):
+                control.change_fault(0, delay="4s")
+            seen.append(control.faults())
+        seen.append(control.faults())
+        return seen
+
+    after_one, inside, after_two = await scripted(script)
+    assert after_one == []
+    assert [f["options"] for f in inside] == [{"delay": "2s"}, {"delay": "5ms"}]
+    assert after_two == [{"index": 0, "fault": "latency", "options": {"delay": "5ms"}}]
+
+
+def test_a_block_whose_fault_this_client_removed_says_it_is_gone_and_removes_no_other() -> None:
+    control = ControlClient(transport=route_transport(api_for_test()))
+    control.add_fault("latency", delay="1ms")
+    gone = pytest.raises(ControlError, match="latency fault this block holds is gone")
+    with gone, control.fault("latency", delay="1ms"):
+        control.remove_fault(1)
+    assert control.faults() == [{"index": 0, "fault": "latency", "options": {"delay": "1ms"}}]
 
 
 def api_for_test() -> Any:

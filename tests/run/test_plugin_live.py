@@ -51,3 +51,11 @@ def test_a_scenario_built_in_code_starts_the_fixture_and_a_change_applies_mid_te
     assert not short_done and len(short) < len(text)
     assert proxy.faults()[0]["options"] == {"limit": "100ms", "end": "fin"}
     assert proxy.score()["faults_fired"] == {"max_duration": 1}
+
+
+def test_a_fault_changed_inside_its_block_is_removed_on_exit(middlebox_proxy: Any) -> None:
+    proxy = middlebox_proxy({"name": "starts-clean", "upstream": QUICK_UPSTREAM, "path": []})
+    with proxy.fault("latency", delay="300ms"):
+        proxy.change_fault("latency", delay="1s")
+        assert proxy.faults()[0]["options"] == {"delay": "1s"}
+    assert proxy.faults() == []
