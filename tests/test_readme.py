@@ -1,6 +1,7 @@
 """The README stays current: every fault, scenario and command is in its tables, the choices
 it lists for an option are the option's own, its example client really runs under the client
-contract, every install line names the distribution pyproject.toml builds and every Locust
+contract, its pytest plugin example runs a scenario with the fault it tests and passes as
+written, every install line names the distribution pyproject.toml builds and every Locust
 line the installed locustfile, and the CI section shows the example CI files as they are."""
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
 
 from faults import REGISTRY
 from middlebox.cli.main import main
+from middlebox.compose import load
 from middlebox.library import scenario_dir
 from middlebox.scenario.expect import METRICS
 
@@ -115,6 +118,31 @@ def test_the_readme_example_client_is_scored_like_a_built_in_one(tmp_path: Path)
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"healthy-baseline\s+ok 2/2", result.stdout), result.stdout
+
+
+def plugin_example() -> str:
+    """The pytest plugin section's first example (a project's tests/test_streaming.py)."""
+    plugin = README.split("### pytest plugin\n", 1)[1]
+    code = re.search(r"```python\n(import openai\n.*?)```", plugin, re.S)
+    assert code, "the pytest plugin example is missing from the README"
+    return code.group(1)
+
+
+def test_the_plugin_example_asserts_that_its_scenarios_faults_fired() -> None:
+    code = plugin_example()
+    (name,) = re.findall(r'middlebox_proxy\("([\w-]+)"\)', code)
+    scenario = load(scenario_dir() / f"{name}.yaml")
+    fired = {spec.name: 1 for spec in scenario.path}
+    assert fired, f"{name} has no fault: the example would test nothing"
+    assert f'facts["faults_fired"] == {fired!r}'.replace("'", '"') in code
+
+
+@pytest.mark.e2e
+def test_the_plugin_example_passes_as_written(middlebox_proxy: Any) -> None:
+    namespace: dict[str, Any] = {}
+    exec(compile(plugin_example(), "README.md", "exec"), namespace)
+    (test,) = [value for name, value in namespace.items() if name.startswith("test_")]
+    test(middlebox_proxy)
 
 
 def pip_installs(text: str) -> list[str]:
