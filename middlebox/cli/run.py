@@ -5,12 +5,17 @@ call into `middlebox.run` (or, for `scenarios`, `middlebox.library`), its verdic
 from __future__ import annotations
 
 import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
 
 from middlebox.cli.targets import scenario_targets
+from middlebox.clients import BUILTIN_CLIENTS, DEFAULT_CLIENTS
 
 
 def show_scorecard(document: dict[str, Any]) -> None:
@@ -19,15 +24,57 @@ def show_scorecard(document: dict[str, Any]) -> None:
     click.echo(scorecard(document, colour=sys.stdout.isatty()))
 
 
-@click.command()
+@contextmanager
+def run_errors(command: str) -> Iterator[None]:
+    """A run's errors as exit statuses, each in one line: 2 for a usage error (an unknown
+    client, no scenario files, a file that is no report), 1 for a run that cannot go on,
+    and the shell's 128 + N for a run stopped by signal N."""
+    from middlebox.run.outcome import Interrupted, RunError, UsageError
+    from middlebox.scenario.convert import ScenarioError
+
+    try:
+        yield
+    except Interrupted as error:
+        click.echo(f"middlebox {command}: {error}", err=True)
+        sys.exit(128 + error.signum)  # 130 for SIGINT, 143 for SIGTERM
+    except UsageError as error:
+        raise click.UsageError(str(error)) from None
+    except (RunError, ScenarioError) as error:
+        raise click.ClickException(str(error)) from None
+
+
+def client_names(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """The built-in clients whose names start with what was typed."""
+    return [CompletionItem(name) for name in BUILTIN_CLIENTS if name.startswith(incomplete)]
+
+
+def clients_epilog() -> str:
+    """Every built-in client, from the registry, in lines click leaves as they are (its
+    wrapping would split a name such as browser-eventsource at its hyphen)."""
+    lines = textwrap.wrap(
+        ", ".join(BUILTIN_CLIENTS), width=76, break_on_hyphens=False, break_long_words=False
+    )
+    return "\b\nBuilt-in clients (--client NAME):\n" + "\n".join(f"  {line}" for line in lines)
+
+
+CLIENT_HELP = (
+    "Built-in client to score (repeatable; every one is listed below). Default: "
+    f"{', '.join(n for n in DEFAULT_CLIENTS if not n.startswith('browser'))}; the browsers "
+    "need Chromium, some others their own environment (built on first use)."
+)
+
+
+@click.command(epilog=clients_epilog())
 @click.argument("targets", nargs=-1, callback=scenario_targets)
 @click.option("--upstream", help="A real vLLM or gateway URL instead of the embedded emulator.")
 @click.option(
     "--client",
     "clients",
     multiple=True,
-    help="Built-in client to score (repeatable): raw, openai, httpx-sse, resilient, "
-    "browser. Default: all but browser (Chromium is opt-in).",
+    shell_complete=client_names,
+    help=CLIENT_HELP,
 )
 @click.option(
     "--client-cmd",
@@ -71,11 +118,9 @@ def run(
       middlebox run reset-mid-stream my-incident.yaml --client-cmd 'mine=python my_client.py'
       middlebox run --client-cmd 'mine=python my_client.py' --report out/
     """
-    from middlebox.run.outcome import Interrupted, RunError
     from middlebox.run.suite import run_suite
-    from middlebox.scenario.convert import ScenarioError
 
-    try:
+    with run_errors("run"):
         suite = run_suite(
             targets,
             client_names=clients,
@@ -85,11 +130,6 @@ def run(
             report_dir=report_dir,
             jobs=jobs,
         )
-    except Interrupted as error:
-        click.echo(f"middlebox run: {error}", err=True)
-        sys.exit(128 + error.signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
-    except (RunError, ScenarioError) as error:
-        raise click.ClickException(str(error)) from None
     show_scorecard(suite.document())
     if report_dir:
         click.echo(
@@ -138,7 +178,8 @@ def replay(report_file: str, report_dir: str | None) -> None:
 
     Also fails where a request's generated or shown text differs, except shown text where
     the upstream split the same text into other events (its writer lagged: timing, not
-    the seed), which is noted.
+    the seed), which is noted. A scenario recorded by a relative path is also looked for
+    beside the report and in the folder above it.
 
     \b
     Example:
@@ -146,7 +187,8 @@ def replay(report_file: str, report_dir: str | None) -> None:
     """
     from middlebox.run.replay import replay_report
 
-    result = replay_report(Path(report_file), Path(report_dir) if report_dir else None)
+    with run_errors("replay"):
+        result = replay_report(Path(report_file), Path(report_dir) if report_dir else None)
     show_scorecard(result.suite.document())
     for line in result.notes:
         click.echo(f"replay: note: {line}")
@@ -156,6 +198,19 @@ def replay(report_file: str, report_dir: str | None) -> None:
     for line in result.differences:
         click.echo(f"replay: differs: {line}", err=True)
     sys.exit(1)
+
+
+def drill_names(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """The drills whose names start with what was typed, each with its title."""
+    from middlebox.run.drills import all_drills
+
+    return [
+        CompletionItem(name, help=drill.title)
+        for name, drill in all_drills().items()
+        if name.startswith(incomplete)
+    ]
 
 
 @click.group()
@@ -187,7 +242,7 @@ def drill_list() -> None:
     epilog="\b\nExamples:\n  middlebox drill hint silent-truncation 1\n"
     "  middlebox drill hint silent-truncation 4   # the last: the fault revealed",
 )
-@click.argument("name")
+@click.argument("name", shell_complete=drill_names)
 @click.argument("number", type=int)
 def drill_hint(name: str, number: int) -> None:
     """Hint NUMBER (from 1) of drill NAME; the last one reveals the fault."""
@@ -200,7 +255,7 @@ def drill_hint(name: str, number: int) -> None:
 
 
 @drill.command("start")
-@click.argument("name")
+@click.argument("name", shell_complete=drill_names)
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=0, help="Proxy port (default: a free one)."
 )
@@ -259,7 +314,7 @@ def drill_start(
     "  middlebox drill check buffered-stream --client-cmd 'python my_client.py' "
     "--scenario fixed.yaml",
 )
-@click.argument("name")
+@click.argument("name", shell_complete=drill_names)
 @click.option(
     "--client-cmd",
     "client_commands",
@@ -279,17 +334,16 @@ def drill_check(
 ) -> None:
     """Grade a fix: run the drill with your client (and scenario); exit 1 unless it holds."""
     from middlebox.run.drills import DrillError, check
-    from middlebox.run.outcome import RunError
-    from middlebox.scenario.convert import ScenarioError
 
     try:
-        grade = check(
-            name,
-            list(client_commands),
-            fixed_scenario=Path(fixed) if fixed else None,
-            report_dir=Path(report_dir) if report_dir else None,
-        )
-    except (DrillError, RunError, ScenarioError) as error:
+        with run_errors("drill check"):
+            grade = check(
+                name,
+                list(client_commands),
+                fixed_scenario=Path(fixed) if fixed else None,
+                report_dir=Path(report_dir) if report_dir else None,
+            )
+    except DrillError as error:
         raise click.ClickException(str(error)) from None
     show_scorecard(grade.suite.document())
     if grade.passed:

@@ -63,6 +63,14 @@ def scenario_file(name: str) -> Path | None:
     return None
 
 
+def library_name(path: Path) -> str | None:
+    """The name of the library scenario `path` is the file of, or None for any other file."""
+    found = scenario_file(path.stem)
+    if found is not None and path.exists() and found.samefile(path):
+        return path.stem
+    return None
+
+
 def resolve(target: str | Path) -> Path:
     """A scenario target as a path: a file or directory that exists as given, else the
     library scenario of that name; raises UnknownScenario (with the closest names)."""

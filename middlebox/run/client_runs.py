@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ import trio
 
 from middlebox.clients import BUILTIN_CLIENTS, available_clients
 from middlebox.observe.journal import JournalStore
-from middlebox.run.outcome import RunError
+from middlebox.run.outcome import UsageError
 from middlebox.run.processes import CHILDREN
 from middlebox.run.serve import proxy_config
 from middlebox.scenario.model import Scenario
@@ -50,7 +51,7 @@ def resolve_clients(names: Sequence[str], commands: Sequence[str]) -> list[Clien
     specs = []
     for name in names:
         if name not in BUILTIN_CLIENTS:
-            raise RunError(
+            raise UsageError(
                 f"unknown client {name!r}; built-in clients: {', '.join(BUILTIN_CLIENTS)}"
             )
         specs.append(ClientSpec(name, list(BUILTIN_CLIENTS[name])))
@@ -65,16 +66,16 @@ def resolve_clients(names: Sequence[str], commands: Sequence[str]) -> list[Clien
 
 
 def _client_argv(command: str, text: str) -> list[str]:
-    """A `--client-cmd` command as argv, or a RunError (one clear line) when it is empty,
+    """A `--client-cmd` command as argv, or a UsageError (one clear line) when it is empty,
     cannot be split or names a program that cannot be found."""
     try:
         argv = shlex.split(text)
     except ValueError as error:
-        raise RunError(f"--client-cmd {command!r}: {error}") from None
+        raise UsageError(f"--client-cmd {command!r}: {error}") from None
     if not argv:
-        raise RunError(f"--client-cmd {command!r}: no command to run (NAME=COMMAND or COMMAND)")
+        raise UsageError(f"--client-cmd {command!r}: no command to run (NAME=COMMAND or COMMAND)")
     if shutil.which(argv[0]) is None and not os.access(argv[0], os.X_OK):
-        raise RunError(
+        raise UsageError(
             f"--client-cmd {command!r}: {argv[0]!r} is not an executable program "
             f"(give NAME=COMMAND or COMMAND, e.g. 'mine=python my_client.py')"
         )
@@ -89,6 +90,7 @@ class ClientRun:
     result: dict[str, Any] | None = None
     hang: bool = False
     stderr_tail: str = ""
+    exit_status: int | None = None  # negative: killed by that signal (Popen's convention)
     server_metrics: dict[str, Any] = field(default_factory=dict)
     # a real server's /metrics around this client: (wall time, running, generation tokens)
     samples: list[tuple[float, float, float]] = field(default_factory=list)
@@ -98,6 +100,28 @@ class ClientRun:
     takes: list[dict[str, Any]] = field(default_factory=list)
     # a re-take's own emulator's ledger (None: the scenario's, shared by its clients)
     ledger: list[dict[str, Any]] | None = None
+
+    def missing_result(self) -> str:
+        """Why a client that did not hang has no result, in one line: how its process
+        ended and the end of its stderr, or that its stderr was empty."""
+        status = self.exit_status
+        if status is None:
+            ended = ""
+        elif status < 0:
+            ended = f" (it was killed by signal {signal_name(-status)})"
+        else:
+            ended = f" (it exited with status {status})"
+        said = self.stderr_tail[-400:].strip()
+        tail = f"its stderr ends with: {said}" if said else "its stderr was empty"
+        return f"the client wrote no result{ended}; {tail}"
+
+
+def signal_name(number: int) -> str:
+    """`SIGKILL` for 9; the number for a signal without a name (a real-time one)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def tls_client_env(scenario: Scenario, port: int) -> dict[str, str]:
@@ -151,7 +175,7 @@ async def run_client(
         with stderr_path.open("wb") as stderr:
             process = await CHILDREN.get().start(spec.argv, env=env, stdout=stderr, stderr=stderr)
             with trio.move_on_after(workload.timeout) as bound:
-                await process.wait()
+                run.exit_status = await process.wait()
             if bound.cancelled_caught:
                 run.hang = True
                 # the session we started it in: its own children too (a browser client's

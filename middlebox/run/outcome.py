@@ -23,6 +23,11 @@ class RunError(Exception):
     """A run could not start (bad scenario, upstream down); the message says why."""
 
 
+class UsageError(RunError):
+    """A run asked for something that is not there (an unknown client, a folder without
+    scenarios, a file that is no report): the caller's mistake, not the run's."""
+
+
 class Interrupted(RunError):
     """SIGINT or SIGTERM stopped the run; every process it started has been stopped."""
 

@@ -1,7 +1,9 @@
 """`middlebox replay report.json`: rerun a report's scenarios with its seeds and clients and
 list every verdict that differs, and every request whose generated or shown text differs
 (the report's `run` section holds what a rerun needs; the emulator is seeded by the same
-seed, so the same seed must give the same text, not only the same verdicts).
+seed, so the same seed must give the same text, not only the same verdicts). A file that
+is no report is a UsageError saying what `replay` expects; the scenarios are found where
+`scenario_paths` looks (a report moved to another folder or machine still replays).
 
 One difference is the run's timing rather than its seed, and is listed apart as a note:
 shown text that differs where the upstream split the same text into other events (a
@@ -17,9 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from middlebox.library import scenario_file
 from middlebox.report.scorecard import verdict_sections
-from middlebox.run.outcome import SuiteOutcome, report_document
+from middlebox.run.outcome import RunError, SuiteOutcome, UsageError, report_document
 from middlebox.run.suite import run_suite
+
+EXPECTED = "expected the report.json that `middlebox run --report DIR` writes"
 
 
 @dataclass
@@ -36,10 +41,10 @@ class Replay:
 
 def replay_report(report_path: Path, report_dir: Path | None) -> Replay:
     """Rerun a report's scenarios with its seeds and clients; list verdicts that differ."""
-    document = json.loads(report_path.read_text())
+    document = read_report(report_path)
     run = document["run"]
     suite = run_suite(
-        run["paths"],
+        scenario_paths(run["paths"], report_path),
         client_names=run.get("clients") or (),
         client_commands=run.get("client_commands") or (),
         seed=run.get("seed"),
@@ -58,6 +63,50 @@ def replay_report(report_path: Path, report_dir: Path | None) -> Replay:
                 differences.append(f"{scenario}/{client}: was {old}, now {new}")
     texts = compare_texts(document, report_document(suite, run))
     return Replay(suite, differences + texts.differences, texts.notes)
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """A report's document, or a UsageError saying what the file is instead."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise UsageError(f"{path}: cannot read it ({error.strerror})") from None
+    except ValueError as error:  # not JSON, or not UTF-8
+        raise UsageError(f"{path}: not JSON ({error}); {EXPECTED}") from None
+    run = document.get("run") if isinstance(document, dict) else None
+    if not isinstance(run, dict) or not isinstance(run.get("paths"), list):
+        raise UsageError(
+            f"{path}: JSON without a report's `run` section (the scenarios, seed and clients "
+            f"to rerun); {EXPECTED}"
+        )
+    return dict(document)
+
+
+def scenario_paths(recorded: list[Any], report_path: Path) -> list[str]:
+    """Where a report's scenarios are here. A library scenario's name is taken as it is; a
+    file as recorded when it is there, else (a report that recorded a path relative to
+    where its run started, replayed from elsewhere) under the report's folder or the folder
+    above it (`--report out/` from where the run started), and a library file of another
+    install by its name. A RunError names the first found nowhere."""
+    folder = report_path.absolute().parent
+    found = []
+    for entry in map(str, recorded):
+        path = Path(entry)
+        if not path.suffix and scenario_file(entry) is not None:
+            found.append(entry)
+            continue
+        candidates = [path] if path.is_absolute() else [path, folder / path, folder.parent / path]
+        here = next((str(c) for c in candidates if c.is_file()), None)
+        library = path.parent.parts[-2:] == ("library", "scenarios")
+        if here is None and library and scenario_file(path.name) is not None:
+            here = path.stem
+        if here is None:
+            raise RunError(
+                f"{report_path}: scenario {entry} not found (looked as written, beside the "
+                "report and in the folder above it)"
+            )
+        found.append(here)
+    return found
 
 
 Texts = tuple[str, str, list[int]]

@@ -28,7 +28,7 @@ import trio
 from middlebox.clients import BUILTIN_CLIENTS, DIALECT_CLIENTS, SCENARIO_CLIENTS
 from middlebox.compose import expand_paths, load
 from middlebox.core.stream import Direction
-from middlebox.library import scenario_dir
+from middlebox.library import library_name, scenario_dir
 from middlebox.observe.journal import ConnectionJournal, fault_proof
 from middlebox.observe.requests import arrivals, ledger_for
 from middlebox.report.layout import run_directory
@@ -48,6 +48,7 @@ from middlebox.run.outcome import (
     RunError,
     ScenarioOutcome,
     SuiteOutcome,
+    UsageError,
 )
 from middlebox.run.processes import (
     CHILDREN,
@@ -487,7 +488,7 @@ def take_of(outcome: ScenarioOutcome, run: ClientRun, score: ClientScore, lag: L
     failed = [f"{c.name} {c.condition} {c.expected}: got {c.actual}" for c in score.checks
               if not c.passed]  # fmt: skip
     if run.result is None and not run.hang:
-        failed.append("the client wrote no result")
+        failed.append(run.missing_result())
     stall = server_stall(e.token_times for e in upstream_exchanges(run))
     return Take(run, not (failed or unproven), Disturbance(stall, lag.worst, lag.gc_worst),
                 "; ".join(failed + unproven))  # fmt: skip
@@ -674,10 +675,7 @@ def score_runs(
         own = ledger if run.ledger is None else run.ledger  # a kept re-take's emulator
         score = score_run(outcome, run, clients, own, expect)
         if run.result is None and not run.hang:
-            outcome.problems.append(
-                f"{scenario.name}/{run.spec.name}: the client wrote no "
-                f"result; its stderr ends with: {run.stderr_tail[-400:]}"
-            )
+            outcome.problems.append(f"{scenario.name}/{run.spec.name}: {run.missing_result()}")
         run.journal.write_ndjson(workdir / f"{run.spec.name}.journal.ndjson")
         if run.samples:  # a real server's /metrics as sampled: what server.* came from
             (workdir / f"{run.spec.name}.metrics.json").write_text(json.dumps(run.samples))
@@ -961,6 +959,13 @@ def scenario_files(paths: Sequence[str | Path]) -> list[Path]:
     return expand_paths(paths or [scenario_dir()])
 
 
+def recorded_path(path: Path) -> str:
+    """How report.json records a scenario so that `replay` finds it from any folder: a
+    library scenario by its name (another install's library has it too), any other file
+    by its absolute path."""
+    return library_name(path) or str(path.absolute())
+
+
 def run_suite(
     paths: Sequence[str],
     *,
@@ -975,7 +980,7 @@ def run_suite(
     return every verdict; writes reports."""
     files = scenario_files(paths)
     if not files:
-        raise RunError(f"no scenario files in {', '.join(paths)}")
+        raise UsageError(f"no scenario files in {', '.join(paths)}")
     scenarios = [load(path) for path in files]
     for scenario in scenarios:
         for warning in scenario.warnings:
@@ -992,7 +997,7 @@ def run_suite(
             )
         )
     argv = {
-        "paths": [str(f) for f in files],
+        "paths": [recorded_path(f) for f in files],
         "clients": list(client_names),
         "client_commands": list(client_commands),
         "upstream": upstream_url,

@@ -77,3 +77,4 @@ def test_the_documented_completion_line_produces_a_script_that_completes_command
     assert "complete -o nosort -F _middlebox_completion middlebox" in done.stdout
     assert complete("middlebox dr", {}) == ["drill"]
     assert "--port" in complete("middlebox drill start --p", {})
+    assert complete("middlebox drill hint sil", {}) == ["silent-truncation"]

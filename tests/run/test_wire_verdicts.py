@@ -15,7 +15,7 @@ from middlebox.cli.main import main
 from middlebox.compose import load
 from middlebox.library import scenario_dir
 from middlebox.run.client_runs import resolve_clients
-from middlebox.run.outcome import RunError, SuiteOutcome
+from middlebox.run.outcome import SuiteOutcome, UsageError
 from middlebox.run.processes import EmulatorProcess, emulator_config
 from middlebox.run.replay import compare_texts
 from middlebox.run.suite import proof_problems
@@ -60,18 +60,18 @@ def test_a_client_cmd_name_is_anything_without_an_equals_sign() -> None:
     ],
 )
 def test_a_bad_client_cmd_is_one_clear_error(command: str, says: str) -> None:
-    with pytest.raises(RunError, match=says):
+    with pytest.raises(UsageError, match=says):
         resolve_clients([], [command])
 
 
-def test_the_cli_reports_a_bad_client_cmd_in_one_line_without_a_traceback() -> None:
+def test_a_bad_client_cmd_on_the_cli_is_a_one_line_usage_error_without_a_traceback() -> None:
     scenario = str(LIBRARY / "healthy-baseline.yaml")
     result = CliRunner().invoke(
         main, ["run", scenario, "--client-cmd", "own-openai=no-such-program-xyz x.py"]
     )
-    assert result.exit_code != 0
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "no-such-program-xyz" in lines[0]
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "no-such-program-xyz" in errors[0]
     assert "Traceback" not in result.output
 
 
