@@ -31,7 +31,7 @@ def validate(paths: tuple[str, ...]) -> None:
     try:
         good, problems = validate_paths(paths, clients=list(BUILTIN_CLIENTS))
     except NoScenarioFiles as error:
-        raise click.ClickException(str(error)) from None
+        raise click.UsageError(str(error)) from None  # as `run` says it: exit 2
     for scenario in good:
         click.echo(f"ok: {scenario.source} ({scenario.name}, {len(scenario.path)} faults)")
         for warning in scenario.warnings:

@@ -107,13 +107,15 @@ def test_run_places_the_expect_problems_before_starting_anything(tmp_path: Path)
     assert not (tmp_path / "report").exists()
 
 
-def test_validate_of_a_folder_without_scenarios_says_so_and_exits_non_zero(
+def test_validate_of_a_folder_without_scenarios_is_a_usage_error_as_in_run(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "notes.txt").write_text("no scenario here\n")
-    result = CliRunner().invoke(main, ["validate", str(tmp_path)])
-    assert result.exit_code == 1
-    assert result.output == f"Error: no scenario files in {tmp_path}\n"
+    for command in ("validate", "run"):
+        result = CliRunner().invoke(main, [command, str(tmp_path)])
+        assert result.exit_code == 2, (command, result.output)
+        errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+        assert errors == [f"Error: no scenario files in {tmp_path}"], command
 
 
 def test_schema_lists_every_registered_fault_with_its_fields() -> None:
