@@ -14,6 +14,7 @@ from typing import Any
 import click
 from click.shell_completion import CompletionItem
 
+from middlebox.cli.addresses import PORT
 from middlebox.cli.targets import scenario_targets
 from middlebox.clients import BUILTIN_CLIENTS, DEFAULT_CLIENTS
 
@@ -256,12 +257,10 @@ def drill_hint(name: str, number: int) -> None:
 
 @drill.command("start")
 @click.argument("name", shell_complete=drill_names)
-@click.option(
-    "--port", type=click.IntRange(0, 65535), default=0, help="Proxy port (default: a free one)."
-)
+@click.option("--port", type=PORT, default=0, help="Proxy port (default: a free one).")
 @click.option(
     "--control-port",
-    type=click.IntRange(0, 65535),
+    type=PORT,
     default=0,
     help="Control API port (default: a free one).",
 )
@@ -273,7 +272,7 @@ def drill_hint(name: str, number: int) -> None:
 )
 @click.option(
     "--ui-port",
-    type=click.IntRange(0, 65535),
+    type=PORT,
     default=0,
     help="The live console's port on 127.0.0.1 (default: a free one; the URL is printed).",
 )

@@ -45,7 +45,21 @@ DRILLS_DIR = drill_dir()
 
 
 class DrillError(Exception):
-    """An unknown drill, a bad hint number, or a fix that changed what it must keep."""
+    """An unknown drill, a bad hint number, a fix that changed what it must keep, or an
+    incident that could not start."""
+
+
+# `drill start`'s options for the listeners of the proxy it runs. The proxy's start-up
+# error names its own options (`cannot listen on ADDRESS (--control): ...`), which the
+# drill's user never typed.
+LISTENER_OPTIONS = {"--listen": "--port", "--control": "--control-port", "--ui": "--ui-port"}
+
+
+def in_drill_terms(proxy_error: str) -> str:
+    """A proxy's start-up error with its listener options named as `drill start` has them."""
+    for proxy_option, drill_option in LISTENER_OPTIONS.items():
+        proxy_error = proxy_error.replace(f"({proxy_option})", f"({drill_option})")
+    return proxy_error
 
 
 @dataclass
@@ -273,7 +287,7 @@ def start(
     on 127.0.0.1 (port 0: a free one)."""
     from middlebox.compose import load
     from middlebox.run.live import start_proxy
-    from middlebox.run.processes import EmulatorProcess, emulator_config
+    from middlebox.run.processes import EmulatorProcess, UpstreamStartError, emulator_config
     from middlebox.run.upstream import UpstreamClient
 
     drill = get(name, directory)
@@ -292,6 +306,9 @@ def start(
             ui=None if ui_port is None else f"127.0.0.1:{ui_port}",
             drill=drill.name,
         )
+    except UpstreamStartError as error:
+        emulator.stop()
+        raise DrillError(in_drill_terms(str(error))) from None
     except BaseException:
         emulator.stop()
         raise

@@ -11,7 +11,16 @@ import pytest
 
 from middlebox.compose import load
 from middlebox.library import scenario_names
-from middlebox.run.drills import DrillError, all_drills, briefing, check, get, hint, write_scenario
+from middlebox.run.drills import (
+    DrillError,
+    all_drills,
+    briefing,
+    check,
+    get,
+    hint,
+    in_drill_terms,
+    write_scenario,
+)
 
 CLIENT = Path(__file__).parent / "clients" / "sse_client.py"
 
@@ -73,3 +82,18 @@ def test_the_check_fails_the_trusting_client_and_passes_the_one_that_checks_done
     assert fixed.passed, fixed.reasons
     (outcome,) = fixed.suite.outcomes
     assert outcome.proof["faults"]["max_duration"]["fired"] >= 1  # the fault was there
+
+
+def test_a_proxy_start_error_names_the_drill_options_for_its_listeners() -> None:
+    said = (
+        "the proxy exited at start (exit status 1): cannot listen on 127.0.0.1:9001 "
+        "(--control): address already in use"
+    )
+    assert in_drill_terms(said) == said.replace("(--control)", "(--control-port)")
+    assert "(--port)" in in_drill_terms("cannot listen on 127.0.0.1:9 (--listen): denied")
+    assert "(--ui-port)" in in_drill_terms("cannot listen on 127.0.0.1:9 (--ui): denied")
+
+
+def test_an_error_naming_no_listener_option_is_left_as_the_proxy_said_it() -> None:
+    said = "the proxy was not ready within 30s: --listen-like words (--upstream) stay"
+    assert in_drill_terms(said) == said

@@ -140,3 +140,25 @@ def test_drill_start_offers_port_control_port_and_journal() -> None:
     assert done.returncode == 0
     for option in ("--port", "--control-port", "--journal"):
         assert option in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "proxy_option"),
+    [("--port", "--listen"), ("--control-port", "--control"), ("--ui-port", "--ui")],
+)
+def test_a_busy_port_is_named_by_the_drill_start_option_that_asked_for_it(
+    option: str, proxy_option: str
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "middlebox", "drill", "start", "mid-stream-reset",
+             option, str(port)],
+            capture_output=True, text=True, timeout=90, cwd=ROOT,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("Error")]
+    assert f"cannot listen on 127.0.0.1:{port} ({option})" in error
+    assert f"({proxy_option})" not in error
