@@ -39,6 +39,9 @@ Result:
                   "resumes": int (reconnects with Last-Event-ID),
                   "saw_done": bool (the client itself observed data: [DONE]),
                   "abandoned": bool}]}
+The runner checks the result where it reads it (`middlebox.clients.result_file`): `index`
+is required, every other field present must have the type above, and a file that breaks
+this is reported as that client's problem instead of being scored.
 Invariant of the built-in clients: `text == "".join(piece for _, piece in chunks)`; a
 client that restarts a request and replaces its display clears `chunks` too. Choice 0
 only (n=1). The process exits 0 once the result is written, whatever the requests'

@@ -358,6 +358,14 @@ def findings(result: dict[str, Any]) -> list[Finding]:
     fired = _fired(result)
     metrics: dict[str, Any] = result.get("metrics") or {}
     out: list[Finding] = []
+    if "upstream_error" in verdicts:
+        refused = {request.get("upstream_status") for request in result.get("requests") or []}
+        said = " and ".join(f"HTTP {status}" for status in sorted(refused - {None}))
+        name = f"the upstream answered {said or 'an HTTP error'}"
+        key = f"the upstream answered an HTTP error: {UPSTREAM_REFUSED}"
+        out.append(Finding(name, f"{name}: {UPSTREAM_REFUSED}", key))
+    if "no_result" in verdicts:
+        out.append(Finding("no result", f"no result: {NO_RESULT}", f"no result: {NO_RESULT}"))
     for verdict, name, metric in TEXT_DAMAGE:
         if verdict in verdicts:
             out.append(_named(name, metric))
@@ -455,6 +463,16 @@ def findings(result: dict[str, Any]) -> list[Finding]:
     return out
 
 
+UPSTREAM_REFUSED = (
+    "the server itself refused (its status is on the upstream leg of the journal), not the "
+    "client or a fault, so nothing was streamed to judge the client by; fix: check that the "
+    "upstream serves the OpenAI API for the model its /v1/models names (--upstream)"
+)
+NO_RESULT = (
+    "the client ended without a result the scorer can read: none, or one that breaks the "
+    "client contract (the run's problem line names what); fix: write the result file "
+    "docs/clients.md describes"
+)
 # Verdicts that damaged the text, worst first: the name the diagnosis gives each and the
 # metric whose why and fix it says.
 TEXT_DAMAGE = (

@@ -64,12 +64,14 @@ def write_timelines(document: dict[str, Any], report_dir: Path) -> dict[tuple[st
             client = result["client"]
             result_file = directory / f"{client}.result.json"
             journal_file = directory / f"{client}.journal.ndjson"
+            verdicts = [request["verdict"] for request in result["requests"]]
+            # a result the scorer refused (it breaks the client contract) is not drawn either
+            unread = not result_file.exists() or "no_result" in verdicts
             try:
-                shown = json.loads(result_file.read_text()) if result_file.exists() else None
+                shown = None if unread else json.loads(result_file.read_text())
             except ValueError:
                 shown = None
             views: list[JournalView] = read_ndjson(journal_file) if journal_file.exists() else []
-            verdicts = [request["verdict"] for request in result["requests"]]
             tags = [request_tag(scenario["name"], client, i) for i in range(len(verdicts))]
             data = timeline_data(
                 scenario["name"], client, tags, ledger, shown, views, verdicts,

@@ -31,7 +31,9 @@ WIDTH = 160
 """Columns every line of the terminal scorecard and progress fits in (a CI log's width)."""
 
 SEVERITY = [
+    "upstream_error",  # the server refused: nothing says how the client streams
     "hang",
+    "no_result",
     "acted_on_partial_call",  # agent verdicts: run/agent_checks.py
     "side_effect_repeated",
     "acted_on_invalid_json",
@@ -50,7 +52,9 @@ SEVERITY = [
 ]
 GOOD = {"complete", "abandoned"}
 COLOURS = {
+    "upstream_error": "red",
     "hang": "red",
+    "no_result": "red",
     "acted_on_partial_call": "red",
     "side_effect_repeated": "red",
     "acted_on_invalid_json": "red",
@@ -68,7 +72,9 @@ COLOURS = {
     "complete": "green",
 }
 SHORT = {
+    "upstream_error": "UPSTREAM-ERR",
     "hang": "HANG",
+    "no_result": "NO-RESULT",
     "acted_on_partial_call": "PARTIAL-CALL",
     "side_effect_repeated": "TWICE",
     "acted_on_invalid_json": "BAD-JSON",

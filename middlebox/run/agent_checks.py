@@ -48,7 +48,7 @@ AGENT_VERDICTS = (
     "reasoning_as_answer",
     "reasoning_hidden",
 )
-KEEP_VERDICTS = frozenset({"hang", "abandoned"})
+KEEP_VERDICTS = frozenset({"upstream_error", "hang", "no_result", "abandoned"})
 REASONING_PROBE = 24
 """Characters of the upstream's reasoning that, found in `text`, prove it was shown as the
 answer (long enough not to match by chance, short enough for a cut reasoning phase)."""

@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from middlebox.clients import BUILTIN_CLIENTS, available_clients
+from middlebox.clients.result_file import ResultError, read_result
 from middlebox.observe.journal import JournalStore
 from middlebox.run.outcome import UsageError
 from middlebox.run.processes import CHILDREN
@@ -88,6 +89,9 @@ class ClientRun:
     tags: list[str]
     journal: JournalStore
     result: dict[str, Any] | None = None
+    # why the result file it wrote cannot be scored (it breaks the contract); None when
+    # it wrote none, or one that keeps the contract
+    result_error: str | None = None
     hang: bool = False
     stderr_tail: str = ""
     exit_status: int | None = None  # negative: killed by that signal (Popen's convention)
@@ -102,8 +106,14 @@ class ClientRun:
     ledger: list[dict[str, Any]] | None = None
 
     def missing_result(self) -> str:
-        """Why a client that did not hang has no result, in one line: how its process
-        ended and the end of its stderr, or that its stderr was empty."""
+        """Why a client that did not hang has no result, in one line: what is wrong with
+        the result file it wrote, or how its process ended and the end of its stderr (or
+        that its stderr was empty)."""
+        if self.result_error is not None:
+            return (
+                f"its result file breaks the client contract (docs/clients.md, Result): "
+                f"{self.result_error}"
+            )
         status = self.exit_status
         if status is None:
             ended = ""
@@ -188,8 +198,8 @@ async def run_client(
     listener.close()
     if result_path.exists():
         try:
-            run.result = json.loads(result_path.read_text())
-        except ValueError:
-            run.result = None
+            run.result = read_result(result_path.read_bytes(), workload.requests)
+        except ResultError as error:
+            run.result_error = str(error)
     run.stderr_tail = stderr_path.read_text(errors="replace")[-2000:]
     return run

@@ -8,7 +8,10 @@ plain data: categorical `verdicts` (identical across runs with the same seed) an
 timing `metrics` (which vary with the machine), then the `expect:` checks. The metric names
 an `expect:` block may check are the scenario format's (`middlebox.scenario.expect`).
 
-Client verdicts per request, worst first: `hang` (no result in bound), `silent_truncation`
+Client verdicts per request, worst first: `upstream_error` (a real server answered every
+attempt with an HTTP error status: nothing was streamed to judge the client by), `hang` (no
+result in bound), `no_result` (the client ended without a result the scorer can read: none,
+or one that breaks the contract), `silent_truncation`
 (reported success with less text than generated: the worst outcome a user can get),
 `mojibake`, `duplicated`, `missing_tokens`, `truncation_detected`, `error_reported`
 (the client showed no text and surfaced an error: one rule, whether or not the upstream
@@ -98,6 +101,9 @@ class RequestScore:
     # between two it was sent, and sent twice (`sequence_faults`)
     sequence_gaps: int = 0
     sequence_repeats: int = 0
+    # a real server's error status when it answered every attempt with one (verdict
+    # `upstream_error`); a fault's own answer (http_error) never reaches the upstream leg
+    upstream_status: int | None = None
 
 
 @dataclass
@@ -454,6 +460,45 @@ def delivered_finish_reasons(client_traffic: Iterable[UpstreamLeg], tag: str) ->
                 if named.get(message):
                     streams.add(str(named[message]))
     return found
+
+
+def upstream_statuses(traffic: Iterable[UpstreamLeg], tag: str) -> list[int]:
+    """The status of each final response the upstream sent to one logical request's requests
+    (`_requests_for`), in order: what the server itself answered, as its leg of the journal
+    saw it. A fault that answers on its own (http_error) is on the client leg only."""
+    legs = [_framed(leg) for leg in traffic]
+    stored = _stored_responses(legs, tag)
+    statuses: list[int] = []
+    for record in legs:
+        asked = _requests_for(record, tag, stored)
+        statuses += [
+            head.status
+            for message, _, _, head in record.heads[Direction.DOWNSTREAM]
+            if message in asked and head.status is not None and not head.is_interim
+        ]
+    return statuses
+
+
+def refused_by_upstream(statuses: Sequence[int]) -> int | None:
+    """The error status the upstream answered a request with when it answered every
+    attempt with one (the last); None when it streamed one, or was never asked."""
+    if statuses and all(status >= 400 for status in statuses):
+        return statuses[-1]
+    return None
+
+
+def upstream_problem(score: ClientScore) -> str | None:
+    """A run the upstream answered with nothing but HTTP errors, as a problem of the run:
+    it tested no client. None when one request got a stream from it."""
+    refused = {request.upstream_status for request in score.requests}
+    if not score.requests or None in refused:
+        return None
+    said = ", ".join(f"HTTP {status}" for status in sorted(s for s in refused if s is not None))
+    return (
+        f"the upstream answered every request with an error ({said}) and streamed nothing, "
+        "so the run tested no client; check that the upstream serves the OpenAI API for "
+        "the model its /v1/models names (--upstream)"
+    )
 
 
 def wire_attempts(client_traffic: Iterable[UpstreamLeg], tag: str) -> int:
@@ -1082,11 +1127,14 @@ def score_client(
     fault_reports: Iterable[tuple[str, str]],
     faults_declared: list[str],
     client_traffic: Sequence[UpstreamLeg] | None = None,
+    *,
+    no_result: bool = False,
 ) -> ClientScore:
     """Score one client's run of one scenario. `upstream_traffic` holds, per connection,
     the (request bytes, response bytes) seen on the upstream leg; `client_traffic` the
     same for the client leg, where attempts are counted (None: no journal of the client
-    leg, so the client's own `attempts` is all there is)."""
+    leg, so the client's own `attempts` is all there is). A `result` of None is a client
+    that hung, or with `no_result` one that ended without a result to read."""
     score = ClientScore(scenario, client, faults_declared=faults_declared)
     results = {int(r["index"]): r for r in (result or {}).get("results", [])}
     all_entries: list[Mapping[str, Any]] = []
@@ -1120,10 +1168,14 @@ def score_client(
         if not ledger:
             drawn = [text for text, _ in generations]
         expected, finished = expected_text(entries, generations, shown_text, bool(ledger))
-        verdict = request_verdict(expected, request_result)
+        verdict = "no_result" if no_result else request_verdict(expected, request_result)
         verdict = judge_drawn(verdict, drawn, finished, shown_text, request_result)
         if verdict == "complete_then_error" and not finished:
             verdict = "truncation_detected"  # all it had sent, but it was cut
+        # a real server that refused every attempt streamed nothing to judge the client by
+        refused = None if ledger else refused_by_upstream(upstream_statuses(upstream_traffic, tag))
+        if refused is not None:
+            verdict = "upstream_error"
         reported = (request_result or {}).get("attempts")
         reported_attempts = int(reported) if reported is not None else None
         if client_traffic is not None:
@@ -1158,6 +1210,7 @@ def score_client(
                 upstream_split=",".join(map(str, upstream_split(upstream_traffic, tag))),
                 sequence_gaps=gaps,
                 sequence_repeats=repeats,
+                upstream_status=refused,
             )
         )
         if request_result is not None:

@@ -71,6 +71,7 @@ from middlebox.run.score import (
     real_server_metrics,
     response_answers,
     score_client,
+    upstream_problem,
 )
 from middlebox.run.sessions import other_session_warning
 from middlebox.run.takes import (
@@ -487,11 +488,20 @@ def take_of(outcome: ScenarioOutcome, run: ClientRun, score: ClientScore, lag: L
     unproven = proof_problems(outcome.scenario.name, proof, outcome.scenario.quiet_faults)
     failed = [f"{c.name} {c.condition} {c.expected}: got {c.actual}" for c in score.checks
               if not c.passed]  # fmt: skip
-    if run.result is None and not run.hang:
-        failed.append(run.missing_result())
+    failed += run_problems(run, score)
     stall = server_stall(e.token_times for e in upstream_exchanges(run))
-    return Take(run, not (failed or unproven), Disturbance(stall, lag.worst, lag.gc_worst),
-                "; ".join(failed + unproven))  # fmt: skip
+    disturbance = Disturbance(stall, lag.worst, lag.gc_worst)
+    # an upstream that refused every request refuses a re-take too: no disturbance is why
+    refused = upstream_problem(score) is not None
+    return Take(run, not (failed or unproven), disturbance, "; ".join(failed + unproven), refused)
+
+
+def run_problems(run: ClientRun, score: ClientScore) -> list[str]:
+    """What makes a client's run no test of it, whatever its checks say: no result to read
+    (none, or one that breaks the contract), or an upstream that answered only errors."""
+    problems = [run.missing_result()] if run.result is None and not run.hang else []
+    refused = upstream_problem(score)
+    return problems + ([refused] if refused else [])
 
 
 async def emulator_take(
@@ -629,6 +639,7 @@ def score_run(
         reports,
         declared,
         client_traffic=client_traffic,
+        no_result=run.result is None and not run.hang,
     )
     score.metrics.update(run.server_metrics)
     delivered = delivered_tokens_per_burst(
@@ -674,8 +685,9 @@ def score_runs(
     for run in sorted(runs, key=lambda r: order[r.spec.name]):
         own = ledger if run.ledger is None else run.ledger  # a kept re-take's emulator
         score = score_run(outcome, run, clients, own, expect)
-        if run.result is None and not run.hang:
-            outcome.problems.append(f"{scenario.name}/{run.spec.name}: {run.missing_result()}")
+        outcome.problems += [
+            f"{scenario.name}/{run.spec.name}: {problem}" for problem in run_problems(run, score)
+        ]
         run.journal.write_ndjson(workdir / f"{run.spec.name}.journal.ndjson")
         if run.samples:  # a real server's /metrics as sampled: what server.* came from
             (workdir / f"{run.spec.name}.metrics.json").write_text(json.dumps(run.samples))

@@ -141,6 +141,8 @@ class Take:
     held: bool
     disturbance: Disturbance
     why: str = ""
+    # taking it again cannot change it (an upstream that answered only errors)
+    final: bool = False
 
     def to_json(self, number: int, kept: bool) -> dict[str, Any]:
         return {
@@ -161,12 +163,12 @@ async def taken(
     take_once: Callable[[int], Any],
     takes: int = REAL_SERVER_TAKES,
 ) -> tuple[Take, list[Take]]:
-    """Take (`await take_once(number)` -> Take) until one holds or `takes` were taken;
-    the kept take and all of them, in order."""
+    """Take (`await take_once(number)` -> Take) until one holds, is final, or `takes` were
+    taken; the kept take and all of them, in order."""
     done: list[Take] = []
     for number in range(1, takes + 1):
         take: Take = await take_once(number)
         done.append(take)
-        if take.held:
+        if take.held or take.final:
             break
     return least_disturbed(done), done

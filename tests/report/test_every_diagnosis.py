@@ -20,13 +20,21 @@ def run(
     verdicts: list[str] | None = None,
     fired: list[str] | None = None,
     attempts: int = 1,
+    refused: int | None = None,
     **metrics: Any,
 ) -> dict[str, Any]:
     verdicts = verdicts if verdicts is not None else ["complete"]
     return {
         "client": "raw",
         "passed": True,
-        "requests": [{"verdict": v, "attempts": attempts} for v in verdicts],
+        "requests": [
+            {
+                "verdict": v,
+                "attempts": attempts,
+                "upstream_status": refused if v == "upstream_error" else None,
+            }
+            for v in verdicts
+        ],
         "verdicts": {"requests": verdicts, "faults_fired": fired or [], "checks": {}},
         "metrics": {"client.bursts": 10, "client.tokens_per_burst": 1.0, **metrics},
         "checks": [],
@@ -36,7 +44,9 @@ def run(
 
 # diagnosis -> (the words that name it, a run with its cause)
 CATALOGUE: dict[str, tuple[str, dict[str, Any]]] = {
+    "upstream error": ("the upstream answered HTTP 501: ", run(["upstream_error"], refused=501)),
     "hung": ("hung: ", run(["hang"])),
+    "no result": ("no result: ", run(["no_result"])),
     "silent truncation": ("silent truncation: ", run(["silent_truncation"])),
     "mojibake": ("mojibake: ", run(["mojibake"])),
     "duplicated text": ("duplicated text: ", run(["duplicated"])),
@@ -228,3 +238,11 @@ def test_the_mild_diagnoses_give_way_to_any_symptom() -> None:
         assert "said so" not in line and "then an error" not in line
     assert "healthy" not in diagnose(run(["complete"], **{"server.tokens_wasted": 40}))
     assert "healthy" not in diagnose(run(["complete", "truncation_detected"]))
+
+
+def test_the_upstreams_error_names_its_status_and_goes_before_what_the_client_showed() -> None:
+    mixed = run(["upstream_error", "silent_truncation", "upstream_error"], refused=503)
+    assert diagnose(mixed).startswith("the upstream answered HTTP 503: the server itself refused")
+    assert "silent truncation" in diagnose(mixed)
+    # a client's error after a fault's answer (http_error) blames no upstream
+    assert "upstream" not in diagnose(run(["error_reported"]))

@@ -362,3 +362,25 @@ def test_write_timelines_puts_the_description_and_seed_in_each_runs_json_and_png
     assert (saved["description"], saved["seed"]) == (DESCRIPTION, 32)
     assert saved["requests"][0]["planned"] == 40  # the ledger was found by the request's tag
     assert (run / "openai.timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_result_the_scorer_refused_is_not_drawn_and_breaks_no_timeline(tmp_path: Path) -> None:
+    """A `--client-cmd` result that breaks the contract (`[1,2]`) is its run's problem:
+    the timeline draws what was generated and no shown text, as for a client that wrote none."""
+    import json
+
+    from middlebox.report.html_page import write_timelines
+
+    run = tmp_path / "runs" / "00-clean-close"
+    run.mkdir(parents=True)
+    (run / "openai.result.json").write_text("[1, 2]")
+    refused = document()
+    for request in refused["scenarios"][0]["results"][0]["requests"]:
+        request["verdict"] = "no_result"
+    refused["scenarios"][0]["results"][0]["verdicts"]["requests"] = ["no_result"]
+    written = write_timelines(refused, tmp_path)
+    assert [r["shown"] for r in written[("clean-close", "openai")]["requests"]] == [[]]
+    # the same file under a verdict the scorer read it for would be drawn
+    (run / "openai.result.json").write_text(json.dumps(RESULT))
+    drawn = write_timelines(document(), tmp_path)[("clean-close", "openai")]["requests"]
+    assert drawn[0]["shown"]

@@ -15,6 +15,7 @@ from middlebox.run.score import (
     evaluate_expect,
     request_verdict,
     score_client,
+    upstream_problem,
     upstream_split,
 )
 
@@ -396,3 +397,86 @@ def test_the_upstream_split_of_a_request_s_text_is_kept_without_ids_or_times() -
     # the scorer keeps it per request, for `replay`
     score = score_client("s", "raw", [tag], {"results": [shown("Hello!")]}, [], legs[1:], [], [])
     assert score.requests[0].upstream_split == "2,3,1,0"  # compact in report.json
+
+
+# ------------------------------------------------- an upstream that answered errors
+
+NOT_IMPLEMENTED = (
+    b"HTTP/1.1 501 Unsupported method ('POST')\r\nContent-Type: text/html\r\n"
+    b"Content-Length: 2\r\n\r\nno"
+)
+UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
+
+
+def test_a_real_server_that_answers_every_request_with_an_error_is_named_not_the_client() -> None:
+    """`run --upstream` at a server that lists models but answers every POST 501: the raw
+    client shows nothing and no error, which is no silent truncation of the client's: the
+    upstream refused, and the run tested no client."""
+    tags = ["[middlebox s/raw/0]", "[middlebox s/raw/1]"]
+    legs = [(chat_request(tag), NOT_IMPLEMENTED) for tag in tags]
+    results = {"results": [shown(""), {**shown(""), "index": 1}]}
+    score = score_client("s", "raw", tags, results, [], legs, [], [], client_traffic=legs)
+    assert score.verdicts()["requests"] == ["upstream_error", "upstream_error"]
+    assert [request.upstream_status for request in score.requests] == [501, 501]
+    assert score.metrics["client.silent_truncations"] == 0
+    assert upstream_problem(score) == (
+        "the upstream answered every request with an error (HTTP 501) and streamed nothing, "
+        "so the run tested no client; check that the upstream serves the OpenAI API for the "
+        "model its /v1/models names (--upstream)"
+    )
+
+
+def test_an_upstream_error_on_one_request_names_that_request_and_no_problem_of_the_run() -> None:
+    tags = ["[middlebox s/raw/0]", "[middlebox s/raw/1]"]
+    healthy = chat_stream(1, "Hi", "!")
+    legs = [(chat_request(tags[0]), NOT_IMPLEMENTED), (chat_request(tags[1]), healthy)]
+    results = {"results": [shown(""), {**shown("Hi!"), "index": 1}]}
+    score = score_client("s", "raw", tags, results, [], legs, [], [])
+    assert score.verdicts()["requests"] == ["upstream_error", "complete"]
+    assert upstream_problem(score) is None
+
+
+def test_a_healthy_upstream_or_one_a_retry_got_a_stream_from_is_never_blamed() -> None:
+    tag = "[middlebox s/resilient/0]"
+    healthy = chat_stream(1, "Hi", "!")
+    for legs in ([(chat_request(tag), healthy)], [(chat_request(tag), UNAVAILABLE),
+                                                   (chat_request(tag), healthy)]):  # fmt: skip
+        score = score_client("s", "resilient", [tag], {"results": [shown("Hi!")]}, [], legs, [], [])
+        assert score.requests[0].verdict == "complete"
+        assert score.requests[0].upstream_status is None
+        assert upstream_problem(score) is None
+
+
+def test_a_faults_own_error_answer_is_the_faults_doing_not_the_upstreams() -> None:
+    """http_error answers on the client leg and the request never reaches the server: the
+    client's 429s are the scenario's, judged as the client took them."""
+    tag = "[middlebox s/own-openai/0]"
+    client_legs = [(client_request(tag, retry), TOO_MANY) for retry in range(3)]
+    result = {"results": [shown("", error="RateLimitError: 429")]}
+    score = score_client(
+        "s", "own-openai", [tag], result, [], [], [], [], client_traffic=client_legs
+    )
+    assert score.requests[0].verdict == "error_reported"
+    assert score.requests[0].upstream_status is None
+    assert upstream_problem(score) is None
+
+
+def test_the_emulators_own_error_answers_are_the_scenarios_not_an_upstream_problem() -> None:
+    """Against the emulator the ledger says what was asked of it: a storm of 429s from it is
+    what the scenario configured."""
+    tag = "[middlebox s/raw/0]"
+    entry = ledger_entry(tag, "abc")
+    legs = [(chat_request(tag), TOO_MANY)]
+    score = score_client("s", "raw", [tag], {"results": [shown("abc")]}, [entry], legs, [], [])
+    assert score.requests[0].upstream_status is None
+    assert score.requests[0].verdict != "upstream_error"
+
+
+def test_a_client_without_a_result_to_read_is_no_result_and_no_hang() -> None:
+    tag = "[middlebox s/mine/0]"
+    entry = ledger_entry(tag, "abc")
+    ended = score_client("s", "mine", [tag], None, [entry], [], [], [], no_result=True)
+    assert ended.verdicts()["requests"] == ["no_result"]
+    assert ended.metrics["client.hangs"] == 0
+    hung = score_client("s", "mine", [tag], None, [entry], [], [], [])
+    assert hung.verdicts()["requests"] == ["hang"]

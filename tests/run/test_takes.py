@@ -91,6 +91,13 @@ def test_a_take_that_holds_is_the_only_one() -> None:
     assert kept is first and takes == [first]
 
 
+def test_a_take_no_retake_can_change_is_the_only_one() -> None:
+    """An upstream that answered every request with an HTTP error answers a re-take so too."""
+    refused = Take(object(), False, Disturbance(0.0, 0.0), "the upstream answered", final=True)
+    kept, takes = trio.run(taken, _takes([refused, take(True)]))
+    assert kept is refused and takes == [refused]
+
+
 def test_a_failed_take_is_taken_again_and_the_less_disturbed_counts_pass_or_fail() -> None:
     stalled, clean = take(False, stall=0.479), take(True, stall=0.05, lag=0.002)
     kept, takes = trio.run(taken, _takes([stalled, clean]))
