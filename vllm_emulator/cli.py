@@ -12,6 +12,7 @@ import typing
 
 import click
 
+from vllm_emulator.cassette import load_cassette
 from vllm_emulator.config import EmulatorConfig, ProfileName, config_from_mapping, load_config
 from vllm_emulator.serve import print_banner, run_emulator
 
@@ -24,10 +25,17 @@ Examples:
 
 
 def build_config(config_file: str | None, profile: str | None) -> EmulatorConfig:
-    """The config from `--config FILE` (YAML), with `--profile` winning."""
+    """The config from `--config FILE` (YAML), with `--profile` winning; its cassette, if
+    it names one, read and checked now, so a bad one stops the start (ValueError)."""
     if config_file is not None:
-        return load_config(config_file, profile=profile)
-    config: EmulatorConfig = config_from_mapping({"profile": profile} if profile else {})
+        config = load_config(config_file, profile=profile)
+    else:
+        config = config_from_mapping({"profile": profile} if profile else {})
+    if config.cassette:
+        try:
+            load_cassette(config.cassette)
+        except ValueError as error:
+            raise ValueError(f"{config_file}: cassette: {error}") from None
     return config
 
 

@@ -247,8 +247,28 @@ def config_to_mapping(config: EmulatorConfig) -> dict[str, Any]:
 
 
 def load_config(path: str | Path, **overrides: Any) -> EmulatorConfig:
-    """Read a YAML file of EmulatorConfig keys; `overrides` (e.g. from flags) win."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    """Read a YAML file of EmulatorConfig keys; `overrides` (e.g. from flags) win.
+
+    Every problem, a YAML syntax error included, is a ValueError in one line that names
+    the file (and the line and column where YAML knows them), as the scenario loader says it.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a YAML text file (not UTF-8)") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        detail = " ".join(part for part in (error.context, error.problem) if part)
+        raise ValueError(f"{path}:{line}:{column}: YAML syntax error: {detail}") from None
+    except yaml.YAMLError as error:  # ReaderError: NUL and other control characters
+        position = getattr(error, "position", 0) or 0
+        line = text.count("\n", 0, position) + 1
+        column = position - (text.rfind("\n", 0, position) + 1) + 1
+        reason = getattr(error, "reason", None) or str(error).splitlines()[0]
+        raise ValueError(f"{path}:{line}:{column}: not a YAML text file: {reason}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of emulator settings")
     data.update({k: v for k, v in overrides.items() if v is not None})

@@ -12,17 +12,16 @@ and `Last-Event-ID`) and cassette replay.
 from __future__ import annotations
 
 import asyncio
-import base64
 import email.utils
 import itertools
 import json
 import time
-from pathlib import Path
 
 from aiohttp import web
 from aiohttp.client_exceptions import ClientConnectionResetError
 
 from vllm_emulator import wire
+from vllm_emulator.cassette import Cassette, load_cassette
 from vllm_emulator.config import EmulatorConfig
 from vllm_emulator.engine import Engine, Job
 from vllm_emulator.ledger import LedgerEntry
@@ -58,6 +57,7 @@ class SseResponse(web.StreamResponse):
 
 
 ENGINE_KEY = web.AppKey("engine", Engine)
+CASSETTE_KEY = web.AppKey("cassette", Cassette)
 
 
 def _engine(request: web.Request) -> Engine:
@@ -176,8 +176,9 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     config = engine.config
     received = time.time()
     raw = await request.read()
-    if config.cassette:
-        return await _serve_cassette(engine, request, endpoint, raw, received)
+    if CASSETTE_KEY in request.app:
+        cassette = request.app[CASSETTE_KEY]
+        return await _serve_cassette(engine, cassette, request, endpoint, raw, received)
     header_id = request.headers.get("X-Request-Id")
     extra = {"x-request-id": header_id} if header_id and config.enable_request_id_headers else {}
     try:
@@ -329,20 +330,21 @@ async def _resume(request: web.Request, stream_id: str) -> web.StreamResponse:
 
 
 async def _serve_cassette(
-    engine: Engine, request: web.Request, endpoint: Endpoint, raw: bytes, received: float
+    engine: Engine,
+    cassette: Cassette,
+    request: web.Request,
+    endpoint: Endpoint,
+    raw: bytes,
+    received: float,
 ) -> web.StreamResponse:
     """Replay a recorded response: its status, headers and writes at their offsets."""
-    assert engine.config.cassette is not None
-    text = await asyncio.to_thread(Path(engine.config.cassette).read_text, encoding="utf-8")
-    cassette = json.loads(text)
     rid = request.headers.get("X-Request-Id")
-    status = int(cassette.get("status", 200))
-    entry = _unparsed_entry(engine, endpoint, raw, received, rid, status)
+    entry = _unparsed_entry(engine, endpoint, raw, received, rid, cassette.status)
     entry.cassette = True
-    headers = [(str(k), str(v)) for k, v in cassette.get("headers", [])]
+    headers = cassette.headers
     chunked = any(k.lower() == "transfer-encoding" and "chunked" in v.lower() for k, v in headers)
     kept = [(k, v) for k, v in headers if k.lower() not in ("transfer-encoding", "content-length")]
-    writes = [(float(t), base64.b64decode(data)) for t, data in cassette.get("writes", [])]
+    writes = cassette.writes
     resp = web.StreamResponse(status=entry.status or 200, headers=dict(kept))
     if chunked:
         resp.enable_chunked_encoding()
@@ -424,6 +426,9 @@ async def _middleware_headers(request: web.Request, response: web.StreamResponse
 def make_app(config: EmulatorConfig) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[ENGINE_KEY] = Engine(config)
+    if config.cassette:
+        # read and checked once, at start: a bad file is refused here, not in every request
+        app[CASSETTE_KEY] = load_cassette(config.cassette)
     app.on_response_prepare.append(_middleware_headers)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
