@@ -303,10 +303,23 @@ def show_locustfile(ctx: click.Context, param: click.Parameter, value: bool) -> 
     ctx.exit()
 
 
+def load_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`load --url`: an http:// URL it can connect to, or a usage error naming the option."""
+    if value is not None:
+        from middlebox.tools.load import Target
+
+        try:
+            Target.parse(value)
+        except ValueError as error:
+            raise click.BadParameter(str(error)) from None
+    return value
+
+
 @click.command()
 @click.option(
     "--url",
     required=True,
+    callback=load_url,
     help="Chat completions URL (through the proxy), e.g. http://127.0.0.1:9000; a bare "
     "host:port URL means /v1/chat/completions.",
 )

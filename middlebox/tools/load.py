@@ -14,6 +14,12 @@ what a client sees, and `middlebox.tools.locustfile` spreads the same measuremen
 
 TTFT is from sending the request to the first event carrying content (vLLM's first
 chunk carries only the role); ITL is the gap between consecutive content events.
+
+A user whose request failed waits before its next one (`failure_backoff`: 50 ms, doubling
+to 1 s, back to none after a success), so an upstream that refuses or 404s every request
+gets a few requests a second per user instead of thousands, and its log a readable count;
+a stream cut by a fault after seconds of tokens waits only 50 ms, so a faulted run's load
+stays nearly what was asked for.
 """
 
 from __future__ import annotations
@@ -35,6 +41,15 @@ DEFAULT_PATH = "/v1/chat/completions"
 # The model name the bundled emulator serves; a real vLLM needs its own (--model).
 DEFAULT_MODEL = "middlebox/emulated-7b"
 READ_SIZE = 65536
+# After a failed request: the first wait, and the most a wait doubles to.
+FIRST_BACKOFF = 0.05
+MAX_BACKOFF = 1.0
+
+
+def failure_backoff(previous: float) -> float:
+    """How long a user waits after a failure, given its wait after the one before (0: the
+    request before it succeeded): 50 ms, then doubling up to 1 s."""
+    return min(MAX_BACKOFF, previous * 2) if previous else FIRST_BACKOFF
 
 
 def locustfile_path() -> Path:
@@ -103,11 +118,18 @@ class Target:
 
     @classmethod
     def parse(cls, url: str) -> Target:
+        """An http:// URL's host, port (80 if none) and path; ValueError saying what it lacks."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"expected an http:// URL, got {url!r}")
+            raise ValueError(f"expected an http:// URL such as http://127.0.0.1:9000, got {url!r}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port == 0 or (port is None and parts.netloc.endswith(":")):
+            raise ValueError(f"expected a port from 1 to 65535 to connect to, got {url!r}")
         path = parts.path if parts.path not in ("", "/") else DEFAULT_PATH
-        return cls(parts.hostname, parts.port or 80, path)
+        return cls(parts.hostname, port or 80, path)
 
     def request(self, body: dict[str, Any]) -> bytes:
         payload = json.dumps(body).encode()
@@ -297,6 +319,7 @@ async def run_plan(
 
     async def user(index: int) -> None:
         await trio.sleep(index / plan.ramp)
+        backoff = 0.0
         while trio.current_time() < stop_starting and budget[0] > 0:
             budget[0] -= 1
             with trio.move_on_at(stop_starting + plan.request_timeout) as scope:
@@ -304,6 +327,9 @@ async def run_plan(
             if scope.cancelled_caught:
                 result = StreamResult(error="timeout: no end within the request timeout")
             report.add(result)
+            backoff = 0.0 if result.ok else failure_backoff(backoff)
+            if backoff:
+                await trio.sleep_until(min(trio.current_time() + backoff, stop_starting))
 
     async def report_progress() -> None:
         while progress is not None:
