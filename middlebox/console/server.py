@@ -45,11 +45,15 @@ from middlebox.console.model import ConsoleModel
 from middlebox.shell.control import (
     ControlApi,
     ControlledProxy,
+    Request,
     Response,
+    Route,
     check_control_access,
     encode_response,
+    find_route,
     next_cycle,
     read_request,
+    refuse_malformed,
     serve_control,
     serve_http,
 )
@@ -105,7 +109,8 @@ class Console:
     _spent: float = 0.0  # CPU seconds of page work since the last list was built
 
     def __post_init__(self) -> None:
-        self.api = ControlApi(self.proxy, self.token)
+        served = tuple(route for route, _ in CONSOLE_ROUTES)
+        self.api = ControlApi(self.proxy, self.token, served_before=served)
 
     def attach(self) -> None:
         """See every connection the proxy opens from now on (after the journal does)."""
@@ -181,29 +186,45 @@ class Console:
         if not self.authorised(headers, target):
             return Response.json(401, {"error": "missing or wrong token"})
         path = target.split("?", 1)[0].rstrip("/") or "/"
-        if method == "GET" and path in ("/", "/index.html"):
-            return Response(200, page(), "text/html; charset=utf-8")
-        if method == "GET" and path == "/api/connections":
-            if _query(target).get("all") == "1":
-                every = self.model.listing(self.clock(), limit=None)
-                return Response.json(200, {**every, "scenario": self.proxy.scenario.name})
-            return Response(200, self.listing(), "application/json")
-        if method == "GET" and path.startswith("/api/streams/"):
-            ident = path.rsplit("/", 1)[1]
-            found = self.detail(int(ident)) if ident.isdigit() else None
-            if found is None:
-                return Response.json(404, {"error": f"no connection {ident} held"})
-            return Response(200, found, "application/json")
-        if method == "GET" and path == "/api/presets":
-            return Response.json(200, {"presets": list(self.presets)})
-        if method == "GET" and path == "/api/drill":
-            return Response.json(200, {"drill": self.drill()})
-        if method == "GET" and path == "/api/stats":
-            stats = {"page_cpu_s": self.page_cpu, "pages": self.pages}
-            return Response.json(200, {**stats, "listings": self.listings, "details": self.details})
+        found = find_route(CONSOLE_ROUTES, method, path)
+        if isinstance(found, Response):
+            return found
+        if found is not None:
+            return found(self, Request(method, path, target, body))
         if self.token:  # the page's token, as the control API takes it
             headers = {**headers, "authorization": f"Bearer {self.token}"}
         return await self.api.answer(method, target, headers, body)
+
+    def _page(self, request: Request) -> Response:
+        return Response(200, page(), "text/html; charset=utf-8")
+
+    def _feed_elsewhere(self, request: Request) -> Response:
+        # `serve_connection` streams an authorised GET /feed on its own connection before
+        # any answer is asked; a caller of `answer` gets the reason there is none here
+        return Response.json(400, {"error": "GET /feed is an event stream: open it on its own"})
+
+    def _connections(self, request: Request) -> Response:
+        if _query(request.target).get("all") == "1":
+            every = self.model.listing(self.clock(), limit=None)
+            return Response.json(200, {**every, "scenario": self.proxy.scenario.name})
+        return Response(200, self.listing(), "application/json")
+
+    def _stream(self, request: Request) -> Response:
+        ident = request.path.rsplit("/", 1)[1]
+        found = self.detail(int(ident)) if ident.isdigit() else None
+        if found is None:
+            return Response.json(404, {"error": f"no connection {ident} held"})
+        return Response(200, found, "application/json")
+
+    def _presets(self, request: Request) -> Response:
+        return Response.json(200, {"presets": list(self.presets)})
+
+    def _drill(self, request: Request) -> Response:
+        return Response.json(200, {"drill": self.drill()})
+
+    def _stats(self, request: Request) -> Response:
+        stats = {"page_cpu_s": self.page_cpu, "pages": self.pages}
+        return Response.json(200, {**stats, "listings": self.listings, "details": self.details})
 
     async def refresh_forever(self) -> None:
         """Frame what arrived every FEED_INTERVAL, watched or not: unframed bytes wait at
@@ -296,10 +317,26 @@ class Console:
                 await stream.send_all(out)
                 if not next_cycle(connection, keep):
                     return
-        except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+        except h11.RemoteProtocolError as error:
+            await refuse_malformed(stream, connection, error)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
         finally:
             await stream.aclose()
+
+
+CONSOLE_ROUTES: tuple[tuple[Route, Callable[[Console, Request], Response]], ...] = (
+    (Route("/", ("GET",)), Console._page),
+    (Route("/index.html", ("GET",)), Console._page),
+    (Route("/feed", ("GET",)), Console._feed_elsewhere),
+    (Route("/api/connections", ("GET",)), Console._connections),
+    (Route("/api/streams/{id}", ("GET",)), Console._stream),
+    (Route("/api/presets", ("GET",)), Console._presets),
+    (Route("/api/drill", ("GET",)), Console._drill),
+    (Route("/api/stats", ("GET",)), Console._stats),
+)
+"""The console's own routes, before the control API's: what `answer` dispatches on and
+what a 404 on the console's port lists, with the control API's."""
 
 
 def _query(target: str) -> dict[str, str]:

@@ -45,10 +45,10 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import h11
 import trio
@@ -347,6 +347,7 @@ _REASONS = {
     405: "Method Not Allowed",
     409: "Conflict",
     413: "Content Too Large",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -372,6 +373,60 @@ class Response:
         return cls(status, (json.dumps(value, indent=1) + "\n").encode(), headers=headers)
 
 
+@dataclass(frozen=True)
+class Request:
+    """One request as a route's handler takes it: `path` without query or trailing slash."""
+
+    method: str
+    path: str
+    target: str
+    body: bytes
+    parsed: Parsed | None = None
+
+
+Handler = TypeVar("Handler")
+
+
+@dataclass(frozen=True)
+class Route:
+    """A path a port serves and the methods it takes there; a `{...}` part is one segment."""
+
+    path: str
+    methods: tuple[str, ...]
+
+    def matches(self, path: str) -> bool:
+        prefix, brace, _ = self.path.partition("{")
+        if not brace:
+            return path == self.path
+        rest = path[len(prefix) :]
+        return path.startswith(prefix) and bool(rest) and "/" not in rest
+
+    def __str__(self) -> str:
+        return f"{'|'.join(self.methods)} {self.path}"
+
+
+def find_route(
+    routes: Sequence[tuple[Route, Handler]], method: str, path: str
+) -> Handler | Response | None:
+    """The handler of the route `path` matches; a 405 naming the methods it takes when
+    `method` is none of them; None when no route matches."""
+    for route, handler in routes:
+        if route.matches(path):
+            if method in route.methods:
+                return handler
+            *others, last = route.methods
+            methods = f"{', '.join(others)} or {last}" if others else last
+            return Response.json(405, {"error": f"use {methods} on {route.path}"})
+    return None
+
+
+def not_found(method: str, path: str, routes: Iterable[Route]) -> Response:
+    """The 404 of a port: the routes it serves, from its routing table."""
+    return Response.json(
+        404, {"error": f"no route {method} {path}", "routes": [str(route) for route in routes]}
+    )
+
+
 @dataclass
 class ControlApi:
     """Routes a request to the proxy it controls; pure of sockets (tests call `route`)."""
@@ -382,6 +437,9 @@ class ControlApi:
         default_factory=lambda: trio.CapacityLimiter(scenario_parse.MAX_PARSES)
     )
     parses_waiting: int = 0
+    # routes a server in front of this API answers on the same port (the console's), so a
+    # 404 there lists what that port really serves
+    served_before: tuple[Route, ...] = ()
 
     def authorised(self, headers: dict[str, str]) -> bool:
         if not self.token:
@@ -427,86 +485,87 @@ class ControlApi:
         if not self.authorised(headers):
             return Response.json(401, {"error": "missing or wrong bearer token"})
         path = target.split("?", 1)[0].rstrip("/") or "/"
+        found = find_route(CONTROL_ROUTES, method, path)
+        if isinstance(found, Response):
+            return found
+        if found is None:
+            return not_found(method, path, (*self.served_before, *(r for r, _ in CONTROL_ROUTES)))
+        return found(self, Request(method, path, target, body, parsed))
+
+    def _metrics(self, request: Request) -> Response:
         proxy = self.proxy
-        if path == "/metrics" and method == "GET":
-            return Response(200, proxy.metrics.render(proxy, proxy.store).encode(), CONTENT_TYPE)
-        if path == "/scenario":
-            if method == "GET":
-                return Response.json(200, scenario_json(proxy.scenario))
-            if method == "PUT":
-                parsed = parsed or self.parse_here(body)
-                scenario = parsed.scenario
-                if scenario is None:
-                    return Response.json(
-                        400, {"error": parsed.error, **bounded_problems(parsed.problems)}
-                    )
-                refused = unappliable_sections(scenario, proxy.scenario, _ignored(target))
-                if refused:
-                    return Response.json(
-                        400, {"error": "cannot apply this scenario live", "problems": refused}
-                    )
-                proxy.set_scenario(scenario)
-                return Response.json(200, scenario_json(scenario))
-            if method == "DELETE":
-                proxy.set_scenario(pass_through())
-                return Response.json(200, scenario_json(proxy.scenario))
-            return Response.json(405, {"error": "use GET, PUT or DELETE"})
-        if path == "/faults" or path.startswith("/faults/"):
-            if len(body) > MAX_FAULT_BODY:
-                # one fault's options: small, so the loader's parse never stalls the relay
-                return Response.json(413, {"error": f"a fault body over {MAX_FAULT_BODY} bytes"})
-            try:
-                return self.faults(method, path, body)
-            except EditError as error:
-                return Response.json(error.status, error.body())
-        if path == "/scenarios" and method == "GET":
+        return Response(200, proxy.metrics.render(proxy, proxy.store).encode(), CONTENT_TYPE)
+
+    def _scenario(self, request: Request) -> Response:
+        proxy = self.proxy
+        if request.method == "GET":
+            return Response.json(200, scenario_json(proxy.scenario))
+        if request.method == "DELETE":
+            proxy.set_scenario(pass_through())
+            return Response.json(200, scenario_json(proxy.scenario))
+        try:
+            ignored = _ignored(request.target)
+        except EditError as error:
+            return Response.json(error.status, error.body())
+        parsed = request.parsed or self.parse_here(request.body)
+        scenario = parsed.scenario
+        if scenario is None:
+            return Response.json(400, {"error": parsed.error, **bounded_problems(parsed.problems)})
+        refused = unappliable_sections(scenario, proxy.scenario, ignored)
+        if refused:
             return Response.json(
-                200,
-                {
-                    "active": proxy.scenario.name,
-                    "header_allowed": proxy.allow_scenario_header,
-                    "available": proxy.named_scenarios(),
-                },
+                400, {"error": "cannot apply this scenario live", "problems": refused}
             )
-        if path == "/counters/reset" and method == "POST":
-            proxy.metrics.reset(proxy, proxy.store)
-            proxy.store.clear()
-            return Response.json(200, {"reset": True})
-        if path == "/journals" and method == "GET":
-            return Response.json(
-                200,
-                {
-                    "journals": [
-                        {**journal.summary(), "started_at": journal.started_at}
-                        for journal in proxy.store.journals.values()
-                    ],
-                    "evicted": proxy.store.evicted,
-                },
-            )
-        if path.startswith("/journals/") and method == "GET":
-            ident = path.rsplit("/", 1)[1]
-            journal = proxy.store.journals.get(int(ident)) if ident.isdigit() else None
-            if journal is None:
-                return Response.json(404, {"error": f"no journal for connection {ident}"})
-            lines = journal.to_lines()
-            text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
-            return Response(200, text.encode(), "application/x-ndjson")
+        proxy.set_scenario(scenario)
+        return Response.json(200, scenario_json(scenario))
+
+    def _faults(self, request: Request) -> Response:
+        if len(request.body) > MAX_FAULT_BODY:
+            # one fault's options: small, so the loader's parse never stalls the relay
+            return Response.json(413, {"error": f"a fault body over {MAX_FAULT_BODY} bytes"})
+        try:
+            return self.faults(request.method, request.path, request.body)
+        except EditError as error:
+            return Response.json(error.status, error.body())
+
+    def _scenarios(self, request: Request) -> Response:
+        proxy = self.proxy
         return Response.json(
-            404,
+            200,
             {
-                "error": f"no route {method} {path}",
-                "routes": [
-                    "GET /metrics",
-                    "GET|PUT|DELETE /scenario",
-                    "GET|POST|DELETE /faults",
-                    "PATCH|DELETE /faults/{index|name}",
-                    "GET /scenarios",
-                    "POST /counters/reset",
-                    "GET /journals",
-                    "GET /journals/{id}",
-                ],
+                "active": proxy.scenario.name,
+                "header_allowed": proxy.allow_scenario_header,
+                "available": proxy.named_scenarios(),
             },
         )
+
+    def _reset_counters(self, request: Request) -> Response:
+        proxy = self.proxy
+        proxy.metrics.reset(proxy, proxy.store)
+        proxy.store.clear()
+        return Response.json(200, {"reset": True})
+
+    def _journals(self, request: Request) -> Response:
+        store = self.proxy.store
+        return Response.json(
+            200,
+            {
+                "journals": [
+                    {**journal.summary(), "started_at": journal.started_at}
+                    for journal in store.journals.values()
+                ],
+                "evicted": store.evicted,
+            },
+        )
+
+    def _journal(self, request: Request) -> Response:
+        ident = request.path.rsplit("/", 1)[1]
+        journal = self.proxy.store.journals.get(int(ident)) if ident.isdigit() else None
+        if journal is None:
+            return Response.json(404, {"error": f"no journal for connection {ident}"})
+        lines = journal.to_lines()
+        text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+        return Response(200, text.encode(), "application/x-ndjson")
 
     def faults(self, method: str, path: str, body: bytes) -> Response:
         """`/faults` and `/faults/{index|name}`: one fault at a time (fault_edits)."""
@@ -522,10 +581,8 @@ class ControlApi:
                 edit = fault_edits.inserted(proxy.scenario, specs, at)
                 proxy.apply_edit(edit)
                 return self._faults_answer(201, added=list(edit.touched))
-            if method == "DELETE":
-                proxy.apply_edit(fault_edits.Edit((), (), tuple(range(len(proxy.scenario.path)))))
-                return self._faults_answer(200)
-            raise EditError(405, "use GET, POST or DELETE on /faults")
+            proxy.apply_edit(fault_edits.Edit((), (), tuple(range(len(proxy.scenario.path)))))
+            return self._faults_answer(200)
         index = fault_edits.position(proxy.scenario, reference)
         if method == "GET":
             return Response.json(200, fault_edits.listing(proxy.scenario)[index])
@@ -534,11 +591,9 @@ class ControlApi:
                 fault_edits.changed(proxy.scenario, index, _body_value(body), load_text)
             )
             return self._faults_answer(200, changed=index)
-        if method == "DELETE":
-            gone = fault_edits.listing(proxy.scenario)[index]
-            proxy.apply_edit(fault_edits.removed(proxy.scenario, index))
-            return self._faults_answer(200, removed=gone)
-        raise EditError(405, "use GET, PATCH or DELETE on /faults/{index|name}")
+        gone = fault_edits.listing(proxy.scenario)[index]
+        proxy.apply_edit(fault_edits.removed(proxy.scenario, index))
+        return self._faults_answer(200, removed=gone)
 
     def _faults_answer(self, status: int, **what: Any) -> Response:
         scenario = self.proxy.scenario
@@ -553,6 +608,10 @@ class ControlApi:
         """`route`, with an authorised `PUT /scenario` body parsed off the loop first."""
         path = target.split("?", 1)[0].rstrip("/") or "/"
         if method == "PUT" and path == "/scenario" and self.authorised(headers):
+            try:
+                _ignored(target)  # a misspelt ignore= is refused before a child parses
+            except EditError as error:
+                return Response.json(error.status, error.body())
             parsed = await self.parse_upload(body)
             if isinstance(parsed, Response):
                 return parsed
@@ -589,10 +648,43 @@ class ControlApi:
                 await stream.send_all(encode_response(connection, response, keep))
                 if not next_cycle(connection, keep):
                     return
-        except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+        except h11.RemoteProtocolError as error:
+            await refuse_malformed(stream, connection, error)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
         finally:
             await stream.aclose()
+
+
+CONTROL_ROUTES: tuple[tuple[Route, Callable[[ControlApi, Request], Response]], ...] = (
+    (Route("/metrics", ("GET",)), ControlApi._metrics),
+    (Route("/scenario", ("GET", "PUT", "DELETE")), ControlApi._scenario),
+    (Route("/faults", ("GET", "POST", "DELETE")), ControlApi._faults),
+    (Route("/faults/{index|name}", ("GET", "PATCH", "DELETE")), ControlApi._faults),
+    (Route("/scenarios", ("GET",)), ControlApi._scenarios),
+    (Route("/counters/reset", ("POST",)), ControlApi._reset_counters),
+    (Route("/journals", ("GET",)), ControlApi._journals),
+    (Route("/journals/{id}", ("GET",)), ControlApi._journal),
+)
+"""The control API's routing table: what `route` dispatches on and what its 404 lists."""
+
+
+async def refuse_malformed(
+    stream: trio.SocketStream, connection: h11.Connection, error: h11.RemoteProtocolError
+) -> None:
+    """Bytes that are no HTTP/1.1 request (a garbage request line, `Content-Length: abc`)
+    get h11's status for them (400; 431 for a head over the limit) and its reason in one
+    line, then the close, as nginx and the proxy port answer: curl shows why rather than
+    an empty reply. h11 lets a server answer after the peer's error while no response of
+    its own has begun (its `our_state` still IDLE or SEND_RESPONSE)."""
+    if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        return
+    reason = str(error).splitlines()[0] if str(error) else "malformed request"
+    response = Response.json(error.error_status_hint, {"error": f"bad HTTP request: {reason}"})
+    with contextlib.suppress(
+        h11.LocalProtocolError, trio.BrokenResourceError, trio.ClosedResourceError
+    ):
+        await stream.send_all(encode_response(connection, response, keep=False))
 
 
 def encode_response(
@@ -657,23 +749,41 @@ def bounded_problems(problems: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _ignored(target: str) -> frozenset[str]:
-    """`?ignore=upstream,workload`: the blocks the sender knows a live proxy leaves alone."""
+    """`?ignore=upstream,workload`: the blocks the sender knows a live proxy leaves alone;
+    an EditError (400) naming any other name, which would otherwise pass unnoticed."""
     query = target.partition("?")[2]
     names: set[str] = set()
     for pair in query.split("&"):
         key, _, value = pair.partition("=")
         if key == "ignore":
             names.update(name.strip() for name in value.split(",") if name.strip())
+    unknown = sorted(names - set(LIVE_SECTIONS))
+    if unknown:
+        raise EditError(
+            400,
+            f"ignore= names no block a live proxy leaves alone: {', '.join(unknown)} "
+            f"(it takes {', '.join(LIVE_SECTIONS)})",
+        )
     return frozenset(names)
 
 
 def _body_value(body: bytes) -> Any:
-    """A `/faults` body: JSON, or YAML (JSON is YAML), as plain data."""
+    """A `/faults` body: JSON, or YAML (JSON is YAML), as plain data; an EditError (400)
+    placing a syntax error at its line and column in the body."""
     try:
-        return yaml.safe_load(body.decode("utf-8")) if body.strip() else None
-    except (UnicodeDecodeError, yaml.YAMLError) as error:
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise EditError(400, f"the body must be a JSON or YAML mapping: {first}") from None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise EditError(400, "the body must be a JSON or YAML mapping: not UTF-8 text") from None
+    try:
+        return yaml.safe_load(text) if text.strip() else None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        detail = " ".join(part for part in (error.context, error.problem) if part)
+        raise EditError(400, f"the body must be a JSON or YAML mapping: {where}{detail}") from None
+    except yaml.YAMLError as error:  # ReaderError: NUL and other control characters
+        reason = getattr(error, "reason", None) or str(error).splitlines()[0]
+        raise EditError(400, f"the body must be a JSON or YAML mapping: {reason}") from None
 
 
 async def read_request(
