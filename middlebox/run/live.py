@@ -224,8 +224,9 @@ class ControlClient:
     def set_scenario(
         self, scenario: str | Path | Scenario | Mapping[str, Any], *, ignore: tuple[str, ...] = ()
     ) -> dict[str, Any]:
-        """Make `scenario` (a file, a dict of the YAML's shape, or a `Scenario`) active for
-        new connections, validated by the proxy's loader (ControlError with every problem).
+        """Make `scenario` (a file, a library scenario's name, a dict of the YAML's shape,
+        or a `Scenario`) active for new connections, validated by the proxy's loader
+        (ControlError with every problem).
         `ignore=("upstream", "workload")` applies a scenario whose blocks a live proxy
         cannot apply (it refuses them otherwise)."""
         query = f"?ignore={','.join(ignore)}" if ignore else ""
@@ -308,7 +309,10 @@ def _reference(fault: int | str) -> str:
 
 
 def scenario_text(scenario: str | Path | Scenario | Mapping[str, Any]) -> str:
-    """The body `PUT /scenario` takes for a file, a dict or a `Scenario` object."""
+    """The body `PUT /scenario` takes for a file, a library scenario's name (as
+    `load_scenario` takes it; `UnknownScenario` with did-you-mean for a name that is
+    neither), a dict or a `Scenario` object."""
+    from middlebox.library import resolve
     from middlebox.scenario.model import Scenario
 
     if isinstance(scenario, Scenario):
@@ -317,7 +321,7 @@ def scenario_text(scenario: str | Path | Scenario | Mapping[str, Any]) -> str:
         return json.dumps(scenario_document(scenario))
     if isinstance(scenario, Mapping):
         return json.dumps(dict(scenario))
-    return Path(scenario).read_text(encoding="utf-8")
+    return resolve(scenario).read_text(encoding="utf-8")
 
 
 def load_scenario(
