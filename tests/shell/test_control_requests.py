@@ -85,7 +85,7 @@ async def test_a_well_formed_request_after_a_good_one_on_the_same_connection_get
     assert ended == "fin"
 
 
-async def test_garbage_after_a_good_request_on_a_kept_connection_gets_one_200_then_one_400() -> None:
+async def test_garbage_after_a_good_request_on_a_kept_connection_gets_a_200_then_a_400() -> None:
     # the second request on a keep-alive connection is garbage: one 200, then one 400
     good = b"GET /faults HTTP/1.1\r\nHost: x\r\n\r\n"
     with trio.fail_after(10):
