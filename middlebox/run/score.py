@@ -36,7 +36,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from middlebox.core.dialects import (
@@ -706,6 +706,9 @@ def background_waste(entry: Mapping[str, Any], to_client: Mapping[str, ResponseA
     return max(undelivered, after_cancel, 0)
 
 
+Entry = TypeVar("Entry", bound=Mapping[str, Any])
+
+
 def judged_entry(
     entry: Mapping[str, Any], to_client: Mapping[str, ResponseAnswer]
 ) -> Mapping[str, Any]:
@@ -714,6 +717,19 @@ def judged_entry(
     if not entry.get("background"):
         return entry
     return {**entry, "wasted_tokens": background_waste(entry, to_client)}
+
+
+def split_replays(ledger: Sequence[Entry]) -> tuple[list[Entry], list[Entry]]:
+    """The emulator's ledger split into the generations it ran and the responses it
+    replayed from a cassette. A replay generates nothing, so its entry records no text
+    and no finish reason (`planned_text` and `text` null, docs/emulator.md): what the
+    upstream sent is the recorded response, which the journal's upstream leg carries.
+    A replayed request is therefore judged from that leg as a real server's is
+    (`upstream_generations`, `upstream_finish_reasons`); its entry still counts a
+    generation the upstream served (`server_metrics`)."""
+    generated = [entry for entry in ledger if not entry.get("cassette")]
+    replayed = [entry for entry in ledger if entry.get("cassette")]
+    return generated, replayed
 
 
 def server_metrics(entries: list[Mapping[str, Any]]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,8 @@ from middlebox.run.score import (
     real_server_metrics,
     response_answers,
     score_client,
+    server_metrics,
+    split_replays,
     upstream_problem,
 )
 from middlebox.run.sessions import other_session_warning
@@ -623,6 +625,8 @@ def score_run(
     """One client's run scored and held to the scenario's `expect:` (nothing written)."""
     scenario = outcome.scenario
     declared = [spec.name for spec in scenario.path]
+    # a cassette's replays say nothing of what they sent: the upstream leg does
+    ledger, replayed = split_replays(ledger)
     # the upstream leg as the journal framed it once (no second framing pass here)
     traffic = [j.leg("upstream") for _, j in sorted(run.journal.journals.items())]
     reports = [(r.fault, r.action) for r in run.journal.fault_reports()]
@@ -641,6 +645,9 @@ def score_run(
         client_traffic=client_traffic,
         no_result=run.result is None and not run.hang,
     )
+    if replayed:  # the generations a cassette served, as the ledger counts them
+        ours: list[Mapping[str, Any]] = [e for e in replayed if ledger_tagged(e, run.tags)]
+        score.metrics.update(server_metrics(ours))
     score.metrics.update(run.server_metrics)
     delivered = delivered_tokens_per_burst(
         delivered_token_times(leg, partial(client_leg_time, journal))
