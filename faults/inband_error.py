@@ -55,14 +55,22 @@ instead injects the frame after the event carrying the Nth tool-call argument fr
 not valid JSON yet (a client that executes what it has acts on a partial call).
 
 After the frame: `then: done` ends the stream as the dialect's server does after an
-error, then ends the chunked body (the rest of the server's response is dropped, the
-connection stays usable): chat and completions send `data: [DONE]` (vLLM's generators
-always do), Responses and Messages send nothing more (the `error` / `response.failed`
-event is their last: vLLM's Anthropic converter returns after its error event, and no
-`message_stop` follows). `close` ends the connection without the last chunk (a truncated
-body) and closes toward the server too, as a proxy giving up does; `continue` lets the
-server's events go on (on Responses they keep their own sequence numbers, so the error's
-number repeats). Each frame is its own chunk, as each `yield` is in vLLM. A
+error, then ends the chunked body with its last chunk: chat and completions send
+`data: [DONE]` (vLLM's generators always do), Responses and Messages send nothing more
+(the `error` / `response.failed` event is their last: vLLM's Anthropic converter returns
+after its error event, and no `message_stop` follows). Then the connection closes both
+ways: a server that failed stops generating, and a gateway that fails a stream does not
+read the rest of its upstream's response (nginx closes an upstream connection whose
+response it did not read to the end; LiteLLM and Envoy close or reset the upstream
+stream), so the upstream is told to stop (vLLM aborts on the disconnect) instead of
+generating the rest for nobody while the client's next request waits behind it. Such a
+gateway keeps the client's connection and takes another upstream one for the next
+request; the middlebox has one upstream connection per client connection, so the
+client's connection closes after its complete response and its next request opens a new
+one, as a keep-alive connection a server closed when idle. `close` ends the connection
+without the last chunk (a truncated body) and closes toward the server too, as a proxy
+giving up does; `continue` lets the server's events go on (on Responses they keep their
+own sequence numbers, so the error's number repeats). Each frame is its own chunk, as each `yield` is in vLLM. A
 Content-Length response is left alone (its length is already on the wire) and reported
 as skipped.
 """
@@ -288,7 +296,8 @@ class InbandError(SseRewriter, Fault):
         if self.then == "done" and self.dialect in (Dialect.CHAT, Dialect.COMPLETIONS):
             editor.insert(offset, DONE_FRAME)
         if self.then != "continue":
-            self.cut(editor, offset, last_chunk=self.then == "done", close=self.then == "close")
+            # both close the upstream leg, so the model stops (module docstring)
+            self.cut(editor, offset, last_chunk=self.then == "done", close=True)
 
 
 def _announced(event: SseEvent) -> dict[str, Any] | None:

@@ -55,6 +55,21 @@ BYTES_PER_TOKEN_EVENT = 270
 # A few tokens generated after the client's close are normal: the abort lands about one
 # inter-token interval later (vLLM checks for a disconnect between decoding steps).
 WASTE_WORTH_NAMING = 3
+# Faults that end the client's stream themselves and may leave the upstream's response
+# running (`cut` toward the client only, or `hang`): the client never left, so the waste
+# after that end is the path's, not a client close that failed to reach the model.
+STREAM_ENDING_FAULTS = ("cut",)
+# Faults that are the client leaving (a vanished client, a close the path swallows): waste
+# after them is a close that never reached the model, even beside a stream-ending fault.
+CLIENT_LEAVING_FAULTS = ("client_vanish", "ignore_client_close")
+PATH_ENDED_WHY = (
+    "the path ended the client's stream and kept the upstream's response running, so the "
+    "model went on for nobody though the client never left"
+)
+PATH_ENDED_FIX = (
+    "fix: a hop that ends a client's stream closes its upstream connection too (nginx "
+    "closes the upstream when it finalizes a request early; vLLM aborts on the disconnect)"
+)
 
 
 @dataclass(frozen=True)
@@ -439,6 +454,13 @@ def findings(result: dict[str, Any]) -> list[Finding]:
         said = _said("server.background_left_running")
         key = f"a background response left running: {said}"
         out.append(Finding(name, f"{name}: {said}", key))
+    elif found.tokens_wasted > WASTE_WORTH_NAMING and _path_ended_the_stream(verdicts, fired):
+        ending = ", ".join(f for f in STREAM_ENDING_FAULTS if f in fired)
+        name = f"{found.tokens_wasted} tokens generated after the path ended the stream ({ending})"
+        key = (
+            f"tokens generated after the path ended the stream: {PATH_ENDED_WHY}; {PATH_ENDED_FIX}"
+        )
+        out.append(Finding(name, f"{name}: {PATH_ENDED_WHY}; {PATH_ENDED_FIX}", key))
     elif found.tokens_wasted > WASTE_WORTH_NAMING:
         name = f"{found.tokens_wasted} tokens generated for nobody"
         said = _said("server.tokens_wasted")
@@ -461,6 +483,15 @@ def findings(result: dict[str, Any]) -> list[Finding]:
         said = "healthy: complete" + (", abandoned on purpose" if "abandoned" in verdicts else "")
         out.append(Finding(said, said))
     return out
+
+
+def _path_ended_the_stream(verdicts: list[str], fired: set[str]) -> bool:
+    """Whether the path, not the client, ended the stream the upstream went on generating
+    for: a fault that ends the client's stream fired, and no client left on its own (an
+    abandoned request, a vanished client, a swallowed close)."""
+    if "abandoned" in verdicts or fired & set(CLIENT_LEAVING_FAULTS):
+        return False
+    return bool(fired & set(STREAM_ENDING_FAULTS))
 
 
 UPSTREAM_REFUSED = (

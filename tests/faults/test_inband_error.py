@@ -70,7 +70,7 @@ def test_a_retryable_failure_can_be_spelled_out() -> None:
     )
 
 
-def test_after_two_events_the_error_done_and_last_chunk_follow_and_the_rest_is_dropped() -> None:
+def test_after_two_events_the_error_done_and_last_chunk_follow_then_both_sides_close() -> None:
     body = sse_chunks(3)
     fault = InbandError(events=2)
     out = replay(
@@ -95,6 +95,9 @@ def test_after_two_events_the_error_done_and_last_chunk_follow_and_the_rest_is_d
                 body[1] + encode_chunk(VLLM_FRAME) + encode_chunk(DONE_FRAME) + LAST_CHUNK_BYTES,
             ),
         ),
+        # the upstream is told to stop (vLLM aborts on the FIN); the rest is never read
+        (1.05, Eof(DOWN)),
+        (1.05, Eof(UP)),
     ]
     assert [(r.time, r.action, r.details) for r in fault.reports] == [
         (
@@ -113,20 +116,34 @@ def test_after_two_events_the_error_done_and_last_chunk_follow_and_the_rest_is_d
     ]
 
 
-def test_the_connection_stays_usable_and_the_next_response_passes_untouched() -> None:
+# two requests on one keep-alive connection, each answered with two events and [DONE]
+TWO_EXCHANGES = [
+    (0.0, Chunk(UP, request())),
+    (1.0, Chunk(DOWN, sse_response(2))),
+    (2.0, Chunk(UP, request())),
+    (3.0, Chunk(DOWN, sse_response(2))),
+]
+
+
+def test_done_stops_the_upstream_response_instead_of_reading_it_for_nobody() -> None:
+    """A gateway that failed a stream does not read its upstream's response on (the model
+    would generate the rest for nobody, and a next request on the connection would wait
+    behind it): the whole response goes out, then the connection closes both ways, and
+    nothing the upstream still sends, nor a next request, crosses."""
     fault = InbandError(events=1, match=RequestMatch(requests=[0]))
-    out = replay(
-        fault,
-        [
-            (0.0, Chunk(UP, request())),
-            (1.0, Chunk(DOWN, sse_response(2))),
-            (2.0, Chunk(UP, request())),
-            (3.0, Chunk(DOWN, sse_response(2))),
-        ],
-    )
+    out = replay(fault, TWO_EXCHANGES)
     first = SSE_HEAD + sse_chunks(1, done=False)[0]
     first += encode_chunk(VLLM_FRAME) + encode_chunk(DONE_FRAME) + LAST_CHUNK_BYTES
-    assert joined(out, DOWN) == first + sse_response(2)
+    assert joined(out, DOWN) == first
+    assert [item for _, item in out if not isinstance(item, Chunk)] == [Eof(DOWN), Eof(UP)]
+    assert [item for _, item in out if item.direction is UP] == [Chunk(UP, request()), Eof(UP)]
+
+
+def test_continue_keeps_the_upstream_response_and_the_connection() -> None:
+    fault = InbandError(events=1, then="continue", match=RequestMatch(requests=[0]))
+    out = replay(fault, TWO_EXCHANGES)
+    assert not [item for _, item in out if not isinstance(item, Chunk)]
+    assert joined(out, DOWN).endswith(sse_response(2))
 
 
 def test_an_event_ending_inside_a_chunk_splits_that_chunk_at_the_event_boundary() -> None:

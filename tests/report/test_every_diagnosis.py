@@ -87,6 +87,10 @@ CATALOGUE: dict[str, tuple[str, dict[str, Any]]] = {
         "tokens generated for nobody",
         run(["abandoned"], **{"server.tokens_wasted": 280}),
     ),
+    "wasted after the path ended the stream": (
+        "tokens generated after the path ended the stream (cut)",
+        run(["truncation_detected"], fired=["cut:cut"], **{"server.tokens_wasted": 32}),
+    ),
     "wasted by a background response": (
         "a background response left running: 280 tokens for nobody",
         run(["abandoned"], **{"server.tokens_wasted": 280, "server.background_left_running": 1}),
@@ -246,3 +250,44 @@ def test_the_upstreams_error_names_its_status_and_goes_before_what_the_client_sh
     assert "silent truncation" in diagnose(mixed)
     # a client's error after a fault's answer (http_error) blames no upstream
     assert "upstream" not in diagnose(run(["error_reported"]))
+
+
+CLIENT_CLOSE_BLAMED = "its close never reached the model"
+
+
+def test_waste_after_the_path_ended_the_stream_names_the_path_not_a_client_close() -> None:
+    """A fault ended the client's stream and the upstream went on (a cut toward the client
+    only): the client never left, so no close of its failed to reach the model."""
+    said = diagnose(run(["silent_truncation"], fired=["cut:cut"], **{"server.tokens_wasted": 32}))
+    assert said.startswith("silent truncation: ")
+    assert "32 tokens generated after the path ended the stream (cut)" in said
+    assert "closes its upstream connection too" in said
+    assert CLIENT_CLOSE_BLAMED not in said and "tokens generated for nobody" not in said
+
+
+@pytest.mark.parametrize(
+    ("why", "fired", "verdicts"),
+    [
+        ("the client gave up on purpose", ["cut:cut"], ["abandoned"]),
+        ("the client vanished", ["cut:cut", "client_vanish:vanished"], ["silent_truncation"]),
+        ("the path swallowed the client's close", ["ignore_client_close:ignored"], ["complete"]),
+        ("no fault ended the stream", [], ["silent_truncation"]),
+    ],
+)
+def test_waste_after_the_client_left_blames_its_close(
+    why: str, fired: list[str], verdicts: list[str]
+) -> None:
+    said = diagnose(run(verdicts, fired=fired, **{"server.tokens_wasted": 40}))
+    assert "40 tokens generated for nobody" in said and CLIENT_CLOSE_BLAMED in said, why
+    assert "after the path ended the stream" not in said, why
+
+
+def test_an_inband_error_that_closed_the_upstream_leaves_no_waste_to_name() -> None:
+    """inband_error's `then: done` closes the upstream leg (the model stops), so a run of it
+    names the client's handling of the error and no waste."""
+    said = diagnose(
+        run(["silent_truncation", "silent_truncation"], fired=["inband_error:injected"],
+            **{"server.tokens_wasted": 1})
+    )  # fmt: skip
+    assert said == diagnose(run(["silent_truncation"]))
+    assert "nobody" not in said and "path ended" not in said
