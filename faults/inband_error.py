@@ -70,9 +70,9 @@ client's connection closes after its complete response and its next request open
 one, as a keep-alive connection a server closed when idle. `close` ends the connection
 without the last chunk (a truncated body) and closes toward the server too, as a proxy
 giving up does; `continue` lets the server's events go on (on Responses they keep their
-own sequence numbers, so the error's number repeats). Each frame is its own chunk, as each `yield` is in vLLM. A
-Content-Length response is left alone (its length is already on the wire) and reported
-as skipped.
+own sequence numbers, so the error's number repeats). Each frame is its own chunk, as
+each `yield` is in vLLM. A Content-Length response is left alone (its length is already
+on the wire) and reported as skipped.
 """
 
 from __future__ import annotations
