@@ -120,12 +120,17 @@ def test_the_readme_example_client_is_scored_like_a_built_in_one(tmp_path: Path)
     assert re.search(r"healthy-baseline\s+ok 2/2", result.stdout), result.stdout
 
 
+def plugin_examples() -> list[str]:
+    """The pytest plugin section's examples, each a project's test file whole."""
+    plugin = README.split("### pytest plugin\n", 1)[1].split("\n## ", 1)[0]
+    examples = re.findall(r"```python\n(import openai\n.*?)```", plugin, re.S)
+    assert len(examples) == 2, "the pytest plugin section shows two whole test files"
+    return examples
+
+
 def plugin_example() -> str:
     """The pytest plugin section's first example (a project's tests/test_streaming.py)."""
-    plugin = README.split("### pytest plugin\n", 1)[1]
-    code = re.search(r"```python\n(import openai\n.*?)```", plugin, re.S)
-    assert code, "the pytest plugin example is missing from the README"
-    return code.group(1)
+    return plugin_examples()[0]
 
 
 def test_the_plugin_example_asserts_that_its_scenarios_faults_fired() -> None:
@@ -138,9 +143,10 @@ def test_the_plugin_example_asserts_that_its_scenarios_faults_fired() -> None:
 
 
 @pytest.mark.e2e
-def test_the_plugin_example_passes_as_written(middlebox_proxy: Any) -> None:
+@pytest.mark.parametrize("which", [0, 1], ids=["library-scenario", "fault-mid-test"])
+def test_the_plugin_examples_pass_as_written(middlebox_proxy: Any, which: int) -> None:
     namespace: dict[str, Any] = {}
-    exec(compile(plugin_example(), "README.md", "exec"), namespace)
+    exec(compile(plugin_examples()[which], "README.md", "exec"), namespace)
     (test,) = [value for name, value in namespace.items() if name.startswith("test_")]
     test(middlebox_proxy)
 

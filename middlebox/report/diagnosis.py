@@ -250,6 +250,15 @@ EXPLAIN: dict[str, Explanation] = {
     ),
 }
 
+# Attempts a hop answered (a 429 with Retry-After, an error page) before any reached the
+# model cost the path and the user's wait, not the GPU: "re-ran the model" would be false
+# there (server.generations_per_request says how many generations ran).
+HOP_ANSWERED_ATTEMPTS = Explanation(
+    "the extra attempts were answered by a hop (a 429, an error) before they reached the "
+    "model, which ran once at most",
+    "honour Retry-After, back off, and cap retries",
+)
+
 AGENT_VERDICT_METRICS = {
     "acted_on_partial_call": "client.partial_tool_calls_executed",
     "side_effect_repeated": "client.side_effects_repeated",
@@ -404,8 +413,10 @@ def findings(result: dict[str, Any]) -> list[Finding]:
             else "each may re-run the model"
         )
         name = f"{amplification} attempts for one request ({ran})"
-        fix = EXPLAIN["client.amplification"].fix
-        key = f"attempts for one request: {EXPLAIN['client.amplification'].why}; fix: {fix}"
+        ran_once_at_most = isinstance(generations, int | float) and generations <= 1
+        explained = HOP_ANSWERED_ATTEMPTS if ran_once_at_most else EXPLAIN["client.amplification"]
+        fix = explained.fix
+        key = f"attempts for one request: {explained.why}; fix: {fix}"
         out.append(Finding(name, f"{name}; fix: {fix}", key))
     hop = next((f for f in BUFFERING_FAULTS if f in fired), "")
     lumpy = LUMPY_TOKENS_PER_BURST if hop else LUMPY_WITHOUT_A_BUFFERING_FAULT

@@ -291,3 +291,25 @@ def test_an_inband_error_that_closed_the_upstream_leaves_no_waste_to_name() -> N
     )  # fmt: skip
     assert said == diagnose(run(["silent_truncation"]))
     assert "nobody" not in said and "path ended" not in said
+
+
+def attempts_explained(**metrics: Any) -> str:
+    """What the scorecard says once under its table of a run's extra attempts."""
+    (found,) = [f for f in findings(run(attempts=3, **metrics)) if "attempts" in f.name]
+    return f"{found.text} / {found.key}"
+
+
+def test_attempts_a_hop_answered_are_not_said_to_re_run_the_model() -> None:
+    """rate-limit-storm: two 429s with Retry-After, then one generation. The extra attempts
+    never reached the model, so the scorecard must not say that retries re-ran it."""
+    hop_answered = attempts_explained(
+        **{"client.amplification": 3, "server.generations_per_request": 1}
+    )
+    assert "3 attempts for one request (the model ran 1)" in hop_answered
+    assert "answered by a hop" in hop_answered and "honour Retry-After" in hop_answered
+    assert "re-ran the model" not in hop_answered
+    restarted = attempts_explained(
+        **{"client.amplification": 3, "server.generations_per_request": 3}
+    )
+    assert "re-ran the model" in restarted and "answered by a hop" not in restarted
+    assert "answered by a hop" not in attempts_explained(**{"client.amplification": 3})
