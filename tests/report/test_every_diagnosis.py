@@ -282,15 +282,15 @@ def test_waste_after_the_client_left_blames_its_close(
     assert "after the path ended the stream" not in said, why
 
 
-def test_an_inband_error_that_closed_the_upstream_leaves_no_waste_to_name() -> None:
-    """inband_error's `then: done` closes the upstream leg (the model stops), so a run of it
-    names the client's handling of the error and no waste."""
+def test_waste_after_an_inband_error_is_a_close_that_never_reached_the_model() -> None:
+    """inband_error is not a stream-ending fault: its `then: done` closes the upstream leg
+    itself (no waste), so waste beside it is a client that gave up on the error (`then:
+    continue`) and whose close never reached the model, not the path's doing."""
     said = diagnose(
-        run(["silent_truncation", "silent_truncation"], fired=["inband_error:injected"],
-            **{"server.tokens_wasted": 1})
-    )  # fmt: skip
-    assert said == diagnose(run(["silent_truncation"]))
-    assert "nobody" not in said and "path ended" not in said
+        run(["abandoned"], fired=["inband_error:injected"], **{"server.tokens_wasted": 40})
+    )
+    assert "40 tokens generated for nobody" in said and CLIENT_CLOSE_BLAMED in said
+    assert "after the path ended the stream" not in said
 
 
 def attempts_explained(**metrics: Any) -> str:
